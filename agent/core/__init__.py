@@ -1,0 +1,1 @@
+"""Pure agent logic: stdlib only, no I/O, clock, randomness, logging or generated proto imports."""

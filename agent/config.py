@@ -1,0 +1,123 @@
+"""The agent's one frozen configuration: parsed from the command line once, validated, logged.
+
+Every limit is checked here and a bad value is rejected naming the value and the limit, so the
+rest of the agent can trust its inputs (STYLE 10, 11: no env vars overriding arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ftsup.v1 import events_pb2
+
+NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_HEARTBEAT_INTERVAL_S = 60.0
+
+
+class ConfigError(ValueError):
+    """A command-line value is invalid; the message names the flag, the value and the limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node_id: str
+    supervisors: tuple[str, ...]  # host:port, tried in order
+    role: str  # "active" | "spare"
+    host: str
+    peer_port: int  # 0: pick a free one
+    workdir: Path
+    heartbeat_interval_s: float
+    gpus: int
+    log_json: bool | None
+    log_level: str
+
+    @property
+    def socket_path(self) -> Path:
+        return self.workdir / "agent.sock"
+
+    @property
+    def trainer_link_address(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    @property
+    def role_proto(self) -> int:
+        return events_pb2.NODE_ROLE_SPARE if self.role == "spare" else events_pb2.NODE_ROLE_ACTIVE
+
+    def effective(self) -> dict[str, object]:
+        """The values as they will be used, for one log line at start-up."""
+        values = asdict(self)
+        values["workdir"] = str(self.workdir)
+        values["supervisors"] = list(self.supervisors)
+        return values
+
+
+def count_gpus() -> int:
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ftsup agent", description="ftsup node agent")
+    p.add_argument("--node-id", required=True, help="this node's id, [A-Za-z0-9._-]{1,64}")
+    p.add_argument("--supervisor", required=True, help="HOST:PORT[,HOST:PORT...] of the supervisors")
+    p.add_argument("--role", choices=("active", "spare"), default="active")
+    p.add_argument("--host", default="127.0.0.1", help="address peers and trainers use to reach this node")
+    p.add_argument("--peer-port", type=int, default=0, help="AgentPeer listen port (0: pick a free one)")
+    p.add_argument("--workdir", default=None, help="default /var/lib/ftsup/agent/NODE")
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    p.add_argument("--gpus", type=int, default=None, help="default: count of /dev/nvidia[0-9]*")
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def parse_address(text: str) -> str:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--supervisor: {text!r} is not HOST:PORT with a port in 1..65535")
+    return f"{host}:{int(port)}"
+
+
+def config_from_args(ns: argparse.Namespace) -> AgentConfig:
+    if not NODE_ID_RE.fullmatch(ns.node_id):
+        raise ConfigError(f"--node-id: {ns.node_id!r} must match [A-Za-z0-9._-]{{1,64}}")
+    supervisors = tuple(parse_address(part) for part in ns.supervisor.split(",") if part.strip())
+    if not supervisors:
+        raise ConfigError(f"--supervisor: {ns.supervisor!r} names no HOST:PORT")
+    interval = ns.heartbeat_interval_s
+    if not (math.isfinite(interval) and 0 < interval <= MAX_HEARTBEAT_INTERVAL_S):
+        raise ConfigError(
+            f"--heartbeat-interval-s: {interval!r} must be finite, > 0 and <= {MAX_HEARTBEAT_INTERVAL_S}"
+        )
+    if not 0 <= ns.peer_port < 65536:
+        raise ConfigError(f"--peer-port: {ns.peer_port} must be within 0..65535")
+    gpus = count_gpus() if ns.gpus is None else ns.gpus
+    if not 0 <= gpus <= 1024:
+        raise ConfigError(f"--gpus: {gpus} must be within 0..1024")
+    if not ns.host.strip():
+        raise ConfigError("--host must not be empty")
+    workdir = Path(ns.workdir) if ns.workdir else Path("/var/lib/ftsup/agent") / ns.node_id
+    # AF_UNIX paths are limited to 107 bytes on Linux; fail here, not at bind time.
+    if len(str(workdir.absolute() / "agent.sock").encode()) > 107:
+        raise ConfigError(f"--workdir: {str(workdir)!r} is too long for a unix socket path (limit 107 bytes)")
+    return AgentConfig(
+        node_id=ns.node_id,
+        supervisors=supervisors,
+        role=ns.role,
+        host=ns.host.strip(),
+        peer_port=ns.peer_port,
+        workdir=workdir.absolute(),
+        heartbeat_interval_s=float(interval),
+        gpus=gpus,
+        log_json=ns.log_json,
+        log_level=ns.log_level,
+    )
+
+
+def parse_config(argv: list[str] | None) -> AgentConfig:
+    """Parses and validates; argparse exits 2 on unknown flags, ConfigError on bad values."""
+    return config_from_args(build_parser().parse_args(argv))

@@ -1,0 +1,66 @@
+"""Bounded queue of reports waiting to reach the supervisor.
+
+Pure (no asyncio): the link wraps it with a wake-up event. Reports produced while disconnected
+wait here. The rule: when full, drop the oldest droppable report (step reports first, then other
+droppable kinds); never drop an essential one (TrainerExit, RankFinished), even past the bound,
+because the supervisor cannot rebuild those from later messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Priority(enum.IntEnum):
+    """Lower is dropped first."""
+
+    STEP = 0  # superseded by the next step report
+    REPORT = 1  # e.g. snapshot reports: useful, but a later step's supersedes them
+    ESSENTIAL = 2  # trainer exits, finished ranks: never dropped
+
+
+@dataclass(slots=True)
+class _Entry(Generic[T]):
+    seq: int
+    priority: Priority
+    item: T
+
+
+class Outbox(Generic[T]):
+    """FIFO of items with a soft capacity and priority-based dropping."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"Outbox capacity must be >= 1, got {capacity}")
+        self._capacity = capacity
+        self._entries: deque[_Entry[T]] = deque()
+        self._seq = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def push(self, item: T, priority: Priority) -> None:
+        self._entries.append(_Entry(self._seq, priority, item))
+        self._seq += 1
+        while len(self._entries) > self._capacity and self._drop_one():
+            self.dropped += 1
+
+    def _drop_one(self) -> bool:
+        for level in (Priority.STEP, Priority.REPORT):
+            for entry in self._entries:
+                if entry.priority is level:
+                    self._entries.remove(entry)
+                    return True
+        return False
+
+    def peek(self) -> T | None:
+        return self._entries[0].item if self._entries else None
+
+    def pop(self) -> T:
+        return self._entries.popleft().item

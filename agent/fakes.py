@@ -1,0 +1,69 @@
+"""In-memory twins of the agent's seams, for unit tests (STYLE 8).
+
+`ScriptedProcessRunner` records spawns and signals and lets the test decide when and how each
+process exits; it honours the `ProcessRunner` contract (signal after exit is a no-op; wait
+returns the exit code, negative for the signal that ended it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal as signals
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.process import ProcessHandle
+
+
+@dataclass(eq=False)
+class FakeProcess:
+    pid: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    log_path: Path
+    signals: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+    _exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def exit(self, code: int) -> None:
+        if self.exit_code is None:
+            self.exit_code = code
+            self._exited.set()
+
+
+class ScriptedProcessRunner:
+    """Processes that exit when the test says so, or on a signal listed in `dies_on`."""
+
+    def __init__(self, dies_on: Sequence[int] = (signals.SIGKILL, signals.SIGTERM)) -> None:
+        self.spawned: list[FakeProcess] = []
+        self.dies_on = set(dies_on)
+        self.fail_spawn: str | None = None
+        self._next_pid = 1000
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
+        if self.fail_spawn is not None:
+            from agent.process import SpawnFailed
+
+            raise SpawnFailed(self.fail_spawn)
+        self._next_pid += 1
+        process = FakeProcess(self._next_pid, tuple(argv), dict(env), log_path)
+        self.spawned.append(process)
+        return process
+
+    def signal(self, handle: ProcessHandle, sig: int) -> None:
+        assert isinstance(handle, FakeProcess)
+        if handle.exit_code is not None:
+            return
+        handle.signals.append(sig)
+        if sig in self.dies_on:
+            handle.exit(-sig)
+
+    async def wait(self, handle: ProcessHandle) -> int:
+        assert isinstance(handle, FakeProcess)
+        await handle._exited.wait()
+        assert handle.exit_code is not None
+        return handle.exit_code
+
+    def alive(self) -> list[FakeProcess]:
+        return [p for p in self.spawned if p.exit_code is None]

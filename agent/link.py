@@ -1,0 +1,227 @@
+"""The agent's one bidirectional stream to the supervisor.
+
+Owns: Hello (with the per-process incarnation), heartbeats, relaying queued reports, handing
+Directives to the launcher, following NotLeader redirects, and reconnecting with jittered backoff
+across the configured addresses while trainers keep running. A refused Hello is fatal
+(`HelloRefused`): this node may not join (e.g. a duplicate node id), and retrying cannot fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import grpc
+from ftsup.v1 import agent_pb2, agent_pb2_grpc
+from supervisor.core.backoff import Backoff
+
+from agent.config import AgentConfig
+from agent.core.outbox import Outbox, Priority
+from agent.grpc_options import MESSAGE_OPTIONS
+
+AGENT_VERSION = "0.1.0"
+RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=2.0)
+OUTBOX_CAPACITY = 10_000
+
+
+class HelloRefused(Exception):
+    """The supervisor refused this node's Hello; the message is its reason."""
+
+
+class _Redirect(Exception):
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.address = address
+
+
+def new_incarnation(rng: random.Random) -> int:
+    """A random 63-bit id, drawn once per agent process start (reconnects keep it)."""
+    return rng.getrandbits(63)
+
+
+def _priority(message: agent_pb2.AgentMessage) -> Priority:
+    kind = message.WhichOneof("kind")
+    if kind == "step_report":
+        return Priority.STEP
+    if kind in ("trainer_exit", "rank_finished"):
+        return Priority.ESSENTIAL
+    return Priority.REPORT
+
+
+class Reports:
+    """The outgoing report queue: anyone may `send`; the link drains it while connected."""
+
+    def __init__(self, capacity: int = OUTBOX_CAPACITY) -> None:
+        self._outbox: Outbox[agent_pb2.AgentMessage] = Outbox(capacity)
+        self._ready = asyncio.Event()
+
+    def send(self, message: agent_pb2.AgentMessage) -> None:
+        self._outbox.push(message, _priority(message))
+        self._ready.set()
+
+    def __len__(self) -> int:
+        return len(self._outbox)
+
+    @property
+    def dropped(self) -> int:
+        return self._outbox.dropped
+
+    def peek(self) -> agent_pb2.AgentMessage | None:
+        return self._outbox.peek()
+
+    def pop(self) -> agent_pb2.AgentMessage:
+        message = self._outbox.pop()
+        if not len(self._outbox):
+            self._ready.clear()
+        return message
+
+    async def wait(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+
+class SupervisorLink:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        incarnation: int,
+        peer_port: int,
+        reports: Reports,
+        on_directive: Callable[[agent_pb2.Directive], Awaitable[None] | None],
+        running_generation: Callable[[], int],
+        log,  # type: ignore[no-untyped-def]
+        rng: random.Random,
+        backoff: Backoff = RECONNECT_BACKOFF,
+    ) -> None:
+        self._config = config
+        self._incarnation = incarnation
+        self._peer_port = peer_port
+        self._reports = reports
+        self._on_directive = on_directive
+        self._running_generation = running_generation
+        self._log = log
+        self._rng = rng
+        self._backoff = backoff
+        self._index = 0
+        self._redirect: str | None = None
+
+    def _hello(self) -> agent_pb2.AgentMessage:
+        c = self._config
+        return agent_pb2.AgentMessage(
+            hello=agent_pb2.Hello(
+                node_id=c.node_id,
+                incarnation=self._incarnation,
+                role=c.role_proto,
+                host=c.host,
+                peer_port=self._peer_port,
+                gpus=c.gpus,
+                agent_version=AGENT_VERSION,
+            )
+        )
+
+    def _next_address(self) -> str:
+        if self._redirect:
+            address, self._redirect = self._redirect, None
+            return address
+        address = self._config.supervisors[self._index % len(self._config.supervisors)]
+        self._index += 1
+        return address
+
+    async def run(self) -> None:
+        """Keeps a stream open until cancelled; raises HelloRefused when this node may not join."""
+        attempt = 0
+        while True:
+            address = self._next_address()
+            log = self._log.bind(supervisor=address)
+            state = _SessionState()
+            try:
+                await self._session(address, state, log)
+                log.warning("stream_closed_by_supervisor")
+            except _Redirect as redirect:
+                log.info("not_leader", leader_address=redirect.address or None)
+                self._redirect = redirect.address or None
+                state.welcomed = True  # a supervisor answered: retry from the first backoff step
+            except HelloRefused:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.warning("stream_error", code=exc.code().name, details=exc.details())
+            except Exception as exc:  # noqa: BLE001 - any other stream failure: reconnect, never die
+                log.warning("stream_error", error=repr(exc))
+            # Back off from the start after a stream that worked; grow it while nothing answers.
+            attempt = 0 if state.welcomed else attempt + 1
+            delay_s = self._backoff.delay_s(attempt, self._rng)
+            await asyncio.sleep(delay_s)
+
+    async def _session(self, address: str, state: _SessionState, log) -> None:  # type: ignore[no-untyped-def]
+        channel = grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS)
+        call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+        reader = asyncio.create_task(self._read(call, state, log))
+        writer = asyncio.create_task(self._write(call, state))
+        try:
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raises _Redirect, HelloRefused, AioRpcError
+        finally:
+            for task in (reader, writer):
+                task.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
+            call.cancel()
+            await channel.close()
+
+    async def _write(self, call, state: _SessionState) -> None:  # type: ignore[no-untyped-def]
+        await call.write(self._hello())
+        loop = asyncio.get_running_loop()
+        interval_s = self._config.heartbeat_interval_s
+        seq = 0
+        next_beat = loop.time()
+        while True:
+            now = loop.time()
+            if now >= next_beat:
+                seq += 1
+                await call.write(
+                    agent_pb2.AgentMessage(
+                        heartbeat=agent_pb2.Heartbeat(seq=seq, running_generation=self._running_generation())
+                    )
+                )
+                next_beat = now + interval_s
+            # Reports are popped only after a successful write: a broken stream keeps them queued.
+            while (message := self._reports.peek()) is not None:
+                await call.write(message)
+                self._reports.pop()
+            await self._reports.wait(max(0.0, next_beat - loop.time()))
+
+    async def _read(self, call, state: _SessionState, log) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                return
+            kind = message.WhichOneof("kind")
+            if kind == "welcome":
+                state.welcomed = True
+                w = message.welcome
+                log.info("welcomed", term=w.term, heartbeat_interval_s=w.heartbeat_interval_s)
+            elif kind == "directive":
+                result = self._on_directive(message.directive)
+                if result is not None:
+                    await result
+            elif kind == "refusal":
+                r = message.refusal
+                # Only the Hello's refusal is fatal; other refusals are logged and the stream goes on.
+                if r.refused.lower() == "hello" or (not r.refused and not state.welcomed):
+                    raise HelloRefused(r.reason or "no reason given")
+                log.warning("message_refused", refused=r.refused, reason=r.reason)
+            elif kind == "not_leader":
+                raise _Redirect(message.not_leader.leader_address)
+            else:
+                log.warning("unknown_supervisor_message", kind=kind)
+
+
+class _SessionState:
+    __slots__ = ("welcomed",)
+
+    def __init__(self) -> None:
+        self.welcomed = False

@@ -1,0 +1,144 @@
+"""`ftsup agent`: parses the config, wires the agent's parts, runs until a signal or a refusal.
+
+Exit codes: 0 after SIGTERM/SIGINT (trainers stopped), 2 for a bad command line or a refused
+Hello (this node may not join; retrying cannot fix it), 1 for an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import sys
+
+import grpc
+from ftsup.v1 import agent_pb2, peer_pb2_grpc
+from supervisor import logs
+
+from agent.config import AgentConfig, ConfigError, parse_config
+from agent.grpc_options import MESSAGE_OPTIONS
+from agent.launcher import STOP_GRACE_S, Launcher
+from agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
+from agent.peer_service import PeerService
+from agent.peers import PeerClient
+from agent.process import AsyncioProcessRunner, default_base_env
+from agent.restore import RestoreBook
+from agent.snapshots import SnapshotStore
+from agent.trainer_api import TrainerLinkService
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # bad flags or a refused Hello
+
+
+class _Stop(Exception):
+    pass
+
+
+async def run_agent(config: AgentConfig) -> int:
+    rng = random.SystemRandom()
+    incarnation = new_incarnation(rng)
+    log = logs.get("agent", node_id=config.node_id, incarnation=incarnation)
+    log.info("agent_starting", **config.effective())
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        config.socket_path.unlink()  # a stale socket from a previous agent process
+
+    store = SnapshotStore()
+    peers = PeerClient(random.Random(rng.getrandbits(64)))
+    reports = Reports()
+    restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
+    launcher = Launcher(
+        config, AsyncioProcessRunner(), store, restores, reports.send, default_base_env(), log.bind(part="launcher")
+    )
+
+    peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
+    peer_pb2_grpc.add_AgentPeerServicer_to_server(PeerService(config.node_id, store, log.bind(part="peer")), peer_server)
+    peer_port = peer_server.add_insecure_port(f"0.0.0.0:{config.peer_port}")
+    if peer_port == 0:
+        log.error("peer_port_unavailable", peer_port=config.peer_port)
+        return EXIT_FAILURE
+    trainer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
+    trainer_service = TrainerLinkService(
+        config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link")
+    )
+    peer_pb2_grpc.add_TrainerLinkServicer_to_server(trainer_service, trainer_server)
+    trainer_server.add_insecure_port(config.trainer_link_address)
+    await peer_server.start()
+    await trainer_server.start()
+    log.info("agent_listening", peer_port=peer_port, trainer_link=config.trainer_link_address)
+
+    # One task owns the launcher: directives are applied in arrival order, never concurrently.
+    directives: asyncio.Queue[agent_pb2.Directive] = asyncio.Queue()
+
+    async def apply_directives() -> None:
+        while True:
+            directive = await directives.get()
+            try:
+                await launcher.apply(directive)
+            except Exception:  # noqa: BLE001 - a bad directive must not take the agent down
+                log.exception("directive_failed", generation=directive.generation)
+
+    link = SupervisorLink(
+        config,
+        incarnation=incarnation,
+        peer_port=peer_port,
+        reports=reports,
+        on_directive=directives.put_nowait,
+        running_generation=launcher.running_generation,
+        log=log.bind(part="link"),
+        rng=random.Random(rng.getrandbits(64)),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    link_task = asyncio.create_task(link.run())
+    applier = asyncio.create_task(apply_directives())
+    stopper = asyncio.create_task(stop.wait())
+    code = EXIT_OK
+    try:
+        await asyncio.wait({link_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if link_task.done():
+            exc = link_task.exception()
+            if isinstance(exc, HelloRefused):
+                print(f"ftsup agent {config.node_id}: the supervisor refused to admit this node: {exc}", file=sys.stderr)
+                log.error("hello_refused", reason=str(exc))
+                code = EXIT_USAGE
+            else:
+                log.error("link_failed", error=repr(exc))
+                code = EXIT_FAILURE
+        else:
+            log.info("agent_stopping", reason="signal")
+    finally:
+        applier.cancel()
+        await asyncio.gather(applier, return_exceptions=True)
+        await launcher.stop(STOP_GRACE_S)
+        link_task.cancel()
+        stopper.cancel()
+        await asyncio.gather(link_task, stopper, return_exceptions=True)
+        await trainer_service.close()
+        await trainer_server.stop(0.5)
+        await peer_server.stop(0.5)
+        await peers.close()
+        with contextlib.suppress(FileNotFoundError):
+            config.socket_path.unlink()
+        log.info("agent_stopped", exit_code=code, reports_unsent=len(reports), reports_dropped=reports.dropped)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"ftsup agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # argparse: usage error (2) or --help (0)
+        return int(exc.code or 0)
+    logs.configure(json=config.log_json, level=config.log_level)
+    try:
+        return asyncio.run(run_agent(config))
+    except KeyboardInterrupt:
+        return EXIT_OK

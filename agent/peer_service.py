@@ -1,0 +1,44 @@
+"""AgentPeer service: other agents store buddy copies here and fetch snapshots for restores.
+
+Bad input (bad sha, empty payload) gets INVALID_ARGUMENT and a log line, never a crash.
+"""
+
+from __future__ import annotations
+
+import grpc
+from ftsup.v1 import peer_pb2, peer_pb2_grpc
+
+from agent.codec import blob_from_proto, blob_to_proto
+from agent.snapshots import InvalidBlob, SnapshotStore
+
+
+class PeerService(peer_pb2_grpc.AgentPeerServicer):
+    def __init__(self, node_id: str, store: SnapshotStore, log) -> None:  # type: ignore[no-untyped-def]
+        self._node_id = node_id
+        self._store = store
+        self._log = log
+
+    async def StoreSnapshot(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        blob = blob_from_proto(request.blob)
+        try:
+            self._store.put(blob)
+        except InvalidBlob as exc:
+            self._log.warning("peer_snapshot_rejected", peer=context.peer(), error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._log.debug(
+            "buddy_snapshot_stored", owner=blob.owner_node_id, rank=blob.rank, step=blob.step,
+            size_bytes=len(blob.payload), bytes_held=self._store.bytes_held,
+        )
+        return peer_pb2.StoreSnapshotResponse(holder_node_id=self._node_id)
+
+    async def FetchSnapshot(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        blob = self._store.get(request.rank, request.step)
+        if blob is None:
+            held = ", ".join(f"{r}@{s}" for r, s in self._store.keys()) or "none"
+            message = (
+                f"node {self._node_id} holds no snapshot of rank {request.rank} step {request.step} "
+                f"(holds rank@step: {held})"
+            )
+            self._log.info("peer_fetch_missing", rank=request.rank, step=request.step)
+            await context.abort(grpc.StatusCode.NOT_FOUND, message)
+        return peer_pb2.FetchSnapshotResponse(blob=blob_to_proto(blob))

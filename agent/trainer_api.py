@@ -1,0 +1,123 @@
+"""TrainerLink service on the local unix socket: the only door a trainer rank has to ftsup.
+
+Relays step reports and finished ranks to the supervisor, takes snapshots into the RAM store and
+replicates them to the buddy in the background, and hands each rank its restore. Every request
+is checked against the generation and ranks this node runs; bad input gets a clear gRPC error
+(INVALID_ARGUMENT / FAILED_PRECONDITION) and a log line, never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
+
+from agent.codec import blob_from_proto, blob_to_proto
+from agent.launcher import Launcher
+from agent.link import Reports
+from agent.peers import PeerClient, PeerUnavailable
+from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
+from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+
+
+class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
+    def __init__(
+        self,
+        node_id: str,
+        launcher: Launcher,
+        store: SnapshotStore,
+        restores: RestoreBook,
+        peers: PeerClient,
+        reports: Reports,
+        log,  # type: ignore[no-untyped-def]
+    ) -> None:
+        self._node_id = node_id
+        self._launcher = launcher
+        self._store = store
+        self._restores = restores
+        self._peers = peers
+        self._reports = reports
+        self._log = log
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def _check_rank(self, context, what: str, generation: int, rank: int) -> None:  # type: ignore[no-untyped-def]
+        run = self._launcher.run
+        if run is None or run.generation != generation:
+            running = run.generation if run is not None else 0
+            message = f"{what}: generation {generation} is not running on node {self._node_id} (running {running})"
+            self._log.warning("trainer_request_rejected", reason=message)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        if rank not in run.ranks:
+            message = f"{what}: rank {rank} is not run by node {self._node_id} (ranks {list(run.ranks)})"
+            self._log.warning("trainer_request_rejected", reason=message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    async def GetRestore(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        try:
+            blob = await self._restores.get(request.rank, request.generation)
+        except UnknownRank as exc:
+            self._log.warning("trainer_request_rejected", reason=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RestoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if blob is None:
+            return peer_pb2.GetRestoreResponse(has_state=False)
+        return peer_pb2.GetRestoreResponse(has_state=True, blob=blob_to_proto(blob))
+
+    async def ReportStep(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        await self._check_rank(context, "ReportStep", request.generation, request.rank)
+        self._reports.send(agent_pb2.AgentMessage(step_report=request))
+        return peer_pb2.LinkAck()
+
+    async def ReportFinished(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        await self._check_rank(context, "ReportFinished", request.generation, request.rank)
+        self._launcher.mark_finished(request.generation, request.rank)
+        self._log.info("rank_finished", generation=request.generation, rank=request.rank, step=request.step)
+        self._reports.send(agent_pb2.AgentMessage(rank_finished=request))
+        return peer_pb2.LinkAck()
+
+    async def PutSnapshot(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        blob = blob_from_proto(request.blob)
+        await self._check_rank(context, "PutSnapshot", blob.generation, blob.rank)
+        if not blob.owner_node_id:
+            blob = Blob(blob.generation, blob.rank, blob.step, self._node_id, blob.payload, blob.sha256)
+        try:
+            self._store.put(blob)
+        except InvalidBlob as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        task = asyncio.create_task(self._replicate(blob))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return peer_pb2.LinkAck()
+
+    async def _replicate(self, blob: Blob) -> None:
+        """Copies the blob to the buddy, then reports who holds it (just us if the buddy failed)."""
+        run = self._launcher.run
+        holders = [self._node_id]
+        buddy_address = run.buddy_address if run is not None else ""
+        if buddy_address:
+            try:
+                holder = await self._peers.store(buddy_address, blob)
+                holders.append(holder or (run.buddy_node_id if run is not None else ""))
+            except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - report a lone holder
+                self._log.warning(
+                    "buddy_replication_failed", buddy=buddy_address, rank=blob.rank, step=blob.step, error=str(exc)
+                )
+        self._log.debug(
+            "snapshot_held", rank=blob.rank, step=blob.step, holders=holders, bytes_held=self._store.bytes_held
+        )
+        self._reports.send(
+            agent_pb2.AgentMessage(
+                snapshot_report=agent_pb2.SnapshotReport(
+                    generation=blob.generation, rank=blob.rank, step=blob.step,
+                    holder_node_ids=holders, size_bytes=len(blob.payload),
+                )
+            )
+        )
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
