@@ -36,5 +36,6 @@ def configure(*, json: bool | None = None, level: str = "info", stream: TextIO |
 
 
 def get(name: str, **bound: object) -> structlog.typing.FilteringBoundLogger:
-    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name).bind(component=name, **bound)
+    """A lazy logger: safe to create at import time, before `configure` runs."""
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=name, **bound)
     return logger

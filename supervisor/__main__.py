@@ -1,0 +1,5 @@
+import sys
+
+from supervisor.main import main
+
+sys.exit(main())

@@ -1,0 +1,99 @@
+"""Supervisor process configuration: flags and the job file, validated once, logged once.
+
+The job file (JSON) says what to train and on how many nodes:
+  {"name": "gpt-demo", "nodes": 3, "ranks_per_node": 2,
+   "argv": ["python", "-m", "trainer.examples.gpt", "--steps", "100"],
+   "env": {"OMP_NUM_THREADS": "1"}, "master_port_base": 29500}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+from dataclasses import dataclass
+
+from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the text names the value and the rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    listen: str
+    data_dir: pathlib.Path
+    core: CoreConfig
+    tick_s: float
+    log_json: bool | None
+    log_level: str
+
+
+def load_job(path: pathlib.Path) -> JobSpec:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read job file {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"job file {path} must hold a JSON object")
+    known = {"name", "nodes", "ranks_per_node", "argv", "env", "master_port_base", "master_port_span"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"job file {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+    argv = raw.get("argv")
+    env = raw.get("env", {})
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ConfigError(f"job file {path}: argv must be a list of strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ConfigError(f"job file {path}: env must map strings to strings")
+    try:
+        return JobSpec(
+            name=str(raw.get("name", "job")),
+            nodes=int(raw["nodes"]),
+            ranks_per_node=int(raw.get("ranks_per_node", 1)),
+            argv=tuple(argv),
+            env=tuple(sorted(env.items())),
+            master_port_base=int(raw.get("master_port_base", 29500)),
+            master_port_span=int(raw.get("master_port_span", 500)),
+        )
+    except KeyError as exc:
+        raise ConfigError(f"job file {path}: missing key {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"job file {path}: {exc}") from exc
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ftsup supervisor", description="Run the ftsup supervisor (embedded event log).")
+    p.add_argument("--listen", default="127.0.0.1:7070", help="host:port for agents and supervisorctl")
+    p.add_argument("--data-dir", default="/var/lib/ftsup/supervisor", type=pathlib.Path, help="event log directory")
+    p.add_argument("--job", required=True, type=pathlib.Path, help="job file (JSON), see README")
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    p.add_argument("--heartbeat-misses", type=int, default=3, help="dead after this many silent intervals")
+    p.add_argument("--reconnect-grace-s", type=float, default=1.0, help="dead when a closed stream stays closed this long")
+    p.add_argument("--allowed-nodes", default="", help="comma-separated node ids; empty allows any")
+    p.add_argument("--tick-s", type=float, default=0.1, help="how often detectors and the planner run")
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def from_args(args: argparse.Namespace) -> SupervisorConfig:
+    try:
+        detector = DetectorConfig(
+            heartbeat_interval_s=args.heartbeat_interval_s,
+            heartbeat_misses=args.heartbeat_misses,
+            reconnect_grace_s=args.reconnect_grace_s,
+        )
+        if not 0.01 <= args.tick_s <= 5:
+            raise ValueError(f"--tick-s must be within [0.01, 5], got {args.tick_s}")
+        core = CoreConfig(
+            job=load_job(args.job),
+            detector=detector,
+            allowed_nodes=frozenset(n for n in args.allowed_nodes.split(",") if n),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if ":" not in args.listen:
+        raise ConfigError(f"--listen must be host:port, got {args.listen!r}")
+    return SupervisorConfig(args.listen, args.data_dir, core, args.tick_s, args.log_json, args.log_level)

@@ -1,0 +1,89 @@
+"""Which inputs the supervisor refuses before deciding anything, and why.
+
+A refusal is answered on the sender's stream and logged; it never becomes an event and never
+crashes the supervisor. Checks here are about the *message* (who sent it, is it current, are its
+numbers sane), not about what to do with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from supervisor.core.config import CoreConfig
+from supervisor.core.inputs import (
+    AgentHello,
+    Heartbeat,
+    Input,
+    RankFinished,
+    SnapshotReport,
+    StepReport,
+    StreamClosed,
+    Tick,
+    TrainerExit,
+)
+from supervisor.core.state import ClusterState, SoftState
+
+NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_STEP_TIME_S = 86_400.0
+
+
+def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig) -> str | None:
+    """Returns why `inp` must be refused, or None to accept it."""
+    match inp:
+        case AgentHello():
+            return _check_hello(soft, inp, config)
+        case Tick() | StreamClosed():
+            return None
+        case StepReport():
+            return _check_sender(state, soft, inp.node_id) or _check_step_report(state, inp)
+        case SnapshotReport() | RankFinished():
+            return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
+        case Heartbeat() | TrainerExit():
+            return _check_sender(state, soft, inp.node_id)
+    return f"unsupported input {type(inp).__name__}"
+
+
+def _check_hello(soft: SoftState, hello: AgentHello, config: CoreConfig) -> str | None:
+    if not NODE_ID.match(hello.node_id):
+        return f"node id {hello.node_id!r} is not valid: use 1-64 of [A-Za-z0-9._-]"
+    if config.allowed_nodes and hello.node_id not in config.allowed_nodes:
+        return f"unknown node id {hello.node_id!r}: it is not in the supervisor's allowed node list"
+    if not (0 < hello.peer_port < 65536):
+        return f"peer port {hello.peer_port} of node {hello.node_id!r} is not a valid port"
+    if not hello.host:
+        return f"node {hello.node_id!r} gave no host address"
+    existing = soft.nodes.get(hello.node_id)
+    if existing is not None and existing.stream_id is not None and existing.incarnation != hello.incarnation:
+        return (
+            f"duplicate node id {hello.node_id!r}: another agent (incarnation {existing.incarnation})"
+            " is connected with it; give each node a unique --node-id"
+        )
+    return None
+
+
+def _check_sender(state: ClusterState, soft: SoftState, node_id: str) -> str | None:
+    if state.node(node_id) is None or node_id not in soft.nodes:
+        return f"node {node_id!r} has not said Hello on this supervisor"
+    return None
+
+
+def _check_rank(state: ClusterState, node_id: str, generation: int, rank: int) -> str | None:
+    current = state.generation
+    if current is None or current.number != generation:
+        now_gen = current.number if current else "none"
+        return f"stale generation {generation} (the generation in force is {now_gen})"
+    member = current.member(node_id)
+    if member is None or rank not in member.ranks:
+        return f"node {node_id!r} does not hold rank {rank} in generation {generation}"
+    return None
+
+
+def _check_step_report(state: ClusterState, report: StepReport) -> str | None:
+    for name in ("step_time_s", "compute_time_s"):
+        value = getattr(report, name)
+        if not (math.isfinite(value) and 0.0 <= value <= MAX_STEP_TIME_S):
+            return f"{name}={value!r} is not a finite number of seconds within [0, {MAX_STEP_TIME_S:g}]"
+    if report.compute_time_s > report.step_time_s + 1e-3:
+        return f"compute_time_s={report.compute_time_s} exceeds step_time_s={report.step_time_s}"
+    return _check_rank(state, report.node_id, report.generation, report.rank)

@@ -1,0 +1,208 @@
+"""decide(state, soft, input, now) -> events: every decision the supervisor makes.
+
+Pure: it reads the state, the soft state and the clock value it is given, and returns events
+for the runtime to append; it never appends, sends or logs. Each input kind has its own small
+handler; the detectors and the planner are policies it composes. Every event it returns is one
+`evolve` accepts, in order (tests/unit check this over random input sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.core.config import CoreConfig
+from supervisor.core.evolve import evolve, evolve_all
+from supervisor.core.events import (
+    EndReason,
+    Event,
+    GenerationEnded,
+    GenerationRunning,
+    JobCompleted,
+    NodeCleared,
+    NodeDeclaredDead,
+    NodeQuarantined,
+    NodeRegistered,
+    NodeSuspected,
+    SnapshotCommitted,
+)
+from supervisor.core.inputs import (
+    AgentHello,
+    Heartbeat,
+    Input,
+    RankFinished,
+    SnapshotReport,
+    StepReport,
+    StreamClosed,
+    Tick,
+    TrainerExit,
+)
+from supervisor.core.policies import failure, planner
+from supervisor.core.state import ClusterState, Liveness, SoftState
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    events: tuple[Event, ...]
+    waiting_reason: str  # why no generation is running, when none is; the shell shows it
+
+
+def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config: CoreConfig) -> Decision:
+    match inp:
+        case AgentHello():
+            events = _on_hello(state, inp)
+        case StepReport():
+            events = _on_step_report(state, inp)
+        case SnapshotReport():
+            events = _on_snapshot_report(state, soft, inp)
+        case RankFinished():
+            events = _on_rank_finished(state, soft, inp)
+        case TrainerExit():
+            events = _on_trainer_exit(state, soft, inp)
+        case Tick():
+            events = _on_tick(state, soft, now, config)
+        case Heartbeat() | StreamClosed():
+            events = []  # liveness changes from these are judged on the next Tick
+        case _:
+            events = []
+    # Events of one decision are folded before planning, so a death and its replacement
+    # generation can be decided (and appended) together.
+    plan = planner.plan_generation(evolve_all(state, events), soft, config.job)
+    if plan.started is not None:
+        events.append(plan.started)
+    return Decision(tuple(events), plan.waiting_reason)
+
+
+def _last_step(soft: SoftState, generation: int) -> int:
+    progress = soft.progress
+    return progress.max_step if progress is not None and progress.generation == generation else 0
+
+
+def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
+    node = state.node(hello.node_id)
+    registered = NodeRegistered(
+        node_id=hello.node_id,
+        incarnation=hello.incarnation,
+        role=hello.role,
+        host=hello.host,
+        peer_port=hello.peer_port,
+        gpus=hello.gpus,
+    )
+    if node is None or node.liveness is Liveness.DEAD:
+        return [registered]
+    events: list[Event] = []
+    changed = (node.incarnation, node.role, node.host, node.peer_port, node.gpus) != (
+        hello.incarnation, hello.role, hello.host, hello.peer_port, hello.gpus,
+    )
+    current = state.generation
+    if node.incarnation != hello.incarnation and current is not None and current.member(hello.node_id):
+        # A restarted agent lost its trainers and its RAM snapshots: the gang is broken.
+        events.append(
+            GenerationEnded(
+                generation=current.number,
+                reason=EndReason.NODE_RESTARTED,
+                node_id=hello.node_id,
+                last_step=0,
+                detail=f"agent restarted (incarnation {node.incarnation} -> {hello.incarnation})",
+            )
+        )
+    if changed:
+        events.append(registered)  # also makes a suspect node alive again
+    elif node.liveness is Liveness.SUSPECT:
+        events.append(NodeCleared(hello.node_id, "reconnected"))
+    return events
+
+
+def _on_step_report(state: ClusterState, report: StepReport) -> list[Event]:
+    generation = state.generation
+    if generation is None or generation.number != report.generation or generation.is_running:
+        return []
+    return [GenerationRunning(generation=report.generation, first_step=report.step)]
+
+
+def _on_snapshot_report(state: ClusterState, soft: SoftState, report: SnapshotReport) -> list[Event]:
+    generation = state.generation
+    progress = soft.progress
+    if generation is None or progress is None or progress.generation != generation.number:
+        return []
+    if state.snapshot is not None and report.step <= state.snapshot.step:
+        return []
+    held = progress.holdings.get(report.step, {})
+    for member in generation.members:
+        required = {member.node_id, member.buddy_node_id} - {""}
+        for rank in member.ranks:
+            if not required <= held.get(rank, frozenset()):
+                return []
+    return [SnapshotCommitted(generation=generation.number, step=report.step)]
+
+
+def _on_rank_finished(state: ClusterState, soft: SoftState, report: RankFinished) -> list[Event]:
+    generation = state.generation
+    progress = soft.progress
+    if generation is None or progress is None or progress.generation != generation.number:
+        return []
+    if len(progress.finished) < generation.world_size:
+        return []
+    digests = sorted(set(progress.finished.values()))
+    detail = "every rank finished" if len(digests) == 1 else f"ranks disagree on the final digest: {digests}"
+    return [
+        GenerationEnded(generation.number, EndReason.COMPLETED, "", progress.max_step, detail),
+        JobCompleted(generation=generation.number, step=progress.max_step, param_digest=progress.finished[0] if 0 in progress.finished else digests[0]),
+    ]
+
+
+def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -> list[Event]:
+    generation = state.generation
+    if generation is None or generation.number != exit_.generation or exit_.finished:
+        return []
+    progress = soft.progress
+    if progress is not None and progress.generation == generation.number and exit_.rank in progress.finished:
+        return []
+    return [
+        GenerationEnded(
+            generation=generation.number,
+            reason=EndReason.TRAINER_EXITED,
+            node_id=exit_.node_id,
+            last_step=_last_step(soft, generation.number),
+            detail=f"rank {exit_.rank} exited with code {exit_.exit_code}",
+        )
+    ]
+
+
+def _on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:
+    events: list[Event] = []
+    for verdict in failure.judge(state, soft, config.detector, now):
+        if verdict.liveness is Liveness.SUSPECT:
+            new: list[Event] = [NodeSuspected(verdict.node_id, verdict.reason, verdict.silent_for_s)]
+        elif verdict.liveness is Liveness.ALIVE:
+            new = [NodeCleared(verdict.node_id, verdict.reason)]
+        else:
+            new = _declare_dead(state, soft, verdict, offset=len(events))
+        events.extend(new)
+        state = evolve_all(state, new)
+    return events
+
+
+def _declare_dead(
+    state: ClusterState, soft: SoftState, verdict: failure.Verdict, *, offset: int
+) -> list[Event]:
+    """Dead, then (if it was training) the generation ends, then quarantine: evolve's order."""
+    dead = NodeDeclaredDead(verdict.node_id, verdict.reason, verdict.silent_for_s)
+    # The batch is appended atomically after `applied_seq`, so the death's seq is known now.
+    dead_seq = state.applied_seq + offset + 1
+    events: list[Event] = [dead]
+    generation = state.generation
+    if generation is not None and generation.member(verdict.node_id):
+        events.append(
+            GenerationEnded(
+                generation=generation.number,
+                reason=EndReason.NODE_LOST,
+                node_id=verdict.node_id,
+                last_step=_last_step(soft, generation.number),
+                detail=verdict.reason,
+            )
+        )
+    if not state.nodes[verdict.node_id].is_quarantined:
+        events.append(NodeQuarantined(verdict.node_id, f"declared dead: {verdict.reason}", dead_seq))
+    return events
+
+

@@ -1,0 +1,148 @@
+"""The typed events of the supervisor's log: one frozen dataclass per kind, named in the past tense.
+
+Every field a later reader needs to explain a decision is here (which node, why, what evidence).
+Core code speaks only these types; `supervisor/codec.py` maps them to `ftsup.v1.Event` by name,
+so a dataclass and its proto message must keep the same name and field names.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class NodeRole(enum.Enum):
+    ACTIVE = "active"
+    SPARE = "spare"
+
+
+class RestoreKind(enum.Enum):
+    FRESH = "fresh"
+    LOCAL_SNAPSHOT = "local_snapshot"
+    PEER_SNAPSHOT = "peer_snapshot"
+    CHECKPOINT = "checkpoint"
+
+
+class EndReason(enum.Enum):
+    NODE_LOST = "node_lost"
+    TRAINER_EXITED = "trainer_exited"
+    NODE_RESTARTED = "node_restarted"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class RankAssignment:
+    node_id: str
+    ranks: tuple[int, ...]
+    buddy_node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankRestore:
+    rank: int
+    kind: RestoreKind
+    source_node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRegistered:
+    node_id: str
+    incarnation: int
+    role: NodeRole
+    host: str
+    peer_port: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSuspected:
+    node_id: str
+    reason: str
+    silent_for_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCleared:
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDeclaredDead:
+    node_id: str
+    reason: str
+    silent_for_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeQuarantined:
+    node_id: str
+    reason: str
+    evidence_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStarted:
+    generation: int
+    members: tuple[RankAssignment, ...]
+    world_size: int
+    master_addr: str
+    master_port: int
+    restore_step: int | None
+    restore_generation: int
+    restores: tuple[RankRestore, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRunning:
+    generation: int
+    first_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationEnded:
+    generation: int
+    reason: EndReason
+    node_id: str
+    last_step: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotCommitted:
+    generation: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobCompleted:
+    generation: int
+    step: int
+    param_digest: str
+
+
+Event = (
+    NodeRegistered
+    | NodeSuspected
+    | NodeCleared
+    | NodeDeclaredDead
+    | NodeQuarantined
+    | GenerationStarted
+    | GenerationRunning
+    | GenerationEnded
+    | SnapshotCommitted
+    | JobCompleted
+)
+
+EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """An event as stored: its place in the log, the writer's term and the wall time it was appended."""
+
+    seq: int
+    term: int
+    time_unix_s: float
+    event: Event

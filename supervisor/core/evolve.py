@@ -1,0 +1,227 @@
+"""evolve(state, event) -> state: the only way the cluster state changes.
+
+Replaying the log through `evolve` rebuilds the state exactly, on any replica. An event that
+cannot follow the state (a quarantined node joining a generation, two nodes holding one rank)
+raises `InvalidEvent` instead of producing an impossible state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from types import MappingProxyType
+
+from supervisor.core.events import (
+    Event,
+    GenerationEnded,
+    GenerationRunning,
+    GenerationStarted,
+    JobCompleted,
+    NodeCleared,
+    NodeDeclaredDead,
+    NodeQuarantined,
+    NodeRegistered,
+    Record,
+    SnapshotCommitted,
+)
+from supervisor.core.state import (
+    ClusterState,
+    CommittedSnapshot,
+    Completion,
+    EndedGeneration,
+    Generation,
+    Liveness,
+    NodeRecord,
+)
+from supervisor.core.events import NodeSuspected
+
+
+class InvalidEvent(ValueError):
+    """The event cannot be applied to this state; the message says which rule it breaks."""
+
+
+def evolve(state: ClusterState, event: Event) -> ClusterState:
+    match event:
+        case NodeRegistered():
+            return _on_registered(state, event)
+        case NodeSuspected():
+            return _set_liveness(state, event.node_id, Liveness.SUSPECT, allowed={Liveness.ALIVE})
+        case NodeCleared():
+            return _set_liveness(state, event.node_id, Liveness.ALIVE, allowed={Liveness.SUSPECT})
+        case NodeDeclaredDead():
+            return _on_dead(state, event)
+        case NodeQuarantined():
+            return _on_quarantined(state, event)
+        case GenerationStarted():
+            return _on_generation_started(state, event)
+        case GenerationRunning():
+            return _on_generation_running(state, event)
+        case GenerationEnded():
+            return _on_generation_ended(state, event)
+        case SnapshotCommitted():
+            return _on_snapshot_committed(state, event)
+        case JobCompleted():
+            return _on_job_completed(state, event)
+    raise InvalidEvent(f"unknown event type {type(event).__name__}")
+
+
+def evolve_all(state: ClusterState, events: Iterable[Event]) -> ClusterState:
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def apply_record(state: ClusterState, record: Record) -> ClusterState:
+    """Folds a stored record, checking the log has no gap."""
+    if record.seq != state.applied_seq + 1:
+        raise InvalidEvent(f"record seq {record.seq} does not follow applied seq {state.applied_seq}")
+    return dataclasses.replace(evolve(state, record.event), applied_seq=record.seq)
+
+
+def _with_node(state: ClusterState, node: NodeRecord) -> ClusterState:
+    return dataclasses.replace(state, nodes=MappingProxyType({**state.nodes, node.node_id: node}))
+
+
+def _require_node(state: ClusterState, node_id: str) -> NodeRecord:
+    node = state.node(node_id)
+    if node is None:
+        raise InvalidEvent(f"node {node_id!r} is not registered")
+    return node
+
+
+def _on_registered(state: ClusterState, event: NodeRegistered) -> ClusterState:
+    if not event.node_id:
+        raise InvalidEvent("NodeRegistered needs a node id")
+    previous = state.node(event.node_id)
+    if previous is not None and state.generation and state.generation.member(event.node_id):
+        if previous.incarnation != event.incarnation:
+            raise InvalidEvent(
+                f"node {event.node_id!r} re-registered with a new incarnation while a member of"
+                f" generation {state.generation.number}; end the generation first"
+            )
+    node = NodeRecord(
+        node_id=event.node_id,
+        incarnation=event.incarnation,
+        role=event.role,
+        host=event.host,
+        peer_port=event.peer_port,
+        gpus=event.gpus,
+        liveness=Liveness.ALIVE,
+        is_quarantined=previous.is_quarantined if previous else False,
+        quarantine_reason=previous.quarantine_reason if previous else "",
+    )
+    return _with_node(state, node)
+
+
+def _set_liveness(
+    state: ClusterState, node_id: str, liveness: Liveness, *, allowed: set[Liveness]
+) -> ClusterState:
+    node = _require_node(state, node_id)
+    if node.liveness not in allowed:
+        raise InvalidEvent(f"node {node_id!r} is {node.liveness.value}, cannot become {liveness.value}")
+    return _with_node(state, dataclasses.replace(node, liveness=liveness))
+
+
+def _on_dead(state: ClusterState, event: NodeDeclaredDead) -> ClusterState:
+    node = _require_node(state, event.node_id)
+    if node.liveness is Liveness.DEAD:
+        raise InvalidEvent(f"node {event.node_id!r} is already dead")
+    return _with_node(state, dataclasses.replace(node, liveness=Liveness.DEAD))
+
+
+def _on_quarantined(state: ClusterState, event: NodeQuarantined) -> ClusterState:
+    node = _require_node(state, event.node_id)
+    if node.is_quarantined:
+        raise InvalidEvent(f"node {event.node_id!r} is already quarantined")
+    if state.generation is not None and state.generation.member(event.node_id):
+        # Invariant: no node is both active in a generation and quarantined.
+        raise InvalidEvent(
+            f"node {event.node_id!r} is a member of generation {state.generation.number};"
+            " end the generation before quarantining it"
+        )
+    return _with_node(
+        state, dataclasses.replace(node, is_quarantined=True, quarantine_reason=event.reason)
+    )
+
+
+def _on_generation_started(state: ClusterState, event: GenerationStarted) -> ClusterState:
+    if state.completion is not None:
+        raise InvalidEvent("the job has completed; no generation may start")
+    if state.generation is not None:
+        raise InvalidEvent(
+            f"generation {event.generation} cannot start while {state.generation.number} is in force"
+        )
+    if event.generation != state.last_generation + 1:
+        raise InvalidEvent(
+            f"generation {event.generation} does not follow {state.last_generation}"
+        )
+    seen_ranks: list[int] = []
+    seen_nodes: set[str] = set()
+    for member in event.members:
+        node = _require_node(state, member.node_id)
+        if node.is_quarantined or node.liveness is not Liveness.ALIVE:
+            raise InvalidEvent(
+                f"node {member.node_id!r} is {node.liveness.value}"
+                f"{' and quarantined' if node.is_quarantined else ''}; it cannot join a generation"
+            )
+        if member.node_id in seen_nodes:
+            raise InvalidEvent(f"node {member.node_id!r} appears twice in generation {event.generation}")
+        seen_nodes.add(member.node_id)
+        seen_ranks.extend(member.ranks)
+    if sorted(seen_ranks) != list(range(event.world_size)):
+        # Invariant: every rank of the world is held by exactly one node.
+        raise InvalidEvent(
+            f"generation {event.generation} ranks {sorted(seen_ranks)} are not exactly 0..{event.world_size - 1}"
+        )
+    generation = Generation(
+        number=event.generation,
+        members=event.members,
+        world_size=event.world_size,
+        master_addr=event.master_addr,
+        master_port=event.master_port,
+        restore_step=event.restore_step,
+        restore_generation=event.restore_generation,
+        restores=event.restores,
+    )
+    return dataclasses.replace(state, generation=generation, last_generation=event.generation)
+
+
+def _require_current(state: ClusterState, generation: int, what: str) -> Generation:
+    if state.generation is None or state.generation.number != generation:
+        current = state.generation.number if state.generation else None
+        raise InvalidEvent(f"{what} for generation {generation}, but the generation in force is {current}")
+    return state.generation
+
+
+def _on_generation_running(state: ClusterState, event: GenerationRunning) -> ClusterState:
+    generation = _require_current(state, event.generation, "GenerationRunning")
+    if generation.is_running:
+        raise InvalidEvent(f"generation {event.generation} is already running")
+    return dataclasses.replace(
+        state, generation=dataclasses.replace(generation, first_step=event.first_step)
+    )
+
+
+def _on_generation_ended(state: ClusterState, event: GenerationEnded) -> ClusterState:
+    _require_current(state, event.generation, "GenerationEnded")
+    ended = EndedGeneration(event.generation, event.reason, event.node_id, event.last_step)
+    return dataclasses.replace(state, generation=None, last_ended=ended)
+
+
+def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> ClusterState:
+    generation = _require_current(state, event.generation, "SnapshotCommitted")
+    if state.snapshot is not None and event.step <= state.snapshot.step:
+        raise InvalidEvent(
+            f"snapshot step {event.step} is not newer than committed step {state.snapshot.step}"
+        )
+    snapshot = CommittedSnapshot(event.generation, event.step, generation.members)
+    return dataclasses.replace(state, snapshot=snapshot)
+
+
+def _on_job_completed(state: ClusterState, event: JobCompleted) -> ClusterState:
+    if state.completion is not None:
+        raise InvalidEvent("the job has already completed")
+    if state.generation is not None:
+        raise InvalidEvent("JobCompleted must follow the end of the last generation")
+    completion = Completion(event.generation, event.step, event.param_digest)
+    return dataclasses.replace(state, completion=completion)

@@ -1,0 +1,93 @@
+"""What the supervisor reacts to: messages from agents, the passage of time, stream changes.
+
+Inputs are facts the shell observed; `decide` turns them into events. They are never logged
+(heartbeats and step reports are soft state), which keeps the log to state changes only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.core.events import NodeRole
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHello:
+    node_id: str
+    incarnation: int
+    role: NodeRole
+    host: str
+    peer_port: int
+    gpus: int
+    stream_id: int  # the shell's handle for the stream this Hello came on
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    node_id: str
+    incarnation: int
+    running_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    node_id: str
+    generation: int
+    rank: int
+    step: int
+    step_time_s: float
+    compute_time_s: float
+    loss: float
+    param_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotReport:
+    node_id: str
+    generation: int
+    rank: int
+    step: int
+    holder_node_ids: tuple[str, ...]
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankFinished:
+    node_id: str
+    generation: int
+    rank: int
+    step: int
+    param_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerExit:
+    node_id: str
+    generation: int
+    rank: int
+    exit_code: int
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClosed:
+    node_id: str
+    incarnation: int
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed; lets the detectors and the planner act without a message."""
+
+
+Input = (
+    AgentHello
+    | Heartbeat
+    | StepReport
+    | SnapshotReport
+    | RankFinished
+    | TrainerExit
+    | StreamClosed
+    | Tick
+)

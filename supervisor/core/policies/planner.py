@@ -1,0 +1,153 @@
+"""Elastic planner: which nodes form the next generation, who holds which rank, and where each
+rank's state comes from.
+
+Gang semantics: a generation is planned only when every rank can be placed on a healthy node;
+otherwise the planner waits and says why. Survivors keep their ranks and a replacement takes a lost
+node's ranks whole, so the world and the rank numbers stay the same (bitwise continuity).
+Restore prefers the rank's own node's RAM, then its buddy's RAM (DESIGN.md: the recovery ladder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.core.config import JobSpec
+from supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RankRestore, RestoreKind
+from supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    started: GenerationStarted | None
+    waiting_reason: str  # empty when a generation was planned
+
+
+def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec) -> Plan:
+    if state.completion is not None:
+        return Plan(None, "job completed")
+    if state.generation is not None:
+        return Plan(None, "")
+    previous = _previous_members(state)
+    suspects = [n for n in previous if _liveness(state, n) is Liveness.SUSPECT]
+    if suspects:
+        return Plan(None, f"waiting for a verdict on suspect node(s) {', '.join(sorted(suspects))}")
+    healthy = [n for n in state.nodes.values() if _is_usable(n, soft)]
+    if len(healthy) < job.nodes:
+        return Plan(
+            None,
+            f"need {job.nodes} healthy nodes, have {len(healthy)}"
+            f" ({len(state.nodes)} registered, {_count_quarantined(state)} quarantined)",
+        )
+    members = _assign_ranks(state, healthy, job)
+    restores, restore_step = _plan_restores(state, soft, members)
+    rank0_node = state.nodes[members[0].node_id]
+    number = state.last_generation + 1
+    reason = _reason(state, restore_step)
+    return Plan(
+        GenerationStarted(
+            generation=number,
+            members=members,
+            world_size=job.world_size,
+            master_addr=rank0_node.host,
+            master_port=job.master_port_base + number % job.master_port_span,
+            restore_step=restore_step,
+            restore_generation=state.snapshot.generation if (state.snapshot and restore_step is not None) else 0,
+            restores=restores,
+            reason=reason,
+        ),
+        "",
+    )
+
+
+def _liveness(state: ClusterState, node_id: str) -> Liveness | None:
+    node = state.node(node_id)
+    return node.liveness if node else None
+
+
+def _previous_members(state: ClusterState) -> list[str]:
+    source = state.snapshot.members if state.snapshot else ()
+    return [m.node_id for m in source]
+
+
+def _is_usable(node: NodeRecord, soft: SoftState) -> bool:
+    info = soft.nodes.get(node.node_id)
+    return (
+        node.liveness is Liveness.ALIVE
+        and not node.is_quarantined
+        and info is not None
+        and info.stream_id is not None
+    )
+
+
+def _count_quarantined(state: ClusterState) -> int:
+    return sum(1 for n in state.nodes.values() if n.is_quarantined)
+
+
+def _assign_ranks(state: ClusterState, healthy: list[NodeRecord], job: JobSpec) -> tuple[RankAssignment, ...]:
+    """Survivors of the last layout keep their rank blocks; free blocks go to active nodes, then spares."""
+    usable = {n.node_id for n in healthy}
+    blocks: dict[int, str | None] = {b: None for b in range(job.nodes)}
+    if state.snapshot is not None:
+        for member in state.snapshot.members:
+            block = min(member.ranks) // job.ranks_per_node
+            if member.node_id in usable and block in blocks and len(member.ranks) == job.ranks_per_node:
+                blocks[block] = member.node_id
+    taken = {n for n in blocks.values() if n is not None}
+    # Active nodes before spares; within a role, by id so the choice is reproducible.
+    candidates = sorted(
+        (n for n in healthy if n.node_id not in taken),
+        key=lambda n: (n.role is NodeRole.SPARE, n.node_id),
+    )
+    for block in sorted(b for b, n in blocks.items() if n is None):
+        blocks[block] = candidates.pop(0).node_id
+    order = [blocks[b] for b in range(job.nodes)]
+    members: list[RankAssignment] = []
+    for index, node_id in enumerate(order):
+        assert node_id is not None
+        ranks = tuple(range(index * job.ranks_per_node, (index + 1) * job.ranks_per_node))
+        buddy = order[(index + 1) % len(order)] if len(order) > 1 else ""
+        members.append(RankAssignment(node_id=node_id, ranks=ranks, buddy_node_id=buddy or ""))
+    return tuple(members)
+
+
+def _plan_restores(
+    state: ClusterState, soft: SoftState, members: tuple[RankAssignment, ...]
+) -> tuple[tuple[RankRestore, ...], int | None]:
+    fresh = tuple(
+        RankRestore(rank, RestoreKind.FRESH, "") for m in members for rank in m.ranks
+    )
+    snapshot = state.snapshot
+    if snapshot is None:
+        return fresh, None
+    restores: list[RankRestore] = []
+    for member in members:
+        for rank in member.ranks:
+            holders = [h for h in snapshot.holders(rank) if h and _holds_ram(state, soft, h)]
+            if not holders:
+                return fresh, None
+            if member.node_id in holders:
+                restores.append(RankRestore(rank, RestoreKind.LOCAL_SNAPSHOT, member.node_id))
+            else:
+                restores.append(RankRestore(rank, RestoreKind.PEER_SNAPSHOT, holders[0]))
+    return tuple(restores), snapshot.step
+
+
+def _holds_ram(state: ClusterState, soft: SoftState, node_id: str) -> bool:
+    """A live, connected agent still has its RAM, even when quarantined (it can serve its copies)."""
+    node = state.node(node_id)
+    info = soft.nodes.get(node_id)
+    return (
+        node is not None
+        and node.liveness is Liveness.ALIVE
+        and info is not None
+        and info.stream_id is not None
+    )
+
+
+def _reason(state: ClusterState, restore_step: int | None) -> str:
+    where = f"restoring step {restore_step} from RAM snapshots" if restore_step is not None else "from step 0"
+    ended = state.last_ended
+    if ended is None:
+        return f"first generation, {where}"
+    culprit = f" ({ended.node_id})" if ended.node_id else ""
+    return f"generation {ended.number} ended: {ended.reason.value}{culprit}; {where}"

@@ -1,0 +1,81 @@
+"""Keeps the soft state current from the input stream: who spoke when, what streams are open,
+how far the generation in force has got, which snapshots are held where.
+
+Deterministic and clock-free (`now` is an argument), but it mutates the `SoftState` the runtime
+owns: soft state is rebuilt from inputs, never logged, so copying it per heartbeat buys nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+from supervisor.core.inputs import (
+    AgentHello,
+    Heartbeat,
+    Input,
+    RankFinished,
+    SnapshotReport,
+    StepReport,
+    StreamClosed,
+    TrainerExit,
+)
+from supervisor.core.state import ClusterState, GenerationProgress, NodeSoft, SoftState
+
+
+def observe(soft: SoftState, state: ClusterState, inp: Input, now: float) -> None:
+    """Records what `inp` says about liveness and progress; call before `decide` on the same input."""
+    match inp:
+        case AgentHello():
+            soft.nodes[inp.node_id] = NodeSoft(
+                last_heard_s=now, stream_id=inp.stream_id, incarnation=inp.incarnation
+            )
+        case StreamClosed():
+            node = soft.nodes.get(inp.node_id)
+            if node is not None and node.stream_id == inp.stream_id:
+                node.stream_id = None
+                node.disconnected_at_s = now
+        case Heartbeat() | TrainerExit():
+            _heard(soft, inp.node_id, now)
+        case StepReport():
+            _heard(soft, inp.node_id, now)
+            progress = _progress_for(soft, state, inp.generation)
+            if progress is not None:
+                progress.step_reports += 1
+                if inp.step >= progress.max_step:
+                    progress.max_step = inp.step
+                    if math.isfinite(inp.loss):
+                        progress.last_loss = inp.loss
+        case SnapshotReport():
+            _heard(soft, inp.node_id, now)
+            progress = _progress_for(soft, state, inp.generation)
+            if progress is not None:
+                by_rank = progress.holdings.setdefault(inp.step, {})
+                by_rank[inp.rank] = by_rank.get(inp.rank, frozenset()) | frozenset(inp.holder_node_ids)
+        case RankFinished():
+            _heard(soft, inp.node_id, now)
+            progress = _progress_for(soft, state, inp.generation)
+            if progress is not None:
+                progress.finished[inp.rank] = inp.param_digest
+                progress.max_step = max(progress.max_step, inp.step)
+
+
+def forget_committed(soft: SoftState, up_to_step: int) -> None:
+    """Drops holdings at or below a committed step: they can never be committed again."""
+    if soft.progress is not None:
+        for step in [s for s in soft.progress.holdings if s <= up_to_step]:
+            del soft.progress.holdings[step]
+
+
+def _heard(soft: SoftState, node_id: str, now: float) -> None:
+    node = soft.nodes.get(node_id)
+    if node is not None:
+        node.last_heard_s = now
+
+
+def _progress_for(soft: SoftState, state: ClusterState, generation: int) -> GenerationProgress | None:
+    if state.generation is None or state.generation.number != generation:
+        return None
+    if soft.progress is None or soft.progress.generation != generation:
+        start = state.generation.restore_step or 0
+        soft.progress = GenerationProgress(generation=generation, max_step=start)
+    return soft.progress

@@ -1,0 +1,144 @@
+"""The cluster state the event log folds into, and the soft state rebuilt from the input stream.
+
+`ClusterState` is what a replica knows after replaying the log: it is treated as immutable
+(mappings are replaced, never mutated) so any state can be kept and compared in tests.
+`SoftState` (heartbeat times, connected streams, step progress, snapshot holdings) is never
+logged; a fresh leader rebuilds it from what agents send, after one timeout of grace.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+
+
+class Liveness(enum.Enum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    node_id: str
+    incarnation: int
+    role: NodeRole
+    host: str
+    peer_port: int
+    gpus: int
+    liveness: Liveness = Liveness.ALIVE
+    is_quarantined: bool = False
+    quarantine_reason: str = ""
+
+    @property
+    def peer_address(self) -> str:
+        return f"{self.host}:{self.peer_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    number: int
+    members: tuple[RankAssignment, ...]
+    world_size: int
+    master_addr: str
+    master_port: int
+    restore_step: int | None
+    restore_generation: int
+    restores: tuple[RankRestore, ...]
+    first_step: int | None = None  # set when its first step completed
+
+    @property
+    def is_running(self) -> bool:
+        return self.first_step is not None
+
+    def member(self, node_id: str) -> RankAssignment | None:
+        for assignment in self.members:
+            if assignment.node_id == node_id:
+                return assignment
+        return None
+
+    def node_of_rank(self, rank: int) -> str | None:
+        for assignment in self.members:
+            if rank in assignment.ranks:
+                return assignment.node_id
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedSnapshot:
+    """The newest step whose every rank is held in RAM twice; `members` says by whom."""
+
+    generation: int
+    step: int
+    members: tuple[RankAssignment, ...]
+
+    def holders(self, rank: int) -> tuple[str, ...]:
+        for assignment in self.members:
+            if rank in assignment.ranks:
+                return (assignment.node_id, assignment.buddy_node_id)
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    generation: int
+    step: int
+    param_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndedGeneration:
+    number: int
+    reason: EndReason
+    node_id: str
+    last_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    nodes: Mapping[str, NodeRecord] = field(default_factory=lambda: MappingProxyType({}))
+    generation: Generation | None = None  # the generation in force, None between generations
+    last_generation: int = 0
+    last_ended: EndedGeneration | None = None
+    snapshot: CommittedSnapshot | None = None
+    completion: Completion | None = None
+    applied_seq: int = 0  # the seq of the last record folded in
+
+    def node(self, node_id: str) -> NodeRecord | None:
+        return self.nodes.get(node_id)
+
+
+@dataclass(slots=True)
+class NodeSoft:
+    last_heard_s: float  # monotonic time of the last message from this node
+    stream_id: int | None  # the open stream, None when disconnected
+    incarnation: int
+    disconnected_at_s: float | None = None
+
+
+@dataclass(slots=True)
+class GenerationProgress:
+    """Step progress of the generation in force, from step and snapshot reports."""
+
+    generation: int
+    max_step: int = 0
+    last_loss: float = math.nan
+    # step -> rank -> nodes holding that rank's snapshot
+    holdings: dict[int, dict[int, frozenset[str]]] = field(default_factory=dict)
+    finished: dict[int, str] = field(default_factory=dict)  # rank -> final digest
+    step_reports: int = 0
+
+
+@dataclass(slots=True)
+class SoftState:
+    """Mutable, owned by the runtime task alone, updated only by `soft.observe`."""
+
+    started_at_s: float  # when this supervisor started deciding: the grace period starts here
+    nodes: dict[str, NodeSoft] = field(default_factory=dict)
+    progress: GenerationProgress | None = None
+    waiting_reason: str = ""

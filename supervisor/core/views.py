@@ -1,0 +1,124 @@
+"""Read-only views of the state for operators: what `supervisorctl status` and `nodes` show.
+
+Pure functions of (state, soft state, now); the operator service only converts them to proto.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from supervisor.core.events import NodeRole
+from supervisor.core.state import ClusterState, Liveness, SoftState
+
+
+class JobPhase(enum.Enum):
+    WAITING = "waiting"
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    job_name: str
+    phase: JobPhase
+    generation: int
+    step: int
+    world_size: int
+    loss: float
+    last_snapshot_step: int | None
+    head_seq: int
+    nodes_alive: int
+    nodes_suspect: int
+    nodes_dead: int
+    nodes_quarantined: int
+    spares_ready: int
+    waiting_reason: str
+    final_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    node_id: str
+    role: NodeRole
+    liveness: Liveness
+    is_quarantined: bool
+    quarantine_reason: str
+    ranks: tuple[int, ...]
+    last_heartbeat_age_s: float  # negative: not heard since this supervisor started
+    incarnation: int
+    host: str
+    is_connected: bool
+
+
+def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size: int) -> StatusView:
+    generation = state.generation
+    progress = soft.progress
+    has_progress = progress is not None and generation is not None and progress.generation == generation.number
+    if state.completion is not None:
+        phase = JobPhase.COMPLETED
+    elif generation is None:
+        phase = JobPhase.WAITING
+    elif generation.is_running:
+        phase = JobPhase.RUNNING
+    else:
+        phase = JobPhase.STARTING
+    if state.completion is not None:
+        step = state.completion.step
+    elif has_progress and progress is not None:
+        step = progress.max_step
+    elif generation is not None and generation.restore_step is not None:
+        step = generation.restore_step
+    else:
+        step = state.snapshot.step if state.snapshot else 0
+    members = {m.node_id for m in generation.members} if generation else set()
+    nodes = list(state.nodes.values())
+    return StatusView(
+        job_name=job_name,
+        phase=phase,
+        generation=generation.number if generation else state.last_generation,
+        step=step,
+        world_size=generation.world_size if generation else world_size,
+        loss=progress.last_loss if has_progress and progress is not None else math.nan,
+        last_snapshot_step=state.snapshot.step if state.snapshot else None,
+        head_seq=state.applied_seq,
+        nodes_alive=sum(1 for n in nodes if n.liveness is Liveness.ALIVE),
+        nodes_suspect=sum(1 for n in nodes if n.liveness is Liveness.SUSPECT),
+        nodes_dead=sum(1 for n in nodes if n.liveness is Liveness.DEAD),
+        nodes_quarantined=sum(1 for n in nodes if n.is_quarantined),
+        spares_ready=sum(
+            1
+            for n in nodes
+            if n.role is NodeRole.SPARE
+            and n.liveness is Liveness.ALIVE
+            and not n.is_quarantined
+            and n.node_id not in members
+        ),
+        waiting_reason=soft.waiting_reason if phase is JobPhase.WAITING else "",
+        final_digest=state.completion.param_digest if state.completion else "",
+    )
+
+
+def node_views(state: ClusterState, soft: SoftState, now: float) -> list[NodeView]:
+    generation = state.generation
+    views = []
+    for node in sorted(state.nodes.values(), key=lambda n: n.node_id):
+        info = soft.nodes.get(node.node_id)
+        member = generation.member(node.node_id) if generation else None
+        views.append(
+            NodeView(
+                node_id=node.node_id,
+                role=node.role,
+                liveness=node.liveness,
+                is_quarantined=node.is_quarantined,
+                quarantine_reason=node.quarantine_reason,
+                ranks=member.ranks if member else (),
+                last_heartbeat_age_s=now - info.last_heard_s if info else -1.0,
+                incarnation=node.incarnation,
+                host=node.host,
+                is_connected=info is not None and info.stream_id is not None,
+            )
+        )
+    return views

@@ -1,0 +1,183 @@
+"""The supervisor's one loop: input -> refuse or observe -> decide -> append -> evolve -> directives.
+
+One asyncio task owns the live ClusterState and SoftState; gRPC handlers only submit inputs and
+read immutable snapshots of the state. Appends happen before the state changes, so a replica
+replaying the log reaches exactly the state this one acted on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ftsup.v1 import agent_pb2
+from supervisor import codec, logs
+from supervisor.core import admission, soft as soft_state
+from supervisor.core.config import CoreConfig
+from supervisor.core.decide import decide
+from supervisor.core.directives import Directive, directive_for
+from supervisor.core.events import Record, SnapshotCommitted
+from supervisor.core.evolve import apply_record
+from supervisor.core.inputs import AgentHello, Input, StreamClosed, Tick
+from supervisor.core.state import ClusterState, SoftState
+from supervisor.core.views import NodeView, StatusView, node_views, status_view
+from supervisor.eventlog.api import EventLog, LogError
+
+log = logs.get("supervisor.runtime")
+
+Outbox = asyncio.Queue[agent_pb2.SupervisorMessage | None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    inp: Input
+    reply: asyncio.Future[str | None] | None
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: CoreConfig,
+        event_log: EventLog,
+        *,
+        term: int = 0,
+        tick_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.event_log = event_log
+        self.term = term
+        self._tick_s = tick_s
+        self._clock = clock
+        self._wall = wall_clock
+        self.state = ClusterState()
+        for record in event_log.read(1):
+            self.state = apply_record(self.state, record)
+        self.soft = SoftState(started_at_s=clock())
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._stream_ids = itertools.count(1)
+        self._outboxes: dict[int, Outbox] = {}
+        self._node_stream: dict[str, int] = {}
+        self._sent: dict[str, Directive] = {}
+        self._waiting_reason = ""
+        log.info("state replayed", head_seq=self.state.applied_seq, nodes=len(self.state.nodes))
+
+    # -- called by the servers -------------------------------------------------------------
+    def submit(self, inp: Input) -> asyncio.Future[str | None]:
+        """Queues an input; the future resolves to a refusal reason, or None once handled."""
+        reply: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(inp, reply))
+        return reply
+
+    def post(self, inp: Input) -> None:
+        self._queue.put_nowait(_Pending(inp, None))
+
+    def open_stream(self, outbox: Outbox) -> int:
+        stream_id = next(self._stream_ids)
+        self._outboxes[stream_id] = outbox
+        return stream_id
+
+    def close_stream(self, stream_id: int, node_id: str | None, incarnation: int) -> None:
+        self._outboxes.pop(stream_id, None)
+        if node_id is not None:
+            self.post(StreamClosed(node_id=node_id, incarnation=incarnation, stream_id=stream_id))
+
+    def status(self) -> StatusView:
+        return status_view(self.state, self.soft, self.config.job.name, self.config.job.world_size)
+
+    def nodes(self) -> list[NodeView]:
+        return node_views(self.state, self.soft, self._clock())
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        ticker = asyncio.create_task(self._tick_forever())
+        try:
+            while True:
+                pending = await self._queue.get()
+                try:
+                    refused = await self._handle(pending.inp)
+                except Exception as exc:  # a bug must not take the control plane down
+                    log.exception("input handling failed", input=type(pending.inp).__name__)
+                    refused = f"internal error: {exc}"
+                if pending.reply is not None and not pending.reply.done():
+                    pending.reply.set_result(refused)
+        finally:
+            ticker.cancel()
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_s)
+            self.post(Tick())
+
+    async def _handle(self, inp: Input) -> str | None:
+        reason = admission.refusal(self.state, self.soft, inp, self.config)
+        if reason is not None:
+            log.warning("input refused", input=type(inp).__name__, reason=reason,
+                        node_id=getattr(inp, "node_id", None))
+            return reason
+        now = self._clock()
+        soft_state.observe(self.soft, self.state, inp, now)
+        decision = decide(self.state, self.soft, inp, now, self.config)
+        if decision.events:
+            try:
+                records = await self.event_log.append(decision.events, term=self.term, time_unix_s=self._wall())
+            except LogError as exc:
+                log.error("event append failed; decision dropped, will decide again", error=str(exc))
+                return None
+            for record in records:
+                self._apply(record)
+        if decision.waiting_reason != self._waiting_reason:
+            self._waiting_reason = decision.waiting_reason
+            if decision.waiting_reason:
+                log.info("waiting", reason=decision.waiting_reason)
+        if isinstance(inp, AgentHello):
+            self._attach(inp)
+        if decision.events or isinstance(inp, AgentHello):
+            self._push_directives()
+        return None
+
+    def _apply(self, record: Record) -> None:
+        self.state = apply_record(self.state, record)
+        event = record.event
+        log.info("event", seq=record.seq, kind=type(event).__name__, **_fields(event))
+        if isinstance(event, SnapshotCommitted):
+            soft_state.forget_committed(self.soft, event.step)
+
+    def _attach(self, hello: AgentHello) -> None:
+        self._node_stream[hello.node_id] = hello.stream_id
+        self._sent.pop(hello.node_id, None)
+        welcome = agent_pb2.Welcome(
+            node_id=hello.node_id,
+            incarnation=hello.incarnation,
+            heartbeat_interval_s=self.config.detector.heartbeat_interval_s,
+            term=self.term,
+        )
+        self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
+
+    def _push_directives(self) -> None:
+        for node_id in self.state.nodes:
+            if node_id not in self._node_stream:
+                continue
+            directive = directive_for(self.state, self.config.job, node_id, self._waiting_reason)
+            if self._sent.get(node_id) == directive:
+                continue
+            if self._send(node_id, agent_pb2.SupervisorMessage(directive=codec.directive_to_proto(directive))):
+                self._sent[node_id] = directive
+
+    def _send(self, node_id: str, message: agent_pb2.SupervisorMessage) -> bool:
+        stream_id = self._node_stream.get(node_id)
+        outbox = self._outboxes.get(stream_id) if stream_id is not None else None
+        if outbox is None:
+            self._node_stream.pop(node_id, None)
+            return False
+        outbox.put_nowait(message)
+        return True
+
+
+def _fields(event: object) -> dict[str, object]:
+    names = getattr(event, "__slots__", ())
+    return {name: getattr(event, name) for name in names if name != "members" and name != "restores"}

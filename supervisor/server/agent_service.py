@@ -1,0 +1,122 @@
+"""The agents' side of the wire: Supervisor.Connect streams, translated to and from core inputs.
+
+One stream per node. The first message must be Hello; every later message is stamped with the
+node id of that Hello (an agent cannot speak for another node). Refusals go back on the same
+stream; a refused Hello ends it. Closing the stream is reported to the runtime at once: it is the
+fastest death signal there is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+from supervisor import logs
+from supervisor.core import inputs
+from supervisor.core.events import NodeRole
+from supervisor.runtime import Outbox, Runtime
+
+log = logs.get("supervisor.agents")
+
+_ROLES = {events_pb2.NODE_ROLE_ACTIVE: NodeRole.ACTIVE, events_pb2.NODE_ROLE_SPARE: NodeRole.SPARE}
+
+
+def _refusal(reason: str, refused: str) -> agent_pb2.SupervisorMessage:
+    return agent_pb2.SupervisorMessage(refusal=agent_pb2.Refusal(reason=reason, refused=refused))
+
+
+def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) -> inputs.Input | None:
+    kind = message.WhichOneof("kind")
+    if kind == "heartbeat":
+        hb = message.heartbeat
+        return inputs.Heartbeat(node_id=node_id, incarnation=incarnation, running_generation=hb.running_generation)
+    if kind == "step_report":
+        r = message.step_report
+        return inputs.StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s,
+                                 r.loss, r.param_digest)
+    if kind == "snapshot_report":
+        s = message.snapshot_report
+        return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes)
+    if kind == "rank_finished":
+        f = message.rank_finished
+        return inputs.RankFinished(node_id, f.generation, f.rank, f.step, f.param_digest)
+    if kind == "trainer_exit":
+        e = message.trainer_exit
+        return inputs.TrainerExit(node_id, e.generation, e.rank, e.exit_code, e.finished)
+    return None
+
+
+class AgentService(agent_pb2_grpc.SupervisorServicer):
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.SupervisorMessage]:
+        outbox: Outbox = asyncio.Queue()
+        stream_id = self._runtime.open_stream(outbox)
+        peer = context.peer()
+        try:
+            first = await anext(aiter(request_iterator), None)
+        except grpc.aio.AioRpcError:
+            first = None
+        if first is None or first.WhichOneof("kind") != "hello":
+            self._runtime.close_stream(stream_id, None, 0)
+            got = first.WhichOneof("kind") if first is not None else "nothing"
+            yield _refusal(f"the first message on a stream must be Hello, got {got}", got or "unknown")
+            return
+        hello = first.hello
+        role = _ROLES.get(hello.role)
+        if role is None:
+            self._runtime.close_stream(stream_id, None, 0)
+            yield _refusal(f"Hello has no valid role ({hello.role}); use active or spare", "hello")
+            return
+        reason = await self._runtime.submit(
+            inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port, hello.gpus, stream_id)
+        )
+        if reason is not None:
+            self._runtime.close_stream(stream_id, None, 0)
+            yield _refusal(reason, "hello")
+            return
+        log.info("node connected", node_id=hello.node_id, incarnation=hello.incarnation, peer=peer)
+        reader = asyncio.create_task(self._read(hello.node_id, hello.incarnation, request_iterator, outbox))
+        try:
+            while True:
+                message = await outbox.get()
+                if message is None:
+                    return
+                yield message
+        finally:
+            reader.cancel()
+            self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
+            log.info("node stream closed", node_id=hello.node_id, peer=peer)
+
+    async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage], outbox: Outbox) -> None:
+        try:
+            async for message in requests:
+                inp = to_input(node_id, incarnation, message)
+                if inp is None:
+                    kind = message.WhichOneof("kind") or "empty"
+                    outbox.put_nowait(_refusal(f"unexpected {kind} message after Hello", kind))
+                    continue
+                if isinstance(inp, inputs.Heartbeat):
+                    self._runtime.post(inp)
+                    continue
+                reply = self._runtime.submit(inp)  # queued now: order is kept
+                reply.add_done_callback(_refuse_on(outbox, type(inp).__name__))
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        finally:
+            outbox.put_nowait(None)
+
+
+def _refuse_on(outbox: Outbox, kind: str):  # type: ignore[no-untyped-def]
+    def done(reply: asyncio.Future[str | None]) -> None:
+        reason = reply.result() if not reply.cancelled() else None
+        if reason is not None:
+            outbox.put_nowait(_refusal(reason, kind))
+
+    return done

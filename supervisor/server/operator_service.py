@@ -1,0 +1,95 @@
+"""The Operator service behind supervisorctl: read-only views and the event stream (for now).
+
+Views come from the runtime's pure view functions; this module only converts them to proto.
+Commands that change anything arrive with issue 8, with authorization.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import grpc
+
+from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc
+from supervisor import codec
+from supervisor.core.events import NodeRole
+from supervisor.core.state import Liveness
+from supervisor.core.views import JobPhase
+from supervisor.runtime import Runtime
+
+_PHASE = {
+    JobPhase.WAITING: operator_pb2.JOB_PHASE_WAITING,
+    JobPhase.STARTING: operator_pb2.JOB_PHASE_STARTING,
+    JobPhase.RUNNING: operator_pb2.JOB_PHASE_RUNNING,
+    JobPhase.COMPLETED: operator_pb2.JOB_PHASE_COMPLETED,
+}
+_LIVENESS = {
+    Liveness.ALIVE: operator_pb2.LIVENESS_ALIVE,
+    Liveness.SUSPECT: operator_pb2.LIVENESS_SUSPECT,
+    Liveness.DEAD: operator_pb2.LIVENESS_DEAD,
+}
+_ROLE = {NodeRole.ACTIVE: events_pb2.NODE_ROLE_ACTIVE, NodeRole.SPARE: events_pb2.NODE_ROLE_SPARE}
+
+
+class OperatorService(operator_pb2_grpc.OperatorServicer):
+    def __init__(self, runtime: Runtime, address: str) -> None:
+        self._runtime = runtime
+        self._address = address
+
+    async def GetStatus(
+        self, request: operator_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.GetStatusResponse:
+        view = self._runtime.status()
+        response = operator_pb2.GetStatusResponse(
+            job_name=view.job_name,
+            phase=_PHASE[view.phase],
+            generation=view.generation,
+            step=view.step,
+            world_size=view.world_size,
+            loss=view.loss if math.isfinite(view.loss) else math.nan,
+            head_seq=view.head_seq,
+            leader_address=self._address,
+            nodes_alive=view.nodes_alive,
+            nodes_suspect=view.nodes_suspect,
+            nodes_dead=view.nodes_dead,
+            nodes_quarantined=view.nodes_quarantined,
+            spares_ready=view.spares_ready,
+            waiting_reason=view.waiting_reason,
+            final_digest=view.final_digest,
+        )
+        if view.last_snapshot_step is not None:
+            response.last_snapshot_step = view.last_snapshot_step
+        return response
+
+    async def ListNodes(
+        self, request: operator_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.ListNodesResponse:
+        return operator_pb2.ListNodesResponse(
+            nodes=[
+                operator_pb2.NodeInfo(
+                    node_id=n.node_id,
+                    role=_ROLE[n.role],
+                    liveness=_LIVENESS[n.liveness],
+                    quarantined=n.is_quarantined,
+                    quarantine_reason=n.quarantine_reason,
+                    ranks=n.ranks,
+                    last_heartbeat_age_s=n.last_heartbeat_age_s,
+                    incarnation=n.incarnation,
+                    host=n.host,
+                    connected=n.is_connected,
+                )
+                for n in self._runtime.nodes()
+            ]
+        )
+
+    async def ListEvents(
+        self, request: operator_pb2.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[events_pb2.Record]:
+        log = self._runtime.event_log
+        if not request.follow:
+            for record in log.read(request.since_seq):
+                yield codec.record_to_proto(record)
+            return
+        async for record in log.follow(request.since_seq):
+            yield codec.record_to_proto(record)
