@@ -1,0 +1,250 @@
+"""Real agent processes against a fake Supervisor servicer on loopback.
+
+Covers the agent's contract end to end: Hello and heartbeats, a RUN directive launching ranks
+with the right env, relayed StepReport / RankFinished / TrainerExit, buddy replication with a
+two-holder SnapshotReport, FetchSnapshot from the buddy, a peer restore through GetRestore, a
+clear FAILED_PRECONDITION when a restore cannot be had, and exit code 2 on a refused Hello.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, peer_pb2, peer_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+TRAINER = r'''
+import hashlib, json, os, sys
+import grpc
+from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
+env = os.environ
+rank, gen = int(env["RANK"]), int(env["FTSUP_GENERATION"])
+stub = peer_pb2_grpc.TrainerLinkStub(grpc.insecure_channel(env["FTSUP_AGENT_ADDRESS"]))
+info = {k: env.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "FTSUP_AGENT_ADDRESS", "FTSUP_GENERATION", "FTSUP_NODE_ID", "FTSUP_RESTORE_STEP",
+        "PYTHONUNBUFFERED", "EXTRA")}
+out = os.path.join(env["TEST_OUT"], f"rank{rank}.gen{gen}.json")
+try:
+    restore = stub.GetRestore(peer_pb2.GetRestoreRequest(rank=rank, generation=gen), timeout=20)
+except grpc.RpcError as e:
+    info["restore_error"] = [e.code().name, e.details()]
+    json.dump(info, open(out, "w"))
+    sys.exit(3)
+info["restored"] = restore.blob.payload.decode() if restore.has_state else None
+step = restore.blob.step + 1 if restore.has_state else 1
+digest = f"{rank}/{env['WORLD_SIZE']}/{env['LOCAL_RANK']}"
+stub.ReportStep(agent_pb2.StepReport(generation=gen, rank=rank, step=step, step_time_s=0.1,
+                                     compute_time_s=0.05, loss=0.5, param_digest=digest))
+payload = f"state-of-rank-{rank}-step-{step}".encode()
+blob = peer_pb2.SnapshotBlob(generation=gen, rank=rank, step=step, owner_node_id=env["FTSUP_NODE_ID"],
+                             payload=payload, sha256=hashlib.sha256(payload).hexdigest())
+stub.PutSnapshot(peer_pb2.PutSnapshotRequest(blob=blob))
+for name, call in (
+    ("bad_rank", lambda: stub.ReportStep(agent_pb2.StepReport(generation=gen, rank=999, step=1))),
+    ("bad_sha", lambda: stub.PutSnapshot(peer_pb2.PutSnapshotRequest(blob=peer_pb2.SnapshotBlob(
+        generation=gen, rank=rank, step=step, payload=b"x", sha256="0" * 64)))),
+):
+    try:
+        call()
+        info[name] = "accepted"
+    except grpc.RpcError as e:
+        info[name] = e.code().name
+stub.ReportFinished(agent_pb2.RankFinished(generation=gen, rank=rank, step=step, param_digest=digest))
+json.dump(info, open(out, "w"))
+'''
+
+
+class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
+    """Records every AgentMessage per node; sends what the test queues; refuses listed node ids."""
+
+    def __init__(self) -> None:
+        self.received: dict[str, list[agent_pb2.AgentMessage]] = defaultdict(list)
+        self.outgoing: dict[str, asyncio.Queue[agent_pb2.SupervisorMessage]] = defaultdict(asyncio.Queue)
+        self.refuse: dict[str, str] = {}
+
+    def of(self, node: str, kind: str) -> list:
+        return [getattr(m, kind) for m in self.received[node] if m.WhichOneof("kind") == kind]
+
+    def send(self, node: str, directive: agent_pb2.Directive) -> None:
+        self.outgoing[node].put_nowait(agent_pb2.SupervisorMessage(directive=directive))
+
+    async def Connect(self, request_iterator, context):  # noqa: N802
+        first = await context.read()
+        node = first.hello.node_id
+        self.received[node].append(first)
+        if node in self.refuse:
+            await context.write(agent_pb2.SupervisorMessage(
+                refusal=agent_pb2.Refusal(reason=self.refuse[node], refused="hello")))
+            return
+        await context.write(agent_pb2.SupervisorMessage(welcome=agent_pb2.Welcome(
+            node_id=node, incarnation=first.hello.incarnation, heartbeat_interval_s=0.2, term=1)))
+
+        async def read() -> None:
+            while (message := await context.read()) is not grpc.aio.EOF:
+                self.received[node].append(message)
+
+        reader = asyncio.create_task(read())
+        try:
+            while not reader.done():
+                getter = asyncio.create_task(self.outgoing[node].get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    await context.write(getter.result())
+                else:
+                    getter.cancel()
+        finally:
+            reader.cancel()
+
+
+async def until(predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "condition") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def supervisor():
+    fake = FakeSupervisor()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_SupervisorServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield fake, f"127.0.0.1:{port}"
+    await server.stop(0)
+
+
+class Agents:
+    def __init__(self, tmp_path: Path, address: str) -> None:
+        self.tmp_path = tmp_path
+        self.address = address
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+
+    async def start(self, node: str, *extra: str) -> asyncio.subprocess.Process:
+        workdir = self.tmp_path / node
+        workdir.mkdir()
+        stderr = open(self.tmp_path / f"{node}.stderr", "wb")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agent", "--node-id", node, "--supervisor", self.address,
+            "--workdir", str(workdir), "--heartbeat-interval-s", "0.2", "--no-log-json", "--gpus", "0", *extra,
+            stdout=asyncio.subprocess.DEVNULL, stderr=stderr, env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
+        )
+        stderr.close()
+        self.procs[node] = proc
+        return proc
+
+    def stderr(self, node: str) -> str:
+        return (self.tmp_path / f"{node}.stderr").read_text()
+
+    async def stop_all(self) -> dict[str, int]:
+        codes = {}
+        for node, proc in self.procs.items():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            codes[node] = await asyncio.wait_for(proc.wait(), 10)
+        return codes
+
+
+@pytest.fixture
+async def agents(supervisor, tmp_path):
+    group = Agents(tmp_path, supervisor[1])
+    yield group
+    for proc in group.procs.values():
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def peer_address(fake: FakeSupervisor, node: str) -> str:
+    hello = fake.of(node, "hello")[0]
+    return f"{hello.host}:{hello.peer_port}"
+
+
+def run_directive(generation: int, ranks: list[int], out: Path, **kw) -> agent_pb2.Directive:
+    return agent_pb2.Directive(
+        generation=generation, action=agent_pb2.ACTION_RUN, ranks=ranks, world_size=2,
+        master_addr="127.0.0.1", master_port=29500, argv=[sys.executable, "-c", TRAINER],
+        env=[agent_pb2.EnvVar(name="TEST_OUT", value=str(out)), agent_pb2.EnvVar(name="EXTRA", value="x")], **kw,
+    )
+
+
+async def test_agents_run_ranks_replicate_snapshots_and_restore_from_a_peer(supervisor, agents, tmp_path):
+    fake, _ = supervisor
+    out = tmp_path / "out"
+    out.mkdir()
+    for node in ("a", "b", "c"):
+        await agents.start(node, *(["--role", "spare"] if node == "c" else []))
+    await until(lambda: all(fake.of(n, "hello") for n in "abc"), what="three Hellos")
+    hello = fake.of("a", "hello")[0]
+    assert hello.role == events_pb2.NODE_ROLE_ACTIVE and hello.incarnation > 0 and hello.peer_port > 0
+    assert fake.of("c", "hello")[0].role == events_pb2.NODE_ROLE_SPARE
+    await until(lambda: len(fake.of("a", "heartbeat")) >= 2, what="heartbeats")
+    assert fake.of("a", "heartbeat")[0].running_generation == 0
+
+    fake.send("a", run_directive(1, [0, 1], out, buddy_node_id="b", buddy_address=peer_address(fake, "b")))
+    await until(lambda: len(fake.of("a", "trainer_exit")) == 2, what="two TrainerExits from a")
+    await until(lambda: len(fake.of("a", "snapshot_report")) == 2, what="two SnapshotReports from a")
+
+    for rank in (0, 1):
+        info = json.loads((out / f"rank{rank}.gen1.json").read_text())
+        assert info == {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+            "FTSUP_AGENT_ADDRESS": f"unix:{tmp_path}/a/agent.sock", "FTSUP_GENERATION": "1",
+            "FTSUP_NODE_ID": "a", "FTSUP_RESTORE_STEP": "", "PYTHONUNBUFFERED": "1", "EXTRA": "x",
+            "restored": None, "bad_rank": "INVALID_ARGUMENT", "bad_sha": "INVALID_ARGUMENT",
+        }
+        assert (tmp_path / "a" / f"rank-{rank}.gen-1.log").exists()
+    steps = sorted((s.rank, s.step, s.param_digest) for s in fake.of("a", "step_report"))
+    assert steps == [(0, 1, "0/2/0"), (1, 1, "1/2/1")]
+    assert sorted((f.rank, f.step) for f in fake.of("a", "rank_finished")) == [(0, 1), (1, 1)]
+    exits = sorted((e.generation, e.rank, e.exit_code, e.finished) for e in fake.of("a", "trainer_exit"))
+    assert exits == [(1, 0, 0, True), (1, 1, 0, True)]
+    reports = sorted((r.rank, r.step, list(r.holder_node_ids), r.size_bytes) for r in fake.of("a", "snapshot_report"))
+    assert reports == [(0, 1, ["a", "b"], 22), (1, 1, ["a", "b"], 22)]
+
+    async with grpc.aio.insecure_channel(peer_address(fake, "b")) as channel:
+        peer = peer_pb2_grpc.AgentPeerStub(channel)
+        fetched = await peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=1))
+        assert fetched.blob.payload == b"state-of-rank-1-step-1"
+        assert fetched.blob.sha256 == hashlib.sha256(b"state-of-rank-1-step-1").hexdigest()
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=42))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "rank 1 step 42" in missing.value.details()
+
+    # Spare c replaces a: rank 0 restores from b's copy; rank 1 names a source without it.
+    peer_kind = events_pb2.RESTORE_KIND_PEER_SNAPSHOT
+    fake.send("c", run_directive(2, [0, 1], out, restore_step=1, restores=[
+        agent_pb2.RestoreFrom(rank=0, kind=peer_kind, source_node_id="b", source_address=peer_address(fake, "b")),
+        agent_pb2.RestoreFrom(rank=1, kind=peer_kind, source_node_id="c", source_address=peer_address(fake, "c")),
+    ]))
+    await until(lambda: len(fake.of("c", "trainer_exit")) == 2, what="two TrainerExits from c")
+    restored = json.loads((out / "rank0.gen2.json").read_text())
+    assert restored["restored"] == "state-of-rank-0-step-1" and restored["FTSUP_RESTORE_STEP"] == "1"
+    failed = json.loads((out / "rank1.gen2.json").read_text())
+    assert failed["restore_error"][0] == "FAILED_PRECONDITION" and "rank 1 step 1" in failed["restore_error"][1]
+    exits = sorted((e.generation, e.rank, e.exit_code, e.finished) for e in fake.of("c", "trainer_exit"))
+    assert exits == [(2, 0, 0, True), (2, 1, 3, False)]
+
+    assert await agents.stop_all() == {"a": 0, "b": 0, "c": 0}
+
+
+async def test_refused_hello_makes_the_agent_exit_2_with_the_reason(supervisor, agents):
+    fake, _ = supervisor
+    fake.refuse["dup"] = "node id dup is already connected"
+    proc = await agents.start("dup")
+    assert await asyncio.wait_for(proc.wait(), 15) == 2
+    assert "node id dup is already connected" in agents.stderr("dup")
