@@ -1,0 +1,196 @@
+"""A real ftsup cluster on this machine: one supervisor and N agents as separate processes.
+
+Used by `ftsup demo`, the integration tests and (later) the chaos harness. Each agent runs in its
+own process group together with its trainer ranks, so "kill a node" is one killpg(SIGKILL):
+the agent and every rank it launched vanish at once, as when a machine dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+
+from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """The local cluster did not reach an expected state; the text says which and where the logs are."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    nodes: int = 3
+    spares: int = 1
+    ranks_per_node: int = 2
+    trainer_argv: tuple[str, ...] = ()
+    trainer_env: tuple[tuple[str, str], ...] = ()
+    heartbeat_interval_s: float = 1.0
+    heartbeat_misses: int = 3
+    reconnect_grace_s: float = 1.0
+    job_name: str = "demo"
+
+
+@dataclass(slots=True)
+class NodeProcess:
+    node_id: str
+    role: str
+    process: subprocess.Popen[bytes]
+    log_path: pathlib.Path
+    is_killed: bool = False
+
+
+@dataclass
+class LocalCluster:
+    spec: ClusterSpec
+    workdir: pathlib.Path
+    python: str = sys.executable
+    address: str = ""
+    supervisor: subprocess.Popen[bytes] | None = None
+    agents: dict[str, NodeProcess] = field(default_factory=dict)
+    _channel: grpc.Channel | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, ready_timeout_s: float = 60.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "tmp").mkdir(exist_ok=True)
+        self.address = f"127.0.0.1:{free_port()}"
+        job = {
+            "name": self.spec.job_name,
+            "nodes": self.spec.nodes,
+            "ranks_per_node": self.spec.ranks_per_node,
+            "argv": list(self.spec.trainer_argv),
+            "env": {"OMP_NUM_THREADS": "1", "TMPDIR": str(self.workdir / "tmp"), **dict(self.spec.trainer_env)},
+            "master_port_base": free_port() % 20000 + 20000,
+        }
+        job_path = self.workdir / "job.json"
+        job_path.write_text(json.dumps(job, indent=2))
+        self.supervisor = self._spawn(
+            [self.python, "-m", "supervisor", "--listen", self.address, "--data-dir", str(self.workdir / "supervisor"),
+             "--job", str(job_path), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
+             "--heartbeat-misses", str(self.spec.heartbeat_misses),
+             "--reconnect-grace-s", str(self.spec.reconnect_grace_s), "--log-json"],
+            self.workdir / "supervisor.log",
+        )
+        self._channel = grpc.insecure_channel(self.address)
+        self.wait_for(lambda: self._try_status() is not None, ready_timeout_s, "the supervisor to answer")
+        for i in range(self.spec.nodes):
+            self.start_agent(f"node-{i + 1}", "active")
+        for i in range(self.spec.spares):
+            self.start_agent(f"spare-{i + 1}", "spare")
+
+    def start_agent(self, node_id: str, role: str) -> NodeProcess:
+        node_dir = self.workdir / "nodes" / node_id
+        node_dir.mkdir(parents=True, exist_ok=True)
+        process = self._spawn(
+            [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", self.address, "--role", role,
+             "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
+             "--gpus", "0", "--log-json"],
+            node_dir / "agent.log",
+        )
+        node = NodeProcess(node_id, role, process, node_dir / "agent.log")
+        self.agents[node_id] = node
+        return node
+
+    def _spawn(self, argv: list[str], log_path: pathlib.Path) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1",
+               "TMPDIR": str(self.workdir / "tmp")}
+        with open(log_path, "ab") as log:
+            # A new session per process: killpg() then takes an agent and all its ranks.
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def kill_node(self, node_id: str) -> float:
+        """SIGKILLs the node's agent and its trainer ranks; returns the wall time of the kill."""
+        node = self.agents[node_id]
+        killed_at = time.time()
+        os.killpg(node.process.pid, signal.SIGKILL)
+        node.process.wait(timeout=10)
+        node.is_killed = True
+        return killed_at
+
+    def stop(self) -> None:
+        for node in self.agents.values():
+            _terminate_group(node.process)
+        if self.supervisor is not None:
+            _terminate_group(self.supervisor)
+        if self._channel is not None:
+            self._channel.close()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- queries --------------------------------------------------------------------------------
+    def _stub(self) -> operator_pb2_grpc.OperatorStub:
+        assert self._channel is not None, "cluster not started"
+        return operator_pb2_grpc.OperatorStub(self._channel)
+
+    def _try_status(self) -> operator_pb2.GetStatusResponse | None:
+        try:
+            return self.status()
+        except grpc.RpcError:
+            return None
+
+    def status(self) -> operator_pb2.GetStatusResponse:
+        return self._stub().GetStatus(operator_pb2.GetStatusRequest(), timeout=5)
+
+    def nodes(self) -> list[operator_pb2.NodeInfo]:
+        return list(self._stub().ListNodes(operator_pb2.ListNodesRequest(), timeout=5).nodes)
+
+    def events(self, since_seq: int = 1) -> list[events_pb2.Record]:
+        return list(self._stub().ListEvents(operator_pb2.ListEventsRequest(since_seq=since_seq), timeout=10))
+
+    def wait_for(self, check: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.1) -> T:
+        """Polls `check` until it returns something truthy; raises ClusterError at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = check()
+            if value:
+                return value
+            self._raise_if_supervisor_died(what)
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {timeout_s:g}s waiting for {what}; logs in {self.workdir}")
+            time.sleep(poll_s)
+
+    def _raise_if_supervisor_died(self, what: str) -> None:
+        if self.supervisor is not None and self.supervisor.poll() is not None:
+            raise ClusterError(
+                f"the supervisor exited with code {self.supervisor.returncode} while waiting for {what};"
+                f" see {self.workdir / 'supervisor.log'}"
+            )
+
+
+def _terminate_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        process.wait(timeout=grace_s)

@@ -1,0 +1,132 @@
+"""supervisorctl: the operator's view of a running ftsup supervisor.
+
+Human tables by default, `--json` for scripts. Exit codes are defined once here:
+0 success, 1 the command failed, 2 bad usage, 3 the supervisor could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
+from supervisor.ctl import render
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+
+
+def exit_code_for(error: grpc.RpcError) -> int:
+    code = error.code() if hasattr(error, "code") else None
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return EXIT_UNAVAILABLE
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, sort_keys=False), flush=True)
+
+
+def cmd_status(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    status = stub.GetStatus(operator_pb2.GetStatusRequest(), timeout=args.timeout)
+    if args.json:
+        _print_json(render.status_dict(status))
+    else:
+        print(render.status_text(status))
+    return EXIT_OK
+
+
+def cmd_nodes(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    nodes = stub.ListNodes(operator_pb2.ListNodesRequest(), timeout=args.timeout).nodes
+    if args.json:
+        _print_json({"nodes": [render.node_dict(n) for n in nodes]})
+    else:
+        print(render.nodes_text(nodes))
+    return EXIT_OK
+
+
+def cmd_events(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    request = operator_pb2.ListEventsRequest(since_seq=args.since, follow=args.follow)
+    stream = stub.ListEvents(request, timeout=None if args.follow else args.timeout)
+
+    def wanted(record: Any) -> bool:
+        kind = record.event.WhichOneof("kind") or ""
+        if args.kind and kind not in args.kind:
+            return False
+        if args.node:
+            body = getattr(record.event, kind)
+            node_ids = {getattr(body, "node_id", "")} | {m.node_id for m in getattr(body, "members", [])}
+            return args.node in node_ids
+        return True
+
+    if args.json and not args.follow:
+        _print_json({"events": [render.record_dict(r) for r in stream if wanted(r)]})
+        return EXIT_OK
+    try:
+        for record in stream:
+            if wanted(record):
+                print(json.dumps(render.record_dict(record)) if args.json else render.record_text(record), flush=True)
+    except KeyboardInterrupt:
+        stream.cancel()
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="supervisorctl", description="Query and steer an ftsup supervisor.")
+    p.add_argument("--address", default=os.environ.get("FTSUP_SUPERVISOR", DEFAULT_ADDRESS),
+                   help=f"supervisor host:port (env FTSUP_SUPERVISOR, default {DEFAULT_ADDRESS})")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("status", parents=[common], help="job, generation, step, nodes, last snapshot")
+    sub.add_parser("nodes", parents=[common], help="every node: role, state, ranks, last heartbeat")
+    events = sub.add_parser("events", parents=[common], help="the event log (with --follow: live)")
+    events.add_argument("--since", type=int, default=1, help="first seq to show (default 1)")
+    events.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
+    events.add_argument("--node", help="only events about this node")
+    events.add_argument("--kind", action="append", help="only this event kind (repeatable), e.g. node_declared_dead")
+    return p
+
+
+COMMANDS: dict[str, Callable[[operator_pb2_grpc.OperatorStub, argparse.Namespace], int]] = {
+    "status": cmd_status,
+    "nodes": cmd_nodes,
+    "events": cmd_events,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.timeout <= 0:
+        print("supervisorctl: --timeout must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    with grpc.insecure_channel(args.address) as channel:
+        stub = operator_pb2_grpc.OperatorStub(channel)
+        try:
+            return COMMANDS[args.command](stub, args)
+        except grpc.RpcError as error:
+            code = exit_code_for(error)
+            hint = (
+                f"cannot reach the supervisor at {args.address}: is it running? (set --address or FTSUP_SUPERVISOR)"
+                if code == EXIT_UNAVAILABLE
+                else error.details() if hasattr(error, "details") else str(error)
+            )
+            print(f"supervisorctl {args.command}: {hint}", file=sys.stderr)
+            return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
