@@ -65,6 +65,24 @@ json.dump(info, open(out, "w"))
 '''
 
 
+STEPPER = r'''
+import os, signal, time
+import grpc
+from ftsup.v1 import agent_pb2, peer_pb2_grpc
+env = os.environ
+if env.get("IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank, gen = int(env["RANK"]), int(env["FTSUP_GENERATION"])
+open(os.path.join(env["TEST_OUT"], f"pid{rank}"), "w").write(str(os.getpid()))
+stub = peer_pb2_grpc.TrainerLinkStub(grpc.insecure_channel(env["FTSUP_AGENT_ADDRESS"]))
+step = 0
+while True:
+    step += 1
+    stub.ReportStep(agent_pb2.StepReport(generation=gen, rank=rank, step=step, step_time_s=0.05))
+    time.sleep(0.05)
+'''
+
+
 class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
     """Records every AgentMessage per node; sends what the test queues; refuses listed node ids."""
 
@@ -72,6 +90,7 @@ class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
         self.received: dict[str, list[agent_pb2.AgentMessage]] = defaultdict(list)
         self.outgoing: dict[str, asyncio.Queue[agent_pb2.SupervisorMessage]] = defaultdict(asyncio.Queue)
         self.refuse: dict[str, str] = {}
+        self.redirect_to: str | None = None  # answer every Hello with NotLeader(this)
 
     def of(self, node: str, kind: str) -> list:
         return [getattr(m, kind) for m in self.received[node] if m.WhichOneof("kind") == kind]
@@ -83,6 +102,10 @@ class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
         first = await context.read()
         node = first.hello.node_id
         self.received[node].append(first)
+        if self.redirect_to is not None:
+            await context.write(agent_pb2.SupervisorMessage(
+                not_leader=agent_pb2.NotLeader(leader_address=self.redirect_to)))
+            return
         if node in self.refuse:
             await context.write(agent_pb2.SupervisorMessage(
                 refusal=agent_pb2.Refusal(reason=self.refuse[node], refused="hello")))
@@ -248,3 +271,94 @@ async def test_refused_hello_makes_the_agent_exit_2_with_the_reason(supervisor, 
     proc = await agents.start("dup")
     assert await asyncio.wait_for(proc.wait(), 15) == 2
     assert "node id dup is already connected" in agents.stderr("dup")
+
+
+async def serve(fake: FakeSupervisor, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_SupervisorServicer_to_server(fake, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, port
+
+
+def stepper(generation: int, out: Path, *, ignore_term: bool = False) -> agent_pb2.Directive:
+    env = [agent_pb2.EnvVar(name="TEST_OUT", value=str(out))]
+    if ignore_term:
+        env.append(agent_pb2.EnvVar(name="IGNORE_TERM", value="1"))
+    return agent_pb2.Directive(
+        generation=generation, action=agent_pb2.ACTION_RUN, ranks=[0], world_size=1,
+        master_addr="127.0.0.1", master_port=29500, argv=[sys.executable, "-c", STEPPER], env=env,
+    )
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); read its state from /proc.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_not_leader_redirects_the_agent_to_the_leader(supervisor, agents):
+    leader, leader_address = supervisor
+    follower = FakeSupervisor()
+    follower.redirect_to = leader_address
+    server, port = await serve(follower)
+    try:
+        agents.address = f"127.0.0.1:{port}"
+        await agents.start("r")
+        await until(lambda: leader.of("r", "heartbeat"), what="heartbeats at the leader")
+        assert follower.of("r", "hello")
+    finally:
+        await server.stop(0)
+    assert await agents.stop_all() == {"r": 0}
+
+
+async def test_trainers_survive_a_supervisor_outage_and_queued_reports_arrive_after_reconnect(agents, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    first = FakeSupervisor()
+    server, port = await serve(first)
+    agents.address = f"127.0.0.1:{port}"
+    await agents.start("q")
+    await until(lambda: first.of("q", "hello"), what="Hello")
+    first.send("q", stepper(1, out))
+    await until(lambda: first.of("q", "step_report"), what="a first step report")
+    await server.stop(0)
+    pid = int((out / "pid0").read_text())
+
+    second = FakeSupervisor()
+    # The outage lasts until the agent has noticed it; the trainer keeps stepping meanwhile.
+    await until(lambda: "stream_error" in agents.stderr("q"), what="the agent noticing the outage")
+    server, _ = await serve(second, port)
+    try:
+        await until(lambda: second.of("q", "hello"), what="Hello after reconnect")
+        assert second.of("q", "hello")[0].incarnation == first.of("q", "hello")[0].incarnation
+        await until(lambda: second.of("q", "heartbeat") and second.of("q", "heartbeat")[-1].running_generation == 1,
+                    what="heartbeat naming generation 1")
+        seen = sorted({r.step for r in first.of("q", "step_report")} | {r.step for r in second.of("q", "step_report")})
+        assert seen == list(range(1, seen[-1] + 1)), "steps reported while disconnected were lost"
+        assert is_alive(pid)
+        codes = await agents.stop_all()
+    finally:
+        await server.stop(0)
+    assert codes == {"q": 0}
+    assert not is_alive(pid)
+
+
+async def test_sigterm_stops_trainers_that_ignore_sigterm_after_the_grace(supervisor, agents, tmp_path):
+    fake, _ = supervisor
+    out = tmp_path / "out"
+    out.mkdir()
+    await agents.start("t")
+    await until(lambda: fake.of("t", "hello"), what="Hello")
+    fake.send("t", stepper(1, out, ignore_term=True))
+    await until(lambda: fake.of("t", "step_report"), what="a step report")
+    pid = int((out / "pid0").read_text())
+    assert os.getpgid(pid) == os.getpgid(agents.procs["t"].pid), "trainer must stay in the agent's process group"
+    assert await agents.stop_all() == {"t": 0}
+    assert not is_alive(pid)
