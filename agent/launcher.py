@@ -13,6 +13,7 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import structlog
 from ftsup.v1 import agent_pb2
 
 from agent.config import AgentConfig
@@ -21,6 +22,8 @@ from agent.core.trainer_env import RankSpec, log_file_name, trainer_env
 from agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from agent.restore import RestoreBook, RestoreSource
 from agent.snapshots import SnapshotStore
+
+Logger = structlog.typing.FilteringBoundLogger
 
 STOP_GRACE_S = 3.0
 SPAWN_FAILED_EXIT_CODE = 127  # as a shell reports a command it could not run
@@ -67,7 +70,7 @@ class Launcher:
         restores: RestoreBook,
         report: Report,
         base_env: Mapping[str, str],
-        log,  # type: ignore[no-untyped-def]
+        log: Logger,
         stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self._config = config

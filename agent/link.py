@@ -9,16 +9,21 @@ across the configured addresses while trainers keep running. A refused Hello is 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Awaitable, Callable
 
 import grpc
+import structlog
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
 from supervisor.core.backoff import Backoff
 
-from agent.config import AgentConfig
+from agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from agent.core.outbox import Outbox, Priority
 from agent.grpc_options import MESSAGE_OPTIONS
+
+Logger = structlog.typing.FilteringBoundLogger
+StreamCall = grpc.aio.StreamStreamCall
 
 AGENT_VERSION = "0.1.0"
 RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=2.0)
@@ -93,7 +98,7 @@ class SupervisorLink:
         reports: Reports,
         on_directive: Callable[[agent_pb2.Directive], Awaitable[None] | None],
         running_generation: Callable[[], int],
-        log,  # type: ignore[no-untyped-def]
+        log: Logger,
         rng: random.Random,
         backoff: Backoff = RECONNECT_BACKOFF,
     ) -> None:
@@ -156,7 +161,7 @@ class SupervisorLink:
             delay_s = self._backoff.delay_s(attempt, self._rng)
             await asyncio.sleep(delay_s)
 
-    async def _session(self, address: str, state: _SessionState, log) -> None:  # type: ignore[no-untyped-def]
+    async def _session(self, address: str, state: _SessionState, log: Logger) -> None:
         channel = grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS)
         call = agent_pb2_grpc.SupervisorStub(channel).Connect()
         reader = asyncio.create_task(self._read(call, state, log))
@@ -172,14 +177,14 @@ class SupervisorLink:
             call.cancel()
             await channel.close()
 
-    async def _write(self, call, state: _SessionState) -> None:  # type: ignore[no-untyped-def]
+    async def _write(self, call: StreamCall, state: _SessionState) -> None:
         await call.write(self._hello())
         loop = asyncio.get_running_loop()
-        interval_s = self._config.heartbeat_interval_s
         seq = 0
         next_beat = loop.time()
         while True:
             now = loop.time()
+            interval_s = state.interval_s or self._config.heartbeat_interval_s
             if now >= next_beat:
                 seq += 1
                 await call.write(
@@ -194,7 +199,7 @@ class SupervisorLink:
                 self._reports.pop()
             await self._reports.wait(max(0.0, next_beat - loop.time()))
 
-    async def _read(self, call, state: _SessionState, log) -> None:  # type: ignore[no-untyped-def]
+    async def _read(self, call: StreamCall, state: _SessionState, log: Logger) -> None:
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
@@ -203,7 +208,11 @@ class SupervisorLink:
             if kind == "welcome":
                 state.welcomed = True
                 w = message.welcome
-                log.info("welcomed", term=w.term, heartbeat_interval_s=w.heartbeat_interval_s)
+                # Beat at the supervisor's expected interval when it names a sane one (it decides
+                # death by it); otherwise keep the configured one.
+                if math.isfinite(w.heartbeat_interval_s) and 0 < w.heartbeat_interval_s <= MAX_HEARTBEAT_INTERVAL_S:
+                    state.interval_s = w.heartbeat_interval_s
+                log.info("welcomed", term=w.term, heartbeat_interval_s=state.interval_s or self._config.heartbeat_interval_s)
             elif kind == "directive":
                 result = self._on_directive(message.directive)
                 if result is not None:
@@ -221,7 +230,8 @@ class SupervisorLink:
 
 
 class _SessionState:
-    __slots__ = ("welcomed",)
+    __slots__ = ("interval_s", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
+        self.interval_s: float | None = None  # the Welcome's heartbeat interval, once known

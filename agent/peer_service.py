@@ -6,19 +6,23 @@ Bad input (bad sha, empty payload) gets INVALID_ARGUMENT and a log line, never a
 from __future__ import annotations
 
 import grpc
+import structlog
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 from agent.codec import blob_from_proto, blob_to_proto
 from agent.snapshots import InvalidBlob, SnapshotStore
 
+Logger = structlog.typing.FilteringBoundLogger
+Context = grpc.aio.ServicerContext
+
 
 class PeerService(peer_pb2_grpc.AgentPeerServicer):
-    def __init__(self, node_id: str, store: SnapshotStore, log) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, node_id: str, store: SnapshotStore, log: Logger) -> None:
         self._node_id = node_id
         self._store = store
         self._log = log
 
-    async def StoreSnapshot(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def StoreSnapshot(self, request: peer_pb2.StoreSnapshotRequest, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
         blob = blob_from_proto(request.blob)
         try:
             self._store.put(blob)
@@ -31,7 +35,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         )
         return peer_pb2.StoreSnapshotResponse(holder_node_id=self._node_id)
 
-    async def FetchSnapshot(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> peer_pb2.FetchSnapshotResponse:  # noqa: N802
         blob = self._store.get(request.rank, request.step)
         if blob is None:
             held = ", ".join(f"{r}@{s}" for r, s in self._store.keys()) or "none"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
@@ -18,6 +20,7 @@ from agent.grpc_options import MESSAGE_OPTIONS
 from agent.snapshots import Blob, verify
 
 FETCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0, deadline_s=30.0)
+T = TypeVar("T")
 STORE_BACKOFF = Backoff(initial_s=0.1, max_s=1.0, deadline_s=5.0)
 RPC_TIMEOUT_S = 60.0
 
@@ -58,7 +61,10 @@ class PeerClient:
         verify(blob)
         return blob
 
-    async def _retry(self, address, backoff, call):  # type: ignore[no-untyped-def]
+    async def _retry(
+        self, address: str, backoff: Backoff, call: Callable[[peer_pb2_grpc.AgentPeerStub], Awaitable[T]]
+    ) -> T:
+        """Retries UNAVAILABLE-like failures with jittered backoff until the policy's deadline."""
         waited_s = 0.0
         attempt = 0
         while True:

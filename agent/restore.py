@@ -12,10 +12,13 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import structlog
 from ftsup.v1 import events_pb2
 
 from agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
 from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+
+Logger = structlog.typing.FilteringBoundLogger
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,7 @@ class UnknownRank(Exception):
 
 
 class RestoreBook:
-    def __init__(self, node_id: str, store: SnapshotStore, peers: PeerClient, log) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, node_id: str, store: SnapshotStore, peers: PeerClient, log: Logger) -> None:
         self._node_id = node_id
         self._store = store
         self._peers = peers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 from agent.codec import blob_from_proto, blob_to_proto
@@ -19,6 +20,9 @@ from agent.link import Reports
 from agent.peers import PeerClient, PeerUnavailable
 from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
 from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+
+Logger = structlog.typing.FilteringBoundLogger
+Context = grpc.aio.ServicerContext
 
 
 class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
@@ -30,7 +34,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         restores: RestoreBook,
         peers: PeerClient,
         reports: Reports,
-        log,  # type: ignore[no-untyped-def]
+        log: Logger,
     ) -> None:
         self._node_id = node_id
         self._launcher = launcher
@@ -41,7 +45,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._log = log
         self._background: set[asyncio.Task[None]] = set()
 
-    async def _check_rank(self, context, what: str, generation: int, rank: int) -> None:  # type: ignore[no-untyped-def]
+    async def _check_rank(self, context: Context, what: str, generation: int, rank: int) -> None:
         run = self._launcher.run
         if run is None or run.generation != generation:
             running = run.generation if run is not None else 0
@@ -53,7 +57,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             self._log.warning("trainer_request_rejected", reason=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def GetRestore(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> peer_pb2.GetRestoreResponse:  # noqa: N802
         try:
             blob = await self._restores.get(request.rank, request.generation)
         except UnknownRank as exc:
@@ -65,19 +69,19 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             return peer_pb2.GetRestoreResponse(has_state=False)
         return peer_pb2.GetRestoreResponse(has_state=True, blob=blob_to_proto(blob))
 
-    async def ReportStep(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
         self._reports.send(agent_pb2.AgentMessage(step_report=request))
         return peer_pb2.LinkAck()
 
-    async def ReportFinished(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportFinished", request.generation, request.rank)
         self._launcher.mark_finished(request.generation, request.rank)
         self._log.info("rank_finished", generation=request.generation, rank=request.rank, step=request.step)
         self._reports.send(agent_pb2.AgentMessage(rank_finished=request))
         return peer_pb2.LinkAck()
 
-    async def PutSnapshot(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    async def PutSnapshot(self, request: peer_pb2.PutSnapshotRequest, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         blob = blob_from_proto(request.blob)
         await self._check_rank(context, "PutSnapshot", blob.generation, blob.rank)
         if not blob.owner_node_id:
