@@ -102,7 +102,7 @@ class Launcher:
         action = _action(directive.action)
         decision = diff_directive(self._applied, directive.generation, action, has_live_trainers=live)
         if action is Action.RUN and decision.step in (Step.START, Step.RESTART):
-            problem = validate_run(list(directive.ranks), directive.world_size, list(directive.argv))
+            problem = validate_run(directive.generation, list(directive.ranks), directive.world_size, list(directive.argv))
             if problem is not None:
                 decision = Decision(Step.IGNORE, problem)
         log = self._log.bind(generation=directive.generation)

@@ -75,8 +75,10 @@ def diff_directive(
     return Decision(Step.START, f"start generation {generation}")
 
 
-def validate_run(ranks: list[int], world_size: int, argv: list[str]) -> str | None:
+def validate_run(generation: int, ranks: list[int], world_size: int, argv: list[str]) -> str | None:
     """Returns why a RUN directive cannot be applied, or None when it can."""
+    if generation < 1:
+        return f"RUN directive has generation {generation}; 0 is reserved for 'none running'"
     if not argv:
         return "RUN directive has an empty argv"
     if not ranks:

@@ -62,11 +62,12 @@ def test_applying_the_same_directive_twice_never_restarts(applied_gen, applied_a
 
 
 def test_validate_run_rejects_malformed_rank_maps():
-    assert validate_run([0, 1], 2, ["python"]) is None
-    assert "empty argv" in validate_run([0], 1, [])
-    assert "duplicate" in validate_run([0, 0], 2, ["x"])
-    assert "world_size" in validate_run([0, 2], 2, ["x"])
-    assert "no ranks" in validate_run([], 2, ["x"])
+    assert validate_run(1, [0, 1], 2, ["python"]) is None
+    assert "empty argv" in validate_run(1, [0], 1, [])
+    assert "duplicate" in validate_run(1, [0, 0], 2, ["x"])
+    assert "world_size" in validate_run(1, [0, 2], 2, ["x"])
+    assert "no ranks" in validate_run(1, [], 2, ["x"])
+    assert "reserved" in validate_run(0, [0], 1, ["x"])
 
 
 def test_retention_drops_below_the_floor_and_keeps_three_newest_per_rank():
