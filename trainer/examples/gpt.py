@@ -1,0 +1,180 @@
+"""Example: a small GPT-style character model trained with DDP under an ftsup Session.
+
+Run by the agent as every rank of a job: `python -m trainer.examples.gpt --steps N`. Reads the
+launch environment through `Session`, restores from the agent's snapshot when told to, reports
+every step (loss, step and compute time, parameter digest), hands off a snapshot every
+`--snapshot-every` steps and reports completion with the final digest. Bit-exact restarts rest
+on deterministic data (`trainer.core.data`) and layout-independent gradient averaging
+(`trainer.ddp`). The --crash-* flags make one rank die after a step, for fault-injection tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.core import data
+from trainer.ddp import DeterministicGradSync
+from trainer.digest import param_digest
+from trainer.session import Session
+
+CRASH_EXIT_CODE = 17
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        scores = scores.masked_fill(future, float("-inf"))
+        out = scores.softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(batch, length, width))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer over characters; no dropout (determinism needs no RNG here)."""
+
+    def __init__(self, vocab: int, max_len: int, layers: int, d_model: int, heads: int) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.size(1), device=idx.device)
+        x = self.tok(idx) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.examples.gpt", description=__doc__)
+    p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the job")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--snapshot-every", type=int, default=1, help="0 disables snapshots")
+    p.add_argument(
+        "--grad-sync",
+        choices=("deterministic", "allreduce"),
+        default="deterministic",
+        help="allreduce = DDP's default hook, NOT restart-deterministic (kept to demonstrate why)",
+    )
+    p.add_argument("--crash-at-step", type=int, default=None)
+    p.add_argument("--crash-rank", type=int, default=0)
+    p.add_argument("--crash-generation", type=int, default=1)
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "seq_len", "layers", "d_model", "heads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.snapshot_every < 0:
+        p.error(f"--snapshot-every must be >= 0, got {args.snapshot_every}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    session = Session.from_env()
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        device = torch.device("cuda", session.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)  # many ranks share few cores; also fixes the reduction order
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo", rank=session.rank, world_size=session.world_size
+    )
+
+    tokens = torch.tensor(data.encode(data.generate_corpus(args.seed)), dtype=torch.long)
+    torch.manual_seed(args.seed)  # same initial parameters on every rank
+    model = GPT(data.VOCAB_SIZE, args.seq_len, args.layers, args.d_model, args.heads).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    done = session.restore(model, optimizer)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
+    grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce")
+    window = torch.arange(args.seq_len + 1)
+
+    for step in range(done + 1, args.steps + 1):
+        started = time.monotonic()
+        grad_sync.reset()
+        offsets = data.batch_offsets(
+            args.seed, step, session.rank, args.batch_size, args.seq_len, len(tokens)
+        )
+        batch = tokens[torch.tensor(offsets)[:, None] + window].to(device)
+        logits = ddp(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if use_cuda:
+            torch.cuda.synchronize(device)
+        ended = time.monotonic()
+        ready = grad_sync.last_ready_s if grad_sync.last_ready_s is not None else ended
+        loss_value = loss.item()
+        session.report_step(step, ended - started, ready - started, loss_value, param_digest(model))
+        if args.snapshot_every and step % args.snapshot_every == 0:
+            session.snapshot(step, model, optimizer)
+        if session.rank == 0:
+            print(
+                f"step {step} loss {loss_value:.4f} step_ms {(ended - started) * 1e3:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if (
+            step == args.crash_at_step
+            and session.rank == args.crash_rank
+            and session.generation == args.crash_generation
+        ):
+            os._exit(CRASH_EXIT_CODE)  # fault injection: die without cleanup, like a real crash
+
+    session.finish(args.steps, param_digest(model))
+    session.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Capture and restore of a rank's training state, to and from snapshot bytes.
+
+Owns the snapshot format: model and optimizer state dicts, every RNG state (torch CPU, CUDA when
+in use, python `random`), the data cursor and the step, kept to tensors, numbers, strings, None,
+dicts, lists and tuples so `torch.load(weights_only=True)` can read it back (no pickled code).
+Capture copies into pre-allocated host buffers (`HostBuffers`) so the training step pauses only
+for that copy; encoding happens later, off the training thread. Restore checks the SHA-256 of the
+payload first: a corrupt snapshot must never be loaded silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+
+
+class SnapshotCorrupt(Exception):
+    """The payload does not match its SHA-256 or is not a readable snapshot; not retryable."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredState:
+    step: int
+    data_cursor: int
+    extra: Any
+
+
+def build_state(
+    step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: Any = None
+) -> dict[str, Any]:
+    """The live state after `step` optimizer steps (tensors still alias the model's)."""
+    return {
+        "format": FORMAT_VERSION,
+        "step": int(step),
+        # Batches are a pure function of (seed, step, rank): the cursor is the batches consumed.
+        "data_cursor": int(step),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": _rng_state(),
+        "extra": extra,
+    }
+
+
+class HostBuffers:
+    """Host copies of a state's tensors, allocated once and reused while the layout holds."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def capture(self, state: Any) -> Any:
+        """Copy of `state` whose tensors live in this object's host buffers.
+
+        The returned structure stays valid until the next `capture`; the caller must not start
+        a new capture while the previous one is still being encoded.
+        """
+        has_cuda = False
+
+        def copy(path: str, value: Any) -> Any:
+            nonlocal has_cuda
+            if isinstance(value, torch.Tensor):
+                buf = self._buffers.get(path)
+                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                    buf = torch.empty(
+                        value.shape, dtype=value.dtype, device="cpu", pin_memory=value.is_cuda
+                    )
+                    self._buffers[path] = buf
+                has_cuda = has_cuda or value.is_cuda
+                buf.copy_(value.detach(), non_blocking=value.is_cuda)
+                return buf
+            if isinstance(value, dict):
+                return {k: copy(f"{path}/{k}", v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                items = [copy(f"{path}/{i}", v) for i, v in enumerate(value)]
+                return items if isinstance(value, list) else tuple(items)
+            return value
+
+        captured = copy("", state)
+        if has_cuda:
+            torch.cuda.synchronize()  # non_blocking copies must land before anyone reads them
+        return captured
+
+
+def encode(state: Any) -> tuple[bytes, str]:
+    """Serialized payload and its hex SHA-256."""
+    out = io.BytesIO()
+    torch.save(state, out)
+    payload = out.getvalue()
+    return payload, hashlib.sha256(payload).hexdigest()
+
+
+def decode(payload: bytes, sha256_hex: str) -> dict[str, Any]:
+    """The state in `payload`, after checking it against `sha256_hex`."""
+    actual = hashlib.sha256(payload).hexdigest()
+    if actual != sha256_hex:
+        raise SnapshotCorrupt(
+            f"snapshot payload of {len(payload)} bytes has sha256 {actual}, expected {sha256_hex}"
+        )
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise SnapshotCorrupt(f"snapshot payload could not be loaded: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise SnapshotCorrupt(f"snapshot format {found!r} is not {FORMAT_VERSION}")
+    return state
+
+
+def apply_state(
+    state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> RestoredState:
+    """Load `state` into `model`, `optimizer` and the process RNGs."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    _set_rng_state(state["rng"])
+    return RestoredState(step=state["step"], data_cursor=state["data_cursor"], extra=state["extra"])
+
+
+def _rng_state() -> dict[str, Any]:
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch_cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "python": [version, list(internal), gauss_next],
+    }
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch_cpu"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    version, internal, gauss_next = rng["python"]
+    random.setstate((version, tuple(internal), gauss_next))
