@@ -1,0 +1,183 @@
+"""trainer.session: validation, ordering, snapshot back-pressure and finish, over a fake link."""
+
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+
+from ftsup.v1 import peer_pb2, peer_pb2_grpc
+from trainer.agent_client import AgentClient, AgentLinkError
+from trainer.session import LaunchEnv, Session
+
+ENV = {
+    "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+    "FTSUP_GENERATION": "3", "FTSUP_NODE_ID": "node-a",
+    "FTSUP_AGENT_ADDRESS": "unix:/nowhere", "FTSUP_RESTORE_STEP": "",
+}
+WAIT_S = 10.0
+
+
+class FakeClient:
+    """Records calls in order; PutSnapshot can be held until `release` is set."""
+
+    address = "unix:/fake"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.restore_blob: peer_pb2.SnapshotBlob | None = None
+
+    def get_restore(self, rank, generation):
+        self.calls.append(("GetRestore", (rank, generation)))
+        if self.restore_blob is None:
+            return peer_pb2.GetRestoreResponse(has_state=False)
+        return peer_pb2.GetRestoreResponse(has_state=True, blob=self.restore_blob)
+
+    def report_step(self, report):
+        self.calls.append(("ReportStep", report.step))
+
+    def put_snapshot(self, blob):
+        assert self.release.wait(WAIT_S)
+        self.calls.append(("PutSnapshot", blob))
+
+    def report_finished(self, finished):
+        self.calls.append(("ReportFinished", finished))
+
+    def close(self):
+        self.calls.append(("close", None))
+
+
+def make_session(client=None, **env) -> Session:
+    return Session(LaunchEnv.from_mapping(ENV | env), client or FakeClient())
+
+
+def model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.AdamW(model.parameters())
+
+
+def test_launch_env_reads_torchrun_and_ftsup_variables():
+    launch = LaunchEnv.from_mapping(ENV | {"FTSUP_RESTORE_STEP": "7"})
+    assert (launch.rank, launch.world_size, launch.generation, launch.restore_step) == (1, 2, 3, 7)
+    assert LaunchEnv.from_mapping(ENV).restore_step is None
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"RANK": "2"}, "RANK=2 must be below WORLD_SIZE=2"),
+        ({"FTSUP_GENERATION": "x"}, "FTSUP_GENERATION='x' is not an integer"),
+        ({"FTSUP_AGENT_ADDRESS": ""}, "FTSUP_AGENT_ADDRESS is not set"),
+        ({"FTSUP_RESTORE_STEP": "-1"}, "FTSUP_RESTORE_STEP=-1 must be >= 0"),
+    ],
+)
+def test_launch_env_rejects_bad_values_naming_them(change, message):
+    with pytest.raises(ValueError, match=message):
+        LaunchEnv.from_mapping(ENV | change)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.5, float("inf")])
+def test_report_step_rejects_a_negative_or_non_finite_step_time_naming_it(bad):
+    session = make_session()
+    with pytest.raises(ValueError, match=f"step_time_s .* got {bad!r}"):
+        session.report_step(1, bad, 0.1, 1.0, "d")
+
+
+def test_report_step_sends_nan_loss_as_given_and_keeps_order():
+    client = FakeClient()
+    session = make_session(client)
+    for step in range(1, 51):
+        session.report_step(step, 0.2, 0.1, float("nan"), "d")
+    session.finish(50, "final")
+    steps = [arg for name, arg in client.calls if name == "ReportStep"]
+    assert steps == list(range(1, 51))
+    assert client.calls[-1][0] == "ReportFinished"
+
+
+def release_once_blocked(client: FakeClient, thread_id: int) -> None:
+    """Release the held hand-off once `thread_id` is blocked waiting on the in-flight future."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread_id)
+        while frame is not None:
+            if frame.f_code.co_name == "exception" and "futures" in frame.f_code.co_filename:
+                client.release.set()
+                return
+            frame = frame.f_back
+        time.sleep(0.001)
+    client.release.set()
+
+
+def test_snapshot_waits_for_the_one_in_flight_and_counts_the_wait():
+    client = FakeClient()
+    client.release.clear()
+    session = make_session(client)
+    model, optimizer = model_and_optimizer()
+    session.snapshot(1, model, optimizer)
+    releaser = threading.Thread(target=release_once_blocked, args=(client, threading.get_ident()))
+    releaser.start()
+    session.snapshot(2, model, optimizer)  # blocks until the first hand-off is released
+    session.finish(2, "final")
+    releaser.join()
+
+    names = [name for name, _ in client.calls]
+    assert names == ["PutSnapshot", "PutSnapshot", "ReportFinished"]
+    assert [blob.step for name, blob in client.calls[:2]] == [1, 2]
+    assert session.stats.waits == 1 and session.stats.wait_s > 0
+    assert session.stats.handed_off == 2 and session.stats.last_payload_bytes > 0
+
+
+def test_snapshot_blob_carries_identity_and_the_restore_round_trips():
+    client = FakeClient()
+    session = make_session(client)
+    model, optimizer = model_and_optimizer()
+    session.snapshot(4, model, optimizer, extra={"note": "x"})
+    session.wait_for_snapshots()
+    blob = client.calls[-1][1]
+    assert (blob.generation, blob.rank, blob.step, blob.owner_node_id) == (3, 1, 4, "node-a")
+
+    client.restore_blob = blob
+    restarted = make_session(client, FTSUP_RESTORE_STEP="4", FTSUP_GENERATION="4")
+    other = torch.nn.Linear(3, 2)
+    assert restarted.restore(other, torch.optim.AdamW(other.parameters())) == 4
+    assert torch.equal(other.weight, model.weight) and restarted.restored_extra == {"note": "x"}
+
+
+def test_restore_is_fresh_without_asking_the_agent_when_no_restore_step_is_set():
+    client = FakeClient()
+    assert make_session(client).restore(*model_and_optimizer()) == 0
+    assert client.calls == []
+
+
+def test_restore_fails_clearly_when_the_agent_has_no_state_for_the_expected_step():
+    session = make_session(FTSUP_RESTORE_STEP="5")
+    with pytest.raises(RuntimeError, match="no snapshot for rank 1 although FTSUP_RESTORE_STEP=5"):
+        session.restore(*model_and_optimizer())
+
+
+class FailingLink(peer_pb2_grpc.TrainerLinkServicer):
+    def ReportStep(self, request, context):
+        context.abort(grpc.StatusCode.UNAVAILABLE, "agent is draining")
+
+
+def test_agent_errors_surface_as_agent_link_error_naming_the_address(tmp_path):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    peer_pb2_grpc.add_TrainerLinkServicer_to_server(FailingLink(), server)
+    address = f"unix:{tmp_path}/a.sock"
+    server.add_insecure_port(address)
+    server.start()
+    session = make_session(AgentClient(address))
+    try:
+        session.report_step(1, 0.1, 0.05, 2.0, "d")
+        with pytest.raises(AgentLinkError, match=f"agent at '{address}': ReportStep failed with UNAVAILABLE") as info:
+            session.finish(1, "d")
+        assert info.value.retryable
+    finally:
+        session.close()
+        server.stop(grace=None)
