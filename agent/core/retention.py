@@ -3,7 +3,8 @@
 Pure: given the (rank, step) keys held, the directive's `retain_from_step` and how many steps to
 keep per rank, returns the keys to drop. The rule: the supervisor's retain_from_step is a floor
 (it has a committed step at or above it), and RAM is bounded by keeping only the newest few steps
-per rank; a step at or above the floor is dropped only by the per-rank cap.
+per rank above the floor. The floor step itself is the supervisor's committed restore point and
+is never dropped: losing it while a newer step is still uncommitted would leave nothing to restore.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-KEEP_STEPS_PER_RANK = 3
+KEEP_STEPS_PER_RANK = 4
 
 
 def keys_to_drop(
@@ -25,7 +26,7 @@ def keys_to_drop(
     for rank, step in keys:
         if step < retain_from_step:
             drop.add((rank, step))
-        else:
+        elif step > retain_from_step:
             by_rank[rank].append(step)
     for rank, steps in by_rank.items():
         for step in sorted(steps, reverse=True)[keep_per_rank:]:

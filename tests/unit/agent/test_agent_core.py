@@ -70,19 +70,21 @@ def test_validate_run_rejects_malformed_rank_maps():
     assert "reserved" in validate_run(0, [0], 1, ["x"])
 
 
-def test_retention_drops_below_the_floor_and_keeps_three_newest_per_rank():
-    keys = [(0, s) for s in range(1, 7)] + [(1, 5), (1, 6)]
-    assert keys_to_drop(keys, retain_from_step=2) == {(0, 1), (0, 2), (0, 3)}
+def test_retention_drops_below_the_floor_keeps_the_floor_and_four_newest_above_it():
+    keys = [(0, s) for s in range(1, 9)] + [(1, 5), (1, 6)]
+    # Step 2 is the committed floor: kept even though four newer steps exist.
+    assert keys_to_drop(keys, retain_from_step=2) == {(0, 1), (0, 3), (0, 4)}
     assert keys_to_drop(keys, retain_from_step=6) == {(0, s) for s in range(1, 6)} | {(1, 5)}
 
 
 @given(st.sets(st.tuples(st.integers(0, 4), st.integers(0, 30))), st.integers(0, 30))
-def test_retention_keeps_at_most_three_steps_per_rank_all_at_or_above_the_floor(keys, floor):
+def test_retention_keeps_the_floor_and_at_most_four_newer_steps_per_rank(keys, floor):
     kept = set(keys) - keys_to_drop(keys, floor)
     assert all(step >= floor for _, step in kept)
     for rank in {r for r, _ in keys}:
-        mine = sorted(s for r, s in keys if r == rank and s >= floor)
-        assert sorted(s for r, s in kept if r == rank) == mine[-3:]
+        above = sorted(s for r, s in keys if r == rank and s > floor)
+        floor_held = [floor] if (rank, floor) in keys else []
+        assert sorted(s for r, s in kept if r == rank) == floor_held + above[-4:]
 
 
 def test_outbox_drops_oldest_step_reports_first_and_never_essential_ones():

@@ -188,13 +188,13 @@ async def test_peer_restore_fetches_and_stores_the_blob(tmp_path):
         await node.restores.get(5, 2)
 
 
-def test_store_keeps_three_newest_steps_above_the_floor_and_counts_bytes():
+def test_store_keeps_four_newest_steps_above_the_floor_and_counts_bytes():
     store = SnapshotStore()
-    for step in range(1, 6):
+    for step in range(1, 7):
         store.put(blob(0, step, b"x" * step))
-    assert store.keys() == [(0, 3), (0, 4), (0, 5)] and store.bytes_held == 12
+    assert store.keys() == [(0, 3), (0, 4), (0, 5), (0, 6)] and store.bytes_held == 18
     store.set_retain_from_step(5)
-    assert store.keys() == [(0, 5)] and store.bytes_held == 5
+    assert store.keys() == [(0, 5), (0, 6)] and store.bytes_held == 11
 
 
 @pytest.mark.parametrize(
