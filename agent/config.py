@@ -35,6 +35,7 @@ class AgentConfig:
     gpus: int
     log_json: bool | None
     log_level: str
+    trainer_nice: int = 0
 
     @property
     def socket_path(self) -> Path:
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="default /var/lib/ftsup/agent/NODE")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--gpus", type=int, default=None, help="default: count of /dev/nvidia[0-9]*")
+    p.add_argument("--trainer-nice", type=int, default=0,
+                   help="niceness for trainer processes (0..19): keeps the agent responsive when trainers"
+                        " saturate the CPUs (CPU-only training, busy data loaders)")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -100,6 +104,8 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--gpus: {gpus} must be within 0..1024")
     if not ns.host.strip():
         raise ConfigError("--host must not be empty")
+    if not 0 <= ns.trainer_nice <= 19:
+        raise ConfigError(f"--trainer-nice: {ns.trainer_nice} must be within 0..19")
     workdir = Path(ns.workdir) if ns.workdir else Path("/var/lib/ftsup/agent") / ns.node_id
     # AF_UNIX paths are limited to 107 bytes on Linux; fail here, not at bind time.
     if len(str(workdir.absolute() / "agent.sock").encode()) > 107:
@@ -115,6 +121,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         gpus=gpus,
         log_json=ns.log_json,
         log_level=ns.log_level,
+        trainer_nice=ns.trainer_nice,
     )
 
 

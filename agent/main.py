@@ -50,7 +50,7 @@ async def run_agent(config: AgentConfig) -> int:
     reports = Reports()
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
     launcher = Launcher(
-        config, AsyncioProcessRunner(), store, restores, reports.send, default_base_env(), log.bind(part="launcher")
+        config, AsyncioProcessRunner(nice=config.trainer_nice), store, restores, reports.send, default_base_env(), log.bind(part="launcher")
     )
 
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)

@@ -51,6 +51,9 @@ class _Handle:
 
 
 class AsyncioProcessRunner:
+    def __init__(self, nice: int = 0) -> None:
+        self._nice = nice
+
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
         if not argv:
             raise SpawnFailed("empty trainer argv")
@@ -67,6 +70,13 @@ class AsyncioProcessRunner:
                 )
             except OSError as exc:
                 raise SpawnFailed(f"cannot start {argv[0]!r}: {exc}") from exc
+        if self._nice:
+            # Set from outside, after the fork: running Python in a forked child of a gRPC
+            # process (preexec_fn) can crash it. The window before this call is microseconds.
+            try:
+                os.setpriority(os.PRIO_PROCESS, process.pid, self._nice)
+            except OSError:
+                pass
         return _Handle(process)
 
     def signal(self, handle: ProcessHandle, sig: int) -> None:

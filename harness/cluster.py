@@ -47,6 +47,8 @@ class ClusterSpec:
     heartbeat_misses: int = 3
     reconnect_grace_s: float = 1.0
     job_name: str = "demo"
+    # Trainers share this machine's 2 cores with the control plane; on GPU nodes they would not.
+    trainer_nice: int = 10
 
 
 @dataclass(slots=True)
@@ -103,7 +105,7 @@ class LocalCluster:
         process = self._spawn(
             [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", self.address, "--role", role,
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
-             "--gpus", "0", "--log-json"],
+             "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice), "--log-json"],
             node_dir / "agent.log",
         )
         node = NodeProcess(node_id, role, process, node_dir / "agent.log")
