@@ -66,7 +66,9 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = []
     # Events of one decision are folded before planning, so a death and its replacement
     # generation can be decided (and appended) together.
-    plan = planner.plan_generation(evolve_all(state, events), soft, config.job)
+    plan = planner.plan_generation(
+        evolve_all(state, events), soft, config.job, now, spare_grace_s=config.detector.dead_after_s
+    )
     if plan.started is not None:
         events.append(plan.started)
     return Decision(tuple(events), plan.waiting_reason)

@@ -33,14 +33,18 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
         last_heard = max(last_heard, soft.started_at_s)
         silent_for = now - last_heard
         connected = info is not None and info.stream_id is not None
-        if not connected:
-            closed_at = info.disconnected_at_s if info and info.disconnected_at_s is not None else soft.started_at_s
-            closed_at = max(closed_at, soft.started_at_s)
-            grace = config.reconnect_grace_s if info is not None else config.dead_after_s
-            if now - closed_at >= grace:
+        if info is None:
+            # Not heard since this supervisor started: no verdict until the grace is over.
+            if silent_for >= config.dead_after_s:
                 verdicts.append(
-                    Verdict(node.node_id, Liveness.DEAD, f"stream closed and not reopened within {grace:g}s", silent_for)
+                    Verdict(node.node_id, Liveness.DEAD, f"not heard from within {config.dead_after_s:g}s", silent_for)
                 )
+            continue
+        if not connected:
+            closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
+            if now - closed_at >= config.reconnect_grace_s:
+                reason = f"stream closed and not reopened within {config.reconnect_grace_s:g}s"
+                verdicts.append(Verdict(node.node_id, Liveness.DEAD, reason, silent_for))
             elif node.liveness is Liveness.ALIVE:
                 verdicts.append(Verdict(node.node_id, Liveness.SUSPECT, "stream closed", silent_for))
             continue

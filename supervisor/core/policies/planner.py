@@ -22,7 +22,12 @@ class Plan:
     waiting_reason: str  # empty when a generation was planned
 
 
-def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec) -> Plan:
+def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: float, spare_grace_s: float) -> Plan:
+    """Plans the next generation, or says why not yet.
+
+    Spares stand in for active nodes only after `spare_grace_s` of this supervisor's life, so
+    active nodes that are still starting up are not displaced by a spare that answered first.
+    """
     if state.completion is not None:
         return Plan(None, "job completed")
     if state.generation is not None:
@@ -32,6 +37,13 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec) -> Plan:
     if suspects:
         return Plan(None, f"waiting for a verdict on suspect node(s) {', '.join(sorted(suspects))}")
     healthy = [n for n in state.nodes.values() if _is_usable(n, soft)]
+    actives = [n for n in healthy if n.role is NodeRole.ACTIVE]
+    if len(actives) < job.nodes and now - soft.started_at_s < spare_grace_s:
+        return Plan(
+            None,
+            f"waiting for {job.nodes} active nodes ({len(actives)} ready) before using spares,"
+            f" for up to {spare_grace_s:g}s after start",
+        )
     if len(healthy) < job.nodes:
         return Plan(
             None,

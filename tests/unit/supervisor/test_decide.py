@@ -1,0 +1,273 @@
+"""The supervisor's decisions, driven through the pure core with plain data and a fixed clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from supervisor.core.events import (
+    EndReason,
+    GenerationEnded,
+    GenerationRunning,
+    GenerationStarted,
+    JobCompleted,
+    NodeCleared,
+    NodeDeclaredDead,
+    NodeQuarantined,
+    NodeRegistered,
+    NodeSuspected,
+    RestoreKind,
+    SnapshotCommitted,
+)
+from supervisor.core.inputs import (
+    Heartbeat,
+    RankFinished,
+    SnapshotReport,
+    StepReport,
+    StreamClosed,
+    Tick,
+    TrainerExit,
+)
+from supervisor.core.state import Liveness
+from tests.support.builders import NOW, Sim, config, hello
+
+
+def running_cluster(spares: int = 1) -> Sim:
+    sim = Sim()
+    for i in (1, 2, 3):
+        sim.events(hello(f"n{i}", stream_id=i))
+    for j in range(spares):
+        sim.events(hello(f"s{j + 1}", spare=True, stream_id=10 + j))
+    return sim
+
+
+def alive(sim: Sim, at: float, *, silent: tuple[str, ...] = ()) -> None:
+    """Heartbeats from every node still connected, except `silent` ones."""
+    for node_id, info in sim.soft.nodes.items():
+        if info.stream_id is not None and node_id not in silent:
+            sim.events(Heartbeat(node_id, info.incarnation, 0), at=at)
+
+
+def step(sim: Sim, generation: int, step_no: int, *, at: float | None = None) -> None:
+    """Every rank reports the step and its snapshot held by its node and its buddy."""
+    current = sim.state.generation
+    assert current is not None
+    for member in current.members:
+        for rank in member.ranks:
+            sim.events(StepReport(member.node_id, generation, rank, step_no, 0.1, 0.08, 2.0, "d"), at=at)
+            sim.events(SnapshotReport(member.node_id, generation, rank, step_no,
+                                      (member.node_id, member.buddy_node_id), 100), at=at)
+
+
+def test_a_gang_starts_only_when_every_rank_can_be_placed():
+    sim = Sim()
+    assert [type(e) for e in sim.events(hello("n1", stream_id=1))] == [NodeRegistered]
+    assert "waiting for 3 active nodes (1 ready)" in sim.waiting_reason
+    sim.events(hello("n2", stream_id=2))
+    events = sim.events(hello("n3", stream_id=3))
+    started = events[-1]
+    assert isinstance(started, GenerationStarted)
+    assert started.generation == 1 and started.world_size == 6 and started.restore_step is None
+    assert [(m.node_id, m.ranks, m.buddy_node_id) for m in started.members] == [
+        ("n1", (0, 1), "n2"), ("n2", (2, 3), "n3"), ("n3", (4, 5), "n1"),
+    ]
+    assert all(r.kind is RestoreKind.FRESH for r in started.restores)
+
+
+def test_spares_are_used_only_when_active_nodes_are_missing():
+    sim = Sim()
+    sim.events(hello("s1", spare=True, stream_id=9))
+    sim.events(hello("n1", stream_id=1))
+    sim.events(hello("n2", stream_id=2))
+    sim.events(hello("n3", stream_id=3))
+    # The spare registered first, but three active nodes now exist: they form the gang.
+    assert sim.state.generation is not None
+    assert {m.node_id for m in sim.state.generation.members} == {"n1", "n2", "n3"}
+
+
+def test_first_step_marks_the_generation_running_once():
+    sim = running_cluster()
+    first = sim.events(StepReport("n1", 1, 0, 1, 0.2, 0.1, 3.0, "d"))
+    assert first == [GenerationRunning(1, 1)]
+    assert sim.events(StepReport("n2", 1, 2, 1, 0.2, 0.1, 3.0, "d")) == []
+
+
+def test_a_snapshot_commits_only_when_every_rank_is_held_by_its_node_and_its_buddy():
+    sim = running_cluster()
+    sim.events(StepReport("n1", 1, 0, 1, 0.2, 0.1, 3.0, "d"))
+    reports = [("n1", 0, ("n1", "n2")), ("n1", 1, ("n1", "n2")), ("n2", 2, ("n2", "n3")),
+               ("n2", 3, ("n2", "n3")), ("n3", 4, ("n3", "n1"))]
+    for node, rank, holders in reports:
+        assert sim.events(SnapshotReport(node, 1, rank, 1, holders, 10)) == []
+    # Rank 5 held only locally (buddy unreachable): still not restorable.
+    assert sim.events(SnapshotReport("n3", 1, 5, 1, ("n3",), 10)) == []
+    assert sim.events(SnapshotReport("n3", 1, 5, 1, ("n3", "n1"), 10)) == [SnapshotCommitted(1, 1)]
+    assert sim.state.snapshot is not None and sim.state.snapshot.step == 1
+
+
+def test_a_killed_node_is_suspected_at_once_declared_dead_after_the_grace_and_replaced_by_the_spare():
+    sim = running_cluster()
+    step(sim, 1, 1)
+    step(sim, 1, 2)
+    alive(sim, NOW + 5.0)
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 5.0)
+    assert sim.events(Tick(), at=NOW + 5.1) == [NodeSuspected("n3", "stream closed", pytest.approx(0.1))]
+    assert sim.events(Tick(), at=NOW + 5.5) == []
+    alive(sim, NOW + 6.0)
+    events = sim.events(Tick(), at=NOW + 6.1)
+    kinds = [type(e) for e in events]
+    assert kinds == [NodeDeclaredDead, GenerationEnded, NodeQuarantined, GenerationStarted]
+    ended, quarantined, started = events[1], events[2], events[3]
+    assert ended.reason is EndReason.NODE_LOST and ended.node_id == "n3" and ended.last_step == 2
+    assert quarantined.evidence_seq == sim.state.applied_seq - 3  # the death record
+    assert started.generation == 2 and started.restore_step == 2
+    assert [(m.node_id, m.ranks) for m in started.members] == [("n1", (0, 1)), ("n2", (2, 3)), ("s1", (4, 5))]
+    kinds_by_rank = {r.rank: (r.kind, r.source_node_id) for r in started.restores}
+    # The lost node's ranks come from their buddy's RAM; everyone else restores locally.
+    assert kinds_by_rank[4] == (RestoreKind.PEER_SNAPSHOT, "n1")
+    assert kinds_by_rank[5] == (RestoreKind.PEER_SNAPSHOT, "n1")
+    assert all(kinds_by_rank[r] == (RestoreKind.LOCAL_SNAPSHOT, n) for r, n in
+               [(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")])
+    node = sim.state.node("n3")
+    assert node is not None and node.liveness is Liveness.DEAD and node.is_quarantined
+
+
+def test_a_silent_node_with_an_open_stream_dies_after_the_missed_heartbeats():
+    sim = running_cluster()
+    for t in (1.0, 2.0):
+        for n in ("n1", "n2", "s1"):
+            sim.events(Heartbeat(n, 1, 1), at=NOW + t)
+    assert [type(e) for e in sim.events(Tick(), at=NOW + 2.1)] == [NodeSuspected]
+    for n in ("n1", "n2", "s1"):
+        sim.events(Heartbeat(n, 1, 1), at=NOW + 3.0)
+    events = sim.events(Tick(), at=NOW + 3.05)
+    assert isinstance(events[0], NodeDeclaredDead) and events[0].node_id == "n3"
+    assert "no heartbeat" in events[0].reason
+
+
+def test_a_suspect_that_reconnects_within_the_grace_is_cleared_and_nothing_restarts():
+    sim = running_cluster()
+    sim.events(StreamClosed("n2", 1, 2), at=NOW + 1.0)
+    assert [type(e) for e in sim.events(Tick(), at=NOW + 1.1)] == [NodeSuspected]
+    assert sim.events(hello("n2", stream_id=22), at=NOW + 1.5) == [NodeCleared("n2", "reconnected")]
+    alive(sim, NOW + 2.5)
+    assert sim.events(Tick(), at=NOW + 3.0) == []
+    assert sim.state.generation is not None and sim.state.generation.number == 1
+
+
+def test_a_fresh_supervisor_gives_every_node_a_full_timeout_of_grace():
+    sim = running_cluster()
+    # Restarted supervisor: same state, empty soft state, nobody has spoken yet.
+    fresh = Sim(sim.config, now=NOW + 100)
+    fresh.state = sim.state
+    assert fresh.events(Tick(), at=NOW + 102.9) == []
+    verdicts = fresh.events(Tick(), at=NOW + 103.1)
+    assert {e.node_id for e in verdicts if isinstance(e, NodeDeclaredDead)} == {"n1", "n2", "n3", "s1"}
+
+
+def test_a_trainer_crash_on_a_healthy_node_restarts_the_same_gang_from_local_ram():
+    sim = running_cluster()
+    step(sim, 1, 1)
+    step(sim, 1, 2)
+    events = sim.events(TrainerExit("n2", 1, 3, -11, False))
+    ended, started = events
+    assert ended == GenerationEnded(1, EndReason.TRAINER_EXITED, "n2", 2, "rank 3 exited with code -11")
+    assert isinstance(started, GenerationStarted) and started.restore_step == 2
+    assert {m.node_id for m in started.members} == {"n1", "n2", "n3"}
+    assert all(r.kind is RestoreKind.LOCAL_SNAPSHOT for r in started.restores)
+    # Reports from the crashed generation are now stale.
+    assert "stale generation 1" in sim.feed(StepReport("n1", 1, 0, 3, 0.1, 0.1, 1.0, "d"))
+
+
+def test_the_planner_waits_for_a_verdict_on_a_suspect_member_before_restarting():
+    sim = running_cluster()
+    step(sim, 1, 1)
+    alive(sim, NOW + 11.0)
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 11.0)
+    sim.events(Tick(), at=NOW + 11.05)
+    # Survivors' ranks fail as their peer vanished: the generation ends, but no new one yet.
+    events = sim.events(TrainerExit("n1", 1, 0, 1, False), at=NOW + 11.1)
+    assert [type(e) for e in events] == [GenerationEnded]
+    assert "suspect node(s) n3" in sim.waiting_reason
+    alive(sim, NOW + 12.0)
+    events = sim.events(Tick(), at=NOW + 12.1)
+    assert [type(e) for e in events] == [NodeDeclaredDead, NodeQuarantined, GenerationStarted]
+
+
+def test_the_job_completes_when_every_rank_finished():
+    sim = running_cluster()
+    step(sim, 1, 1)
+    for rank in range(5):
+        node = sim.state.generation.node_of_rank(rank)
+        assert sim.events(RankFinished(node, 1, rank, 1, "abc")) == []
+    events = sim.events(RankFinished("n3", 1, 5, 1, "abc"))
+    assert [type(e) for e in events] == [GenerationEnded, JobCompleted]
+    assert events[1] == JobCompleted(1, 1, "abc")
+    assert sim.state.completion is not None
+    # Exits after finishing are expected and change nothing.
+    assert sim.events(TrainerExit("n1", 1, 0, 0, True)) == []
+
+
+def test_no_ram_copy_left_means_a_fresh_start_not_a_crash():
+    sim = running_cluster(spares=2)
+    step(sim, 1, 1)
+    # n1 holds rank 4-5's buddy copies; lose n3 and n1 together.
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 11.0)
+    sim.events(StreamClosed("n1", 1, 1), at=NOW + 11.0)
+    alive(sim, NOW + 12.4)
+    events = sim.events(Tick(), at=NOW + 12.5)
+    started = events[-1]
+    assert isinstance(started, GenerationStarted) and started.restore_step is None
+    assert all(r.kind is RestoreKind.FRESH for r in started.restores)
+
+
+@pytest.mark.parametrize(
+    ("report", "why"),
+    [
+        (StepReport("n1", 1, 0, 1, math.nan, 0.1, 1.0, "d"), "step_time_s=nan"),
+        (StepReport("n1", 1, 0, 1, math.inf, 0.1, 1.0, "d"), "step_time_s=inf"),
+        (StepReport("n1", 1, 0, 1, -1.0, 0.1, 1.0, "d"), "step_time_s=-1.0"),
+        (StepReport("n1", 1, 0, 1, 0.1, 5.0, 1.0, "d"), "exceeds step_time_s"),
+        (StepReport("n1", 7, 0, 1, 0.1, 0.1, 1.0, "d"), "stale generation 7"),
+        (StepReport("n1", 1, 4, 1, 0.1, 0.1, 1.0, "d"), "does not hold rank 4"),
+        (StepReport("ghost", 1, 0, 1, 0.1, 0.1, 1.0, "d"), "has not said Hello"),
+    ],
+)
+def test_bad_step_reports_are_refused_with_a_reason_and_change_nothing(report, why):
+    sim = running_cluster()
+    before = sim.state
+    reason = sim.feed(report)
+    assert isinstance(reason, str) and why in reason
+    assert sim.state == before
+
+
+def test_a_duplicate_node_id_is_refused_while_the_first_is_connected():
+    sim = running_cluster()
+    reason = sim.feed(hello("n1", incarnation=2, stream_id=99))
+    assert isinstance(reason, str) and "duplicate node id 'n1'" in reason
+    # Once the first agent's stream is gone, a restarted agent may take the id.
+    sim.events(StreamClosed("n1", 1, 1))
+    events = sim.events(hello("n1", incarnation=2, stream_id=99))
+    assert [type(e) for e in events][:2] == [GenerationEnded, NodeRegistered]
+    assert events[0].reason is EndReason.NODE_RESTARTED
+
+
+def test_unknown_and_malformed_node_ids_are_refused():
+    sim = Sim(config(allowed=frozenset({"n1"})))
+    assert "unknown node id 'n9'" in sim.feed(hello("n9"))
+    assert "is not valid" in sim.feed(hello("bad id/with slash"))
+    assert "not a valid port" in sim.feed(hello("n1", port=0))
+
+
+def test_after_the_start_grace_a_spare_stands_in_for_an_active_node_that_never_came():
+    sim = Sim()
+    sim.events(hello("n1", stream_id=1))
+    sim.events(hello("n2", stream_id=2))
+    sim.events(hello("s1", spare=True, stream_id=9))
+    assert sim.state.generation is None
+    alive(sim, NOW + 2.9)
+    assert sim.state.generation is None
+    sim.events(Tick(), at=NOW + 3.05)
+    assert sim.state.generation is not None
+    assert {m.node_id for m in sim.state.generation.members} == {"n1", "n2", "s1"}

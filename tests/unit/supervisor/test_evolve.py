@@ -1,0 +1,82 @@
+"""evolve refuses events that would make an impossible state, and replay is exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.core.events import (
+    EndReason,
+    GenerationEnded,
+    GenerationStarted,
+    NodeDeclaredDead,
+    NodeQuarantined,
+    NodeRegistered,
+    NodeRole,
+    RankAssignment,
+    RankRestore,
+    RestoreKind,
+    SnapshotCommitted,
+)
+from supervisor.core.evolve import InvalidEvent, evolve, evolve_all
+from supervisor.core.state import ClusterState
+
+
+def registered(node_id: str) -> NodeRegistered:
+    return NodeRegistered(node_id, 1, NodeRole.ACTIVE, "127.0.0.1", 9000, 8)
+
+
+def started(generation: int, layout: dict[str, tuple[int, ...]]) -> GenerationStarted:
+    ids = list(layout)
+    members = tuple(RankAssignment(n, r, ids[(i + 1) % len(ids)]) for i, (n, r) in enumerate(layout.items()))
+    world = sum(len(r) for r in layout.values())
+    restores = tuple(RankRestore(r, RestoreKind.FRESH, "") for r in range(world))
+    return GenerationStarted(generation, members, world, "127.0.0.1", 29500, None, 0, restores, "test")
+
+
+BASE = evolve_all(ClusterState(), [registered("a"), registered("b"), registered("c")])
+
+
+def test_two_nodes_cannot_hold_the_same_rank():
+    with pytest.raises(InvalidEvent, match="not exactly 0..3"):
+        evolve(BASE, started(1, {"a": (0, 1), "b": (1, 2)}))
+
+
+def test_a_node_in_force_cannot_be_quarantined():
+    state = evolve(BASE, started(1, {"a": (0,), "b": (1,)}))
+    with pytest.raises(InvalidEvent, match="end the generation before quarantining"):
+        evolve(state, NodeQuarantined("a", "xid 79", 0))
+
+
+def test_a_quarantined_or_dead_node_cannot_join_a_generation():
+    quarantined = evolve(BASE, NodeQuarantined("c", "xid 79", 0))
+    with pytest.raises(InvalidEvent, match="quarantined"):
+        evolve(quarantined, started(1, {"a": (0,), "c": (1,)}))
+    dead = evolve(BASE, NodeDeclaredDead("b", "silent", 3.0))
+    with pytest.raises(InvalidEvent, match="dead"):
+        evolve(dead, started(1, {"a": (0,), "b": (1,)}))
+
+
+def test_generations_are_numbered_without_gaps_and_one_at_a_time():
+    with pytest.raises(InvalidEvent, match="does not follow 0"):
+        evolve(BASE, started(2, {"a": (0,)}))
+    state = evolve(BASE, started(1, {"a": (0,)}))
+    with pytest.raises(InvalidEvent, match="while 1 is in force"):
+        evolve(state, started(2, {"b": (0,)}))
+    with pytest.raises(InvalidEvent, match="generation in force is 1"):
+        evolve(state, GenerationEnded(5, EndReason.NODE_LOST, "a", 0, ""))
+
+
+def test_committed_snapshot_steps_only_move_forward():
+    state = evolve_all(BASE, [started(1, {"a": (0,)}), SnapshotCommitted(1, 4)])
+    with pytest.raises(InvalidEvent, match="not newer"):
+        evolve(state, SnapshotCommitted(1, 4))
+
+
+def test_events_about_unknown_nodes_are_rejected():
+    with pytest.raises(InvalidEvent, match="not registered"):
+        evolve(BASE, NodeDeclaredDead("ghost", "x", 1.0))
+
+
+def test_replay_of_the_same_events_gives_equal_states():
+    events = [registered("a"), registered("b"), started(1, {"a": (0,), "b": (1,)}), SnapshotCommitted(1, 1)]
+    assert evolve_all(ClusterState(), events) == evolve_all(ClusterState(), events)
