@@ -23,8 +23,11 @@ def sources() -> list[pathlib.Path]:
 def generate(out_dir: pathlib.Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     include = pathlib.Path(protoc.__file__).parent / "_proto"
+    bin_dir = pathlib.Path(sys.executable).parent  # mypy-protobuf's plugins live beside python
     args = [
         "protoc",
+        f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
         f"--python_out={out_dir}",
