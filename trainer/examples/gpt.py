@@ -133,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = GPT(data.VOCAB_SIZE, args.seq_len, args.layers, args.d_model, args.heads).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     done = session.restore(model, optimizer)
+    if done > args.steps:
+        raise SystemExit(f"restored step {done} is past --steps {args.steps}")
     ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
     grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce")
     window = torch.arange(args.seq_len + 1)
