@@ -72,6 +72,14 @@ class LocalCluster:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> None:
+        """Starts the supervisor, then every agent (active nodes first, then spares)."""
+        self.start_supervisor_only(ready_timeout_s)
+        for i in range(self.spec.nodes):
+            self.start_agent(f"node-{i + 1}", "active")
+        for i in range(self.spec.spares):
+            self.start_agent(f"spare-{i + 1}", "spare")
+
+    def start_supervisor_only(self, ready_timeout_s: float = 60.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "tmp").mkdir(exist_ok=True)
         self.address = f"127.0.0.1:{free_port()}"
@@ -94,10 +102,6 @@ class LocalCluster:
         )
         self._channel = grpc.insecure_channel(self.address)
         self.wait_for(lambda: self._try_status() is not None, ready_timeout_s, "the supervisor to answer")
-        for i in range(self.spec.nodes):
-            self.start_agent(f"node-{i + 1}", "active")
-        for i in range(self.spec.spares):
-            self.start_agent(f"spare-{i + 1}", "spare")
 
     def start_agent(self, node_id: str, role: str) -> NodeProcess:
         node_dir = self.workdir / "nodes" / node_id

@@ -1,0 +1,110 @@
+"""The whole path with real processes: supervisor, agents, torch trainers on gloo.
+
+A node SIGKILLed mid-run is detected, quarantined and replaced by the spare, whose ranks restore
+from their buddies' RAM; a rank that crashes on a healthy node restores from its own agent's RAM.
+Both runs must end with exactly the parameters of the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ftsup.v1 import events_pb2, operator_pb2
+from harness.cluster import ClusterSpec, LocalCluster
+from harness.demo import trainer_argv
+
+pytestmark = pytest.mark.integration
+
+STEPS = 12
+
+
+def spec(extra_args: tuple[str, ...] = ()) -> ClusterSpec:
+    return ClusterSpec(
+        nodes=3, spares=1, ranks_per_node=1,
+        trainer_argv=trainer_argv(sys.executable, STEPS, seed=3) + extra_args,
+        heartbeat_interval_s=0.5, reconnect_grace_s=1.0,
+    )
+
+
+def wait_completed(cluster: LocalCluster) -> operator_pb2.GetStatusResponse:
+    return cluster.wait_for(
+        lambda: (s := cluster.status()).phase == operator_pb2.JOB_PHASE_COMPLETED and s, 240, "the job to complete"
+    )
+
+
+def kinds(records: list[events_pb2.Record]) -> list[str]:
+    return [r.event.WhichOneof("kind") for r in records]
+
+
+def of_kind(records: list[events_pb2.Record], kind: str) -> list:
+    return [getattr(r.event, kind) for r in records if r.event.WhichOneof("kind") == kind]
+
+
+@pytest.fixture(scope="module")
+def reference_digest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    with LocalCluster(spec(), tmp_path_factory.mktemp("reference")) as cluster:
+        cluster.start()
+        status = wait_completed(cluster)
+        assert not of_kind(cluster.events(), "node_declared_dead")
+        return status.final_digest
+
+
+def test_a_killed_node_is_replaced_by_the_spare_and_training_ends_bit_identical(
+    tmp_path: pathlib.Path, reference_digest: str
+) -> None:
+    with LocalCluster(spec(), tmp_path) as cluster:
+        cluster.start()
+        cluster.wait_for(lambda: cluster.status().step >= 4, 180, "step 4")
+        cluster.kill_node("node-3")
+        status = wait_completed(cluster)
+        records = cluster.events()
+        dead = of_kind(records, "node_declared_dead")
+        assert [d.node_id for d in dead] == ["node-3"]
+        assert [q.node_id for q in of_kind(records, "node_quarantined")] == ["node-3"]
+        generations = of_kind(records, "generation_started")
+        replacement = generations[-1]
+        assert [m.node_id for m in replacement.members] == ["node-1", "node-2", "spare-1"]
+        assert replacement.HasField("restore_step") and replacement.restore_step >= 3
+        by_rank = {r.rank: r for r in replacement.restores}
+        assert by_rank[2].kind == events_pb2.RESTORE_KIND_PEER_SNAPSHOT and by_rank[2].source_node_id == "node-1"
+        assert by_rank[0].kind == by_rank[1].kind == events_pb2.RESTORE_KIND_LOCAL_SNAPSHOT
+        assert status.final_digest == reference_digest
+
+        # The operator CLI against the live supervisor, as a script would use it.
+        ctl = [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address]
+        out = subprocess.run([*ctl, "status", "--json"], capture_output=True, text=True, check=True).stdout
+        assert json.loads(out)["phase"] == "completed" and json.loads(out)["final_digest"] == reference_digest
+        nodes = json.loads(subprocess.run([*ctl, "nodes", "--json"], capture_output=True, text=True, check=True).stdout)
+        node3 = next(n for n in nodes["nodes"] if n["node_id"] == "node-3")
+        assert node3["liveness"] == "dead" and node3["quarantined"] and "declared dead" in node3["quarantine_reason"]
+        events = json.loads(subprocess.run([*ctl, "events", "--json", "--node", "node-3"],
+                                           capture_output=True, text=True, check=True).stdout)["events"]
+        assert [e["kind"] for e in events if e["kind"] != "generation_started"][:3] == [
+            "node_registered", "node_suspected", "node_declared_dead"
+        ]
+        table = subprocess.run([*ctl, "nodes"], capture_output=True, text=True, check=True).stdout
+        assert "dead quarantined" in table and "spare-1" in table
+
+
+def test_a_rank_crash_on_a_healthy_node_restores_every_rank_from_local_ram(
+    tmp_path: pathlib.Path, reference_digest: str
+) -> None:
+    crash = ("--crash-at-step", "5", "--crash-rank", "1", "--crash-generation", "1")
+    with LocalCluster(spec(crash), tmp_path) as cluster:
+        cluster.start()
+        status = wait_completed(cluster)
+        records = cluster.events()
+        ended = of_kind(records, "generation_ended")[0]
+        assert ended.reason == events_pb2.END_REASON_TRAINER_EXITED and ended.node_id == "node-2"
+        assert "rank 1 exited with code 17" in ended.detail
+        second = of_kind(records, "generation_started")[1]
+        assert [m.node_id for m in second.members] == ["node-1", "node-2", "node-3"]
+        assert {r.kind for r in second.restores} == {events_pb2.RESTORE_KIND_LOCAL_SNAPSHOT}
+        assert second.restore_step >= 4
+        assert not of_kind(records, "node_declared_dead")
+        assert status.final_digest == reference_digest
