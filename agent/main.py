@@ -49,15 +49,18 @@ async def run_agent(config: AgentConfig) -> int:
     peers = PeerClient(random.Random(rng.getrandbits(64)))
     reports = Reports()
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
+    runner = AsyncioProcessRunner(nice=config.trainer_nice)
     launcher = Launcher(
-        config, AsyncioProcessRunner(nice=config.trainer_nice), store, restores, reports.send, default_base_env(), log.bind(part="launcher")
+        config, runner, store, restores, reports.send, default_base_env(), log.bind(part="launcher")
     )
 
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
     peer_pb2_grpc.add_AgentPeerServicer_to_server(PeerService(config.node_id, store, log.bind(part="peer")), peer_server)
-    peer_port = peer_server.add_insecure_port(f"0.0.0.0:{config.peer_port}")
+    # Bound to the advertised host only: snapshots hold the model, so the peer service is not
+    # exposed on every interface by default (mTLS between nodes arrives with the security work).
+    peer_port = peer_server.add_insecure_port(f"{config.host}:{config.peer_port}")
     if peer_port == 0:
-        log.error("peer_port_unavailable", peer_port=config.peer_port)
+        log.error("peer_port_unavailable", host=config.host, peer_port=config.peer_port)
         return EXIT_FAILURE
     trainer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
     trainer_service = TrainerLinkService(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import signal
 import sys
 import tempfile
 import time
@@ -219,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # SIGTERM unwinds like Ctrl-C, so the local cluster's processes are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         result = run_job(args, workdir / "run", kill=args.kill_at > 0, say=say)
         say(timeline(result))
@@ -229,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as exc:
         say(f"ftsup demo: {exc}")
         return 1
+    except KeyboardInterrupt:
+        say(f"ftsup demo: interrupted; cluster stopped, logs in {workdir}")
+        return 130
     match = None if reference is None else reference == result.final_digest
     report = {
         "steps": result.steps,
