@@ -170,7 +170,9 @@ class Session:
         state = snap.decode(blob.payload, blob.sha256)
         restored = snap.apply_state(state, _unwrap(model), optimizer)
         if restored.step != expected:
-            raise SnapshotCorrupt(f"snapshot payload holds step {restored.step}, blob says {expected}")
+            raise SnapshotCorrupt(
+                f"snapshot payload holds step {restored.step}, its blob says step {expected}"
+            )
         self.restored_extra = restored.extra
         return restored.step
 

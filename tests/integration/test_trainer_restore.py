@@ -127,7 +127,8 @@ def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
             LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
             FTSUP_AGENT_ADDRESS=agent.address, FTSUP_GENERATION=str(generation),
-            FTSUP_NODE_ID="node-a", FTSUP_RESTORE_STEP="" if restore_step is None else str(restore_step),
+            FTSUP_NODE_ID="node-a",
+            FTSUP_RESTORE_STEP="" if restore_step is None else str(restore_step),
             TMPDIR=str(tmp_path), GRPC_VERBOSITY="ERROR",
         )
         log = open(tmp_path / f"gen{generation}-rank{rank}.log", "wb")

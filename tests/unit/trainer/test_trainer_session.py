@@ -175,7 +175,8 @@ def test_agent_errors_surface_as_agent_link_error_naming_the_address(tmp_path):
     session = make_session(AgentClient(address))
     try:
         session.report_step(1, 0.1, 0.05, 2.0, "d")
-        with pytest.raises(AgentLinkError, match=f"agent at '{address}': ReportStep failed with UNAVAILABLE") as info:
+        expected = f"agent at '{address}': ReportStep failed with UNAVAILABLE"
+        with pytest.raises(AgentLinkError, match=expected) as info:
             session.finish(1, "d")
         assert info.value.retryable
     finally:

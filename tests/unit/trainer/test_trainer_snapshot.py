@@ -28,7 +28,8 @@ def test_round_trip_restores_parameters_optimizer_and_rngs_exactly():
     train_one_step(model, optimizer)
     torch.manual_seed(11)
     random.seed(12)
-    payload, sha = snap.encode(snap.HostBuffers().capture(snap.build_state(1, model, optimizer, {"k": 3})))
+    state = snap.build_state(1, model, optimizer, {"k": 3})
+    payload, sha = snap.encode(snap.HostBuffers().capture(state))
     train_one_step(model, optimizer)
     expected = (param_digest(model), torch.rand(3), random.random())
 
