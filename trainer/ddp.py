@@ -70,7 +70,10 @@ class DeterministicGradSync:
             self._gather[bucket.index()] = parts
         work = dist.all_gather(parts, buffer, group=self._group, async_op=True)
 
-        def reduce(_fut: torch.futures.Future) -> torch.Tensor:
+        def reduce(gathered: torch.futures.Future) -> torch.Tensor:
+            # A failed all-gather (a peer died) must fail the step: without this the error is
+            # swallowed and every rank trains on alone, silently diverging.
+            gathered.wait()
             # Fixed rank order, element-wise: the sum's bits cannot depend on bucket layout.
             buffer.copy_(parts[0])
             for part in parts[1:]:

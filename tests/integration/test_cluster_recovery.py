@@ -60,9 +60,15 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_ends_bit_identical(
     with LocalCluster(spec(), tmp_path) as cluster:
         cluster.start()
         cluster.wait_for(lambda: cluster.status().step >= 4, 180, "step 4")
+        step_at_kill = cluster.status().step
         cluster.kill_node("node-3")
         status = wait_completed(cluster)
         records = cluster.events()
+        # Survivors cannot complete a step without the lost ranks: their collectives must fail,
+        # not be skipped (a swallowed gloo error once let them train on alone, diverging).
+        first_end = of_kind(records, "generation_ended")[0]
+        assert first_end.reason in (events_pb2.END_REASON_NODE_LOST, events_pb2.END_REASON_TRAINER_EXITED)
+        assert first_end.last_step <= step_at_kill + 2 < STEPS
         dead = of_kind(records, "node_declared_dead")
         assert [d.node_id for d in dead] == ["node-3"]
         assert [q.node_id for q in of_kind(records, "node_quarantined")] == ["node-3"]
