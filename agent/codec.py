@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftsup.v1 import peer_pb2
+from ftsup.v1 import agent_pb2, peer_pb2
 
 from agent.snapshots import Blob
 
@@ -26,4 +26,15 @@ def blob_to_proto(blob: Blob) -> peer_pb2.SnapshotBlob:
         owner_node_id=blob.owner_node_id,
         payload=blob.payload,
         sha256=blob.sha256,
+    )
+
+
+def holding_report(blob: Blob, holder_node_id: str) -> agent_pb2.AgentMessage:
+    """Tells the supervisor this node now holds `blob`: every holder reports only itself, so a
+    step commits even when the owner's agent dies right after its buddy took the copy."""
+    return agent_pb2.AgentMessage(
+        snapshot_report=agent_pb2.SnapshotReport(
+            generation=blob.generation, rank=blob.rank, step=blob.step,
+            holder_node_ids=[holder_node_id], size_bytes=len(blob.payload),
+        )
     )

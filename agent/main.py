@@ -55,7 +55,7 @@ async def run_agent(config: AgentConfig) -> int:
     )
 
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
-    peer_pb2_grpc.add_AgentPeerServicer_to_server(PeerService(config.node_id, store, log.bind(part="peer")), peer_server)
+    peer_pb2_grpc.add_AgentPeerServicer_to_server(PeerService(config.node_id, store, reports, log.bind(part="peer")), peer_server)
     # Bound to the advertised host only: snapshots hold the model, so the peer service is not
     # exposed on every interface by default (mTLS between nodes arrives with the security work).
     peer_port = peer_server.add_insecure_port(f"{config.host}:{config.peer_port}")
@@ -122,7 +122,6 @@ async def run_agent(config: AgentConfig) -> int:
         link_task.cancel()
         stopper.cancel()
         await asyncio.gather(link_task, stopper, return_exceptions=True)
-        await trainer_service.close()
         await trainer_server.stop(0.5)
         await peer_server.stop(0.5)
         await peers.close()

@@ -9,7 +9,8 @@ import grpc
 import structlog
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
-from agent.codec import blob_from_proto, blob_to_proto
+from agent.codec import blob_from_proto, blob_to_proto, holding_report
+from agent.link import Reports
 from agent.snapshots import InvalidBlob, SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -17,9 +18,10 @@ Context = grpc.aio.ServicerContext
 
 
 class PeerService(peer_pb2_grpc.AgentPeerServicer):
-    def __init__(self, node_id: str, store: SnapshotStore, log: Logger) -> None:
+    def __init__(self, node_id: str, store: SnapshotStore, reports: Reports, log: Logger) -> None:
         self._node_id = node_id
         self._store = store
+        self._reports = reports
         self._log = log
 
     async def StoreSnapshot(self, request: peer_pb2.StoreSnapshotRequest, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
@@ -33,6 +35,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
             "buddy_snapshot_stored", owner=blob.owner_node_id, rank=blob.rank, step=blob.step,
             size_bytes=len(blob.payload), bytes_held=self._store.bytes_held,
         )
+        self._reports.send(holding_report(blob, self._node_id))
         return peer_pb2.StoreSnapshotResponse(holder_node_id=self._node_id)
 
     async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> peer_pb2.FetchSnapshotResponse:  # noqa: N802

@@ -8,13 +8,12 @@ is checked against the generation and ranks this node runs; bad input gets a cle
 
 from __future__ import annotations
 
-import asyncio
 
 import grpc
 import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
-from agent.codec import blob_from_proto, blob_to_proto
+from agent.codec import blob_from_proto, blob_to_proto, holding_report
 from agent.launcher import Launcher
 from agent.link import Reports
 from agent.peers import PeerClient, PeerUnavailable
@@ -43,7 +42,6 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._peers = peers
         self._reports = reports
         self._log = log
-        self._background: set[asyncio.Task[None]] = set()
 
     async def _check_rank(self, context: Context, what: str, generation: int, rank: int) -> None:
         run = self._launcher.run
@@ -91,37 +89,22 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         except InvalidBlob as exc:
             self._log.warning("trainer_snapshot_rejected", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        task = asyncio.create_task(self._replicate(blob))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._reports.send(holding_report(blob, self._node_id))
+        # Replicate before answering: the trainer keeps one hand-off in flight, so answering only
+        # once the buddy holds the copy bounds the uncommitted work to about one step.
+        await self._replicate(blob)
         return peer_pb2.LinkAck()
 
     async def _replicate(self, blob: Blob) -> None:
-        """Copies the blob to the buddy, then reports who holds it (just us if the buddy failed)."""
+        """Copies the blob to the buddy, which reports its own holding to the supervisor."""
         run = self._launcher.run
-        holders = [self._node_id]
         buddy_address = run.buddy_address if run is not None else ""
-        if buddy_address:
-            try:
-                holder = await self._peers.store(buddy_address, blob)
-                holders.append(holder or (run.buddy_node_id if run is not None else ""))
-            except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - report a lone holder
-                self._log.warning(
-                    "buddy_replication_failed", buddy=buddy_address, rank=blob.rank, step=blob.step, error=str(exc)
-                )
-        self._log.debug(
-            "snapshot_held", rank=blob.rank, step=blob.step, holders=holders, bytes_held=self._store.bytes_held
-        )
-        self._reports.send(
-            agent_pb2.AgentMessage(
-                snapshot_report=agent_pb2.SnapshotReport(
-                    generation=blob.generation, rank=blob.rank, step=blob.step,
-                    holder_node_ids=holders, size_bytes=len(blob.payload),
-                )
+        if not buddy_address:
+            return
+        try:
+            await self._peers.store(buddy_address, blob)
+        except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - the step just stays uncommitted
+            self._log.warning(
+                "buddy_replication_failed", buddy=buddy_address, rank=blob.rank, step=blob.step, error=str(exc)
             )
-        )
-
-    async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        self._log.debug("snapshot_replicated", rank=blob.rank, step=blob.step, bytes_held=self._store.bytes_held)

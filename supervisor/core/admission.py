@@ -37,7 +37,9 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return None
         case StepReport():
             return _check_sender(state, soft, inp.node_id) or _check_step_report(state, inp)
-        case SnapshotReport() | RankFinished():
+        case SnapshotReport():
+            return _check_sender(state, soft, inp.node_id) or _check_holder(state, inp)
+        case RankFinished():
             return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
         case Heartbeat() | TrainerExit():
             return _check_sender(state, soft, inp.node_id)
@@ -76,6 +78,19 @@ def _check_rank(state: ClusterState, node_id: str, generation: int, rank: int) -
     member = current.member(node_id)
     if member is None or rank not in member.ranks:
         return f"node {node_id!r} does not hold rank {rank} in generation {generation}"
+    return None
+
+
+def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
+    """A rank's snapshot is held by the node running the rank and by that node's buddy."""
+    current = state.generation
+    if current is None or current.number != report.generation:
+        now_gen = current.number if current else "none"
+        return f"stale generation {report.generation} (the generation in force is {now_gen})"
+    owner = current.node_of_rank(report.rank)
+    member = current.member(owner) if owner is not None else None
+    if member is None or report.node_id not in (member.node_id, member.buddy_node_id):
+        return f"node {report.node_id!r} is neither the owner nor the buddy of rank {report.rank}"
     return None
 
 

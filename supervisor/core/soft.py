@@ -49,8 +49,9 @@ def observe(soft: SoftState, state: ClusterState, inp: Input, now: float) -> Non
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
             if progress is not None:
+                # A node vouches only for itself: each holder reports its own copy.
                 by_rank = progress.holdings.setdefault(inp.step, {})
-                by_rank[inp.rank] = by_rank.get(inp.rank, frozenset()) | frozenset(inp.holder_node_ids)
+                by_rank[inp.rank] = by_rank.get(inp.rank, frozenset()) | {inp.node_id}
         case RankFinished():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)

@@ -2,7 +2,7 @@
 
 Covers the agent's contract end to end: Hello and heartbeats, a RUN directive launching ranks
 with the right env, relayed StepReport / RankFinished / TrainerExit, buddy replication with a
-two-holder SnapshotReport, FetchSnapshot from the buddy, a peer restore through GetRestore, a
+SnapshotReports from both holders, FetchSnapshot from the buddy, a peer restore through GetRestore, a
 clear FAILED_PRECONDITION when a restore cannot be had, and exit code 2 on a refused Hello.
 """
 
@@ -236,8 +236,11 @@ async def test_agents_run_ranks_replicate_snapshots_and_restore_from_a_peer(supe
     assert sorted((f.rank, f.step) for f in fake.of("a", "rank_finished")) == [(0, 1), (1, 1)]
     exits = sorted((e.generation, e.rank, e.exit_code, e.finished) for e in fake.of("a", "trainer_exit"))
     assert exits == [(1, 0, 0, True), (1, 1, 0, True)]
+    # Each holder reports its own copy: the owner "a" at once, the buddy "b" when it stored it.
     reports = sorted((r.rank, r.step, list(r.holder_node_ids), r.size_bytes) for r in fake.of("a", "snapshot_report"))
-    assert reports == [(0, 1, ["a", "b"], 22), (1, 1, ["a", "b"], 22)]
+    assert reports == [(0, 1, ["a"], 22), (1, 1, ["a"], 22)]
+    buddy_reports = sorted((r.rank, r.step, list(r.holder_node_ids)) for r in fake.of("b", "snapshot_report"))
+    assert buddy_reports == [(0, 1, ["b"]), (1, 1, ["b"])]
 
     async with grpc.aio.insecure_channel(peer_address(fake, "b")) as channel:
         peer = peer_pb2_grpc.AgentPeerStub(channel)

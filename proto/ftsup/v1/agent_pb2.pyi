@@ -154,7 +154,9 @@ Global___StepReport: _TypeAlias = StepReport  # noqa: Y015
 
 @_typing.final
 class SnapshotReport(_message.Message):
-    """A rank's snapshot at `step` is held by these nodes (the reporter and its buddy)."""
+    """The reporting node now holds a copy of a rank's snapshot at `step` in RAM. Each holder (the
+    rank's own node and its buddy) reports its own copy; the supervisor counts only the reporter.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -168,7 +170,9 @@ class SnapshotReport(_message.Message):
     step: _builtins.int
     size_bytes: _builtins.int
     @_builtins.property
-    def holder_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def holder_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the reporter's own id"""
+
     def __init__(
         self,
         *,

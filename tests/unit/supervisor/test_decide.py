@@ -56,8 +56,8 @@ def step(sim: Sim, generation: int, step_no: int, *, at: float | None = None) ->
     for member in current.members:
         for rank in member.ranks:
             sim.events(StepReport(member.node_id, generation, rank, step_no, 0.1, 0.08, 2.0, "d"), at=at)
-            sim.events(SnapshotReport(member.node_id, generation, rank, step_no,
-                                      (member.node_id, member.buddy_node_id), 100), at=at)
+            for holder in (member.node_id, member.buddy_node_id):
+                sim.events(SnapshotReport(holder, generation, rank, step_no, (holder,), 100), at=at)
 
 
 def test_a_gang_starts_only_when_every_rank_can_be_placed():
@@ -96,14 +96,22 @@ def test_first_step_marks_the_generation_running_once():
 def test_a_snapshot_commits_only_when_every_rank_is_held_by_its_node_and_its_buddy():
     sim = running_cluster()
     sim.events(StepReport("n1", 1, 0, 1, 0.2, 0.1, 3.0, "d"))
-    reports = [("n1", 0, ("n1", "n2")), ("n1", 1, ("n1", "n2")), ("n2", 2, ("n2", "n3")),
-               ("n2", 3, ("n2", "n3")), ("n3", 4, ("n3", "n1"))]
-    for node, rank, holders in reports:
-        assert sim.events(SnapshotReport(node, 1, rank, 1, holders, 10)) == []
-    # Rank 5 held only locally (buddy unreachable): still not restorable.
+    holders = [("n1", 0), ("n2", 0), ("n1", 1), ("n2", 1), ("n2", 2), ("n3", 2), ("n2", 3), ("n3", 3), ("n3", 4),
+               ("n1", 4)]
+    for node, rank in holders:
+        assert sim.events(SnapshotReport(node, 1, rank, 1, (node,), 10)) == []
+    # Rank 5 held only by its own node (the buddy's copy has not landed): not restorable yet.
     assert sim.events(SnapshotReport("n3", 1, 5, 1, ("n3",), 10)) == []
-    assert sim.events(SnapshotReport("n3", 1, 5, 1, ("n3", "n1"), 10)) == [SnapshotCommitted(1, 1)]
+    # A node's claim about another node's copy counts for nothing.
+    assert sim.events(SnapshotReport("n3", 1, 5, 1, ("n3", "n1"), 10)) == []
+    assert sim.events(SnapshotReport("n1", 1, 5, 1, ("n1",), 10)) == [SnapshotCommitted(1, 1)]
     assert sim.state.snapshot is not None and sim.state.snapshot.step == 1
+
+
+def test_only_a_ranks_node_or_its_buddy_may_report_holding_it():
+    sim = running_cluster()
+    reason = sim.feed(SnapshotReport("n2", 1, 5, 1, ("n2",), 10))
+    assert isinstance(reason, str) and "neither the owner nor the buddy of rank 5" in reason
 
 
 def test_a_killed_node_is_suspected_at_once_declared_dead_after_the_grace_and_replaced_by_the_spare():
