@@ -236,6 +236,18 @@ class Session:
         """Block until the in-flight snapshot (if any) is acknowledged; raise its error."""
         self._await_inflight(count_wait=False)
 
+    def snapshot_barrier(self) -> float:
+        """Waits for the previous step's snapshot hand-off; returns the seconds waited.
+
+        Call it in every step before the gradient synchronisation (before `backward()` under
+        DDP). No rank can then finish step S+1 before every rank's snapshot of step S is held by
+        its node and its buddy, so a failure at any moment loses at most one step. The hand-off
+        normally finishes during the forward pass and the wait is zero.
+        """
+        started = time.monotonic()
+        self._await_inflight(count_wait=True)
+        return time.monotonic() - started
+
     def finish(self, step: int, param_digest: str) -> None:
         """Report that this rank completed its last step, after all hand-offs are done."""
         self._check_open()

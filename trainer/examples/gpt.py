@@ -149,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logits = ddp(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
+        # Step S-1's snapshot must be held twice before this step's gradient sync completes:
+        # a failure then loses at most one step. Waiting is not compute: kept out of its time.
+        waited_s = session.snapshot_barrier()
         loss.backward()
         optimizer.step()
         if use_cuda:
@@ -156,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ended = time.monotonic()
         ready = grad_sync.last_ready_s if grad_sync.last_ready_s is not None else ended
         loss_value = loss.item()
-        session.report_step(step, ended - started, ready - started, loss_value, param_digest(model))
+        compute_s = max(0.0, ready - started - waited_s)
+        session.report_step(step, ended - started, compute_s, loss_value, param_digest(model))
         if args.snapshot_every and step % args.snapshot_every == 0:
             session.snapshot(step, model, optimizer)
         if session.rank == 0:

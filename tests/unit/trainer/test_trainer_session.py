@@ -182,3 +182,19 @@ def test_agent_errors_surface_as_agent_link_error_naming_the_address(tmp_path):
     finally:
         session.close()
         server.stop(grace=None)
+
+
+def test_snapshot_barrier_returns_only_once_the_previous_hand_off_is_acknowledged():
+    client = FakeClient()
+    client.release.clear()
+    session = make_session(client)
+    model, optimizer = model_and_optimizer()
+    assert session.snapshot_barrier() == 0.0 or session.snapshot_barrier() < 0.01  # nothing in flight
+    session.snapshot(1, model, optimizer)
+    releaser = threading.Thread(target=release_once_blocked, args=(client, threading.get_ident()))
+    releaser.start()
+    waited_s = session.snapshot_barrier()
+    releaser.join()
+    assert [name for name, _ in client.calls] == ["PutSnapshot"]
+    assert waited_s > 0 and session.stats.waits == 1
+    session.close()
