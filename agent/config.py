@@ -36,6 +36,7 @@ class AgentConfig:
     log_json: bool | None
     log_level: str
     trainer_nice: int = 0
+    warm_trainers: int = 0
 
     @property
     def socket_path(self) -> Path:
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-nice", type=int, default=0,
                    help="niceness for trainer processes (0..19): keeps the agent responsive when trainers"
                         " saturate the CPUs (CPU-only training, busy data loaders)")
+    p.add_argument("--warm-trainers", type=int, default=0,
+                   help="idle pre-warmed Python processes (torch imported) kept ready to become trainer"
+                        " ranks: restarts skip seconds of start-up; set to the ranks per node (0: off)")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -104,6 +108,8 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--gpus: {gpus} must be within 0..1024")
     if not ns.host.strip():
         raise ConfigError("--host must not be empty")
+    if not 0 <= ns.warm_trainers <= 64:
+        raise ConfigError(f"--warm-trainers: {ns.warm_trainers} must be within 0..64")
     if not 0 <= ns.trainer_nice <= 19:
         raise ConfigError(f"--trainer-nice: {ns.trainer_nice} must be within 0..19")
     workdir = Path(ns.workdir) if ns.workdir else Path("/var/lib/ftsup/agent") / ns.node_id
@@ -122,6 +128,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         log_json=ns.log_json,
         log_level=ns.log_level,
         trainer_nice=ns.trainer_nice,
+        warm_trainers=ns.warm_trainers,
     )
 
 

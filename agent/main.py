@@ -26,6 +26,7 @@ from agent.process import AsyncioProcessRunner, default_base_env
 from agent.restore import RestoreBook
 from agent.snapshots import SnapshotStore
 from agent.trainer_api import TrainerLinkService
+from agent.warm_pool import WarmPoolRunner
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -49,7 +50,11 @@ async def run_agent(config: AgentConfig) -> int:
     peers = PeerClient(random.Random(rng.getrandbits(64)))
     reports = Reports()
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
-    runner = AsyncioProcessRunner(nice=config.trainer_nice)
+    runner: AsyncioProcessRunner | WarmPoolRunner = AsyncioProcessRunner(nice=config.trainer_nice)
+    if config.warm_trainers:
+        runner = WarmPoolRunner(runner, config.warm_trainers, config.workdir, log.bind(part="warm_pool"),
+                                nice=config.trainer_nice)
+        await runner.start()
     launcher = Launcher(
         config, runner, store, restores, reports.send, default_base_env(), log.bind(part="launcher")
     )
@@ -119,6 +124,8 @@ async def run_agent(config: AgentConfig) -> int:
         applier.cancel()
         await asyncio.gather(applier, return_exceptions=True)
         await launcher.stop(STOP_GRACE_S)
+        if isinstance(runner, WarmPoolRunner):
+            await runner.close()
         link_task.cancel()
         stopper.cancel()
         await asyncio.gather(link_task, stopper, return_exceptions=True)

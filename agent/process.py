@@ -41,7 +41,7 @@ class SpawnFailed(OSError):
 
 
 @dataclass(eq=False)
-class _Handle:
+class AsyncioHandle:
     process: asyncio.subprocess.Process
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -77,10 +77,10 @@ class AsyncioProcessRunner:
                 os.setpriority(os.PRIO_PROCESS, process.pid, self._nice)
             except OSError:
                 pass
-        return _Handle(process)
+        return AsyncioHandle(process)
 
     def signal(self, handle: ProcessHandle, sig: int) -> None:
-        assert isinstance(handle, _Handle)
+        assert isinstance(handle, AsyncioHandle)
         if handle.process.returncode is not None:
             return
         try:
@@ -89,7 +89,7 @@ class AsyncioProcessRunner:
             pass
 
     async def wait(self, handle: ProcessHandle) -> int:
-        assert isinstance(handle, _Handle)
+        assert isinstance(handle, AsyncioHandle)
         return await handle.process.wait()
 
 

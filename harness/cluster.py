@@ -49,6 +49,7 @@ class ClusterSpec:
     job_name: str = "demo"
     # Trainers share this machine's 2 cores with the control plane; on GPU nodes they would not.
     trainer_nice: int = 10
+    warm_trainers: int = 0  # pre-warmed trainer processes per agent (see agent/warm_pool.py)
 
 
 @dataclass(slots=True)
@@ -109,7 +110,8 @@ class LocalCluster:
         process = self._spawn(
             [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", self.address, "--role", role,
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
-             "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice), "--log-json"],
+             "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
+             "--warm-trainers", str(self.spec.warm_trainers), "--log-json"],
             node_dir / "agent.log",
         )
         node = NodeProcess(node_id, role, process, node_dir / "agent.log")

@@ -79,6 +79,7 @@ def run_job(args: argparse.Namespace, workdir: pathlib.Path, *, kill: bool, say:
         trainer_argv=trainer_argv(sys.executable, args.steps, args.seed),
         heartbeat_interval_s=args.heartbeat_interval_s,
         job_name="demo",
+        warm_trainers=args.ranks_per_node if args.warm else 0,
     )
     started_at = time.time()
     failures: list[Failure] = []
@@ -188,6 +189,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--workdir", type=pathlib.Path, default=None, help="where logs and state go (default: a new temp dir)")
+    p.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
+                   help="agents keep pre-warmed trainer processes (default on; --no-warm for cold starts)")
     p.add_argument("--verify", action="store_true", help="also train without the failure and compare digests bit for bit")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="give up on a run after this long")

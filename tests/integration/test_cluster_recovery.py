@@ -27,7 +27,7 @@ def spec(extra_args: tuple[str, ...] = ()) -> ClusterSpec:
     return ClusterSpec(
         nodes=3, spares=1, ranks_per_node=1,
         trainer_argv=trainer_argv(sys.executable, STEPS, seed=3) + extra_args,
-        heartbeat_interval_s=0.5, reconnect_grace_s=1.0,
+        heartbeat_interval_s=0.5, reconnect_grace_s=1.0, warm_trainers=1,
     )
 
 
@@ -80,6 +80,8 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_ends_bit_identical(
         assert by_rank[2].kind == events_pb2.RESTORE_KIND_PEER_SNAPSHOT and by_rank[2].source_node_id == "node-1"
         assert by_rank[0].kind == by_rank[1].kind == events_pb2.RESTORE_KIND_LOCAL_SNAPSHOT
         assert status.final_digest == reference_digest
+        # The spare's rank started from a pre-warmed process, not a cold interpreter.
+        assert "trainer_warm_started" in (tmp_path / "nodes" / "spare-1" / "agent.log").read_text()
 
         # The operator CLI against the live supervisor, as a script would use it.
         ctl = [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address]

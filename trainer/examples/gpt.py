@@ -10,23 +10,28 @@ on deterministic data (`trainer.core.data`) and layout-independent gradient aver
 
 from __future__ import annotations
 
-import argparse
-import math
-import os
-import sys
 import time
-from collections.abc import Sequence
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+_STARTED = time.monotonic()  # restart cost is mostly start-up: measure its phases
 
-from trainer.core import data
-from trainer.ddp import DeterministicGradSync
-from trainer.digest import param_digest
-from trainer.session import Session
+import argparse  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from trainer.core import data  # noqa: E402
+from trainer.ddp import DeterministicGradSync  # noqa: E402
+from trainer.digest import param_digest  # noqa: E402
+from trainer.session import Session  # noqa: E402
+
+_IMPORTED = time.monotonic()
 
 CRASH_EXIT_CODE = 17
 
@@ -124,20 +129,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # many ranks share few cores; also fixes the reduction order
+    phases = {"import_s": _IMPORTED - _STARTED}
+    mark = time.monotonic()
     dist.init_process_group(
         "nccl" if use_cuda else "gloo", rank=session.rank, world_size=session.world_size
     )
+    phases["process_group_s"], mark = time.monotonic() - mark, time.monotonic()
 
     tokens = torch.tensor(data.encode(data.generate_corpus(args.seed)), dtype=torch.long)
     torch.manual_seed(args.seed)  # same initial parameters on every rank
     model = GPT(data.VOCAB_SIZE, args.seq_len, args.layers, args.d_model, args.heads).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    phases["model_s"], mark = time.monotonic() - mark, time.monotonic()
     done = session.restore(model, optimizer)
+    phases["restore_s"], mark = time.monotonic() - mark, time.monotonic()
     if done > args.steps:
         raise SystemExit(f"restored step {done} is past --steps {args.steps}")
     ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
     grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce")
     window = torch.arange(args.seq_len + 1)
+    phases["ddp_s"] = time.monotonic() - mark
 
     for step in range(done + 1, args.steps + 1):
         started = time.monotonic()
@@ -163,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         session.report_step(step, ended - started, compute_s, loss_value, param_digest(model))
         if args.snapshot_every and step % args.snapshot_every == 0:
             session.snapshot(step, model, optimizer)
+        if step == done + 1:
+            phases["first_step_s"] = time.monotonic() - started
+            timings = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
+            print(f"rank {session.rank} start-up: {timings}", file=sys.stderr, flush=True)
         if session.rank == 0:
             print(
                 f"step {step} loss {loss_value:.4f} step_ms {(ended - started) * 1e3:.1f}",
