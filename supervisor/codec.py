@@ -14,13 +14,16 @@ import functools
 import re
 import types
 import typing
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from ftsup.v1 import agent_pb2, events_pb2
+from ftsup.v1 import agent_pb2, events_pb2, state_pb2
 from supervisor.core import events as ev
 from supervisor.core.directives import Directive
+from supervisor.core.state import ClusterState
 
 T = TypeVar("T")
 
@@ -69,6 +72,17 @@ def record_from_proto(message: events_pb2.Record) -> ev.Record:
     )
 
 
+def state_to_proto(state: ClusterState) -> state_pb2.ClusterState:
+    message = state_pb2.ClusterState()
+    to_proto(state, message)
+    return message
+
+
+def state_from_proto(message: state_pb2.ClusterState) -> ClusterState:
+    result: ClusterState = from_proto(ClusterState, message)
+    return result
+
+
 def directive_to_proto(directive: Directive) -> agent_pb2.Directive:
     message = agent_pb2.Directive()
     to_proto(directive, message)
@@ -101,6 +115,10 @@ def _set_field(message: Message, name: str, value: Any) -> None:
     elif isinstance(value, enum.Enum):
         enum_type = message.DESCRIPTOR.fields_by_name[name].enum_type
         setattr(message, name, enum_type.values_by_name[_enum_prefix(type(value)) + value.name].number)
+    elif isinstance(value, Mapping):
+        target = getattr(message, name)
+        for key in sorted(value):
+            to_proto(value[key], target.add())
     elif isinstance(value, tuple):
         target = getattr(message, name)
         for item in value:
@@ -136,6 +154,12 @@ def _get_field(message: Message, name: str, hint: Any) -> Any:
     if origin is tuple:
         item_hint = typing.get_args(hint)[0]
         return tuple(_convert_item(item, item_hint) for item in getattr(message, name))
+    if origin is Mapping:
+        # Mappings are stored as repeated messages keyed by their item's first field.
+        item_cls = typing.get_args(hint)[1]
+        key_field = dataclasses.fields(item_cls)[0].name
+        items = (from_proto(item_cls, item) for item in getattr(message, name))
+        return MappingProxyType({getattr(item, key_field): item for item in items})
     return _convert(getattr(message, name), hint, message, name)
 
 

@@ -112,6 +112,8 @@ def _standby_reason(state: ClusterState, node_id: str, waiting_reason: str) -> s
         return "job completed"
     if node is not None and node.is_quarantined:
         return f"quarantined: {node.quarantine_reason}"
+    if node is not None and node.is_drained:
+        return "drained"
     if state.generation is not None:
         return f"spare for generation {state.generation.number}"
     return waiting_reason or "waiting"

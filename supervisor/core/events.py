@@ -28,6 +28,23 @@ class EndReason(enum.Enum):
     TRAINER_EXITED = "trainer_exited"
     NODE_RESTARTED = "node_restarted"
     COMPLETED = "completed"
+    NODE_QUARANTINED = "node_quarantined"
+    NODE_DRAINED = "node_drained"
+    HUNG = "hung"
+    OPERATOR_RESTART = "operator_restart"
+
+
+class XidAction(enum.Enum):
+    IGNORE = "ignore"
+    RESTART_JOB = "restart_job"
+    QUARANTINE_NODE = "quarantine_node"
+    RESET_GPU = "reset_gpu"
+
+
+class SdcVerdict(enum.Enum):
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +139,106 @@ class JobCompleted:
     param_digest: str
 
 
+@dataclass(frozen=True, slots=True)
+class XidReported:
+    node_id: str
+    pci: str
+    gpu: int | None
+    code: int
+    action: XidAction
+    message: str
+    is_unknown: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUnquarantined:
+    node_id: str
+    reason: str
+    operator: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDrained:
+    node_id: str
+    reason: str
+    operator: str
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerDetected:
+    node_id: str
+    rank: int
+    score: float
+    window_steps: int
+    slow_steps: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointStarted:
+    checkpoint_id: str
+    generation: int
+    step: int
+    shards: int
+    location: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointShardWritten:
+    checkpoint_id: str
+    shard: int
+    key: str
+    sha256: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCommitted:
+    checkpoint_id: str
+    step: int
+    manifest_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAborted:
+    checkpoint_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SdcCheckStarted:
+    check_id: str
+    step: int
+    rank: int
+    suspect_node_id: str
+    verifier_node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SdcCheckFinished:
+    check_id: str
+    verdict: SdcVerdict
+    reported_digest: str
+    recomputed_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class SdcSuspected:
+    node_id: str
+    rank: int
+    step: int
+    digest: str
+    majority_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorCommand:
+    command: str
+    args: tuple[str, ...]
+    operator: str
+    reason: str
+
+
 Event = (
     NodeRegistered
     | NodeSuspected
@@ -133,6 +250,18 @@ Event = (
     | GenerationEnded
     | SnapshotCommitted
     | JobCompleted
+    | XidReported
+    | NodeUnquarantined
+    | NodeDrained
+    | StragglerDetected
+    | CheckpointStarted
+    | CheckpointShardWritten
+    | CheckpointCommitted
+    | CheckpointAborted
+    | SdcCheckStarted
+    | SdcCheckFinished
+    | SdcSuspected
+    | OperatorCommand
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

@@ -33,11 +33,23 @@ from supervisor.core.state import (
     Liveness,
     NodeRecord,
 )
-from supervisor.core.events import NodeSuspected
-
-
-class InvalidEvent(ValueError):
-    """The event cannot be applied to this state; the message says which rule it breaks."""
+from supervisor.core import checkpoints
+from supervisor.core.errors import InvalidEvent
+from supervisor.core.events import (
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointShardWritten,
+    CheckpointStarted,
+    NodeDrained,
+    NodeSuspected,
+    NodeUnquarantined,
+    OperatorCommand,
+    SdcCheckFinished,
+    SdcCheckStarted,
+    SdcSuspected,
+    StragglerDetected,
+    XidReported,
+)
 
 
 def evolve(state: ClusterState, event: Event) -> ClusterState:
@@ -62,6 +74,32 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
             return _on_snapshot_committed(state, event)
         case JobCompleted():
             return _on_job_completed(state, event)
+        case XidReported():
+            node = _require_node(state, event.node_id)
+            return _with_node(state, dataclasses.replace(node, xid_count=node.xid_count + 1))
+        case NodeUnquarantined():
+            return _on_unquarantined(state, event)
+        case NodeDrained():
+            return _on_drained(state, event)
+        case StragglerDetected():
+            node = _require_node(state, event.node_id)
+            return _with_node(state, dataclasses.replace(node, straggler_score=event.score))
+        case CheckpointStarted() | CheckpointShardWritten() | CheckpointCommitted() | CheckpointAborted():
+            return checkpoints.evolve_checkpoint(state, event)
+        case SdcCheckStarted():
+            if event.check_id in state.open_sdc_checks:
+                raise InvalidEvent(f"SDC check {event.check_id!r} is already open")
+            return dataclasses.replace(state, open_sdc_checks=(*state.open_sdc_checks, event.check_id))
+        case SdcCheckFinished():
+            if event.check_id not in state.open_sdc_checks:
+                raise InvalidEvent(f"SDC check {event.check_id!r} is not open")
+            remaining = tuple(c for c in state.open_sdc_checks if c != event.check_id)
+            return dataclasses.replace(state, open_sdc_checks=remaining)
+        case SdcSuspected():
+            _require_node(state, event.node_id)
+            return state  # evidence for the reader; the verdict that acts is NodeQuarantined
+        case OperatorCommand():
+            return state  # the audit record; what the command changed follows as its own events
     raise InvalidEvent(f"unknown event type {type(event).__name__}")
 
 
@@ -144,6 +182,27 @@ def _on_quarantined(state: ClusterState, event: NodeQuarantined) -> ClusterState
     )
 
 
+def _on_unquarantined(state: ClusterState, event: NodeUnquarantined) -> ClusterState:
+    node = _require_node(state, event.node_id)
+    if node.is_in_service:
+        raise InvalidEvent(f"node {event.node_id!r} is neither quarantined nor drained")
+    return _with_node(
+        state, dataclasses.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="")
+    )
+
+
+def _on_drained(state: ClusterState, event: NodeDrained) -> ClusterState:
+    node = _require_node(state, event.node_id)
+    if node.is_drained:
+        raise InvalidEvent(f"node {event.node_id!r} is already drained")
+    if state.generation is not None and state.generation.member(event.node_id):
+        raise InvalidEvent(
+            f"node {event.node_id!r} is a member of generation {state.generation.number};"
+            " end the generation before draining it"
+        )
+    return _with_node(state, dataclasses.replace(node, is_drained=True))
+
+
 def _on_generation_started(state: ClusterState, event: GenerationStarted) -> ClusterState:
     if state.completion is not None:
         raise InvalidEvent("the job has completed; no generation may start")
@@ -159,10 +218,10 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
     seen_nodes: set[str] = set()
     for member in event.members:
         node = _require_node(state, member.node_id)
-        if node.is_quarantined or node.liveness is not Liveness.ALIVE:
+        if not node.is_in_service or node.liveness is not Liveness.ALIVE:
+            out = " and quarantined" if node.is_quarantined else " and drained" if node.is_drained else ""
             raise InvalidEvent(
-                f"node {member.node_id!r} is {node.liveness.value}"
-                f"{' and quarantined' if node.is_quarantined else ''}; it cannot join a generation"
+                f"node {member.node_id!r} is {node.liveness.value}{out}; it cannot join a generation"
             )
         if member.node_id in seen_nodes:
             raise InvalidEvent(f"node {member.node_id!r} appears twice in generation {event.generation}")

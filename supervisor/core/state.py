@@ -34,6 +34,13 @@ class NodeRecord:
     liveness: Liveness = Liveness.ALIVE
     is_quarantined: bool = False
     quarantine_reason: str = ""
+    is_drained: bool = False  # taken out of service on purpose, not faulty
+    xid_count: int = 0
+    straggler_score: float = 0.0  # robust z of the last straggler verdict
+
+    @property
+    def is_in_service(self) -> bool:
+        return not (self.is_quarantined or self.is_drained)
 
     @property
     def peer_address(self) -> str:
@@ -100,6 +107,22 @@ class EndedGeneration:
 
 
 @dataclass(frozen=True, slots=True)
+class CommittedCheckpoint:
+    checkpoint_id: str
+    step: int
+    manifest_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCheckpoint:
+    checkpoint_id: str
+    generation: int
+    step: int
+    shards: int
+    written: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterState:
     nodes: Mapping[str, NodeRecord] = field(default_factory=lambda: MappingProxyType({}))
     generation: Generation | None = None  # the generation in force, None between generations
@@ -108,6 +131,9 @@ class ClusterState:
     snapshot: CommittedSnapshot | None = None
     completion: Completion | None = None
     applied_seq: int = 0  # the seq of the last record folded in
+    checkpoint: CommittedCheckpoint | None = None  # the newest committed object-store checkpoint
+    pending_checkpoint: PendingCheckpoint | None = None
+    open_sdc_checks: tuple[str, ...] = ()
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)

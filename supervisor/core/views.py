@@ -93,7 +93,7 @@ def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size:
             for n in nodes
             if n.role is NodeRole.SPARE
             and n.liveness is Liveness.ALIVE
-            and not n.is_quarantined
+            and n.is_in_service
             and n.node_id not in members
         ),
         waiting_reason=soft.waiting_reason if phase is JobPhase.WAITING else "",

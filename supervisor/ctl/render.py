@@ -9,7 +9,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from ftsup.v1 import events_pb2, operator_pb2
+from ftsup.v1 import events_pb2, operator_pb2, state_pb2
 
 
 def _enum_name(enum_type: Any, value: int, prefix: str) -> str:
@@ -63,7 +63,7 @@ def node_dict(node: operator_pb2.NodeInfo) -> dict[str, Any]:
     return {
         "node_id": node.node_id,
         "role": _enum_name(events_pb2.NodeRole, node.role, "NODE_ROLE_"),
-        "liveness": _enum_name(operator_pb2.Liveness, node.liveness, "LIVENESS_"),
+        "liveness": _enum_name(state_pb2.Liveness, node.liveness, "LIVENESS_"),
         "quarantined": node.quarantined,
         "quarantine_reason": node.quarantine_reason or None,
         "ranks": list(node.ranks),

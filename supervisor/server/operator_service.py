@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc
+from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
 from supervisor import codec
 from supervisor.core.events import NodeRole
 from supervisor.core.state import Liveness
@@ -25,9 +25,9 @@ _PHASE = {
     JobPhase.COMPLETED: operator_pb2.JOB_PHASE_COMPLETED,
 }
 _LIVENESS = {
-    Liveness.ALIVE: operator_pb2.LIVENESS_ALIVE,
-    Liveness.SUSPECT: operator_pb2.LIVENESS_SUSPECT,
-    Liveness.DEAD: operator_pb2.LIVENESS_DEAD,
+    Liveness.ALIVE: state_pb2.LIVENESS_ALIVE,
+    Liveness.SUSPECT: state_pb2.LIVENESS_SUSPECT,
+    Liveness.DEAD: state_pb2.LIVENESS_DEAD,
 }
 _ROLE = {NodeRole.ACTIVE: events_pb2.NODE_ROLE_ACTIVE, NodeRole.SPARE: events_pb2.NODE_ROLE_SPARE}
 

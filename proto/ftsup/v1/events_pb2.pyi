@@ -88,6 +88,14 @@ class _EndReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EndReason.V
     """a member's agent came back with a new incarnation"""
     END_REASON_COMPLETED: _EndReason.ValueType  # 4
     """every rank finished the job"""
+    END_REASON_NODE_QUARANTINED: _EndReason.ValueType  # 5
+    """a member was quarantined (Xid, straggler, SDC, operator)"""
+    END_REASON_NODE_DRAINED: _EndReason.ValueType  # 6
+    """an operator drained a member; its ranks move to a spare"""
+    END_REASON_HUNG: _EndReason.ValueType  # 7
+    """ranks alive but without step progress"""
+    END_REASON_OPERATOR_RESTART: _EndReason.ValueType  # 8
+    """`supervisorctl restart`"""
 
 class EndReason(_EndReason, metaclass=_EndReasonEnumTypeWrapper):
     """Why a generation ended."""
@@ -101,7 +109,61 @@ END_REASON_NODE_RESTARTED: EndReason.ValueType  # 3
 """a member's agent came back with a new incarnation"""
 END_REASON_COMPLETED: EndReason.ValueType  # 4
 """every rank finished the job"""
+END_REASON_NODE_QUARANTINED: EndReason.ValueType  # 5
+"""a member was quarantined (Xid, straggler, SDC, operator)"""
+END_REASON_NODE_DRAINED: EndReason.ValueType  # 6
+"""an operator drained a member; its ranks move to a spare"""
+END_REASON_HUNG: EndReason.ValueType  # 7
+"""ranks alive but without step progress"""
+END_REASON_OPERATOR_RESTART: EndReason.ValueType  # 8
+"""`supervisorctl restart`"""
 Global___EndReason: _TypeAlias = EndReason  # noqa: Y015
+
+class _XidAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _XidActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_XidAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    XID_ACTION_UNSPECIFIED: _XidAction.ValueType  # 0
+    XID_ACTION_IGNORE: _XidAction.ValueType  # 1
+    XID_ACTION_RESTART_JOB: _XidAction.ValueType  # 2
+    XID_ACTION_QUARANTINE_NODE: _XidAction.ValueType  # 3
+    XID_ACTION_RESET_GPU: _XidAction.ValueType  # 4
+
+class XidAction(_XidAction, metaclass=_XidActionEnumTypeWrapper):
+    """What the Xid policy decided for one Xid."""
+
+XID_ACTION_UNSPECIFIED: XidAction.ValueType  # 0
+XID_ACTION_IGNORE: XidAction.ValueType  # 1
+XID_ACTION_RESTART_JOB: XidAction.ValueType  # 2
+XID_ACTION_QUARANTINE_NODE: XidAction.ValueType  # 3
+XID_ACTION_RESET_GPU: XidAction.ValueType  # 4
+Global___XidAction: _TypeAlias = XidAction  # noqa: Y015
+
+class _SdcVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SdcVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SdcVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SDC_VERDICT_UNSPECIFIED: _SdcVerdict.ValueType  # 0
+    SDC_VERDICT_MATCH: _SdcVerdict.ValueType  # 1
+    """the recompute agreed with what the rank reported"""
+    SDC_VERDICT_MISMATCH: _SdcVerdict.ValueType  # 2
+    """it did not: the rank's node is the suspect"""
+    SDC_VERDICT_INCONCLUSIVE: _SdcVerdict.ValueType  # 3
+
+class SdcVerdict(_SdcVerdict, metaclass=_SdcVerdictEnumTypeWrapper):
+    """Outcome of a silent-data-corruption recompute check."""
+
+SDC_VERDICT_UNSPECIFIED: SdcVerdict.ValueType  # 0
+SDC_VERDICT_MATCH: SdcVerdict.ValueType  # 1
+"""the recompute agreed with what the rank reported"""
+SDC_VERDICT_MISMATCH: SdcVerdict.ValueType  # 2
+"""it did not: the rank's node is the suspect"""
+SDC_VERDICT_INCONCLUSIVE: SdcVerdict.ValueType  # 3
+Global___SdcVerdict: _TypeAlias = SdcVerdict  # noqa: Y015
 
 @_typing.final
 class Record(_message.Message):
@@ -494,6 +556,382 @@ class JobCompleted(_message.Message):
 Global___JobCompleted: _TypeAlias = JobCompleted  # noqa: Y015
 
 @_typing.final
+class XidReported(_message.Message):
+    """An NVIDIA Xid seen on a node, and what the policy made of it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    PCI_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    IS_UNKNOWN_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    pci: _builtins.str
+    """PCI bus id of the GPU, e.g. 0000:3b:00"""
+    gpu: _builtins.int
+    """GPU index on the node, when known"""
+    code: _builtins.int
+    action: Global___XidAction.ValueType
+    message: _builtins.str
+    """the kernel log line's text, for the reader"""
+    is_unknown: _builtins.bool
+    """the code is not in the policy table"""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        pci: _builtins.str = ...,
+        gpu: _builtins.int | None = ...,
+        code: _builtins.int = ...,
+        action: Global___XidAction.ValueType = ...,
+        message: _builtins.str = ...,
+        is_unknown: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "action", b"action", "code", b"code", "gpu", b"gpu", "is_unknown", b"is_unknown", "message", b"message", "node_id", b"node_id", "pci", b"pci"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+
+Global___XidReported: _TypeAlias = XidReported  # noqa: Y015
+
+@_typing.final
+class NodeUnquarantined(_message.Message):
+    """An operator (or a policy) returned a quarantined node to service."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    reason: _builtins.str
+    operator: _builtins.str
+    """who asked; empty for a policy"""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeUnquarantined: _TypeAlias = NodeUnquarantined  # noqa: Y015
+
+@_typing.final
+class NodeDrained(_message.Message):
+    """A healthy node taken out of service on purpose; it gets no ranks until unquarantined."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    reason: _builtins.str
+    operator: _builtins.str
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeDrained: _TypeAlias = NodeDrained  # noqa: Y015
+
+@_typing.final
+class StragglerDetected(_message.Message):
+    """A rank's compute time stood out from its cohort for long enough."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    WINDOW_STEPS_FIELD_NUMBER: _builtins.int
+    SLOW_STEPS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    rank: _builtins.int
+    score: _builtins.float
+    """robust z-score of the latest window"""
+    window_steps: _builtins.int
+    slow_steps: _builtins.int
+    """how many steps of the window were over the threshold"""
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        score: _builtins.float = ...,
+        window_steps: _builtins.int = ...,
+        slow_steps: _builtins.int = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "node_id", b"node_id", "rank", b"rank", "score", b"score", "slow_steps", b"slow_steps", "window_steps", b"window_steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StragglerDetected: _TypeAlias = StragglerDetected  # noqa: Y015
+
+@_typing.final
+class CheckpointStarted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
+    LOCATION_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    generation: _builtins.int
+    step: _builtins.int
+    shards: _builtins.int
+    """shards expected before the commit"""
+    location: _builtins.str
+    """where shards are written (bucket/prefix or directory)"""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        shards: _builtins.int = ...,
+        location: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "generation", b"generation", "location", b"location", "shards", b"shards", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointStarted: _TypeAlias = CheckpointStarted  # noqa: Y015
+
+@_typing.final
+class CheckpointShardWritten(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    SHARD_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    shard: _builtins.int
+    key: _builtins.str
+    sha256: _builtins.str
+    size_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        shard: _builtins.int = ...,
+        key: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "key", b"key", "sha256", b"sha256", "shard", b"shard", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointShardWritten: _TypeAlias = CheckpointShardWritten  # noqa: Y015
+
+@_typing.final
+class CheckpointCommitted(_message.Message):
+    """The manifest was written (last, conditionally): the checkpoint exists."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    MANIFEST_KEY_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    step: _builtins.int
+    manifest_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        manifest_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "manifest_key", b"manifest_key", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointCommitted: _TypeAlias = CheckpointCommitted  # noqa: Y015
+
+@_typing.final
+class CheckpointAborted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointAborted: _TypeAlias = CheckpointAborted  # noqa: Y015
+
+@_typing.final
+class SdcCheckStarted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECK_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    SUSPECT_NODE_ID_FIELD_NUMBER: _builtins.int
+    VERIFIER_NODE_ID_FIELD_NUMBER: _builtins.int
+    check_id: _builtins.str
+    step: _builtins.int
+    rank: _builtins.int
+    """whose step is recomputed"""
+    suspect_node_id: _builtins.str
+    verifier_node_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        check_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        suspect_node_id: _builtins.str = ...,
+        verifier_node_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_id", b"check_id", "rank", b"rank", "step", b"step", "suspect_node_id", b"suspect_node_id", "verifier_node_id", b"verifier_node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcCheckStarted: _TypeAlias = SdcCheckStarted  # noqa: Y015
+
+@_typing.final
+class SdcCheckFinished(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECK_ID_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REPORTED_DIGEST_FIELD_NUMBER: _builtins.int
+    RECOMPUTED_DIGEST_FIELD_NUMBER: _builtins.int
+    check_id: _builtins.str
+    verdict: Global___SdcVerdict.ValueType
+    reported_digest: _builtins.str
+    recomputed_digest: _builtins.str
+    def __init__(
+        self,
+        *,
+        check_id: _builtins.str = ...,
+        verdict: Global___SdcVerdict.ValueType = ...,
+        reported_digest: _builtins.str = ...,
+        recomputed_digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_id", b"check_id", "recomputed_digest", b"recomputed_digest", "reported_digest", b"reported_digest", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcCheckFinished: _TypeAlias = SdcCheckFinished  # noqa: Y015
+
+@_typing.final
+class SdcSuspected(_message.Message):
+    """Replicas disagreed on the parameter digest after a step; this node is in the minority."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    MAJORITY_DIGEST_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    rank: _builtins.int
+    step: _builtins.int
+    digest: _builtins.str
+    majority_digest: _builtins.str
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        step: _builtins.int = ...,
+        digest: _builtins.str = ...,
+        majority_digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "majority_digest", b"majority_digest", "node_id", b"node_id", "rank", b"rank", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcSuspected: _TypeAlias = SdcSuspected  # noqa: Y015
+
+@_typing.final
+class OperatorCommand(_message.Message):
+    """A command an operator gave, as received (authorization checked before it is logged)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMAND_FIELD_NUMBER: _builtins.int
+    ARGS_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    command: _builtins.str
+    """e.g. "quarantine", "drain", "checkpoint", "restart" """
+    operator: _builtins.str
+    reason: _builtins.str
+    @_builtins.property
+    def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        command: _builtins.str = ...,
+        args: _abc.Iterable[_builtins.str] | None = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OperatorCommand: _TypeAlias = OperatorCommand  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -507,6 +945,18 @@ class Event(_message.Message):
     GENERATION_ENDED_FIELD_NUMBER: _builtins.int
     SNAPSHOT_COMMITTED_FIELD_NUMBER: _builtins.int
     JOB_COMPLETED_FIELD_NUMBER: _builtins.int
+    XID_REPORTED_FIELD_NUMBER: _builtins.int
+    NODE_UNQUARANTINED_FIELD_NUMBER: _builtins.int
+    NODE_DRAINED_FIELD_NUMBER: _builtins.int
+    STRAGGLER_DETECTED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STARTED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_SHARD_WRITTEN_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_COMMITTED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ABORTED_FIELD_NUMBER: _builtins.int
+    SDC_CHECK_STARTED_FIELD_NUMBER: _builtins.int
+    SDC_CHECK_FINISHED_FIELD_NUMBER: _builtins.int
+    SDC_SUSPECTED_FIELD_NUMBER: _builtins.int
+    OPERATOR_COMMAND_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def node_registered(self) -> Global___NodeRegistered: ...
     @_builtins.property
@@ -527,6 +977,30 @@ class Event(_message.Message):
     def snapshot_committed(self) -> Global___SnapshotCommitted: ...
     @_builtins.property
     def job_completed(self) -> Global___JobCompleted: ...
+    @_builtins.property
+    def xid_reported(self) -> Global___XidReported: ...
+    @_builtins.property
+    def node_unquarantined(self) -> Global___NodeUnquarantined: ...
+    @_builtins.property
+    def node_drained(self) -> Global___NodeDrained: ...
+    @_builtins.property
+    def straggler_detected(self) -> Global___StragglerDetected: ...
+    @_builtins.property
+    def checkpoint_started(self) -> Global___CheckpointStarted: ...
+    @_builtins.property
+    def checkpoint_shard_written(self) -> Global___CheckpointShardWritten: ...
+    @_builtins.property
+    def checkpoint_committed(self) -> Global___CheckpointCommitted: ...
+    @_builtins.property
+    def checkpoint_aborted(self) -> Global___CheckpointAborted: ...
+    @_builtins.property
+    def sdc_check_started(self) -> Global___SdcCheckStarted: ...
+    @_builtins.property
+    def sdc_check_finished(self) -> Global___SdcCheckFinished: ...
+    @_builtins.property
+    def sdc_suspected(self) -> Global___SdcSuspected: ...
+    @_builtins.property
+    def operator_command(self) -> Global___OperatorCommand: ...
     def __init__(
         self,
         *,
@@ -540,12 +1014,24 @@ class Event(_message.Message):
         generation_ended: Global___GenerationEnded | None = ...,
         snapshot_committed: Global___SnapshotCommitted | None = ...,
         job_completed: Global___JobCompleted | None = ...,
+        xid_reported: Global___XidReported | None = ...,
+        node_unquarantined: Global___NodeUnquarantined | None = ...,
+        node_drained: Global___NodeDrained | None = ...,
+        straggler_detected: Global___StragglerDetected | None = ...,
+        checkpoint_started: Global___CheckpointStarted | None = ...,
+        checkpoint_shard_written: Global___CheckpointShardWritten | None = ...,
+        checkpoint_committed: Global___CheckpointCommitted | None = ...,
+        checkpoint_aborted: Global___CheckpointAborted | None = ...,
+        sdc_check_started: Global___SdcCheckStarted | None = ...,
+        sdc_check_finished: Global___SdcCheckFinished | None = ...,
+        sdc_suspected: Global___SdcSuspected | None = ...,
+        operator_command: Global___OperatorCommand | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "snapshot_committed", b"snapshot_committed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "snapshot_committed", b"snapshot_committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -5,6 +5,7 @@ The Operator service behind supervisorctl. Read-only calls are answered by any r
 
 from collections import abc as _abc
 from ftsup.v1 import events_pb2 as _events_pb2
+from ftsup.v1 import state_pb2 as _state_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
@@ -44,25 +45,6 @@ JOB_PHASE_STARTING: JobPhase.ValueType  # 2
 JOB_PHASE_RUNNING: JobPhase.ValueType  # 3
 JOB_PHASE_COMPLETED: JobPhase.ValueType  # 4
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
-
-class _Liveness:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _LivenessEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Liveness.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    LIVENESS_UNSPECIFIED: _Liveness.ValueType  # 0
-    LIVENESS_ALIVE: _Liveness.ValueType  # 1
-    LIVENESS_SUSPECT: _Liveness.ValueType  # 2
-    LIVENESS_DEAD: _Liveness.ValueType  # 3
-
-class Liveness(_Liveness, metaclass=_LivenessEnumTypeWrapper): ...
-
-LIVENESS_UNSPECIFIED: Liveness.ValueType  # 0
-LIVENESS_ALIVE: Liveness.ValueType  # 1
-LIVENESS_SUSPECT: Liveness.ValueType  # 2
-LIVENESS_DEAD: Liveness.ValueType  # 3
-Global___Liveness: _TypeAlias = Liveness  # noqa: Y015
 
 @_typing.final
 class GetStatusRequest(_message.Message):
@@ -181,7 +163,7 @@ class NodeInfo(_message.Message):
     CONNECTED_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     role: _events_pb2.NodeRole.ValueType
-    liveness: Global___Liveness.ValueType
+    liveness: _state_pb2.Liveness.ValueType
     quarantined: _builtins.bool
     quarantine_reason: _builtins.str
     last_heartbeat_age_s: _builtins.float
@@ -198,7 +180,7 @@ class NodeInfo(_message.Message):
         *,
         node_id: _builtins.str = ...,
         role: _events_pb2.NodeRole.ValueType = ...,
-        liveness: Global___Liveness.ValueType = ...,
+        liveness: _state_pb2.Liveness.ValueType = ...,
         quarantined: _builtins.bool = ...,
         quarantine_reason: _builtins.str = ...,
         ranks: _abc.Iterable[_builtins.int] | None = ...,

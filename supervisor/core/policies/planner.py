@@ -85,7 +85,7 @@ def _is_usable(node: NodeRecord, soft: SoftState) -> bool:
     info = soft.nodes.get(node.node_id)
     return (
         node.liveness is Liveness.ALIVE
-        and not node.is_quarantined
+        and node.is_in_service
         and info is not None
         and info.stream_id is not None
     )

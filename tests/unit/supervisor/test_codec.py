@@ -34,6 +34,19 @@ STRATEGIES = {
     ev.GenerationEnded: st.builds(ev.GenerationEnded, u64, st.sampled_from(ev.EndReason), text, u64, text),
     ev.SnapshotCommitted: st.builds(ev.SnapshotCommitted, u64, u64),
     ev.JobCompleted: st.builds(ev.JobCompleted, u64, u64, text),
+    ev.XidReported: st.builds(ev.XidReported, text, text, st.none() | u32, u32, st.sampled_from(ev.XidAction), text,
+                              st.booleans()),
+    ev.NodeUnquarantined: st.builds(ev.NodeUnquarantined, text, text, text),
+    ev.NodeDrained: st.builds(ev.NodeDrained, text, text, text),
+    ev.StragglerDetected: st.builds(ev.StragglerDetected, text, u32, finite, u32, u32, text),
+    ev.CheckpointStarted: st.builds(ev.CheckpointStarted, text, u64, u64, u32, text),
+    ev.CheckpointShardWritten: st.builds(ev.CheckpointShardWritten, text, u32, text, text, u64),
+    ev.CheckpointCommitted: st.builds(ev.CheckpointCommitted, text, u64, text),
+    ev.CheckpointAborted: st.builds(ev.CheckpointAborted, text, text),
+    ev.SdcCheckStarted: st.builds(ev.SdcCheckStarted, text, u64, u32, text, text),
+    ev.SdcCheckFinished: st.builds(ev.SdcCheckFinished, text, st.sampled_from(ev.SdcVerdict), text, text),
+    ev.SdcSuspected: st.builds(ev.SdcSuspected, text, u32, u64, text, text),
+    ev.OperatorCommand: st.builds(ev.OperatorCommand, text, st.lists(text, max_size=3).map(tuple), text, text),
 }
 
 
@@ -75,4 +88,15 @@ def test_an_event_from_a_newer_writer_is_a_clear_error():
 def test_core_event_fields_match_their_proto_messages():
     for cls in ev.EVENT_TYPES:
         proto = getattr(events_pb2, cls.__name__)
+        assert {f.name for f in dataclasses.fields(cls)} == set(proto.DESCRIPTOR.fields_by_name), cls.__name__
+
+
+def test_every_cluster_state_field_has_a_snapshot_field():
+    from ftsup.v1 import state_pb2
+    from supervisor.core import state as core_state
+
+    for cls in (core_state.ClusterState, core_state.NodeRecord, core_state.Generation, core_state.EndedGeneration,
+                core_state.CommittedSnapshot, core_state.Completion, core_state.CommittedCheckpoint,
+                core_state.PendingCheckpoint):
+        proto = getattr(state_pb2, cls.__name__)
         assert {f.name for f in dataclasses.fields(cls)} == set(proto.DESCRIPTOR.fields_by_name), cls.__name__

@@ -62,3 +62,30 @@ def test_decisions_always_fold_and_keep_the_invariants(script):
     assert replayed.nodes == sim.state.nodes
     assert replayed.generation == sim.state.generation
     assert replayed.snapshot == sim.state.snapshot
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(inputs, st.floats(0.0, 2.0)), max_size=60), st.floats(0.0, 1.0))
+def test_replay_from_a_stored_snapshot_of_any_prefix_equals_replay_from_zero(script, cut):
+    from supervisor import codec
+    from supervisor.core.events import Record
+    from supervisor.core.evolve import apply_record
+
+    sim = Sim(config(nodes=2, ranks_per_node=2))
+    now = NOW
+    for inp, dt in script:
+        now += dt
+        sim.feed(inp, at=now)
+    records = [Record(i + 1, 0, 0.0, event) for i, event in enumerate(sim.log)]
+    full = ClusterState()
+    for record in records:
+        full = apply_record(full, record)
+    k = int(cut * len(records))
+    prefix = ClusterState()
+    for record in records[:k]:
+        prefix = apply_record(prefix, record)
+    restored = codec.state_from_proto(codec.state_to_proto(prefix))  # as a snapshot file holds it
+    assert restored == prefix
+    for record in records[k:]:
+        restored = apply_record(restored, record)
+    assert restored == full
