@@ -1,7 +1,11 @@
-"""`ftsup`: one entry point for the daemons and the tools (supervisor, agent, demo)."""
+"""`ftsup`: one entry point for the daemons and the tools (supervisor, agent, demo, xid, log, bench)."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pathlib
+import re
 import sys
 from collections.abc import Callable
 
@@ -24,10 +28,58 @@ def _demo(argv: list[str]) -> int:
     return main(argv)
 
 
+def _xid(argv: list[str]) -> int:
+    from agent.xid_cli import main
+
+    return main(argv)
+
+
+def _log(argv: list[str]) -> int:
+    try:
+        module = importlib.import_module("supervisor.eventlog.inspect")
+    except ModuleNotFoundError as exc:
+        if exc.name != "supervisor.eventlog.inspect":
+            raise
+        print("ftsup log: not available in this build (supervisor.eventlog.inspect is missing)", file=sys.stderr)
+        return 1
+    return module.main(argv)
+
+
+def bench_names() -> dict[str, str]:
+    """Benchmarks under bench/ (name -> first docstring line), read without importing them."""
+    import bench
+
+    names: dict[str, str] = {}
+    for path in sorted(pathlib.Path(bench.__file__).parent.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        names[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return names
+
+
+def _bench(argv: list[str]) -> int:
+    names = bench_names()
+    if not argv or argv[0] in ("-h", "--help"):
+        lines = ["usage: ftsup bench NAME [ARGS...]", "", "benchmarks (each prints one JSON object):"]
+        lines += [f"  {name:<11} {doc}" for name, doc in names.items()]
+        lines.append("\n`ftsup bench NAME --help` for a benchmark's flags.")
+        print("\n".join(lines))
+        return 0 if argv else 2
+    name = argv[0]
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name not in names:
+        print(f"ftsup bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
+        return 2
+    return importlib.import_module(f"bench.{name}").main(argv[1:])
+
+
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "supervisor": (_supervisor, "run the supervisor daemon"),
     "agent": (_agent, "run the node agent daemon"),
     "demo": (_demo, "train on a local cluster, kill a node, recover (see --help)"),
+    "xid": (_xid, "list the NVIDIA Xid errors in kernel-log text and the action for each"),
+    "log": (_log, "inspect a supervisor event log"),
+    "bench": (_bench, "run a benchmark (`ftsup bench --help` lists them)"),
 }
 
 
