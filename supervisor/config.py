@@ -26,6 +26,8 @@ class SupervisorConfig:
     data_dir: pathlib.Path
     core: CoreConfig
     tick_s: float
+    snapshot_every: int
+    segment_bytes: int
     log_json: bool | None
     log_level: str
 
@@ -73,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reconnect-grace-s", type=float, default=1.0, help="dead when a closed stream stays closed this long")
     p.add_argument("--allowed-nodes", default="", help="comma-separated node ids; empty allows any")
     p.add_argument("--tick-s", type=float, default=0.1, help="how often detectors and the planner run")
+    p.add_argument("--snapshot-every", type=int, default=10_000,
+                   help="write a state snapshot (and compact the log) every this many events")
+    p.add_argument("--segment-mib", type=int, default=64, help="event log segment size in MiB")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -87,6 +92,10 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         )
         if not 0.01 <= args.tick_s <= 5:
             raise ValueError(f"--tick-s must be within [0.01, 5], got {args.tick_s}")
+        if not 100 <= args.snapshot_every <= 10_000_000:
+            raise ValueError(f"--snapshot-every must be within [100, 10000000], got {args.snapshot_every}")
+        if not 1 <= args.segment_mib <= 4096:
+            raise ValueError(f"--segment-mib must be within [1, 4096], got {args.segment_mib}")
         core = CoreConfig(
             job=load_job(args.job),
             detector=detector,
@@ -96,4 +105,13 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         raise ConfigError(str(exc)) from exc
     if ":" not in args.listen:
         raise ConfigError(f"--listen must be host:port, got {args.listen!r}")
-    return SupervisorConfig(args.listen, args.data_dir, core, args.tick_s, args.log_json, args.log_level)
+    return SupervisorConfig(
+        listen=args.listen,
+        data_dir=args.data_dir,
+        core=core,
+        tick_s=args.tick_s,
+        snapshot_every=args.snapshot_every,
+        segment_bytes=args.segment_mib * 1024 * 1024,
+        log_json=args.log_json,
+        log_level=args.log_level,
+    )

@@ -20,10 +20,13 @@ from supervisor.server.operator_service import OperatorService
 
 async def serve(config: SupervisorConfig) -> None:
     log = logs.get("supervisor")
-    event_log = EmbeddedLog(config.data_dir)
+    event_log = EmbeddedLog(config.data_dir, segment_bytes=config.segment_bytes)
     if event_log.truncated_bytes:
-        log.warning("torn tail truncated from the event log", bytes=event_log.truncated_bytes, path=str(event_log.path))
-    runtime = Runtime(config.core, event_log, tick_s=config.tick_s)
+        log.warning("torn tail truncated from the event log (a crash mid-append; nothing acknowledged"
+                    " was lost)", bytes=event_log.truncated_bytes, segment=str(event_log.truncated_segment))
+    runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every)
+    for warning in event_log.snapshot_warnings:
+        log.warning("event log snapshot", problem=warning)
     server = grpc.aio.server()
     agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime), server)
     operator_pb2_grpc.add_OperatorServicer_to_server(OperatorService(runtime, config.listen), server)

@@ -45,6 +45,7 @@ class Runtime:
         *,
         term: int = 0,
         tick_s: float = 0.1,
+        snapshot_every: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -54,9 +55,12 @@ class Runtime:
         self._tick_s = tick_s
         self._clock = clock
         self._wall = wall_clock
-        self.state = ClusterState()
-        for record in event_log.read(1):
+        self._snapshot_every = snapshot_every
+        self.state = event_log.load_snapshot() or ClusterState()
+        self._snapshot_seq = self.state.applied_seq
+        for record in event_log.read(self.state.applied_seq + 1):
             self.state = apply_record(self.state, record)
+        self.degraded_reason = ""  # set while the event log cannot be written: nothing is decided
         self.soft = SoftState(started_at_s=clock())
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._stream_ids = itertools.count(1)
@@ -64,7 +68,8 @@ class Runtime:
         self._node_stream: dict[str, int] = {}
         self._sent: dict[str, Directive] = {}
         self._waiting_reason = ""
-        log.info("state replayed", head_seq=self.state.applied_seq, nodes=len(self.state.nodes))
+        log.info("state replayed", from_snapshot_seq=self._snapshot_seq, head_seq=self.state.applied_seq,
+                 nodes=len(self.state.nodes))
 
     # -- called by the servers -------------------------------------------------------------
     def submit(self, inp: Input) -> asyncio.Future[str | None]:
@@ -124,12 +129,22 @@ class Runtime:
         decision = decide(self.state, self.soft, inp, now, self.config)
         if decision.events:
             try:
-                records = await self.event_log.append(decision.events, term=self.term, time_unix_s=self._wall())
+                records = await self.event_log.append(
+                    decision.events, term=self.term, time_unix_s=self._wall(), expect_seq=self.state.applied_seq
+                )
             except LogError as exc:
-                log.error("event append failed; decision dropped, will decide again", error=str(exc))
+                # Without a durable record nothing may change: the decision is dropped and made
+                # again from the same state on a later input, once the log is writable.
+                if not self.degraded_reason:
+                    log.error("event log unavailable: not deciding until it recovers", error=str(exc))
+                self.degraded_reason = f"event log unavailable: {exc}"
                 return None
+            if self.degraded_reason:
+                log.info("event log writable again: deciding", was=self.degraded_reason)
+                self.degraded_reason = ""
             for record in records:
                 self._apply(record)
+            await self._maybe_snapshot()
         if decision.waiting_reason != self._waiting_reason:
             self._waiting_reason = decision.waiting_reason
             if decision.waiting_reason:
@@ -139,6 +154,18 @@ class Runtime:
         if decision.events or isinstance(inp, AgentHello):
             self._push_directives()
         return None
+
+    async def _maybe_snapshot(self) -> None:
+        if self.state.applied_seq - self._snapshot_seq < self._snapshot_every:
+            return
+        try:
+            await self.event_log.save_snapshot(self.state)
+            removed = await self.event_log.compact()
+        except LogError as exc:
+            log.warning("snapshot failed; replay stays longer until the next one", error=str(exc))
+            return
+        self._snapshot_seq = self.state.applied_seq
+        log.info("state snapshot written", seq=self._snapshot_seq, records_compacted=removed)
 
     def _apply(self, record: Record) -> None:
         self.state = apply_record(self.state, record)

@@ -36,6 +36,8 @@ def status_dict(status: operator_pb2.GetStatusResponse) -> dict[str, Any]:
         },
         "waiting_reason": status.waiting_reason or None,
         "final_digest": status.final_digest or None,
+        "degraded_reason": status.degraded_reason or None,
+        "first_seq": status.first_seq,
     }
 
 
@@ -52,6 +54,8 @@ def status_text(status: operator_pb2.GetStatusResponse) -> str:
         f" {n['quarantined']} quarantined, {n['spares_ready']} spare(s) ready",
         f"leader      {d['leader']}   log head seq {d['head_seq']}",
     ]
+    if d["degraded_reason"]:
+        lines.append(f"DEGRADED    {d['degraded_reason']}")
     if d["waiting_reason"]:
         lines.append(f"waiting     {d['waiting_reason']}")
     if d["final_digest"]:

@@ -1,126 +1,465 @@
-"""Embedded EventLog: one append-only file of framed records on the supervisor's disk.
+"""Embedded EventLog: segment files on the supervisor's own disk, for one-machine deployments.
 
-Frame = u32 length, u32 CRC-32 of the payload, payload (an `ftsup.v1.Record`). An append
-writes its frames in one write and fsyncs before returning, so an acknowledged event survives
-a crash. On open, a torn or corrupt *last* frame (a crash mid-write) is truncated and reported;
-a bad frame followed by good data is corruption and raises LogCorrupt naming file and offset.
-This is the first version: segments, group commit, CRC32C and snapshots come with issue 3.
+Layout of the directory:
+  FORMAT                  "ftsup-eventlog 1": a newer format is refused, never misread
+  LOCK                    flock()ed by the one process that owns the log; holds its pid
+  segments/<seq>.seg      header (magic, version), then frames (u32 length, u32 CRC-32C, Record)
+  snapshots/<seq>.snap    the folded state at <seq>; the newest two are kept
+Appends are group-committed: every append waiting while a write+fsync is in progress goes into
+the next one, and each is acknowledged only after the fsync that covers it. On open, a torn or
+corrupt tail of the last segment is truncated and reported; a bad frame with good data after it,
+or in any older segment, is corruption and raises LogCorrupt naming the segment and offset.
+Segments are compacted away only once the older retained snapshot covers them, so a damaged
+newest snapshot can always fall back to the older one plus the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import pathlib
 import struct
-import zlib
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 
 from ftsup.v1 import events_pb2
 from supervisor import codec
 from supervisor.core.events import Event, Record
-from supervisor.eventlog.api import LogCorrupt, LogUnavailable
-from supervisor.eventlog.cache import RecordCache
+from supervisor.core.state import ClusterState
+from supervisor.eventlog import frames, snapshots
+from supervisor.eventlog.api import (
+    Fenced,
+    LogCompacted,
+    LogCorrupt,
+    LogFormatError,
+    LogLocked,
+    LogUnavailable,
+)
 
-_HEADER = struct.Struct("<II")
-MAX_RECORD_BYTES = 16 * 1024 * 1024
+FORMAT_VERSION = 1
+FORMAT_NAME = "ftsup-eventlog"
+SEGMENT_MAGIC = b"FTSUPSEG"
+SEGMENT_HEADER = struct.Struct("<8sII")  # magic, format version, reserved
+SEGMENT_SUFFIX = ".seg"
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+KEEP_SNAPSHOTS = 2
+
+
+@dataclass(slots=True)
+class Segment:
+    path: pathlib.Path
+    first_seq: int
+    count: int
+    size: int
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + self.count - 1
+
+
+@dataclass(slots=True)
+class _PendingAppend:
+    events: Sequence[Event]
+    term: int
+    time_unix_s: float
+    expect_seq: int | None
+    done: asyncio.Future[list[Record]]
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def list_segment_paths(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+    found = []
+    for path in (directory / "segments").glob(f"*{SEGMENT_SUFFIX}"):
+        stem = path.name.removesuffix(SEGMENT_SUFFIX)
+        if stem.isdigit():
+            found.append((int(stem), path))
+    return sorted(found)
+
+
+def check_format(directory: pathlib.Path, *, create: bool) -> None:
+    """Refuses directories written by a newer ftsup (or by the 0.1 single-file format)."""
+    path = directory / "FORMAT"
+    if path.exists():
+        words = path.read_text().split()
+        if len(words) != 2 or words[0] != FORMAT_NAME or not words[1].isdigit():
+            raise LogFormatError(f"{path}: not an ftsup event log format file ({path.read_text()[:40]!r})")
+        if int(words[1]) > FORMAT_VERSION:
+            raise LogFormatError(
+                f"{directory}: event log format {words[1]} was written by a newer ftsup;"
+                f" this one reads format {FORMAT_VERSION}. Upgrade ftsup, do not edit the files."
+            )
+        return
+    if (directory / "events.log").exists():
+        raise LogFormatError(
+            f"{directory}: holds an ftsup 0.1 single-file log (events.log), which this version does"
+            " not read; start with an empty --data-dir"
+        )
+    if create:
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(f"{FORMAT_NAME} {FORMAT_VERSION}\n")
+        os.replace(temporary, path)
+        snapshots.fsync_directory(directory)
+
+
+def _lock(directory: pathlib.Path) -> int:
+    path = directory / "LOCK"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LogLocked(
+            f"{directory} is in use by another process (pid {holder}): two supervisors must not share"
+            " an event log; stop the other one or use another --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    """write() may write less than asked (a file size limit, a signal): loop, or fail loudly.
+
+    Treating a short write as done would acknowledge records that are not on disk.
+    """
+    view = memoryview(blob)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(f"write() wrote {written} bytes")
+        view = view[written:]
+
+
+def decode_record(payload: bytes, where: str) -> Record:
+    try:
+        return codec.record_from_proto(events_pb2.Record.FromString(payload))
+    except Exception as exc:  # noqa: BLE001 - any decode failure of a CRC-valid frame is corruption
+        raise LogCorrupt(f"{where}: record passes its CRC but does not decode: {exc}") from exc
 
 
 class EmbeddedLog:
-    def __init__(self, directory: pathlib.Path) -> None:
+    def __init__(self, directory: pathlib.Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        if segment_bytes < 4096:
+            raise ValueError(f"segment_bytes must be at least 4096, got {segment_bytes}")
+        self.directory = directory
+        self._segment_bytes = segment_bytes
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / "events.log"
-        self._cache = RecordCache()
-        self.truncated_bytes = 0  # how much torn tail the last open removed
-        self._load()
-        self._file = open(self.path, "ab", buffering=0)
-        self._lock = asyncio.Lock()
+        self._lock_fd = _lock(directory)
+        try:
+            check_format(directory, create=True)
+            (directory / "segments").mkdir(exist_ok=True)
+            (directory / "snapshots").mkdir(exist_ok=True)
+            self.truncated_bytes = 0  # torn tail removed by this open
+            self.truncated_segment: pathlib.Path | None = None
+            self.snapshot_warnings: list[str] = []
+            self._segments = self._open_segments()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._file = open(self._segments[-1].path, "ab", buffering=0) if self._segments else None
+        self._cache: list[Record] = []  # records since `_cache_first`, decoded
+        self._cache_first = self.head_seq + 1
+        self._pending: list[_PendingAppend] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._appended: asyncio.Condition | None = None
 
+    # -- open ---------------------------------------------------------------------------------
+    def _open_segments(self) -> list[Segment]:
+        found = list_segment_paths(self.directory)
+        segments: list[Segment] = []
+        for index, (first_seq, path) in enumerate(found):
+            is_last = index == len(found) - 1
+            segment = self._open_segment(path, first_seq, is_last)
+            if segments and segment.first_seq != segments[-1].last_seq + 1:
+                raise LogCorrupt(
+                    f"{path}: starts at seq {segment.first_seq} but the previous segment ends at"
+                    f" {segments[-1].last_seq}: records are missing"
+                )
+            segments.append(segment)
+        return segments
+
+    def _open_segment(self, path: pathlib.Path, first_seq: int, is_last: bool) -> Segment:
+        data = path.read_bytes()
+        if len(data) < SEGMENT_HEADER.size:
+            if not is_last:
+                raise LogCorrupt(f"{path}: truncated segment header ({len(data)} bytes)")
+            # A crash while creating the newest segment: rewrite its header.
+            self._report_truncation(path, len(data))
+            self._write_segment_header(path)
+            return Segment(path, first_seq, 0, SEGMENT_HEADER.size)
+        magic, version, _ = SEGMENT_HEADER.unpack_from(data)
+        if magic != SEGMENT_MAGIC:
+            raise LogCorrupt(f"{path}: not an ftsup segment (magic {magic!r}) at byte offset 0")
+        if version > FORMAT_VERSION:
+            raise LogFormatError(f"{path}: segment format {version} is newer than this ftsup ({FORMAT_VERSION})")
+        result = frames.scan(data, SEGMENT_HEADER.size)
+        if result.problem:
+            if not is_last or frames.has_frame_after(data, result.good_end):
+                raise LogCorrupt(
+                    f"{path}: {result.problem} at byte offset {result.good_end}, with records after it"
+                    if is_last else f"{path}: {result.problem} at byte offset {result.good_end}"
+                )
+            self._report_truncation(path, len(data) - result.good_end)
+            with open(path, "r+b") as handle:
+                handle.truncate(result.good_end)
+                os.fsync(handle.fileno())
+        count = len(result.payloads)
+        for position in (0, count - 1) if count else ():
+            record = decode_record(result.payloads[position], f"{path} record {position}")
+            if record.seq != first_seq + position:
+                raise LogCorrupt(f"{path}: record {position} has seq {record.seq}, expected {first_seq + position}")
+        return Segment(path, first_seq, count, result.good_end)
+
+    def _report_truncation(self, path: pathlib.Path, nbytes: int) -> None:
+        self.truncated_bytes += nbytes
+        self.truncated_segment = path
+
+    def _write_segment_header(self, path: pathlib.Path) -> None:
+        with open(path, "wb") as handle:
+            handle.write(SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    # -- positions ----------------------------------------------------------------------------
     @property
     def head_seq(self) -> int:
-        return self._cache.head_seq
+        if not self._segments:
+            return 0
+        return self._segments[-1].last_seq
 
-    def _load(self) -> None:
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        offset = 0
-        good_end = 0
-        while offset < len(data):
-            frame = _parse_frame(data, offset)
-            if frame is None:
-                if _has_valid_frame_after(data, offset):
-                    raise LogCorrupt(f"{self.path}: bad record frame at byte offset {offset} before the tail")
-                break
-            payload, next_offset = frame
-            message = events_pb2.Record.FromString(payload)
-            record = codec.record_from_proto(message)
-            if record.seq != self.head_seq + 1:
-                raise LogCorrupt(
-                    f"{self.path}: record at byte offset {offset} has seq {record.seq},"
-                    f" expected {self.head_seq + 1}"
-                )
-            self._cache.load(record)
-            offset = good_end = next_offset
-        if good_end < len(data):
-            self.truncated_bytes = len(data) - good_end
-            with open(self.path, "r+b") as handle:
-                handle.truncate(good_end)
-                os.fsync(handle.fileno())
+    @property
+    def first_seq(self) -> int:
+        return self._segments[0].first_seq if self._segments else 1
 
-    async def append(self, events: Sequence[Event], *, term: int, time_unix_s: float) -> list[Record]:
-        async with self._lock:
-            start = self.head_seq + 1
-            records = [Record(start + i, term, time_unix_s, event) for i, event in enumerate(events)]
-            blob = b"".join(_frame(codec.record_to_proto(r).SerializeToString()) for r in records)
-            try:
-                await asyncio.to_thread(self._write, blob)
-            except OSError as exc:
-                raise LogUnavailable(f"cannot append to {self.path}: {exc}") from exc
-            await self._cache.publish(records)
-        return records
+    @property
+    def segments(self) -> list[Segment]:
+        return list(self._segments)
 
-    def _write(self, blob: bytes) -> None:
-        position = self._file.tell()
+    # -- append (group commit) ----------------------------------------------------------------
+    async def append(
+        self, events: Sequence[Event], *, term: int, time_unix_s: float, expect_seq: int | None = None
+    ) -> list[Record]:
+        if not events:
+            return []
+        loop = asyncio.get_running_loop()
+        pending = _PendingAppend(events, term, time_unix_s, expect_seq, loop.create_future())
+        self._pending.append(pending)
+        if self._writer is None:
+            self._writer = loop.create_task(self._write_loop())
+        return await pending.done
+
+    async def _write_loop(self) -> None:
         try:
-            self._file.write(blob)
-            os.fsync(self._file.fileno())
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._commit(batch)
+        finally:
+            self._writer = None
+
+    async def _commit(self, batch: list[_PendingAppend]) -> None:
+        head = self.head_seq
+        accepted: list[tuple[_PendingAppend, list[Record]]] = []
+        for pending in batch:
+            if pending.expect_seq is not None and pending.expect_seq != head:
+                pending.done.set_exception(Fenced(pending.expect_seq, head))
+                continue
+            records = [
+                Record(head + 1 + i, pending.term, pending.time_unix_s, event) for i, event in enumerate(pending.events)
+            ]
+            head += len(records)
+            accepted.append((pending, records))
+        if not accepted:
+            return
+        records = [record for _, group in accepted for record in group]
+        try:
+            payloads = [codec.record_to_proto(r).SerializeToString() for r in records]
+            written = await asyncio.to_thread(self._write_frames, records[0].seq, payloads)
+        except (OSError, ValueError) as exc:
+            error = LogUnavailable(f"cannot append to the event log in {self.directory}: {exc}")
+            for pending, _ in accepted:
+                if not pending.done.done():
+                    pending.done.set_exception(error)
+            return
+        self._apply_written(written)
+        self._cache.extend(records)
+        for pending, group in accepted:
+            if not pending.done.done():
+                pending.done.set_result(group)
+        await self._notify()
+
+    def _write_frames(self, first_seq: int, payloads: list[bytes]) -> list[tuple[Segment, int, int]]:
+        """Writes and fsyncs, in a worker thread; returns (segment, bytes, records) to apply.
+
+        Positions are applied by the event loop afterwards, so readers never see a record
+        counted before it is durable. On failure every file is left as it was.
+        """
+        groups: list[tuple[int, list[bytes]]] = []  # (first seq of a new segment, or 0; frames)
+        size = self._segments[-1].size if self._segments else 0
+        open_new = not self._segments
+        for index, payload in enumerate(payloads):
+            framed = frames.frame(payload)
+            if open_new or (size + len(framed) > self._segment_bytes and size > SEGMENT_HEADER.size):
+                groups.append((first_seq + index, []))
+                size = SEGMENT_HEADER.size
+                open_new = False
+            elif not groups:
+                groups.append((0, []))
+            groups[-1][1].append(framed)
+            size += len(framed)
+        undo: list[tuple[pathlib.Path, int | None]] = []  # (file, size before), None: remove it
+        written: list[tuple[Segment, int, int]] = []
+        try:
+            for new_first, framed_list in groups:
+                if new_first:
+                    path = self.directory / "segments" / segment_name(new_first)
+                    undo.append((path, None))
+                    self._write_segment_header(path)
+                    snapshots.fsync_directory(self.directory / "segments")
+                    if self._file is not None:
+                        self._file.close()
+                    self._file = open(path, "ab", buffering=0)
+                    segment = Segment(path, new_first, 0, SEGMENT_HEADER.size)
+                else:
+                    segment = self._segments[-1]
+                    undo.append((segment.path, segment.size))
+                assert self._file is not None
+                blob = b"".join(framed_list)
+                _write_all(self._file.fileno(), blob)
+                os.fsync(self._file.fileno())
+                written.append((segment, len(blob), len(framed_list)))
         except OSError:
-            # Leave no partial frame behind for the next append to build on.
-            self._file.truncate(position)
+            self._undo(undo)
             raise
+        return written
 
+    def _apply_written(self, written: list[tuple[Segment, int, int]]) -> None:
+        for segment, nbytes, count in written:
+            if not self._segments or self._segments[-1] is not segment:
+                self._segments.append(segment)
+            segment.size += nbytes
+            segment.count += count
+
+    def _undo(self, undo: list[tuple[pathlib.Path, int | None]]) -> None:
+        for path, size in reversed(undo):
+            with contextlib.suppress(OSError):
+                if size is None:
+                    path.unlink()
+                else:
+                    os.truncate(path, size)
+        if self._file is not None:
+            self._file.close()
+        self._file = open(self._segments[-1].path, "ab", buffering=0) if self._segments else None
+
+    async def _notify(self) -> None:
+        if self._appended is None:
+            self._appended = asyncio.Condition()
+        async with self._appended:
+            self._appended.notify_all()
+
+    # -- read ---------------------------------------------------------------------------------
     def read(self, since_seq: int = 1) -> Iterator[Record]:
-        return self._cache.read(since_seq)
+        since = max(since_seq, 1)
+        if since < self.first_seq:
+            raise LogCompacted(since, self.first_seq)
+        return self._read(since)
 
-    def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
-        return self._cache.follow(since_seq)
+    def _read(self, since: int) -> Iterator[Record]:
+        if since < self._cache_first:
+            yield from self._read_disk(since, self._cache_first - 1)
+            since = self._cache_first
+        yield from self._cache[since - self._cache_first :]
+
+    def _read_disk(self, since: int, until: int) -> Iterator[Record]:
+        for segment in list(self._segments):
+            if segment.last_seq < since or segment.first_seq > until:
+                continue
+            data = segment.path.read_bytes()[: segment.size]
+            result = frames.scan(data, SEGMENT_HEADER.size)
+            for position in range(max(since, segment.first_seq) - segment.first_seq, segment.count):
+                seq = segment.first_seq + position
+                if seq > until:
+                    return
+                if position >= len(result.payloads):
+                    raise LogCorrupt(f"{segment.path}: {result.problem} at byte offset {result.good_end}")
+                record = decode_record(result.payloads[position], f"{segment.path} record {position}")
+                if record.seq != seq:
+                    raise LogCorrupt(f"{segment.path}: record {position} has seq {record.seq}, expected {seq}")
+                yield record
+
+    async def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
+        next_seq = max(since_seq, 1)
+        while True:
+            for record in self.read(next_seq):
+                yield record
+                next_seq = record.seq + 1
+            if self._appended is None:
+                self._appended = asyncio.Condition()
+            async with self._appended:
+                await self._appended.wait_for(lambda: self.head_seq >= next_seq)
+
+    # -- snapshots and compaction -------------------------------------------------------------
+    async def save_snapshot(self, state: ClusterState) -> None:
+        if state.applied_seq > self.head_seq:
+            raise ValueError(f"snapshot at seq {state.applied_seq} is beyond the log head {self.head_seq}")
+        directory = self.directory / "snapshots"
+        try:
+            await asyncio.to_thread(snapshots.write_snapshot, directory, state)
+        except OSError as exc:
+            raise LogUnavailable(f"cannot write a snapshot in {directory}: {exc}") from exc
+        for old in snapshots.list_snapshots(directory)[:-KEEP_SNAPSHOTS]:
+            with contextlib.suppress(OSError):
+                old.path.unlink()
+        # Records the snapshot covers are no longer needed in memory; reads of them go to disk.
+        drop = min(state.applied_seq, self.head_seq) + 1 - self._cache_first
+        if drop > 0:
+            del self._cache[:drop]
+            self._cache_first += drop
+
+    def load_snapshot(self) -> ClusterState | None:
+        for snapshot in reversed(snapshots.list_snapshots(self.directory / "snapshots")):
+            try:
+                state = snapshots.read_snapshot(snapshot)
+            except snapshots.BadSnapshot as exc:
+                self.snapshot_warnings.append(f"skipped unusable snapshot: {exc}")
+                continue
+            if state.applied_seq + 1 < self.first_seq:
+                raise LogCorrupt(
+                    f"{snapshot.path} (seq {state.applied_seq}) is older than the oldest record kept"
+                    f" ({self.first_seq}); the records between were compacted"
+                )
+            return state
+        if self.first_seq > 1:
+            raise LogCorrupt(
+                f"{self.directory}: records before seq {self.first_seq} were compacted but no usable"
+                f" snapshot covers them; {'; '.join(self.snapshot_warnings) or 'no snapshot files'}"
+            )
+        return None
+
+    async def compact(self) -> int:
+        kept = snapshots.list_snapshots(self.directory / "snapshots")
+        if not kept:
+            return 0
+        covered = kept[0].seq  # the older retained snapshot: a fallback for the newer one
+        removed = 0
+        while len(self._segments) > 1 and self._segments[0].last_seq <= covered:
+            segment = self._segments.pop(0)
+            removed += segment.count
+            with contextlib.suppress(FileNotFoundError):
+                segment.path.unlink()
+        if removed:
+            snapshots.fsync_directory(self.directory / "segments")
+        return removed
 
     def close(self) -> None:
-        self._file.close()
-
-
-def _frame(payload: bytes) -> bytes:
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def _parse_frame(data: bytes, offset: int) -> tuple[bytes, int] | None:
-    if offset + _HEADER.size > len(data):
-        return None
-    length, crc = _HEADER.unpack_from(data, offset)
-    start = offset + _HEADER.size
-    if length > MAX_RECORD_BYTES or start + length > len(data):
-        return None
-    payload = data[start : start + length]
-    if zlib.crc32(payload) != crc:
-        return None
-    return payload, start + length
-
-
-def _has_valid_frame_after(data: bytes, offset: int) -> bool:
-    """Whether any well-formed frame starts later: then the damage is not a torn tail."""
-    for candidate in range(offset + 1, len(data) - _HEADER.size):
-        frame = _parse_frame(data, candidate)
-        if frame is not None and frame[1] - candidate > _HEADER.size + 2:
-            return True
-    return False
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1

@@ -2,31 +2,78 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 from supervisor.core.events import Event, Record
-from supervisor.eventlog.cache import RecordCache
+from supervisor.core.state import ClusterState
+from supervisor.eventlog.api import Fenced, LogCompacted
+
+KEEP_SNAPSHOTS = 2
 
 
 class MemoryLog:
     def __init__(self) -> None:
-        self._cache = RecordCache()
+        self._records: list[Record] = []
+        self._first = 1  # seq of self._records[0]
+        self._snapshots: list[ClusterState] = []
+        self._appended: asyncio.Condition | None = None
 
     @property
     def head_seq(self) -> int:
-        return self._cache.head_seq
+        return self._first + len(self._records) - 1
 
-    async def append(self, events: Sequence[Event], *, term: int, time_unix_s: float) -> list[Record]:
+    @property
+    def first_seq(self) -> int:
+        return self._first
+
+    async def append(
+        self, events: Sequence[Event], *, term: int, time_unix_s: float, expect_seq: int | None = None
+    ) -> list[Record]:
+        if expect_seq is not None and expect_seq != self.head_seq:
+            raise Fenced(expect_seq, self.head_seq)
         start = self.head_seq + 1
         records = [Record(start + i, term, time_unix_s, event) for i, event in enumerate(events)]
-        await self._cache.publish(records)
+        self._records.extend(records)
+        if self._appended is None:
+            self._appended = asyncio.Condition()
+        async with self._appended:
+            self._appended.notify_all()
         return records
 
     def read(self, since_seq: int = 1) -> Iterator[Record]:
-        return self._cache.read(since_seq)
+        since = max(since_seq, 1)
+        if since < self._first:
+            raise LogCompacted(since, self._first)
+        return iter(self._records[since - self._first :])
 
-    def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
-        return self._cache.follow(since_seq)
+    async def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
+        next_seq = max(since_seq, 1)
+        while True:
+            for record in self.read(next_seq):
+                yield record
+                next_seq = record.seq + 1
+            if self._appended is None:
+                self._appended = asyncio.Condition()
+            async with self._appended:
+                await self._appended.wait_for(lambda: self.head_seq >= next_seq)
+
+    async def save_snapshot(self, state: ClusterState) -> None:
+        if state.applied_seq > self.head_seq:
+            raise ValueError(f"snapshot at seq {state.applied_seq} is beyond the log head {self.head_seq}")
+        self._snapshots = [*self._snapshots, state][-KEEP_SNAPSHOTS:]
+
+    def load_snapshot(self) -> ClusterState | None:
+        return self._snapshots[-1] if self._snapshots else None
+
+    async def compact(self) -> int:
+        if not self._snapshots:
+            return 0
+        covered = self._snapshots[0].applied_seq
+        drop = max(0, covered + 1 - self._first)
+        del self._records[:drop]
+        self._first += drop
+        return drop
 
     def close(self) -> None:
         pass

@@ -57,6 +57,8 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
             spares_ready=view.spares_ready,
             waiting_reason=view.waiting_reason,
             final_digest=view.final_digest,
+            degraded_reason=self._runtime.degraded_reason,
+            first_seq=self._runtime.event_log.first_seq,
         )
         if view.last_snapshot_step is not None:
             response.last_snapshot_step = view.last_snapshot_step
@@ -87,9 +89,11 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
         self, request: operator_pb2.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[events_pb2.Record]:
         log = self._runtime.event_log
+        # Records a snapshot covered may have been compacted: start at the oldest one kept.
+        since = max(request.since_seq, log.first_seq)
         if not request.follow:
-            for record in log.read(request.since_seq):
+            for record in log.read(since):
                 yield codec.record_to_proto(record)
             return
-        async for record in log.follow(request.since_seq):
+        async for record in log.follow(since):
             yield codec.record_to_proto(record)

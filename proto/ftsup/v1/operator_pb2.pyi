@@ -81,6 +81,8 @@ class GetStatusResponse(_message.Message):
     SPARES_READY_FIELD_NUMBER: _builtins.int
     WAITING_REASON_FIELD_NUMBER: _builtins.int
     FINAL_DIGEST_FIELD_NUMBER: _builtins.int
+    DEGRADED_REASON_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
     job_name: _builtins.str
     phase: Global___JobPhase.ValueType
     generation: _builtins.int
@@ -102,6 +104,10 @@ class GetStatusResponse(_message.Message):
     """why no generation runs, when WAITING"""
     final_digest: _builtins.str
     """when COMPLETED"""
+    degraded_reason: _builtins.str
+    """set while the supervisor cannot decide (e.g. event log unwritable)"""
+    first_seq: _builtins.int
+    """oldest event still in the log (older ones compacted)"""
     def __init__(
         self,
         *,
@@ -121,10 +127,12 @@ class GetStatusResponse(_message.Message):
         spares_ready: _builtins.int = ...,
         waiting_reason: _builtins.str = ...,
         final_digest: _builtins.str = ...,
+        degraded_reason: _builtins.str = ...,
+        first_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step", "last_snapshot_step", b"last_snapshot_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step", "final_digest", b"final_digest", "generation", b"generation", "head_seq", b"head_seq", "job_name", b"job_name", "last_snapshot_step", b"last_snapshot_step", "leader_address", b"leader_address", "loss", b"loss", "nodes_alive", b"nodes_alive", "nodes_dead", b"nodes_dead", "nodes_quarantined", b"nodes_quarantined", "nodes_suspect", b"nodes_suspect", "phase", b"phase", "spares_ready", b"spares_ready", "step", b"step", "waiting_reason", b"waiting_reason", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step", "degraded_reason", b"degraded_reason", "final_digest", b"final_digest", "first_seq", b"first_seq", "generation", b"generation", "head_seq", b"head_seq", "job_name", b"job_name", "last_snapshot_step", b"last_snapshot_step", "leader_address", b"leader_address", "loss", b"loss", "nodes_alive", b"nodes_alive", "nodes_dead", b"nodes_dead", "nodes_quarantined", b"nodes_quarantined", "nodes_suspect", b"nodes_suspect", "phase", b"phase", "spares_ready", b"spares_ready", "step", b"step", "waiting_reason", b"waiting_reason", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_snapshot_step: _TypeAlias = _typing.Literal["last_snapshot_step"]  # noqa: Y015
     _WhichOneofArgType__last_snapshot_step: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step"]  # noqa: Y015
