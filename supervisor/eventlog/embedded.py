@@ -123,6 +123,44 @@ def _lock(directory: pathlib.Path) -> int:
     return fd
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentCheck:
+    """What a segment file holds, judged without changing it (shared by open and `ftsup log inspect`)."""
+
+    count: int  # good records
+    good_end: int  # byte offset just past the last good record
+    file_bytes: int
+    problem: str  # empty when the whole file is good
+    is_torn_tail: bool  # the problem is an interrupted final write: truncating it loses nothing acknowledged
+    is_newer_format: bool = False
+
+
+def examine_segment(path: pathlib.Path, first_seq: int, data: bytes, *, is_last: bool) -> SegmentCheck:
+    size = len(data)
+    if size < SEGMENT_HEADER.size:
+        problem = f"{path}: truncated segment header ({size} bytes)"
+        return SegmentCheck(0, 0, size, problem, is_torn_tail=is_last)
+    magic, version, _ = SEGMENT_HEADER.unpack_from(data)
+    if magic != SEGMENT_MAGIC:
+        return SegmentCheck(0, 0, size, f"{path}: not an ftsup segment (magic {magic!r}) at byte offset 0", False)
+    if version > FORMAT_VERSION:
+        problem = f"{path}: segment format {version} is newer than this ftsup reads ({FORMAT_VERSION})"
+        return SegmentCheck(0, 0, size, problem, False, is_newer_format=True)
+    result = frames.scan(data, SEGMENT_HEADER.size)
+    count = len(result.payloads)
+    for position in (0, count - 1) if count else ():
+        record = decode_record(result.payloads[position], f"{path} record {position}")
+        if record.seq != first_seq + position:
+            problem = f"{path}: record {position} has seq {record.seq}, expected {first_seq + position}"
+            return SegmentCheck(count, result.good_end, size, problem, False)
+    if not result.problem:
+        return SegmentCheck(count, result.good_end, size, "", False)
+    is_torn = is_last and not frames.has_frame_after(data, result.good_end)
+    after = "" if is_torn or not is_last else ", with records after it"
+    problem = f"{path}: {result.problem} at byte offset {result.good_end}{after}"
+    return SegmentCheck(count, result.good_end, size, problem, is_torn)
+
+
 def _write_all(fd: int, blob: bytes) -> None:
     """write() may write less than asked (a file size limit, a signal): loop, or fail loudly.
 
@@ -185,36 +223,20 @@ class EmbeddedLog:
         return segments
 
     def _open_segment(self, path: pathlib.Path, first_seq: int, is_last: bool) -> Segment:
-        data = path.read_bytes()
-        if len(data) < SEGMENT_HEADER.size:
-            if not is_last:
-                raise LogCorrupt(f"{path}: truncated segment header ({len(data)} bytes)")
-            # A crash while creating the newest segment: rewrite its header.
-            self._report_truncation(path, len(data))
-            self._write_segment_header(path)
-            return Segment(path, first_seq, 0, SEGMENT_HEADER.size)
-        magic, version, _ = SEGMENT_HEADER.unpack_from(data)
-        if magic != SEGMENT_MAGIC:
-            raise LogCorrupt(f"{path}: not an ftsup segment (magic {magic!r}) at byte offset 0")
-        if version > FORMAT_VERSION:
-            raise LogFormatError(f"{path}: segment format {version} is newer than this ftsup ({FORMAT_VERSION})")
-        result = frames.scan(data, SEGMENT_HEADER.size)
-        if result.problem:
-            if not is_last or frames.has_frame_after(data, result.good_end):
-                raise LogCorrupt(
-                    f"{path}: {result.problem} at byte offset {result.good_end}, with records after it"
-                    if is_last else f"{path}: {result.problem} at byte offset {result.good_end}"
-                )
-            self._report_truncation(path, len(data) - result.good_end)
-            with open(path, "r+b") as handle:
-                handle.truncate(result.good_end)
-                os.fsync(handle.fileno())
-        count = len(result.payloads)
-        for position in (0, count - 1) if count else ():
-            record = decode_record(result.payloads[position], f"{path} record {position}")
-            if record.seq != first_seq + position:
-                raise LogCorrupt(f"{path}: record {position} has seq {record.seq}, expected {first_seq + position}")
-        return Segment(path, first_seq, count, result.good_end)
+        check = examine_segment(path, first_seq, path.read_bytes(), is_last=is_last)
+        if check.problem and not check.is_torn_tail:
+            if check.is_newer_format:
+                raise LogFormatError(check.problem)
+            raise LogCorrupt(check.problem)
+        if check.is_torn_tail:
+            self._report_truncation(path, check.file_bytes - check.good_end)
+            if check.good_end < SEGMENT_HEADER.size:
+                self._write_segment_header(path)  # a crash while creating the newest segment
+            else:
+                with open(path, "r+b") as handle:
+                    handle.truncate(check.good_end)
+                    os.fsync(handle.fileno())
+        return Segment(path, first_seq, check.count, max(check.good_end, SEGMENT_HEADER.size))
 
     def _report_truncation(self, path: pathlib.Path, nbytes: int) -> None:
         self.truncated_bytes += nbytes
@@ -441,11 +463,16 @@ class EmbeddedLog:
             )
         return None
 
-    async def compact(self) -> int:
+    async def compact(self, *, through_newest: bool = False) -> int:
+        """Drops segments the older retained snapshot covers (the newer one's fallback).
+
+        `through_newest` (the offline tool, after reading the new snapshot back) drops what the
+        newest covers instead, trading the fallback for the space.
+        """
         kept = snapshots.list_snapshots(self.directory / "snapshots")
         if not kept:
             return 0
-        covered = kept[0].seq  # the older retained snapshot: a fallback for the newer one
+        covered = kept[-1].seq if through_newest else kept[0].seq
         removed = 0
         while len(self._segments) > 1 and self._segments[0].last_seq <= covered:
             segment = self._segments.pop(0)

@@ -1,0 +1,66 @@
+"""The runtime shell around the core: it decides only what it could log, and snapshots as told."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from supervisor.core.events import Event, Record
+from supervisor.core.inputs import Tick
+from supervisor.eventlog.api import LogUnavailable
+from supervisor.eventlog.memory import MemoryLog
+from supervisor.runtime import Runtime
+from tests.support.builders import config, hello
+
+
+class FlakyLog(MemoryLog):
+    """A memory log that fails appends while `is_full` is set, like a full disk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.is_full = False
+
+    async def append(self, events: Sequence[Event], **kwargs: object) -> list[Record]:
+        if self.is_full:
+            raise LogUnavailable("No space left on device")
+        return await super().append(events, **kwargs)  # type: ignore[arg-type]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def handle(runtime: Runtime, inp: object) -> str | None:
+    return await runtime._handle(inp)  # the loop's one step, without the ticker task
+
+
+async def test_with_an_unwritable_log_nothing_is_decided_and_it_resumes_when_writable():
+    log = FlakyLog()
+    clock = Clock()
+    runtime = Runtime(config(nodes=1, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0)
+    log.is_full = True
+    await handle(runtime, hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+    assert runtime.state.applied_seq == 0 and not runtime.state.nodes
+    assert "No space left on device" in runtime.degraded_reason
+    log.is_full = False
+    await handle(runtime, hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+    assert runtime.degraded_reason == ""
+    assert "n1" in runtime.state.nodes and runtime.state.applied_seq == log.head_seq >= 1
+
+
+async def test_a_restarted_runtime_replays_from_its_snapshot_to_the_same_state():
+    log = MemoryLog()
+    clock = Clock()
+    runtime = Runtime(config(nodes=2, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0,
+                      snapshot_every=2)
+    for i, node in enumerate(("n1", "n2")):
+        await handle(runtime, hello(node, stream_id=runtime.open_stream(asyncio.Queue())))
+    await handle(runtime, Tick())
+    assert runtime.state.generation is not None
+    assert log.load_snapshot() is not None, "a snapshot is due every 2 events"
+    again = Runtime(config(nodes=2, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0)
+    assert again.state == runtime.state
