@@ -1,0 +1,25 @@
+"""`ftsup bench`: lists the benchmarks and runs one (the straggler bench in its --quick form)."""
+
+from __future__ import annotations
+
+import json
+
+from harness import cli
+
+
+def test_bench_help_lists_the_straggler_bench(capsys):
+    assert cli.main(["bench", "--help"]) == 0
+    assert "straggler" in capsys.readouterr().out
+
+
+def test_unknown_bench_is_a_usage_error(capsys):
+    assert cli.main(["bench", "no_such_bench"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_straggler_bench_quick_prints_one_json_object_with_the_required_keys(capsys):
+    assert cli.main(["bench", "straggler", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"recall_by_slowdown", "delay_steps_by_slowdown", "false_quarantines", "baseline"} <= set(result)
+    assert set(result["recall_by_slowdown"]) == {"0.05", "0.10", "0.20", "0.50"}
+    assert "false_quarantines" in result["baseline"]
