@@ -35,14 +35,9 @@ def _xid(argv: list[str]) -> int:
 
 
 def _log(argv: list[str]) -> int:
-    try:
-        module = importlib.import_module("supervisor.eventlog.inspect")
-    except ModuleNotFoundError as exc:
-        if exc.name != "supervisor.eventlog.inspect":
-            raise
-        print("ftsup log: not available in this build (supervisor.eventlog.inspect is missing)", file=sys.stderr)
-        return 1
-    return module.main(argv)
+    from supervisor.eventlog.inspect import main
+
+    return main(argv)
 
 
 def bench_names() -> dict[str, str]:
@@ -78,7 +73,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "agent": (_agent, "run the node agent daemon"),
     "demo": (_demo, "train on a local cluster, kill a node, recover (see --help)"),
     "xid": (_xid, "list the NVIDIA Xid errors in kernel-log text and the action for each"),
-    "log": (_log, "inspect a supervisor event log"),
+    "log": (_log, "inspect (verify every CRC) or compact a supervisor's embedded event log"),
     "bench": (_bench, "run a benchmark (`ftsup bench --help` lists them)"),
 }
 

@@ -13,8 +13,9 @@ import enum
 import functools
 import re
 import types
+import operator
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -53,11 +54,14 @@ def event_from_proto(message: events_pb2.Event) -> ev.Event:
     field = message.WhichOneof("kind")
     if field is None:
         raise CodecError("Event has no kind set")
-    cls = _EVENT_CLASS.get(field)
-    if cls is None:
+    decode = _EVENT_DECODERS.get(field)
+    if decode is None:
         raise CodecError(f"Event kind {field!r} has no core type (a newer writer?)")
-    result: ev.Event = from_proto(cls, getattr(message, field))
+    result: ev.Event = decode(getattr(message, field))
     return result
+
+
+_EVENT_DECODERS: dict[str, Callable[[Message], Any]] = {}  # filled below, once _decoder exists
 
 
 def record_to_proto(record: ev.Record) -> events_pb2.Record:
@@ -67,9 +71,7 @@ def record_to_proto(record: ev.Record) -> events_pb2.Record:
 
 
 def record_from_proto(message: events_pb2.Record) -> ev.Record:
-    return ev.Record(
-        seq=message.seq, term=message.term, time_unix_s=message.time_unix_s, event=event_from_proto(message.event)
-    )
+    return ev.Record(message.seq, message.term, message.time_unix_s, event_from_proto(message.event))
 
 
 def state_to_proto(state: ClusterState) -> state_pb2.ClusterState:
@@ -134,49 +136,93 @@ def _set_field(message: Message, name: str, value: Any) -> None:
 
 def from_proto(cls: type[T], message: Message) -> T:
     """Builds dataclass `cls` from `message`, converting by the dataclass's type hints."""
-    kwargs = {name: _get_field(message, name, hint) for name, hint in _hints(cls).items()}
-    return cls(**kwargs)
+    result: T = _decoder(cls)(message)
+    return result
+
+
+# Decoding is on the replay path (a million records at start-up), so each dataclass gets a
+# decoder compiled once from its type hints: a list of per-field getters, no reflection per call.
+FieldDecoder = Callable[[Message], Any]
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _decoder(cls: type) -> Callable[[Message], Any]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    getters = [_field_decoder(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+    # One straight-line call per class (as dataclasses itself generates __init__): no loop or
+    # temporary list per decoded message.
+    names = [f"get{i}" for i in range(len(getters))]
+    source = f"lambda message: cls({', '.join(f'{n}(message)' for n in names)})"
+    decode: Callable[[Message], Any] = eval(source, {"cls": cls, **dict(zip(names, getters))})  # noqa: S307
+    return decode
 
 
-def _get_field(message: Message, name: str, hint: Any) -> Any:
+def _field_decoder(cls: type, name: str, hint: Any) -> FieldDecoder:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        if not message.HasField(name):
-            return None
-        return _convert(getattr(message, name), inner[0], message, name)
+        inner = _value_decoder(cls, name, next(a for a in typing.get_args(hint) if a is not type(None)))
+        return lambda message: inner(getattr(message, name)) if message.HasField(name) else None
     if origin is tuple:
-        item_hint = typing.get_args(hint)[0]
-        return tuple(_convert_item(item, item_hint) for item in getattr(message, name))
+        item = _value_decoder(cls, name, typing.get_args(hint)[0])
+        if item is _identity:
+            return lambda message: tuple(getattr(message, name))
+        return lambda message: tuple(map(item, getattr(message, name)))
     if origin is Mapping:
         # Mappings are stored as repeated messages keyed by their item's first field.
         item_cls = typing.get_args(hint)[1]
-        key_field = dataclasses.fields(item_cls)[0].name
-        items = (from_proto(item_cls, item) for item in getattr(message, name))
-        return MappingProxyType({getattr(item, key_field): item for item in items})
-    return _convert(getattr(message, name), hint, message, name)
+        key = operator.attrgetter(dataclasses.fields(item_cls)[0].name)
+        decode_item = _decoder(item_cls)
+        return lambda message: MappingProxyType(
+            {key(item): item for item in map(decode_item, getattr(message, name))}
+        )
+    value = _value_decoder(cls, name, hint)
+    get = operator.attrgetter(name)
+    return get if value is _identity else lambda message: value(get(message))
 
 
-def _convert(value: Any, hint: Any, message: Message, name: str) -> Any:
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        enum_type = message.DESCRIPTOR.fields_by_name[name].enum_type
-        proto_name = enum_type.values_by_number[value].name
-        member = proto_name.removeprefix(_enum_prefix(hint))
-        if member not in hint.__members__:
-            raise CodecError(f"{message.DESCRIPTOR.name}.{name}: {proto_name} has no core value")
-        return hint[member]
-    if dataclasses.is_dataclass(hint):
-        return from_proto(hint, value)
+def _identity(value: Any) -> Any:
     return value
 
 
-def _convert_item(item: Any, hint: Any) -> Any:
+def _value_decoder(cls: type, name: str, hint: Any) -> Callable[[Any], Any]:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum_decoder(cls, name, hint)
     if dataclasses.is_dataclass(hint):
-        return from_proto(hint, item)
-    return item
+        return _decoder(hint)  # type: ignore[arg-type]
+    return _identity
+
+
+def _enum_decoder(cls: type, name: str, enum_cls: type[enum.Enum]) -> Callable[[int], enum.Enum]:
+    """Maps proto enum numbers to members; the table is built from the first message seen."""
+    table: dict[int, enum.Enum] = {}
+    prefix = _enum_prefix(enum_cls)
+
+    def decode(number: int) -> enum.Enum:
+        member = table.get(number)
+        if member is None:
+            raise CodecError(f"{cls.__name__}.{name}: enum value {number} has no core {enum_cls.__name__}")
+        return member
+
+    for descriptor in _enum_descriptors(enum_cls):
+        for value in descriptor.values:
+            member_name = value.name.removeprefix(prefix)
+            if value.name.startswith(prefix) and member_name in enum_cls.__members__:
+                table[value.number] = enum_cls[member_name]
+    return decode
+
+
+@functools.cache
+def _enum_descriptors(enum_cls: type[enum.Enum]) -> list[Any]:
+    """The proto enums whose values carry this core enum's prefix, across the ftsup.v1 files."""
+    prefix = _enum_prefix(enum_cls)
+    found = []
+    for module in (events_pb2, state_pb2, agent_pb2):
+        for descriptor in module.DESCRIPTOR.enum_types_by_name.values():
+            if descriptor.values and descriptor.values[0].name.startswith(prefix):
+                found.append(descriptor)
+    if not found:
+        raise CodecError(f"no proto enum for core enum {enum_cls.__name__} (prefix {prefix})")
+    return found
+
+
+_EVENT_DECODERS.update({field: _decoder(cls) for field, cls in _EVENT_CLASS.items()})

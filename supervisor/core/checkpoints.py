@@ -6,8 +6,8 @@ Kept apart from evolve.py so the object-store work (issue 6) grows here, not in 
 
 from __future__ import annotations
 
-import dataclasses
 
+from supervisor.core import frozen
 from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import CheckpointAborted, CheckpointCommitted, CheckpointShardWritten, CheckpointStarted
 from supervisor.core.state import ClusterState, CommittedCheckpoint, PendingCheckpoint
@@ -24,15 +24,15 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
             if event.shards < 1:
                 raise InvalidEvent(f"checkpoint {event.checkpoint_id!r} needs at least one shard")
             fresh = PendingCheckpoint(event.checkpoint_id, event.generation, event.step, event.shards)
-            return dataclasses.replace(state, pending_checkpoint=fresh)
+            return frozen.replace(state, pending_checkpoint=fresh)
         case CheckpointShardWritten():
             pending = _require_pending(state, event.checkpoint_id)
             if not 0 <= event.shard < pending.shards or event.shard in pending.written:
                 raise InvalidEvent(
                     f"shard {event.shard} of checkpoint {event.checkpoint_id!r} is out of range or already written"
                 )
-            written = dataclasses.replace(pending, written=(*pending.written, event.shard))
-            return dataclasses.replace(state, pending_checkpoint=written)
+            written = frozen.replace(pending, written=(*pending.written, event.shard))
+            return frozen.replace(state, pending_checkpoint=written)
         case CheckpointCommitted():
             pending = _require_pending(state, event.checkpoint_id)
             if len(pending.written) != pending.shards or event.step != pending.step:
@@ -43,10 +43,10 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
             if state.checkpoint is not None and event.step <= state.checkpoint.step:
                 raise InvalidEvent(f"checkpoint step {event.step} is not newer than {state.checkpoint.step}")
             committed = CommittedCheckpoint(event.checkpoint_id, event.step, event.manifest_key)
-            return dataclasses.replace(state, checkpoint=committed, pending_checkpoint=None)
+            return frozen.replace(state, checkpoint=committed, pending_checkpoint=None)
         case CheckpointAborted():
             _require_pending(state, event.checkpoint_id)
-            return dataclasses.replace(state, pending_checkpoint=None)
+            return frozen.replace(state, pending_checkpoint=None)
 
 
 def _require_pending(state: ClusterState, checkpoint_id: str) -> PendingCheckpoint:

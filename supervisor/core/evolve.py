@@ -33,7 +33,7 @@ from supervisor.core.state import (
     Liveness,
     NodeRecord,
 )
-from supervisor.core import checkpoints
+from supervisor.core import checkpoints, frozen
 from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import (
     CheckpointAborted,
@@ -54,6 +54,8 @@ from supervisor.core.events import (
 
 def evolve(state: ClusterState, event: Event) -> ClusterState:
     match event:
+        case SnapshotCommitted():  # first: one per training step, most of a long log
+            return _on_snapshot_committed(state, event)
         case NodeRegistered():
             return _on_registered(state, event)
         case NodeSuspected():
@@ -70,31 +72,29 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
             return _on_generation_running(state, event)
         case GenerationEnded():
             return _on_generation_ended(state, event)
-        case SnapshotCommitted():
-            return _on_snapshot_committed(state, event)
         case JobCompleted():
             return _on_job_completed(state, event)
         case XidReported():
             node = _require_node(state, event.node_id)
-            return _with_node(state, dataclasses.replace(node, xid_count=node.xid_count + 1))
+            return _with_node(state, frozen.replace(node, xid_count=node.xid_count + 1))
         case NodeUnquarantined():
             return _on_unquarantined(state, event)
         case NodeDrained():
             return _on_drained(state, event)
         case StragglerDetected():
             node = _require_node(state, event.node_id)
-            return _with_node(state, dataclasses.replace(node, straggler_score=event.score))
+            return _with_node(state, frozen.replace(node, straggler_score=event.score))
         case CheckpointStarted() | CheckpointShardWritten() | CheckpointCommitted() | CheckpointAborted():
             return checkpoints.evolve_checkpoint(state, event)
         case SdcCheckStarted():
             if event.check_id in state.open_sdc_checks:
                 raise InvalidEvent(f"SDC check {event.check_id!r} is already open")
-            return dataclasses.replace(state, open_sdc_checks=(*state.open_sdc_checks, event.check_id))
+            return frozen.replace(state, open_sdc_checks=(*state.open_sdc_checks, event.check_id))
         case SdcCheckFinished():
             if event.check_id not in state.open_sdc_checks:
                 raise InvalidEvent(f"SDC check {event.check_id!r} is not open")
             remaining = tuple(c for c in state.open_sdc_checks if c != event.check_id)
-            return dataclasses.replace(state, open_sdc_checks=remaining)
+            return frozen.replace(state, open_sdc_checks=remaining)
         case SdcSuspected():
             _require_node(state, event.node_id)
             return state  # evidence for the reader; the verdict that acts is NodeQuarantined
@@ -113,11 +113,22 @@ def apply_record(state: ClusterState, record: Record) -> ClusterState:
     """Folds a stored record, checking the log has no gap."""
     if record.seq != state.applied_seq + 1:
         raise InvalidEvent(f"record seq {record.seq} does not follow applied seq {state.applied_seq}")
-    return dataclasses.replace(evolve(state, record.event), applied_seq=record.seq)
+    return frozen.replace(evolve(state, record.event), applied_seq=record.seq)
+
+
+def apply_records(state: ClusterState, records: Iterable[Record]) -> ClusterState:
+    """Folds stored records in order: replay's bulk path (applied_seq is set once, at the end)."""
+    seq = state.applied_seq
+    for record in records:
+        if record.seq != seq + 1:
+            raise InvalidEvent(f"record seq {record.seq} does not follow applied seq {seq}")
+        state = evolve(state, record.event)
+        seq = record.seq
+    return state if seq == state.applied_seq else frozen.replace(state, applied_seq=seq)
 
 
 def _with_node(state: ClusterState, node: NodeRecord) -> ClusterState:
-    return dataclasses.replace(state, nodes=MappingProxyType({**state.nodes, node.node_id: node}))
+    return frozen.replace(state, nodes=MappingProxyType({**state.nodes, node.node_id: node}))
 
 
 def _require_node(state: ClusterState, node_id: str) -> NodeRecord:
@@ -157,14 +168,14 @@ def _set_liveness(
     node = _require_node(state, node_id)
     if node.liveness not in allowed:
         raise InvalidEvent(f"node {node_id!r} is {node.liveness.value}, cannot become {liveness.value}")
-    return _with_node(state, dataclasses.replace(node, liveness=liveness))
+    return _with_node(state, frozen.replace(node, liveness=liveness))
 
 
 def _on_dead(state: ClusterState, event: NodeDeclaredDead) -> ClusterState:
     node = _require_node(state, event.node_id)
     if node.liveness is Liveness.DEAD:
         raise InvalidEvent(f"node {event.node_id!r} is already dead")
-    return _with_node(state, dataclasses.replace(node, liveness=Liveness.DEAD))
+    return _with_node(state, frozen.replace(node, liveness=Liveness.DEAD))
 
 
 def _on_quarantined(state: ClusterState, event: NodeQuarantined) -> ClusterState:
@@ -178,7 +189,7 @@ def _on_quarantined(state: ClusterState, event: NodeQuarantined) -> ClusterState
             " end the generation before quarantining it"
         )
     return _with_node(
-        state, dataclasses.replace(node, is_quarantined=True, quarantine_reason=event.reason)
+        state, frozen.replace(node, is_quarantined=True, quarantine_reason=event.reason)
     )
 
 
@@ -187,7 +198,7 @@ def _on_unquarantined(state: ClusterState, event: NodeUnquarantined) -> ClusterS
     if node.is_in_service:
         raise InvalidEvent(f"node {event.node_id!r} is neither quarantined nor drained")
     return _with_node(
-        state, dataclasses.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="")
+        state, frozen.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="")
     )
 
 
@@ -200,7 +211,7 @@ def _on_drained(state: ClusterState, event: NodeDrained) -> ClusterState:
             f"node {event.node_id!r} is a member of generation {state.generation.number};"
             " end the generation before draining it"
         )
-    return _with_node(state, dataclasses.replace(node, is_drained=True))
+    return _with_node(state, frozen.replace(node, is_drained=True))
 
 
 def _on_generation_started(state: ClusterState, event: GenerationStarted) -> ClusterState:
@@ -242,7 +253,7 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
         restore_generation=event.restore_generation,
         restores=event.restores,
     )
-    return dataclasses.replace(state, generation=generation, last_generation=event.generation)
+    return frozen.replace(state, generation=generation, last_generation=event.generation)
 
 
 def _require_current(state: ClusterState, generation: int, what: str) -> Generation:
@@ -256,15 +267,15 @@ def _on_generation_running(state: ClusterState, event: GenerationRunning) -> Clu
     generation = _require_current(state, event.generation, "GenerationRunning")
     if generation.is_running:
         raise InvalidEvent(f"generation {event.generation} is already running")
-    return dataclasses.replace(
-        state, generation=dataclasses.replace(generation, first_step=event.first_step)
+    return frozen.replace(
+        state, generation=frozen.replace(generation, first_step=event.first_step)
     )
 
 
 def _on_generation_ended(state: ClusterState, event: GenerationEnded) -> ClusterState:
     _require_current(state, event.generation, "GenerationEnded")
     ended = EndedGeneration(event.generation, event.reason, event.node_id, event.last_step)
-    return dataclasses.replace(state, generation=None, last_ended=ended)
+    return frozen.replace(state, generation=None, last_ended=ended)
 
 
 def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> ClusterState:
@@ -274,7 +285,7 @@ def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> Clu
             f"snapshot step {event.step} is not newer than committed step {state.snapshot.step}"
         )
     snapshot = CommittedSnapshot(event.generation, event.step, generation.members)
-    return dataclasses.replace(state, snapshot=snapshot)
+    return frozen.replace(state, snapshot=snapshot)
 
 
 def _on_job_completed(state: ClusterState, event: JobCompleted) -> ClusterState:
@@ -283,4 +294,4 @@ def _on_job_completed(state: ClusterState, event: JobCompleted) -> ClusterState:
     if state.generation is not None:
         raise InvalidEvent("JobCompleted must follow the end of the last generation")
     completion = Completion(event.generation, event.step, event.param_digest)
-    return dataclasses.replace(state, completion=completion)
+    return frozen.replace(state, completion=completion)

@@ -149,7 +149,7 @@ def examine_segment(path: pathlib.Path, first_seq: int, data: bytes, *, is_last:
     result = frames.scan(data, SEGMENT_HEADER.size)
     count = len(result.payloads)
     for position in (0, count - 1) if count else ():
-        record = decode_record(result.payloads[position], f"{path} record {position}")
+        record = decode_record(result.payloads[position], path, position)
         if record.seq != first_seq + position:
             problem = f"{path}: record {position} has seq {record.seq}, expected {first_seq + position}"
             return SegmentCheck(count, result.good_end, size, problem, False)
@@ -174,11 +174,11 @@ def _write_all(fd: int, blob: bytes) -> None:
         view = view[written:]
 
 
-def decode_record(payload: bytes, where: str) -> Record:
+def decode_record(payload: bytes, path: pathlib.Path, position: int) -> Record:
     try:
         return codec.record_from_proto(events_pb2.Record.FromString(payload))
     except Exception as exc:  # noqa: BLE001 - any decode failure of a CRC-valid frame is corruption
-        raise LogCorrupt(f"{where}: record passes its CRC but does not decode: {exc}") from exc
+        raise LogCorrupt(f"{path} record {position}: passes its CRC but does not decode: {exc}") from exc
 
 
 class EmbeddedLog:
@@ -398,20 +398,27 @@ class EmbeddedLog:
         yield from self._cache[since - self._cache_first :]
 
     def _read_disk(self, since: int, until: int) -> Iterator[Record]:
+        # The replay path at start-up: a million records; keep the per-record work minimal.
+        parse = events_pb2.Record.FromString
+        to_core = codec.record_from_proto
         for segment in list(self._segments):
             if segment.last_seq < since or segment.first_seq > until:
                 continue
             data = segment.path.read_bytes()[: segment.size]
             result = frames.scan(data, SEGMENT_HEADER.size)
-            for position in range(max(since, segment.first_seq) - segment.first_seq, segment.count):
-                seq = segment.first_seq + position
-                if seq > until:
-                    return
-                if position >= len(result.payloads):
-                    raise LogCorrupt(f"{segment.path}: {result.problem} at byte offset {result.good_end}")
-                record = decode_record(result.payloads[position], f"{segment.path} record {position}")
+            start = max(since, segment.first_seq) - segment.first_seq
+            stop = min(segment.count, until - segment.first_seq + 1)
+            if stop > len(result.payloads):
+                raise LogCorrupt(f"{segment.path}: {result.problem} at byte offset {result.good_end}")
+            seq = segment.first_seq + start
+            for position in range(start, stop):
+                try:
+                    record = to_core(parse(result.payloads[position]))
+                except Exception as exc:  # noqa: BLE001 - a CRC-valid frame that does not decode is corrupt
+                    raise LogCorrupt(f"{segment.path} record {position}: passes its CRC but does not decode: {exc}") from exc
                 if record.seq != seq:
                     raise LogCorrupt(f"{segment.path}: record {position} has seq {record.seq}, expected {seq}")
+                seq += 1
                 yield record
 
     async def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:

@@ -23,3 +23,11 @@ def test_straggler_bench_quick_prints_one_json_object_with_the_required_keys(cap
     assert {"recall_by_slowdown", "delay_steps_by_slowdown", "false_quarantines", "baseline"} <= set(result)
     assert set(result["recall_by_slowdown"]) == {"0.05", "0.10", "0.20", "0.50"}
     assert "false_quarantines" in result["baseline"]
+
+
+def test_eventlog_bench_quick_compares_with_sqlite_and_replays(capsys, tmp_path):
+    assert cli.main(["bench", "eventlog", "--quick", "--json", "--dir", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"append_eps_1", "append_eps_64", "sqlite_eps_64", "ratio_64", "replay_from_snapshot_s"} <= set(result)
+    assert result["append_eps_64"] > 0 and result["sqlite_eps_64"] > 0
+    assert result["ratio_64"] == round(result["append_eps_64"] / result["sqlite_eps_64"], 2)

@@ -80,3 +80,14 @@ def test_events_about_unknown_nodes_are_rejected():
 def test_replay_of_the_same_events_gives_equal_states():
     events = [registered("a"), registered("b"), started(1, {"a": (0,), "b": (1,)}), SnapshotCommitted(1, 1)]
     assert evolve_all(ClusterState(), events) == evolve_all(ClusterState(), events)
+
+
+def test_the_fast_replace_equals_dataclasses_replace_and_rejects_unknown_fields():
+    import dataclasses
+
+    from supervisor.core import frozen
+
+    state = evolve_all(ClusterState(), [registered("a"), started(1, {"a": (0,)}), SnapshotCommitted(1, 3)])
+    assert frozen.replace(state, applied_seq=9) == dataclasses.replace(state, applied_seq=9)
+    with pytest.raises(TypeError, match="no field 'bogus'"):
+        frozen.replace(state, bogus=1)
