@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -122,3 +124,37 @@ def test_a_real_agent_with_a_taken_node_id_exits_with_code_2(cluster: LocalClust
     assert result.returncode == 2
     assert "duplicate node id 'taken'" in result.stderr
     holder.close()
+
+
+def test_a_second_supervisor_on_the_same_event_log_refuses_to_start(cluster: LocalCluster) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "supervisor", "--listen", "127.0.0.1:0", "--data-dir",
+         str(cluster.workdir / "supervisor"), "--job", str(cluster.workdir / "job.json"), "--no-log-json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "in use by another process" in result.stderr
+
+
+def test_events_follow_streams_records_as_they_are_appended(cluster: LocalCluster) -> None:
+    head = cluster.status().head_seq
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address, "events", "--follow",
+         "--json", "--since", str(head + 1)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        agent = RawAgent(cluster.address)
+        agent.send(hello=hello("follow-me", 5))
+        agent.next_of("welcome")
+        assert follower.stdout is not None
+        ready, _, _ = select.select([follower.stdout], [], [], 30)  # the deadline, not a sleep
+        assert ready, "supervisorctl events --follow printed nothing within 30 s"
+        line = follower.stdout.readline()
+        record = json.loads(line)
+        assert record["seq"] == head + 1 and record["kind"] == "node_registered"
+        assert record["node_id"] == "follow-me"
+        agent.close()
+    finally:
+        follower.kill()
+        follower.wait(timeout=10)

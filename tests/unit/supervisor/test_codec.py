@@ -11,44 +11,7 @@ from ftsup.v1 import events_pb2
 from supervisor import codec
 from supervisor.core import events as ev
 from supervisor.core.directives import Action, Directive, EnvVar, RestoreFrom
-
-text = st.text(max_size=12)
-u64 = st.integers(0, 2**63)
-u32 = st.integers(0, 2**31)
-finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
-
-assignment = st.builds(ev.RankAssignment, text, st.lists(u32, max_size=4).map(tuple), text)
-restore = st.builds(ev.RankRestore, u32, st.sampled_from(ev.RestoreKind), text)
-
-STRATEGIES = {
-    ev.NodeRegistered: st.builds(ev.NodeRegistered, text, u64, st.sampled_from(ev.NodeRole), text, u32, u32),
-    ev.NodeSuspected: st.builds(ev.NodeSuspected, text, text, finite),
-    ev.NodeCleared: st.builds(ev.NodeCleared, text, text),
-    ev.NodeDeclaredDead: st.builds(ev.NodeDeclaredDead, text, text, finite),
-    ev.NodeQuarantined: st.builds(ev.NodeQuarantined, text, text, u64),
-    ev.GenerationStarted: st.builds(
-        ev.GenerationStarted, u64, st.lists(assignment, max_size=3).map(tuple), u32, text, u32,
-        st.none() | u64, u64, st.lists(restore, max_size=3).map(tuple), text,
-    ),
-    ev.GenerationRunning: st.builds(ev.GenerationRunning, u64, u64),
-    ev.GenerationEnded: st.builds(ev.GenerationEnded, u64, st.sampled_from(ev.EndReason), text, u64, text),
-    ev.SnapshotCommitted: st.builds(ev.SnapshotCommitted, u64, u64),
-    ev.JobCompleted: st.builds(ev.JobCompleted, u64, u64, text),
-    ev.XidReported: st.builds(ev.XidReported, text, text, st.none() | u32, u32, st.sampled_from(ev.XidAction), text,
-                              st.booleans()),
-    ev.NodeUnquarantined: st.builds(ev.NodeUnquarantined, text, text, text),
-    ev.NodeDrained: st.builds(ev.NodeDrained, text, text, text),
-    ev.StragglerDetected: st.builds(ev.StragglerDetected, text, u32, finite, u32, u32, text),
-    ev.CheckpointStarted: st.builds(ev.CheckpointStarted, text, u64, u64, u32, text),
-    ev.CheckpointShardWritten: st.builds(ev.CheckpointShardWritten, text, u32, text, text, u64),
-    ev.CheckpointCommitted: st.builds(ev.CheckpointCommitted, text, u64, text),
-    ev.CheckpointAborted: st.builds(ev.CheckpointAborted, text, text),
-    ev.SdcCheckStarted: st.builds(ev.SdcCheckStarted, text, u64, u32, text, text),
-    ev.SdcCheckFinished: st.builds(ev.SdcCheckFinished, text, st.sampled_from(ev.SdcVerdict), text, text),
-    ev.SdcSuspected: st.builds(ev.SdcSuspected, text, u32, u64, text, text),
-    ev.OperatorCommand: st.builds(ev.OperatorCommand, text, st.lists(text, max_size=3).map(tuple), text, text),
-}
-
+from tests.support.strategies import STRATEGIES, finite, text, u32, u64
 
 def test_every_event_kind_has_a_strategy_and_a_proto_case():
     assert set(STRATEGIES) == set(ev.EVENT_TYPES)

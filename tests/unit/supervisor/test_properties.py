@@ -89,3 +89,29 @@ def test_replay_from_a_stored_snapshot_of_any_prefix_equals_replay_from_zero(scr
     for record in records[k:]:
         restored = apply_record(restored, record)
     assert restored == full
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_evolve_is_total_any_event_either_folds_or_is_rejected_with_invalid_event(data):
+    """Arbitrary (also nonsensical) events on reachable states: a new state or InvalidEvent, never a crash."""
+    from supervisor.core.errors import InvalidEvent
+    from supervisor.core.evolve import evolve
+    from tests.support.strategies import STRATEGIES
+
+    sim = Sim(config(nodes=2, ranks_per_node=2))
+    now = NOW
+    for inp, dt in data.draw(st.lists(st.tuples(inputs, st.floats(0.0, 2.0)), max_size=20)):
+        now += dt
+        sim.feed(inp, at=now)
+    state = sim.state
+    for event in data.draw(st.lists(st.one_of(*STRATEGIES.values()), max_size=10)):
+        try:
+            state = evolve(state, event)
+        except InvalidEvent:
+            pass
+        assert evolve_all(ClusterState(), []) == ClusterState()
+        if state.generation is not None:
+            for member in state.generation.members:
+                node = state.nodes.get(member.node_id)
+                assert node is not None and node.is_in_service
