@@ -40,12 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-
-class XidAction(enum.Enum):
-    IGNORE = "ignore"
-    RESTART_JOB = "restart_job"
-    RESET_GPU = "reset_gpu"
-    QUARANTINE_NODE = "quarantine_node"
+from supervisor.core.events import XidAction  # one enum: the policy's verdict is what the log records
 
 
 # Escalation never lowers an action: this is the order of "more drastic".
