@@ -13,6 +13,9 @@ import re
 from supervisor.core.config import CoreConfig
 from supervisor.core.inputs import (
     AgentHello,
+    OperatorRequest,
+    TrainerHung,
+    XidReport,
     Heartbeat,
     Input,
     RankFinished,
@@ -43,6 +46,12 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
         case Heartbeat() | TrainerExit():
             return _check_sender(state, soft, inp.node_id)
+        case XidReport():
+            return _check_sender(state, soft, inp.node_id) or _check_xid(inp)
+        case TrainerHung():
+            return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
+        case OperatorRequest():
+            return _check_operator(state, inp)
     return f"unsupported input {type(inp).__name__}"
 
 
@@ -91,6 +100,39 @@ def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
     member = current.member(owner) if owner is not None else None
     if member is None or report.node_id not in (member.node_id, member.buddy_node_id):
         return f"node {report.node_id!r} is neither the owner nor the buddy of rank {report.rank}"
+    return None
+
+
+MAX_XID_CODE = 65_535
+MAX_TEXT = 4096
+
+
+def _check_xid(report: XidReport) -> str | None:
+    if not 0 < report.code <= MAX_XID_CODE:
+        return f"Xid code {report.code} is outside 1..{MAX_XID_CODE}"
+    if len(report.message) > MAX_TEXT or len(report.pci) > 64:
+        return f"Xid report of {len(report.message)} characters is longer than {MAX_TEXT}"
+    return None
+
+
+OPERATOR_COMMANDS = ("quarantine", "unquarantine", "drain")
+
+
+def _check_operator(state: ClusterState, request: OperatorRequest) -> str | None:
+    if request.command not in OPERATOR_COMMANDS:
+        return f"unknown command {request.command!r}; one of {', '.join(OPERATOR_COMMANDS)}"
+    node = state.node(request.node_id)
+    if node is None:
+        known = ", ".join(sorted(state.nodes)) or "none"
+        return f"unknown node {request.node_id!r} (known: {known})"
+    if not request.reason.strip() or len(request.reason) > MAX_TEXT:
+        return "a reason is required (it is recorded in the event log), at most 4096 characters"
+    if request.command == "quarantine" and node.is_quarantined:
+        return f"node {request.node_id!r} is already quarantined: {node.quarantine_reason}"
+    if request.command == "drain" and node.is_drained:
+        return f"node {request.node_id!r} is already drained"
+    if request.command == "unquarantine" and node.is_in_service:
+        return f"node {request.node_id!r} is neither quarantined nor drained"
     return None
 
 

@@ -10,6 +10,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from supervisor.core.policies.xid import XidPolicyConfig
+
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -73,4 +75,5 @@ class DetectorConfig:
 class CoreConfig:
     job: JobSpec
     detector: DetectorConfig = DetectorConfig()
+    xid: XidPolicyConfig = XidPolicyConfig()
     allowed_nodes: frozenset[str] = frozenset()  # empty: any well-formed node id may join

@@ -22,11 +22,19 @@ from supervisor.core.events import (
     NodeDeclaredDead,
     NodeQuarantined,
     NodeRegistered,
+    NodeDrained,
     NodeSuspected,
+    NodeUnquarantined,
+    OperatorCommand,
     SnapshotCommitted,
+    XidAction,
+    XidReported,
 )
 from supervisor.core.inputs import (
     AgentHello,
+    OperatorRequest,
+    TrainerHung,
+    XidReport,
     Heartbeat,
     Input,
     RankFinished,
@@ -37,6 +45,7 @@ from supervisor.core.inputs import (
     TrainerExit,
 )
 from supervisor.core.policies import failure, planner
+from supervisor.core.policies import xid as xid_policy
 from supervisor.core.state import ClusterState, Liveness, SoftState
 
 
@@ -60,14 +69,23 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_trainer_exit(state, soft, inp)
         case Tick():
             events = _on_tick(state, soft, now, config)
+        case XidReport():
+            events = _on_xid(state, soft, inp, now, config)
+        case TrainerHung():
+            events = _on_hung(state, soft, inp)
+        case OperatorRequest():
+            events = _on_operator(state, soft, inp)
         case Heartbeat() | StreamClosed():
             events = []  # liveness changes from these are judged on the next Tick
         case _:
             events = []
     # Events of one decision are folded before planning, so a death and its replacement
     # generation can be decided (and appended) together.
+    folded = evolve_all(state, events)
+    idle_drains = _drain_idle(folded, soft)
+    events.extend(idle_drains)
     plan = planner.plan_generation(
-        evolve_all(state, events), soft, config.job, now, spare_grace_s=config.detector.dead_after_s
+        evolve_all(folded, idle_drains), soft, config.job, now, spare_grace_s=config.detector.dead_after_s
     )
     if plan.started is not None:
         events.append(plan.started)
@@ -134,7 +152,73 @@ def _on_snapshot_report(state: ClusterState, soft: SoftState, report: SnapshotRe
         for rank in member.ranks:
             if not required <= held.get(rank, frozenset()):
                 return []
-    return [SnapshotCommitted(generation=generation.number, step=report.step)]
+    committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=report.step)]
+    # A step boundary with every rank held twice: the moment to hand a drained node's ranks over.
+    for node_id in sorted(soft.pending_drains):
+        if generation.member(node_id):
+            detail = f"drained at committed step {report.step}"
+            last = max(report.step, _last_step(soft, generation.number))
+            committed.append(GenerationEnded(generation.number, EndReason.NODE_DRAINED, node_id, last, detail))
+            committed.append(NodeDrained(node_id, detail, ""))
+            break  # the generation has ended; other pending drains apply to idle nodes below
+    return committed
+
+
+def _on_xid(state: ClusterState, soft: SoftState, report: XidReport, now: float, config: CoreConfig) -> list[Event]:
+    history = soft.xids.get(report.node_id, [])
+    verdict = xid_policy.judge_xid(history[:-1], report, now, config.xid)  # the last entry is this one
+    events: list[Event] = [
+        XidReported(report.node_id, report.pci, report.gpu, report.code, verdict.action, report.message,
+                    verdict.is_unknown)
+    ]
+    if verdict.action is XidAction.IGNORE:
+        return events
+    if verdict.action is XidAction.RESTART_JOB:
+        return events + _end_if_member(state, soft, report.node_id, EndReason.XID, verdict.reason)
+    # A GPU that needs a reset, or a node that needs a person: its ranks go elsewhere.
+    events += _end_if_member(state, soft, report.node_id, EndReason.NODE_QUARANTINED, verdict.reason)
+    if not state.nodes[report.node_id].is_quarantined:
+        events.append(NodeQuarantined(report.node_id, verdict.reason, state.applied_seq + 1))
+    return events
+
+
+def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Event]:
+    detail = (f"rank {hung.rank} made no step progress for {hung.silent_for_s:.0f}s"
+              f" (limit {hung.limit_s:.0f}s) after step {hung.last_step}")
+    return _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail)
+
+
+def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest) -> list[Event]:
+    record = OperatorCommand(request.command, (request.node_id,), request.operator, request.reason)
+    seq = state.applied_seq + 1
+    reason = f"{request.command} by {request.operator or 'an operator'}: {request.reason}"
+    match request.command:
+        case "quarantine":
+            ended = _end_if_member(state, soft, request.node_id, EndReason.NODE_QUARANTINED, reason)
+            return [record, *ended, NodeQuarantined(request.node_id, reason, seq)]
+        case "unquarantine":
+            return [record, NodeUnquarantined(request.node_id, request.reason, request.operator)]
+        case _:  # drain: recorded in soft.pending_drains; an idle node goes at once (_drain_idle),
+            return [record]  # a training one at its generation's next committed step
+
+
+def _drain_idle(state: ClusterState, soft: SoftState) -> list[Event]:
+    """Pending drains of nodes that hold no ranks (any more) take effect before the next plan."""
+    generation = state.generation
+    return [
+        NodeDrained(node_id, "drained (it held no ranks)", "")
+        for node_id in sorted(soft.pending_drains)
+        if node_id in state.nodes
+        and not state.nodes[node_id].is_drained
+        and (generation is None or not generation.member(node_id))
+    ]
+
+
+def _end_if_member(state: ClusterState, soft: SoftState, node_id: str, reason: EndReason, detail: str) -> list[Event]:
+    generation = state.generation
+    if generation is None or not generation.member(node_id):
+        return []
+    return [GenerationEnded(generation.number, reason, node_id, _last_step(soft, generation.number), detail)]
 
 
 def _on_rank_finished(state: ClusterState, soft: SoftState, report: RankFinished) -> list[Event]:

@@ -32,6 +32,7 @@ class EndReason(enum.Enum):
     NODE_DRAINED = "node_drained"
     HUNG = "hung"
     OPERATOR_RESTART = "operator_restart"
+    XID = "xid"
 
 
 class XidAction(enum.Enum):

@@ -70,6 +70,35 @@ class TrainerExit:
 
 
 @dataclass(frozen=True, slots=True)
+class XidReport:
+    node_id: str
+    pci: str
+    gpu: int | None
+    code: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerHung:
+    node_id: str
+    generation: int
+    rank: int
+    last_step: int
+    silent_for_s: float
+    limit_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRequest:
+    """An authorized operator command on one node."""
+
+    command: str  # "quarantine" | "unquarantine" | "drain"
+    node_id: str
+    reason: str
+    operator: str
+
+
+@dataclass(frozen=True, slots=True)
 class StreamClosed:
     node_id: str
     incarnation: int
@@ -88,6 +117,9 @@ Input = (
     | SnapshotReport
     | RankFinished
     | TrainerExit
+    | XidReport
+    | TrainerHung
+    | OperatorRequest
     | StreamClosed
     | Tick
 )

@@ -11,6 +11,9 @@ import math
 
 from supervisor.core.inputs import (
     AgentHello,
+    OperatorRequest,
+    TrainerHung,
+    XidReport,
     Heartbeat,
     Input,
     RankFinished,
@@ -19,12 +22,31 @@ from supervisor.core.inputs import (
     StreamClosed,
     TrainerExit,
 )
+from supervisor.core.policies.xid import XidSighting
 from supervisor.core.state import ClusterState, GenerationProgress, NodeSoft, SoftState
+
+
+XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid policy
+XID_HISTORY_MAX = 256
 
 
 def observe(soft: SoftState, state: ClusterState, inp: Input, now: float) -> None:
     """Records what `inp` says about liveness and progress; call before `decide` on the same input."""
+    if soft.pending_drains:
+        soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
     match inp:
+        case XidReport():
+            _heard(soft, inp.node_id, now)
+            history = [s for s in soft.xids.get(inp.node_id, []) if now - s.time_s <= XID_HISTORY_S]
+            history.append(XidSighting(now, inp.code, inp.pci))  # decide reads it as "this one"
+            soft.xids[inp.node_id] = history[-XID_HISTORY_MAX:]
+        case TrainerHung():
+            _heard(soft, inp.node_id, now)
+        case OperatorRequest():
+            if inp.command == "drain":
+                soft.pending_drains.add(inp.node_id)
+            elif inp.command == "unquarantine":
+                soft.pending_drains.discard(inp.node_id)
         case AgentHello():
             soft.nodes[inp.node_id] = NodeSoft(
                 last_heard_s=now, stream_id=inp.stream_id, incarnation=inp.incarnation

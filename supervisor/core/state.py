@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+from supervisor.core.policies.xid import XidSighting
 
 
 class Liveness(enum.Enum):
@@ -168,3 +169,7 @@ class SoftState:
     nodes: dict[str, NodeSoft] = field(default_factory=dict)
     progress: GenerationProgress | None = None
     waiting_reason: str = ""
+    # node -> recent Xids (time, code, pci), newest last: the Xid policy's repeat counting
+    xids: dict[str, list[XidSighting]] = field(default_factory=dict)
+    # nodes an operator asked to drain while they train: drained at the next committed step
+    pending_drains: set[str] = field(default_factory=set)

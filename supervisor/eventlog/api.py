@@ -49,6 +49,19 @@ class Fenced(LogError):
         self.head_seq = head_seq
 
 
+class Deposed(Fenced):
+    """A fenced append lost because its term no longer holds the leader key (a newer leader, or
+    none: the lease expired). The writer must stop deciding and follow; retrying cannot help."""
+
+    def __init__(self, term: int, current_term: int, head_seq: int) -> None:
+        holder = f"term {current_term}" if current_term else "no leader (its lease expired or was revoked)"
+        LogError.__init__(self, f"append at term {term} is fenced: the leader key now holds {holder}")
+        self.expected_seq = head_seq
+        self.head_seq = head_seq
+        self.term = term
+        self.current_term = current_term
+
+
 class LogCompacted(LogError):
     """The records asked for were compacted away after a snapshot covered them."""
 

@@ -251,6 +251,91 @@ class TrainerExit(_message.Message):
 Global___TrainerExit: _TypeAlias = TrainerExit  # noqa: Y015
 
 @_typing.final
+class XidEvent(_message.Message):
+    """An NVIDIA Xid the node saw (kernel log or NVML), as parsed on the node."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PCI_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    PROCESS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    pci: _builtins.str
+    """PCI bus id, e.g. 0000:3b:00"""
+    gpu: _builtins.int
+    """GPU index, when the node could map the bus id"""
+    code: _builtins.int
+    pid: _builtins.int
+    process: _builtins.str
+    message: _builtins.str
+    """the kernel line's text after the code"""
+    source: _builtins.str
+    """"kmsg", "file", "nvml" """
+    def __init__(
+        self,
+        *,
+        pci: _builtins.str = ...,
+        gpu: _builtins.int | None = ...,
+        code: _builtins.int = ...,
+        pid: _builtins.int | None = ...,
+        process: _builtins.str = ...,
+        message: _builtins.str = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "_pid", b"_pid", "gpu", b"gpu", "pid", b"pid"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "_pid", b"_pid", "code", b"code", "gpu", b"gpu", "message", b"message", "pci", b"pci", "pid", b"pid", "process", b"process", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    _WhichOneofReturnType__pid: _TypeAlias = _typing.Literal["pid"]  # noqa: Y015
+    _WhichOneofArgType__pid: _TypeAlias = _typing.Literal["_pid", b"_pid"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pid) -> _WhichOneofReturnType__pid | None: ...
+
+Global___XidEvent: _TypeAlias = XidEvent  # noqa: Y015
+
+@_typing.final
+class TrainerHung(_message.Message):
+    """A rank is alive but has made no step progress for too long."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    LAST_STEP_FIELD_NUMBER: _builtins.int
+    SILENT_FOR_S_FIELD_NUMBER: _builtins.int
+    LIMIT_S_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    rank: _builtins.int
+    last_step: _builtins.int
+    silent_for_s: _builtins.float
+    """seconds since its last step report"""
+    limit_s: _builtins.float
+    """the hang limit the agent applied"""
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        last_step: _builtins.int = ...,
+        silent_for_s: _builtins.float = ...,
+        limit_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "last_step", b"last_step", "limit_s", b"limit_s", "rank", b"rank", "silent_for_s", b"silent_for_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainerHung: _TypeAlias = TrainerHung  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -260,6 +345,8 @@ class AgentMessage(_message.Message):
     SNAPSHOT_REPORT_FIELD_NUMBER: _builtins.int
     RANK_FINISHED_FIELD_NUMBER: _builtins.int
     TRAINER_EXIT_FIELD_NUMBER: _builtins.int
+    XID_EVENT_FIELD_NUMBER: _builtins.int
+    TRAINER_HUNG_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -272,6 +359,10 @@ class AgentMessage(_message.Message):
     def rank_finished(self) -> Global___RankFinished: ...
     @_builtins.property
     def trainer_exit(self) -> Global___TrainerExit: ...
+    @_builtins.property
+    def xid_event(self) -> Global___XidEvent: ...
+    @_builtins.property
+    def trainer_hung(self) -> Global___TrainerHung: ...
     def __init__(
         self,
         *,
@@ -281,12 +372,14 @@ class AgentMessage(_message.Message):
         snapshot_report: Global___SnapshotReport | None = ...,
         rank_finished: Global___RankFinished | None = ...,
         trainer_exit: Global___TrainerExit | None = ...,
+        xid_event: Global___XidEvent | None = ...,
+        trainer_hung: Global___TrainerHung | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

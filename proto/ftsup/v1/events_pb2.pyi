@@ -96,6 +96,8 @@ class _EndReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EndReason.V
     """ranks alive but without step progress"""
     END_REASON_OPERATOR_RESTART: _EndReason.ValueType  # 8
     """`supervisorctl restart`"""
+    END_REASON_XID: _EndReason.ValueType  # 9
+    """an Xid whose policy is to restart the job"""
 
 class EndReason(_EndReason, metaclass=_EndReasonEnumTypeWrapper):
     """Why a generation ended."""
@@ -117,6 +119,8 @@ END_REASON_HUNG: EndReason.ValueType  # 7
 """ranks alive but without step progress"""
 END_REASON_OPERATOR_RESTART: EndReason.ValueType  # 8
 """`supervisorctl restart`"""
+END_REASON_XID: EndReason.ValueType  # 9
+"""an Xid whose policy is to restart the job"""
 Global___EndReason: _TypeAlias = EndReason  # noqa: Y015
 
 class _XidAction:

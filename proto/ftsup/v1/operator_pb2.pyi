@@ -47,6 +47,57 @@ JOB_PHASE_COMPLETED: JobPhase.ValueType  # 4
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
 
 @_typing.final
+class NodeCommandRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    reason: _builtins.str
+    """required: it goes into the event log"""
+    operator: _builtins.str
+    """who asks (user name); recorded with the command"""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeCommandRequest: _TypeAlias = NodeCommandRequest  # noqa: Y015
+
+@_typing.final
+class CommandResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    detail: _builtins.str
+    """what happened, in words"""
+    seq: _builtins.int
+    """the OperatorCommand record"""
+    def __init__(
+        self,
+        *,
+        detail: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommandResponse: _TypeAlias = CommandResponse  # noqa: Y015
+
+@_typing.final
 class GetStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

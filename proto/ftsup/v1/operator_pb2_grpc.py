@@ -50,6 +50,21 @@ class OperatorStub:
                 request_serializer=ftsup_dot_v1_dot_operator__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_events__pb2.Record.FromString,
                 _registered_method=True)
+        self.Quarantine = channel.unary_unary(
+                '/ftsup.v1.Operator/Quarantine',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+                _registered_method=True)
+        self.Unquarantine = channel.unary_unary(
+                '/ftsup.v1.Operator/Unquarantine',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/ftsup.v1.Operator/Drain',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -74,6 +89,25 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Quarantine(self, request, context):
+        """Commands that change something: authorized (bearer token) unless the supervisor is local-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unquarantine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +125,21 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=ftsup_dot_v1_dot_operator__pb2.ListEventsRequest.FromString,
                     response_serializer=ftsup_dot_v1_dot_events__pb2.Record.SerializeToString,
+            ),
+            'Quarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.Quarantine,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
+            ),
+            'Unquarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unquarantine,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +223,87 @@ class Operator:
             '/ftsup.v1.Operator/ListEvents',
             ftsup_dot_v1_dot_operator__pb2.ListEventsRequest.SerializeToString,
             ftsup_dot_v1_dot_events__pb2.Record.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Quarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/Quarantine',
+            ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unquarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/Unquarantine',
+            ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/Drain',
+            ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,10 @@ class OperatorStub:
     ListNodes: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListNodesRequest, _operator_pb2.ListNodesResponse]
     ListEvents: _grpc.UnaryStreamMultiCallable[_operator_pb2.ListEventsRequest, _events_pb2.Record]
     """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended."""
+    Quarantine: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
+    """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
+    Unquarantine: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
+    Drain: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -44,6 +48,10 @@ class OperatorAsyncStub(OperatorStub):
     ListNodes: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListNodesRequest, _operator_pb2.ListNodesResponse]  # type: ignore[assignment]
     ListEvents: _aio.UnaryStreamMultiCallable[_operator_pb2.ListEventsRequest, _events_pb2.Record]  # type: ignore[assignment]
     """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended."""
+    Quarantine: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
+    """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
+    Unquarantine: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
+    Drain: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -67,5 +75,27 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_events_pb2.Record], _abc.AsyncIterator[_events_pb2.Record]]:
         """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended."""
+
+    @_abc_1.abstractmethod
+    def Quarantine(
+        self,
+        request: _operator_pb2.NodeCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]:
+        """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
+
+    @_abc_1.abstractmethod
+    def Unquarantine(
+        self,
+        request: _operator_pb2.NodeCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _operator_pb2.NodeCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]: ...
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

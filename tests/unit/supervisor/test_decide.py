@@ -279,3 +279,100 @@ def test_after_the_start_grace_a_spare_stands_in_for_an_active_node_that_never_c
     sim.events(Tick(), at=NOW + 3.05)
     assert sim.state.generation is not None
     assert {m.node_id for m in sim.state.generation.members} == {"n1", "n2", "s1"}
+
+
+def test_an_xid_79_quarantines_the_node_and_a_spare_takes_its_ranks():
+    from supervisor.core.events import XidAction, XidReported
+    from supervisor.core.inputs import XidReport
+
+    sim = running_cluster()
+    step(sim, 1, 1)
+    alive(sim, NOW + 5.0)
+    events = sim.events(XidReport("n2", "0000:3b:00", 3, 79, "GPU has fallen off the bus."), at=NOW + 5.0)
+    kinds = [type(e) for e in events]
+    assert kinds == [XidReported, GenerationEnded, NodeQuarantined, GenerationStarted]
+    assert events[0].action is XidAction.QUARANTINE_NODE and events[0].gpu == 3
+    assert events[1].reason is EndReason.NODE_QUARANTINED and events[1].node_id == "n2"
+    assert events[2].evidence_seq == sim.state.applied_seq - 3 and "Xid 79" in events[2].reason
+    started = events[3]
+    assert [m.node_id for m in started.members] == ["n1", "s1", "n3"]
+    by_rank = {r.rank: r for r in started.restores}
+    # The quarantined node is alive: its RAM still serves, but the spare fetches from the buddy.
+    assert by_rank[2].kind is RestoreKind.PEER_SNAPSHOT
+
+
+def test_an_ignorable_xid_is_only_recorded_and_a_restart_xid_restarts_the_same_gang():
+    from supervisor.core.events import XidReported
+    from supervisor.core.inputs import XidReport
+
+    sim = running_cluster()
+    step(sim, 1, 1)
+    alive(sim, NOW + 5.0)
+    assert [type(e) for e in sim.events(XidReport("n1", "0000:3b:00", None, 43, "Ch 0008"), at=NOW + 5)] == [XidReported]
+    events = sim.events(XidReport("n1", "0000:3b:00", None, 13, "Graphics Exception"), at=NOW + 5.1)
+    assert [type(e) for e in events] == [XidReported, GenerationEnded, GenerationStarted]
+    assert events[1].reason is EndReason.XID
+    assert {m.node_id for m in events[2].members} == {"n1", "n2", "n3"}
+    assert sim.state.nodes["n1"].xid_count == 2
+
+
+def test_repeated_xids_on_one_gpu_escalate_to_quarantine():
+    from supervisor.core.events import XidAction, XidReported
+    from supervisor.core.inputs import XidReport
+
+    sim = running_cluster()
+    alive(sim, NOW + 5.0)
+    actions = []
+    for i in range(3):
+        events = sim.events(XidReport("n1", "0000:3b:00", 0, 31, "MMU Fault"), at=NOW + 5 + i)
+        actions.append(next(e for e in events if isinstance(e, XidReported)).action)
+        alive(sim, NOW + 5.5 + i)
+    assert actions[:2] == [XidAction.RESTART_JOB, XidAction.RESTART_JOB]
+    assert actions[2] is XidAction.QUARANTINE_NODE and sim.state.nodes["n1"].is_quarantined
+
+
+def test_operator_quarantine_unquarantine_and_a_drain_at_the_next_committed_step():
+    from supervisor.core.events import NodeDrained, NodeUnquarantined, OperatorCommand
+    from supervisor.core.inputs import OperatorRequest
+
+    sim = running_cluster(spares=2)
+    step(sim, 1, 1)
+    alive(sim, NOW + 5.0)
+    events = sim.events(OperatorRequest("quarantine", "n3", "flaky NIC", "alice"), at=NOW + 5.0)
+    assert [type(e) for e in events] == [OperatorCommand, GenerationEnded, NodeQuarantined, GenerationStarted]
+    assert events[2].reason == "quarantine by alice: flaky NIC"
+    assert "already quarantined" in sim.feed(OperatorRequest("quarantine", "n3", "again", "alice"))
+    assert "unknown node 'n9'" in sim.feed(OperatorRequest("drain", "n9", "x", "alice"))
+    assert "reason is required" in sim.feed(OperatorRequest("drain", "n1", " ", "alice"))
+    # Drain a training node: nothing moves until the next committed step.
+    assert [type(e) for e in sim.events(OperatorRequest("drain", "n1", "kernel upgrade", "bob"))] == [OperatorCommand]
+    gen = sim.state.generation.number
+    step(sim, gen, 2)
+    ended = [e for e in sim.log if isinstance(e, GenerationEnded)][-1]
+    assert ended.reason is EndReason.NODE_DRAINED and ended.node_id == "n1"
+    assert sim.state.nodes["n1"].is_drained
+    assert "n1" not in {m.node_id for m in sim.state.generation.members}
+    events = sim.events(OperatorRequest("unquarantine", "n3", "NIC replaced", "alice"))
+    assert [type(e) for e in events][:2] == [OperatorCommand, NodeUnquarantined]
+    assert sim.state.nodes["n3"].is_in_service
+
+
+def test_an_idle_node_is_drained_at_once():
+    from supervisor.core.events import NodeDrained, OperatorCommand
+    from supervisor.core.inputs import OperatorRequest
+
+    sim = running_cluster()
+    events = sim.events(OperatorRequest("drain", "s1", "maintenance", "bob"))
+    assert [type(e) for e in events] == [OperatorCommand, NodeDrained]
+
+
+def test_a_hung_rank_ends_the_generation_and_restarts_the_gang():
+    from supervisor.core.inputs import TrainerHung
+
+    sim = running_cluster()
+    step(sim, 1, 3)
+    alive(sim, NOW + 5.0)
+    events = sim.events(TrainerHung("n2", 1, 2, 3, 120.0, 60.0), at=NOW + 5.0)
+    assert [type(e) for e in events] == [GenerationEnded, GenerationStarted]
+    assert events[0].reason is EndReason.HUNG and "no step progress for 120s" in events[0].detail
+    assert events[1].restore_step == 3

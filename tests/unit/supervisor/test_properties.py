@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from supervisor.core.evolve import evolve_all
 from supervisor.core.inputs import (
     Heartbeat,
+    OperatorRequest,
+    TrainerHung,
+    XidReport,
     RankFinished,
     SnapshotReport,
     StepReport,
@@ -38,6 +41,10 @@ inputs = st.one_of(
     st.builds(lambda n, g, r, s: RankFinished(n, g, r, s, "d"), node_ids, gens, ranks, steps),
     st.builds(lambda n, g, r, f: TrainerExit(n, g, r, -9, f), node_ids, gens, ranks, st.booleans()),
     st.builds(lambda n, inc: StreamClosed(n, inc, hash((n, inc)) % 97 + 1), node_ids, st.integers(1, 2)),
+    st.builds(lambda n, c: XidReport(n, "0000:3b:00", 0, c, "x"), node_ids, st.sampled_from([13, 31, 43, 48, 79, 999])),
+    st.builds(lambda n, g, r: TrainerHung(n, g, r, 1, 100.0, 60.0), node_ids, gens, ranks),
+    st.builds(lambda c, n: OperatorRequest(c, n, "why", "op"), st.sampled_from(["quarantine", "unquarantine", "drain"]),
+              node_ids),
     st.just(Tick()),
 )
 
@@ -57,7 +64,7 @@ def test_decisions_always_fold_and_keep_the_invariants(script):
             held = sorted(r for m in state.generation.members for r in m.ranks)
             assert held == list(range(state.generation.world_size))
             for node_id in members:
-                assert not state.nodes[node_id].is_quarantined
+                assert state.nodes[node_id].is_in_service
     replayed = evolve_all(ClusterState(), sim.log)
     assert replayed.nodes == sim.state.nodes
     assert replayed.generation == sim.state.generation
