@@ -14,6 +14,7 @@ import pathlib
 from dataclasses import dataclass
 
 from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from supervisor.server.authz import AuthzConfigError, load_token
 
 
 class ConfigError(ValueError):
@@ -28,6 +29,7 @@ class SupervisorConfig:
     tick_s: float
     snapshot_every: int
     segment_bytes: int
+    operator_token: str | None
     log_json: bool | None
     log_level: str
 
@@ -78,6 +80,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-every", type=int, default=10_000,
                    help="write a state snapshot (and compact the log) every this many events")
     p.add_argument("--segment-mib", type=int, default=64, help="event log segment size in MiB")
+    p.add_argument("--operator-token-file", type=pathlib.Path, default=None,
+                   help="bearer token (mode 600) required for commands that change anything; without it"
+                        " they are allowed only when --listen is loopback")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -103,6 +108,10 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    try:
+        token = load_token(args.operator_token_file) if args.operator_token_file else None
+    except AuthzConfigError as exc:
+        raise ConfigError(str(exc)) from exc
     if ":" not in args.listen:
         raise ConfigError(f"--listen must be host:port, got {args.listen!r}")
     return SupervisorConfig(
@@ -112,6 +121,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         tick_s=args.tick_s,
         snapshot_every=args.snapshot_every,
         segment_bytes=args.segment_mib * 1024 * 1024,
+        operator_token=token,
         log_json=args.log_json,
         log_level=args.log_level,
     )

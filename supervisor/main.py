@@ -15,6 +15,7 @@ from supervisor.eventlog.api import LogError
 from supervisor.eventlog.embedded import EmbeddedLog
 from supervisor.runtime import Runtime
 from supervisor.server.agent_service import AgentService
+from supervisor.server.authz import Authorizer, is_loopback_only
 from supervisor.server.operator_service import OperatorService
 
 
@@ -29,7 +30,8 @@ async def serve(config: SupervisorConfig) -> None:
         log.warning("event log snapshot", problem=warning)
     server = grpc.aio.server()
     agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime), server)
-    operator_pb2_grpc.add_OperatorServicer_to_server(OperatorService(runtime, config.listen), server)
+    authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen))
+    operator_pb2_grpc.add_OperatorServicer_to_server(OperatorService(runtime, config.listen, authorizer), server)
     port = server.add_insecure_port(config.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
@@ -39,7 +41,9 @@ async def serve(config: SupervisorConfig) -> None:
              nodes=job.nodes, ranks_per_node=job.ranks_per_node,
              heartbeat_interval_s=config.core.detector.heartbeat_interval_s,
              dead_after_s=config.core.detector.dead_after_s,
-             reconnect_grace_s=config.core.detector.reconnect_grace_s)
+             reconnect_grace_s=config.core.detector.reconnect_grace_s,
+             operator_commands="token" if config.operator_token else
+             ("local only" if is_loopback_only(config.listen) else "disabled (no --operator-token-file)"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,10 +31,18 @@ log = logs.get("supervisor.runtime")
 Outbox = asyncio.Queue[agent_pb2.SupervisorMessage | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one input: refused (and why), or the records it caused (maybe none)."""
+
+    refusal: str | None = None
+    records: tuple[Record, ...] = ()
+
+
 @dataclass(slots=True)
 class _Pending:
     inp: Input
-    reply: asyncio.Future[str | None] | None
+    reply: asyncio.Future[Outcome] | None
 
 
 class Runtime:
@@ -72,9 +80,9 @@ class Runtime:
                  nodes=len(self.state.nodes))
 
     # -- called by the servers -------------------------------------------------------------
-    def submit(self, inp: Input) -> asyncio.Future[str | None]:
-        """Queues an input; the future resolves to a refusal reason, or None once handled."""
-        reply: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    def submit(self, inp: Input) -> asyncio.Future[Outcome]:
+        """Queues an input; the future resolves once it was refused or handled."""
+        reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(inp, reply))
         return reply
 
@@ -104,12 +112,12 @@ class Runtime:
             while True:
                 pending = await self._queue.get()
                 try:
-                    refused = await self._handle(pending.inp)
+                    outcome = await self._handle(pending.inp)
                 except Exception as exc:  # a bug must not take the control plane down
                     log.exception("input handling failed", input=type(pending.inp).__name__)
-                    refused = f"internal error: {exc}"
+                    outcome = Outcome(refusal=f"internal error: {exc}")
                 if pending.reply is not None and not pending.reply.done():
-                    pending.reply.set_result(refused)
+                    pending.reply.set_result(outcome)
         finally:
             ticker.cancel()
 
@@ -118,12 +126,12 @@ class Runtime:
             await asyncio.sleep(self._tick_s)
             self.post(Tick())
 
-    async def _handle(self, inp: Input) -> str | None:
+    async def _handle(self, inp: Input) -> Outcome:
         reason = admission.refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             log.warning("input refused", input=type(inp).__name__, reason=reason,
                         node_id=getattr(inp, "node_id", None))
-            return reason
+            return Outcome(refusal=reason)
         now = self._clock()
         soft_state.observe(self.soft, self.state, inp, now)
         decision = decide(self.state, self.soft, inp, now, self.config)
@@ -138,7 +146,7 @@ class Runtime:
                 if not self.degraded_reason:
                     log.error("event log unavailable: not deciding until it recovers", error=str(exc))
                 self.degraded_reason = f"event log unavailable: {exc}"
-                return None
+                return Outcome(refusal=f"not decided: {self.degraded_reason}")
             if self.degraded_reason:
                 log.info("event log writable again: deciding", was=self.degraded_reason)
                 self.degraded_reason = ""
@@ -153,7 +161,7 @@ class Runtime:
             self._attach(inp)
         if decision.events or isinstance(inp, AgentHello):
             self._push_directives()
-        return None
+        return Outcome(records=tuple(records) if decision.events else ())
 
     async def _maybe_snapshot(self) -> None:
         if self.state.applied_seq - self._snapshot_seq < self._snapshot_every:

@@ -1,7 +1,8 @@
-"""supervisorctl: the operator's view of a running ftsup supervisor.
+"""supervisorctl: the operator's view of a running ftsup supervisor, and its levers.
 
 Human tables by default, `--json` for scripts. Exit codes are defined once here:
-0 success, 1 the command failed, 2 bad usage, 3 the supervisor could not be reached.
+0 success, 1 the command failed (the supervisor refused it and said why), 2 bad usage,
+3 the supervisor could not be reached, 4 not authorized.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +24,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+EXIT_UNAUTHORIZED = 4
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 
@@ -32,6 +35,8 @@ def exit_code_for(error: grpc.RpcError) -> int:
         return EXIT_UNAVAILABLE
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
         return EXIT_USAGE
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return EXIT_UNAUTHORIZED
     return EXIT_FAILED
 
 
@@ -83,6 +88,27 @@ def cmd_events(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -
     return EXIT_OK
 
 
+def _credentials(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if not args.token_file:
+        return []
+    try:
+        token = pathlib.Path(args.token_file).read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"supervisorctl: cannot read --token-file {args.token_file}: {exc}") from exc
+    return [("authorization", f"Bearer {token}")]
+
+
+def cmd_node_command(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    request = operator_pb2.NodeCommandRequest(node_id=args.node, reason=args.reason, operator=args.operator)
+    call = {"quarantine": stub.Quarantine, "unquarantine": stub.Unquarantine, "drain": stub.Drain}[args.command]
+    response = call(request, timeout=args.timeout, metadata=_credentials(args))
+    if args.json:
+        _print_json({"command": args.command, "node_id": args.node, "seq": response.seq, "detail": response.detail})
+    else:
+        print(f"{args.command} {args.node}: {response.detail} (event seq {response.seq})")
+    return EXIT_OK
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supervisorctl", description="Query and steer an ftsup supervisor.")
     p.add_argument("--address", default=os.environ.get("FTSUP_SUPERVISOR", DEFAULT_ADDRESS),
@@ -98,6 +124,17 @@ def parser() -> argparse.ArgumentParser:
     events.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
     events.add_argument("--node", help="only events about this node")
     events.add_argument("--kind", action="append", help="only this event kind (repeatable), e.g. node_declared_dead")
+    for name, text in (
+        ("quarantine", "take a node out of service (its ranks move to a spare now)"),
+        ("unquarantine", "return a quarantined or drained node to service"),
+        ("drain", "move a healthy node's ranks to a spare at the next committed step"),
+    ):
+        command = sub.add_parser(name, parents=[common], help=text)
+        command.add_argument("node", help="node id")
+        command.add_argument("--reason", required=True, help="why (recorded in the event log)")
+        command.add_argument("--operator", default=os.environ.get("USER", ""), help="who asks (default $USER)")
+        command.add_argument("--token-file", default=os.environ.get("FTSUP_OPERATOR_TOKEN_FILE"),
+                             help="operator token (env FTSUP_OPERATOR_TOKEN_FILE)")
     return p
 
 
@@ -105,6 +142,9 @@ COMMANDS: dict[str, Callable[[operator_pb2_grpc.OperatorStub, argparse.Namespace
     "status": cmd_status,
     "nodes": cmd_nodes,
     "events": cmd_events,
+    "quarantine": cmd_node_command,
+    "unquarantine": cmd_node_command,
+    "drain": cmd_node_command,
 }
 
 

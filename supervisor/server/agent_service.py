@@ -17,7 +17,7 @@ from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from supervisor import logs
 from supervisor.core import inputs
 from supervisor.core.events import NodeRole
-from supervisor.runtime import Outbox, Runtime
+from supervisor.runtime import Outbox, Outcome, Runtime
 
 log = logs.get("supervisor.agents")
 
@@ -46,6 +46,12 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
     if kind == "trainer_exit":
         e = message.trainer_exit
         return inputs.TrainerExit(node_id, e.generation, e.rank, e.exit_code, e.finished)
+    if kind == "xid_event":
+        x = message.xid_event
+        return inputs.XidReport(node_id, x.pci, x.gpu if x.HasField("gpu") else None, x.code, x.message)
+    if kind == "trainer_hung":
+        h = message.trainer_hung
+        return inputs.TrainerHung(node_id, h.generation, h.rank, h.last_step, h.silent_for_s, h.limit_s)
     return None
 
 
@@ -74,9 +80,9 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             self._runtime.close_stream(stream_id, None, 0)
             yield _refusal(f"Hello has no valid role ({hello.role}); use active or spare", "hello")
             return
-        reason = await self._runtime.submit(
+        reason = (await self._runtime.submit(
             inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port, hello.gpus, stream_id)
-        )
+        )).refusal
         if reason is not None:
             self._runtime.close_stream(stream_id, None, 0)
             yield _refusal(reason, "hello")
@@ -114,8 +120,8 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
 
 
 def _refuse_on(outbox: Outbox, kind: str):  # type: ignore[no-untyped-def]
-    def done(reply: asyncio.Future[str | None]) -> None:
-        reason = reply.result() if not reply.cancelled() else None
+    def done(reply: asyncio.Future[Outcome]) -> None:
+        reason = reply.result().refusal if not reply.cancelled() else None
         if reason is not None:
             outbox.put_nowait(_refusal(reason, kind))
 

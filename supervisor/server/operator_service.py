@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
-from supervisor import codec
+from supervisor import codec, logs
+from supervisor.core.inputs import OperatorRequest
+from supervisor.server.authz import Authorizer
 from supervisor.core.events import NodeRole
 from supervisor.core.state import Liveness
 from supervisor.core.views import JobPhase
@@ -29,13 +31,16 @@ _LIVENESS = {
     Liveness.SUSPECT: state_pb2.LIVENESS_SUSPECT,
     Liveness.DEAD: state_pb2.LIVENESS_DEAD,
 }
+log = logs.get("supervisor.operator")
+
 _ROLE = {NodeRole.ACTIVE: events_pb2.NODE_ROLE_ACTIVE, NodeRole.SPARE: events_pb2.NODE_ROLE_SPARE}
 
 
 class OperatorService(operator_pb2_grpc.OperatorServicer):
-    def __init__(self, runtime: Runtime, address: str) -> None:
+    def __init__(self, runtime: Runtime, address: str, authorizer: Authorizer) -> None:
         self._runtime = runtime
         self._address = address
+        self._authorizer = authorizer
 
     async def GetStatus(
         self, request: operator_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
@@ -84,6 +89,42 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
                 for n in self._runtime.nodes()
             ]
         )
+
+    async def Quarantine(
+        self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.CommandResponse:
+        return await self._command("quarantine", request, context)
+
+    async def Unquarantine(
+        self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.CommandResponse:
+        return await self._command("unquarantine", request, context)
+
+    async def Drain(
+        self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.CommandResponse:
+        return await self._command("drain", request, context)
+
+    async def _command(
+        self, command: str, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.CommandResponse:
+        denied = self._authorizer.refusal(context.invocation_metadata() or ())
+        if denied is not None:
+            log.warning("operator command refused", command=command, node_id=request.node_id, reason=denied,
+                        peer=context.peer())
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
+        outcome = await self._runtime.submit(
+            OperatorRequest(command, request.node_id, request.reason, request.operator or "unknown")
+        )
+        if outcome.refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)
+        first = outcome.records[0] if outcome.records else None
+        detail = ", ".join(type(r.event).__name__ for r in outcome.records) or "nothing to do"
+        if command == "drain" and not any(type(r.event).__name__ == "NodeDrained" for r in outcome.records):
+            detail += "; the node is drained at its generation's next committed step"
+        log.info("operator command", command=command, node_id=request.node_id, operator=request.operator,
+                 reason=request.reason, records=detail)
+        return operator_pb2.CommandResponse(detail=detail, seq=first.seq if first else 0)
 
     async def ListEvents(
         self, request: operator_pb2.ListEventsRequest, context: grpc.aio.ServicerContext

@@ -10,6 +10,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -158,3 +159,76 @@ def test_events_follow_streams_records_as_they_are_appended(cluster: LocalCluste
     finally:
         follower.kill()
         follower.wait(timeout=10)
+
+
+def ctl(cluster_address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor.ctl.main", "--address", cluster_address, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_operator_quarantine_and_unquarantine_over_the_wire(cluster: LocalCluster) -> None:
+    agent = RawAgent(cluster.address)
+    agent.send(hello=hello("op-target", 3))
+    agent.next_of("welcome")
+    done = ctl(cluster.address, "quarantine", "op-target", "--reason", "bad DIMM", "--operator", "alice", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "NodeQuarantined" in json.loads(done.stdout)["detail"]
+    nodes = {n.node_id: n for n in cluster.nodes()}
+    assert nodes["op-target"].quarantined and nodes["op-target"].quarantine_reason == "quarantine by alice: bad DIMM"
+    again = ctl(cluster.address, "quarantine", "op-target", "--reason", "again")
+    assert again.returncode == 1 and "already quarantined" in again.stderr
+    unknown = ctl(cluster.address, "drain", "nope", "--reason", "x")
+    assert unknown.returncode == 1 and "unknown node 'nope'" in unknown.stderr
+    back = ctl(cluster.address, "unquarantine", "op-target", "--reason", "DIMM replaced")
+    assert back.returncode == 0 and "NodeUnquarantined" in back.stdout
+    agent.close()
+
+
+def start_supervisor(tmp_path: pathlib.Path, listen: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    from harness.cluster import free_port
+
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"name": "authz", "nodes": 1, "ranks_per_node": 1, "argv": ["true"]}))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "--listen", f"{listen}:{port}", "--data-dir", str(tmp_path / "log"),
+         "--job", str(job), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while ctl(address, "status").returncode != 0:
+        assert time.monotonic() < deadline and process.poll() is None, "supervisor did not come up"
+    return process, address
+
+
+def test_mutating_commands_need_the_token_when_one_is_configured(tmp_path: pathlib.Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-of-enough-length\n")
+    token.chmod(0o600)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("another-token-of-enough-length\n")
+    process, address = start_supervisor(tmp_path, "127.0.0.1", "--operator-token-file", str(token))
+    try:
+        agent = RawAgent(address)
+        agent.send(hello=hello("guarded", 1))
+        agent.next_of("welcome")
+        assert ctl(address, "status").returncode == 0  # reading needs no token
+        denied = ctl(address, "quarantine", "guarded", "--reason", "x")
+        assert denied.returncode == 4 and "not authorized" in denied.stderr
+        denied = ctl(address, "quarantine", "guarded", "--reason", "x", "--token-file", str(wrong))
+        assert denied.returncode == 4
+        allowed = ctl(address, "quarantine", "guarded", "--reason", "x", "--token-file", str(token))
+        assert allowed.returncode == 0, allowed.stderr
+        agent.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_without_a_token_a_supervisor_reachable_beyond_loopback_refuses_commands(tmp_path: pathlib.Path) -> None:
+    process, address = start_supervisor(tmp_path, "0.0.0.0")
+    try:
+        denied = ctl(address, "drain", "anyone", "--reason", "x")
+        assert denied.returncode == 4 and "--operator-token-file" in denied.stderr
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

@@ -1,14 +1,16 @@
 """The EventLog contract: every backend (memory twin, embedded files, later etcd) must pass it.
 
-Each check takes a factory returning a fresh, empty log; backend test modules parametrize over
-these checks (tests/unit/supervisor/test_eventlog_contract.py).
+Each check takes a factory returning a fresh, empty log, or an awaitable of one (a backend that
+opens asynchronously, like etcd); backend test modules parametrize over these checks
+(tests/unit/supervisor/test_eventlog_contract.py, tests/integration/test_etcd_eventlog.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -16,7 +18,12 @@ from supervisor.core.events import GenerationRunning, NodeCleared, SnapshotCommi
 from supervisor.core.state import ClusterState
 from supervisor.eventlog.api import EventLog, Fenced, LogCompacted
 
-MakeLog = Callable[[], EventLog]
+MakeLog = Callable[[], EventLog | Awaitable[EventLog]]
+
+
+async def opened(make: MakeLog) -> EventLog:
+    log = make()
+    return await log if inspect.isawaitable(log) else log
 
 
 def cleared(i: int) -> NodeCleared:
@@ -24,7 +31,7 @@ def cleared(i: int) -> NodeCleared:
 
 
 async def appends_get_gapless_seqs_and_read_returns_the_tail(make: MakeLog) -> None:
-    log = make()
+    log = await opened(make)
     assert log.head_seq == 0 and list(log.read()) == []
     first = await log.append([cleared(1), cleared(2)], term=3, time_unix_s=10.0)
     second = await log.append([SnapshotCommitted(1, 7)], term=3, time_unix_s=11.0)
@@ -37,7 +44,7 @@ async def appends_get_gapless_seqs_and_read_returns_the_tail(make: MakeLog) -> N
 
 
 async def a_conditional_append_on_a_moved_head_is_fenced_and_writes_nothing(make: MakeLog) -> None:
-    log = make()
+    log = await opened(make)
     await log.append([cleared(1)], term=1, time_unix_s=1.0, expect_seq=0)
     with pytest.raises(Fenced) as fenced:
         await log.append([cleared(2)], term=1, time_unix_s=1.0, expect_seq=0)
@@ -48,7 +55,7 @@ async def a_conditional_append_on_a_moved_head_is_fenced_and_writes_nothing(make
 
 
 async def concurrent_appends_each_stay_contiguous(make: MakeLog) -> None:
-    log = make()
+    log = await opened(make)
 
     async def writer(task: int) -> list[int]:
         seqs = []
@@ -67,7 +74,7 @@ async def concurrent_appends_each_stay_contiguous(make: MakeLog) -> None:
 
 
 async def follow_yields_existing_then_new_records(make: MakeLog) -> None:
-    log = make()
+    log = await opened(make)
     await log.append([cleared(1)], term=0, time_unix_s=1.0)
     seen: list[int] = []
 
@@ -86,7 +93,7 @@ async def follow_yields_existing_then_new_records(make: MakeLog) -> None:
 
 
 async def a_snapshot_round_trips_and_compaction_drops_only_covered_records(make: MakeLog) -> None:
-    log = make()
+    log = await opened(make)
     for i in range(30):
         await log.append([cleared(i)], term=0, time_unix_s=float(i))
     assert log.load_snapshot() is None

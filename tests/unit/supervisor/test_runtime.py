@@ -35,7 +35,7 @@ class Clock:
 
 
 async def handle(runtime: Runtime, inp: object) -> str | None:
-    return await runtime._handle(inp)  # the loop's one step, without the ticker task
+    return (await runtime._handle(inp)).refusal  # the loop's one step, without the ticker task
 
 
 async def test_with_an_unwritable_log_nothing_is_decided_and_it_resumes_when_writable():

@@ -1,0 +1,448 @@
+"""EventLog on etcd: the replicated backend. Owns the keys under `<prefix>/` and a hot copy of them.
+
+Keys: `<prefix>/log/<seq:020d>` (one Record proto each), `<prefix>/head` (the last seq, decimal),
+`<prefix>/snapshot` and `<prefix>/snapshot.prev` (the two retained ClusterState protos).
+Every append is ONE transaction comparing the head (gapless seqs, the contract's expect_seq) and,
+when the log is fenced, that the leader key's create revision still equals the writer's term: a
+deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed leader cannot append").
+Concurrent appends from this process are group-committed: several appends, one transaction.
+Reads are served from the hot copy kept by a watch (re-watched from last revision + 1 after a
+broken stream, so it is gap-free), so read()/load_snapshot() stay synchronous like the other
+backends. Every etcd call has a deadline; failing it means LogUnavailable (retryable), and for an
+append the outcome is then unknown: call sync() and look before re-deciding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aetcd
+import aetcd.exceptions
+from aetcd import transactions as tx
+
+from ftsup.v1 import events_pb2, state_pb2
+from supervisor import codec
+from supervisor.core.events import Event, Record
+from supervisor.core.state import ClusterState
+from supervisor.eventlog.api import Deposed, Fenced, LogCompacted, LogError, LogUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_OP_TIMEOUT_S = 2.0
+DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
+_WATCH_BACKOFF_S = (0.05, 1.0)
+
+
+def client_target(endpoints: Sequence[str]) -> tuple[str, int]:
+    """('127.0.0.1:2379', '127.0.0.1:2380', ...) -> aetcd's multi-address (host, port).
+
+    gRPC's `ipv4:a:p1,b:p2,c` target with the last port passed separately (DEPENDENCIES.md);
+    the channel picks the first reachable address and fails over to the next.
+    """
+    if not endpoints:
+        raise ValueError("at least one etcd endpoint is needed")
+    parsed = []
+    for endpoint in endpoints:
+        bare = endpoint.removeprefix("http://")
+        host, sep, port = bare.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"etcd endpoint {endpoint!r} is not host:port")
+        parsed.append((host, int(port)))
+    *head, (last_host, last_port) = parsed
+    return "ipv4:" + ",".join([f"{h}:{p}" for h, p in head] + [last_host]), last_port
+
+
+def make_client(endpoints: Sequence[str], *, timeout_s: float = DEFAULT_OP_TIMEOUT_S) -> aetcd.Client:
+    """An aetcd client over all endpoints with a per-call gRPC deadline.
+
+    gRPC keepalive pings detect a silent (paused) member; etcd refuses pings more often than its
+    --grpc-keepalive-min-time (5 s), so 5 s is as fast as we may go.
+    """
+    host, port = client_target(endpoints)
+    options = {
+        "grpc.keepalive_time_ms": 5000,
+        "grpc.keepalive_timeout_ms": 2000,
+        "grpc.keepalive_permit_without_calls": 1,
+        "grpc.initial_reconnect_backoff_ms": 50,
+        "grpc.max_reconnect_backoff_ms": 1000,
+    }
+    return aetcd.Client(host=host, port=port, timeout=timeout_s, options=options)  # type: ignore[arg-type]
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    bad_request = (aetcd.exceptions.InvalidArgumentError, aetcd.exceptions.UnauthenticatedError)
+    return isinstance(exc, (aetcd.exceptions.ClientError, TimeoutError)) and not isinstance(exc, bad_request)
+
+
+@dataclass(slots=True)
+class _Pending:
+    events: Sequence[Event]
+    term: int
+    time_unix_s: float
+    expect_seq: int | None
+    done: asyncio.Future[list[Record]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class EtcdLog:
+    """Open with `await EtcdLog.open(client, prefix, fence_key=...)`; see the module docstring."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        prefix: str,
+        *,
+        fence_key: str | None = None,
+        op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+        max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+    ) -> None:
+        if not prefix or prefix.endswith("/"):
+            raise ValueError(f"etcd log prefix {prefix!r} must be non-empty without a trailing '/'")
+        if op_timeout_s <= 0:
+            raise ValueError(f"op_timeout_s must be > 0, got {op_timeout_s}")
+        if max_txn_ops < 3:
+            raise ValueError(f"max_txn_ops must be >= 3 (records + head), got {max_txn_ops}")
+        self._client = client
+        self.prefix = prefix
+        self._root = f"{prefix}/".encode()
+        self._log_prefix = f"{prefix}/log/".encode()
+        self._head_key = f"{prefix}/head".encode()
+        self._snap_key = f"{prefix}/snapshot".encode()
+        self._prev_key = f"{prefix}/snapshot.prev".encode()
+        self._fence_key = fence_key.encode() if fence_key else None
+        self._timeout_s = op_timeout_s
+        self._max_records = max_txn_ops - 1  # one op is the head
+        # The hot copy: contiguous records [_first, head]; later ones wait in _ahead.
+        self._records: list[Record] = []
+        self._first = 1
+        self._ahead: dict[int, Record] = {}
+        self._write_head = 0  # the head etcd held when we last knew it (== hot copy head normally)
+        self._snapshot: ClusterState | None = None
+        self._snapshot_raw = b""
+        self._snapshot_rev = 0
+        self._prev: ClusterState | None = None
+        self._revision = 0  # last etcd revision folded into the hot copy
+        self._changed = asyncio.Event()
+        self._queue: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._closed = False
+        self.watch_restarts = 0  # how often the watch stream broke and was re-established
+
+    # -- opening and the hot copy ----------------------------------------------------------
+    @classmethod
+    async def open(cls, client: aetcd.Client, prefix: str, **kwargs: Any) -> EtcdLog:
+        self = cls(client, prefix, **kwargs)
+        await self.sync()
+        self._watcher = asyncio.create_task(self._watch(), name=f"etcdlog-watch {prefix}")
+        return self
+
+    async def sync(self) -> None:
+        """Reloads everything under the prefix (a linearizable read): after LogUnavailable, after
+        a compacted watch revision, or to be sure the hot copy includes every acknowledged append."""
+        result = await self._call(self._client.get_prefix(self._root))
+        head, records = 0, []
+        for kv in result.kvs:
+            if kv.key.startswith(self._log_prefix):
+                records.append(codec.record_from_proto(events_pb2.Record.FromString(kv.value)))
+            elif kv.key == self._head_key:
+                head = int(kv.value)
+            else:
+                self._absorb_kv(kv.key, kv.value, kv.mod_revision)
+        self._absorb_records(records, head)
+        self._revision = max(self._revision, result.header.revision)
+        self._notify()
+
+    async def _watch(self) -> None:
+        delay = _WATCH_BACKOFF_S[0]
+        while not self._closed:
+            try:
+                watch = await asyncio.wait_for(
+                    self._client.watch_prefix(self._root, start_revision=self._revision + 1), self._timeout_s
+                )
+                try:
+                    async for event in watch:
+                        delay = _WATCH_BACKOFF_S[0]
+                        kv = event.kv
+                        if event.kind == "DELETE":
+                            self._absorb_delete(kv.key)
+                        else:
+                            self._absorb_kv(kv.key, kv.value, kv.mod_revision)
+                        # aetcd delivers a whole watch response (one revision) before any stream
+                        # error, so resuming at revision + 1 neither skips nor repeats a revision.
+                        self._revision = max(self._revision, kv.mod_revision)
+                        self._notify()
+                finally:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(watch.cancel(), self._timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except aetcd.exceptions.RevisionCompactedError:
+                log.warning("etcd compacted past revision %d; reloading %s", self._revision, self.prefix)
+                with contextlib.suppress(LogError):
+                    await self.sync()
+            except Exception as exc:  # a broken stream: re-watch from the last revision + 1
+                log.info("etcd watch on %s broke (%r); re-watching from %d", self.prefix, exc, self._revision + 1)
+            if self._closed:
+                return
+            self.watch_restarts += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _WATCH_BACKOFF_S[1])
+
+    def _absorb_kv(self, key: bytes, value: bytes, mod_revision: int) -> None:
+        if key.startswith(self._log_prefix):
+            self._absorb_record(codec.record_from_proto(events_pb2.Record.FromString(value)))
+        elif key == self._head_key:
+            self._write_head = max(self._write_head, int(value))
+        elif key == self._snap_key and mod_revision > self._snapshot_rev:
+            self._snapshot = codec.state_from_proto(state_pb2.ClusterState.FromString(value))
+            self._snapshot_raw, self._snapshot_rev = value, mod_revision
+        elif key == self._prev_key:
+            self._prev = codec.state_from_proto(state_pb2.ClusterState.FromString(value))
+
+    def _absorb_records(self, records: list[Record], head: int) -> None:
+        """Records read in one go (sorted) plus the head etcd held at that revision."""
+        if not self._records:
+            # An empty hot copy starts where etcd's records start (after a compaction: not at 1).
+            start = records[0].seq if records else head + 1
+            if start > self._first:
+                self._first = start
+        for record in records:
+            self._absorb_record(record)
+        self._write_head = max(self._write_head, head)
+
+    def _absorb_record(self, record: Record) -> None:
+        if record.seq <= self.head_seq:
+            return  # already held (our own append, or a re-delivery)
+        if record.seq != self.head_seq + 1:
+            self._ahead[record.seq] = record
+            return
+        self._records.append(record)
+        while (nxt := self._ahead.pop(self.head_seq + 1, None)) is not None:
+            self._records.append(nxt)
+        self._write_head = max(self._write_head, self.head_seq)
+
+    def _absorb_delete(self, key: bytes) -> None:
+        if key.startswith(self._log_prefix):
+            self._drop_through(int(key[len(self._log_prefix) :]))
+
+    def _drop_through(self, seq: int) -> None:
+        if seq < self._first:
+            return
+        drop = min(seq + 1 - self._first, len(self._records))
+        del self._records[:drop]
+        self._first = seq + 1 if not self._records else self._records[0].seq
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -- EventLog --------------------------------------------------------------------------
+    @property
+    def head_seq(self) -> int:
+        return self._first + len(self._records) - 1
+
+    @property
+    def first_seq(self) -> int:
+        return self._first
+
+    async def append(
+        self, events: Sequence[Event], *, term: int, time_unix_s: float, expect_seq: int | None = None
+    ) -> list[Record]:
+        if self._closed:
+            raise LogUnavailable(f"etcd log {self.prefix} is closed")
+        if len(events) > self._max_records:
+            raise ValueError(
+                f"{len(events)} events in one append exceed one etcd transaction ({self._max_records} "
+                f"records at --max-txn-ops {self._max_records + 1}); split the batch or raise the limit"
+            )
+        if self._fence_key is not None and term <= 0:
+            raise ValueError(f"a fenced append needs the leader's term (> 0), got {term}")
+        if not events:
+            if expect_seq is not None and expect_seq != self._write_head:
+                raise Fenced(expect_seq, self._write_head)
+            return []
+        pending = _Pending(events, term, time_unix_s, expect_seq)
+        self._queue.append(pending)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name=f"etcdlog-flush {self.prefix}")
+        return await pending.done
+
+    async def _flush(self) -> None:
+        """Group commit: while appends wait, commit the longest consistent prefix in one txn."""
+        while self._queue:
+            batch = self._take_batch()
+            if not batch:
+                fenced = self._queue.pop(0)
+                assert fenced.expect_seq is not None
+                _fail(fenced, Fenced(fenced.expect_seq, self._write_head))
+                continue
+            try:
+                retry = await self._commit(batch)
+            except BaseException as exc:
+                for pending in batch:
+                    _fail(pending, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            self._queue[:0] = retry
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        head, size = self._write_head, 0
+        while self._queue:
+            nxt = self._queue[0]
+            if nxt.expect_seq is not None and nxt.expect_seq != head:
+                break  # judged against the head this batch leaves; Fenced if it still differs
+            if batch and (nxt.term != batch[0].term or size + len(nxt.events) > self._max_records):
+                break
+            batch.append(self._queue.pop(0))
+            head += len(nxt.events)
+            size += len(nxt.events)
+        return batch
+
+    async def _commit(self, batch: list[_Pending]) -> list[_Pending]:
+        """One transaction for `batch`; returns the unconditional appends to retry on a moved head."""
+        base, term = self._write_head, batch[0].term
+        compare: list[Any] = [
+            tx.Value(self._head_key) == str(base).encode() if base else tx.Version(self._head_key) == 0
+        ]
+        if self._fence_key is not None:
+            compare.append(tx.Create(self._fence_key) == term)
+        records: list[list[Record]] = []
+        puts, seq = [], base
+        for pending in batch:
+            mine = []
+            for event in pending.events:
+                seq += 1
+                record = Record(seq, pending.term, pending.time_unix_s, event)
+                mine.append(record)
+                puts.append(tx.Put(self._log_key(seq), codec.record_to_proto(record).SerializeToString()))
+            records.append(mine)
+        puts.append(tx.Put(self._head_key, str(seq).encode()))
+        failure = [tx.Get(self._head_key), tx.Get(self._log_key(base + 1), self._log_prefix[:-1] + b"0")]
+        if self._fence_key is not None:
+            failure.append(tx.Get(self._fence_key))
+        ok, responses = await self._call(self._client.transaction(compare, puts, failure))
+        if ok:
+            for pending, mine in zip(batch, records):
+                for record in mine:
+                    self._absorb_record(record)
+                if not pending.done.done():
+                    pending.done.set_result(mine)
+            self._notify()
+            return []
+        head = int(responses[0][0][0]) if responses[0] else 0
+        fetched = [codec.record_from_proto(events_pb2.Record.FromString(value)) for value, _ in responses[1]]
+        self._absorb_records(fetched, head)
+        self._notify()
+        if self._fence_key is not None:
+            current = responses[2][0][1].create_revision if responses[2] else 0
+            if current != term:
+                for pending in batch:
+                    _fail(pending, Deposed(term, current, head))
+                return []
+        retry = []
+        for pending in batch:
+            if pending.expect_seq is None:
+                retry.append(pending)
+            else:
+                _fail(pending, Fenced(pending.expect_seq, head))
+        return retry
+
+    def _log_key(self, seq: int) -> bytes:
+        return self._log_prefix + b"%020d" % seq
+
+    def read(self, since_seq: int = 1) -> Iterator[Record]:
+        since = max(since_seq, 1)
+        if since < self._first:
+            raise LogCompacted(since, self._first)
+        return iter(self._records[since - self._first :])
+
+    async def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
+        next_seq = max(since_seq, 1)
+        while not self._closed:
+            changed = self._changed
+            for record in self.read(next_seq):
+                yield record
+                next_seq = record.seq + 1
+            if self.head_seq < next_seq:
+                await changed.wait()
+
+    async def save_snapshot(self, state: ClusterState) -> None:
+        if state.applied_seq > self.head_seq:
+            raise ValueError(f"snapshot at seq {state.applied_seq} is beyond the log head {self.head_seq}")
+        raw = codec.state_to_proto(state).SerializeToString()
+        for _ in range(5):
+            if self._snapshot is not None and self._snapshot.applied_seq >= state.applied_seq:
+                return  # a replica already stored this point or a later one
+            success: list[Any] = [tx.Put(self._snap_key, raw), tx.Get(self._snap_key)]
+            if self._snapshot_raw:
+                success.insert(0, tx.Put(self._prev_key, self._snapshot_raw))
+            # Compare-and-swap on the newest snapshot's revision, so `prev` is really the one we replace.
+            ok, responses = await self._call(
+                self._client.transaction([tx.Mod(self._snap_key) == self._snapshot_rev], success, [])
+            )
+            if ok:
+                self._prev, self._snapshot, self._snapshot_raw = self._snapshot, state, raw
+                self._snapshot_rev = responses[-1][0][1].mod_revision
+                return
+            await self.sync()  # someone else saved one; rotate against theirs
+        raise LogUnavailable(f"snapshot under {self.prefix} kept changing under us (5 tries)")
+
+    def load_snapshot(self) -> ClusterState | None:
+        return self._snapshot
+
+    async def compact(self) -> int:
+        oldest = self._prev or self._snapshot
+        if oldest is None or oldest.applied_seq < self._first:
+            return 0
+        covered = oldest.applied_seq
+        result = await self._call(
+            self._client.delete_range(self._log_key(self._first), self._log_key(covered + 1))
+        )
+        self._drop_through(covered)
+        self._notify()
+        return int(result.deleted)
+
+    def close(self) -> None:
+        self._closed = True
+        for task in (self._watcher, self._flusher):
+            if task is not None:
+                task.cancel()
+        for pending in self._queue:
+            if not pending.done.done():
+                pending.done.set_exception(LogUnavailable(f"etcd log {self.prefix} was closed"))
+        self._queue.clear()
+        self._notify()
+
+    async def aclose(self) -> None:
+        """close(), then waits for the watch to be cancelled on the (possibly shared) client."""
+        self.close()
+        for task in (self._watcher, self._flusher):
+            if task is not None:
+                with contextlib.suppress(BaseException):
+                    await task
+
+    # -- the boundary ----------------------------------------------------------------------
+    async def _call(self, call: Awaitable[T]) -> T:
+        """Runs one etcd call under the deadline; translates client errors (DESIGN: say if retryable)."""
+        try:
+            return await asyncio.wait_for(call, self._timeout_s)
+        except TimeoutError as exc:
+            raise LogUnavailable(f"etcd did not answer within {self._timeout_s}s ({self.prefix})") from exc
+        except aetcd.exceptions.ClientError as exc:
+            if _is_unavailable(exc):
+                raise LogUnavailable(f"etcd unavailable ({self.prefix}): {exc}") from exc
+            raise LogError(f"etcd refused a request on {self.prefix}: {exc}") from exc
+
+
+def _fail(pending: _Pending, exc: BaseException) -> None:
+    if not pending.done.done():  # the appender may have been cancelled meanwhile
+        pending.done.set_exception(exc)

@@ -1,0 +1,204 @@
+"""EtcdLog on a real 3-member etcd cluster: the shared contract, fencing, and member faults.
+
+One cluster per session (tests/conftest.py); every test writes under its own prefix. Faults are
+real: members are SIGKILLed, SIGTERMed and SIGSTOPped; the `etcd` fixture heals the cluster after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aetcd
+import pytest
+
+from supervisor.core.events import NodeCleared
+from supervisor.eventlog.api import Deposed, Fenced, LogUnavailable
+from supervisor.eventlog.etcd import EtcdLog, make_client
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventlog_contract import CONTRACT
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def client(etcd: EtcdCluster) -> AsyncIterator[aetcd.Client]:
+    client = make_client([m.client_url for m in etcd.members], timeout_s=1.0)
+    yield client
+    await client.close()
+
+
+def ev(i: int, writer: str = "w") -> NodeCleared:
+    return NodeCleared(writer, str(i))
+
+
+async def eventually(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("check", CONTRACT, ids=[c.__name__ for c in CONTRACT])
+async def test_etcd_log_honours_the_contract(client, etcd_prefix, check) -> None:
+    logs: list[EtcdLog] = []
+
+    async def make() -> EtcdLog:
+        log = await EtcdLog.open(client, f"{etcd_prefix}/{len(logs)}", op_timeout_s=3.0)
+        logs.append(log)
+        return log
+
+    await check(make)
+    for log in logs:
+        await log.aclose()
+
+
+async def test_a_reopened_log_sees_records_snapshots_and_compaction(client, etcd_prefix) -> None:
+    import dataclasses
+
+    from supervisor.core.state import ClusterState
+
+    log = await EtcdLog.open(client, etcd_prefix)
+    for i in range(1, 21):
+        await log.append([ev(i)], term=1, time_unix_s=float(i))
+    await log.save_snapshot(dataclasses.replace(ClusterState(), applied_seq=8))
+    await log.save_snapshot(dataclasses.replace(ClusterState(), applied_seq=15))
+    assert await log.compact() == 8
+    await log.aclose()
+    again = await EtcdLog.open(client, etcd_prefix)
+    assert (again.first_seq, again.head_seq) == (9, 20)
+    assert [r.event for r in again.read(9)] == [ev(i) for i in range(9, 21)]
+    assert again.load_snapshot() is not None and again.load_snapshot().applied_seq == 15
+    assert (await again.append([ev(21)], term=1, time_unix_s=21.0))[0].seq == 21
+    await again.aclose()
+
+
+async def test_a_deposed_leaders_append_is_fenced(client, etcd_prefix) -> None:
+    leader_key = f"{etcd_prefix}/leader"
+    await client.put(leader_key.encode(), b"a")
+    term_a = (await client.get(leader_key.encode())).create_revision
+    a = await EtcdLog.open(client, etcd_prefix, fence_key=leader_key)
+    b = await EtcdLog.open(client, etcd_prefix, fence_key=leader_key)
+    await a.append([ev(1, "a")], term=term_a, time_unix_s=1.0, expect_seq=0)
+    # a loses the key; b takes it (a new key incarnation: a higher create revision = term).
+    await client.delete(leader_key.encode())
+    await client.put(leader_key.encode(), b"b")
+    term_b = (await client.get(leader_key.encode())).create_revision
+    assert term_b > term_a
+    with pytest.raises(Deposed) as deposed:
+        await a.append([ev(2, "a")], term=term_a, time_unix_s=2.0, expect_seq=1)
+    assert deposed.value.current_term == term_b and isinstance(deposed.value, Fenced)
+    await eventually(lambda: b.head_seq == 1, 5, "b's hot copy has a's record")
+    written = await b.append([ev(2, "b")], term=term_b, time_unix_s=3.0, expect_seq=1)
+    assert [(r.seq, r.term) for r in written] == [(2, term_b)]
+    # Even a writer that believes the old head is fenced by the leader key, not only the head.
+    with pytest.raises(Deposed):
+        await a.append([ev(3, "a")], term=term_a, time_unix_s=4.0)
+    await client.delete(leader_key.encode())
+    with pytest.raises(Deposed, match="no leader"):
+        await b.append([ev(3, "b")], term=term_b, time_unix_s=5.0)
+    assert [(r.event.node_id, r.term) for r in b.read()] == [("a", term_a), ("b", term_b)]
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_appends_go_on_while_one_follower_member_is_down(etcd, client, etcd_prefix) -> None:
+    log = await EtcdLog.open(client, etcd_prefix)
+    await log.append([ev(0)], term=1, time_unix_s=0.0)
+    follower = next(m.name for m in etcd.members if m.name != etcd.leader_name())
+    etcd.kill(follower)
+    started = time.monotonic()
+    for i in range(1, 51):
+        await log.append([ev(i)], term=1, time_unix_s=float(i), expect_seq=i)
+    assert log.head_seq == 51 and time.monotonic() - started < 5
+    await log.aclose()
+
+
+async def test_without_quorum_appends_fail_fast_then_resume_with_nothing_lost_or_doubled(
+    etcd, client, etcd_prefix
+) -> None:
+    log = await EtcdLog.open(client, etcd_prefix, op_timeout_s=1.0)
+    acked: list[int] = []
+    for i in range(1, 11):
+        await log.append([ev(i)], term=1, time_unix_s=float(i), expect_seq=log.head_seq)
+        acked.append(i)
+    # Two of three down: one SIGSTOPped (silent), one SIGKILLed (refusing).
+    leader = etcd.leader_name()
+    others = [m.name for m in etcd.members if m.name != leader]
+    etcd.pause(leader)
+    etcd.kill(others[0])
+    unavailable = 0
+    started = time.monotonic()
+    i = 11
+    while unavailable < 3:
+        t0 = time.monotonic()
+        try:
+            await log.append([ev(i)], term=1, time_unix_s=float(i), expect_seq=log.head_seq)
+            acked.append(i)  # racing the fault: acknowledged before quorum was gone
+            i += 1
+        except LogUnavailable:
+            unavailable += 1
+            assert time.monotonic() - t0 < 1.0 + 0.5, "an append hung past its deadline"
+        assert time.monotonic() - started < 15
+    etcd.resume(leader)
+    etcd.restart(others[0])
+    # The writer's rule after LogUnavailable (outcome unknown): sync, look, then append again.
+    deadline = time.monotonic() + 15
+    while i <= 20:
+        try:
+            await log.sync()
+            if [r.event for r in log.read(log.head_seq)] == [ev(i)]:
+                acked.append(i)  # the ambiguous append had committed
+            else:
+                await log.append([ev(i)], term=1, time_unix_s=float(i), expect_seq=log.head_seq)
+                acked.append(i)
+            i += 1
+        except (LogUnavailable, Fenced):
+            assert time.monotonic() < deadline, "appends did not resume after quorum came back"
+            await asyncio.sleep(0.1)
+    await log.sync()
+    stored = [int(r.event.reason) for r in log.read()]
+    assert stored == acked == list(range(1, 21))
+    await log.aclose()
+
+
+async def test_a_followers_hot_copy_sees_every_record_once_across_an_etcd_leader_restart(
+    etcd, etcd_prefix
+) -> None:
+    urls = [m.client_url for m in etcd.members]
+    writer_client, follower_client = make_client(urls), make_client(list(reversed(urls)))
+    writer = await EtcdLog.open(writer_client, etcd_prefix)
+    follower = await EtcdLog.open(follower_client, etcd_prefix)
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for record in follower.follow(1):
+            seen.append(record.seq)
+            if record.seq == 60:
+                return
+
+    reader = asyncio.create_task(follow())
+    leader = etcd.leader_name()
+    for i in range(1, 61):
+        if i == 20:
+            etcd.stop(leader)  # the etcd leader: a raft election, broken streams on its clients
+        if i == 40:
+            etcd.restart(leader, wait=False)
+        while True:
+            try:
+                await writer.append([ev(i)], term=1, time_unix_s=float(i), expect_seq=i - 1)
+                break
+            except LogUnavailable:
+                await writer.sync() if False else None
+                await asyncio.sleep(0.05)
+            except Fenced:
+                break  # the ambiguous attempt had committed
+    await asyncio.wait_for(reader, timeout=15)
+    assert seen == list(range(1, 61))
+    assert [int(r.event.reason) for r in follower.read()] == list(range(1, 61))
+    await writer.aclose()
+    await follower.aclose()
+    await writer_client.close()
+    await follower_client.close()
