@@ -15,6 +15,8 @@ from pathlib import Path
 
 from ftsup.v1 import events_pb2
 
+from agent.core.hang import HangConfig
+
 NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0
 
@@ -37,6 +39,8 @@ class AgentConfig:
     log_level: str
     trainer_nice: int = 0
     warm_trainers: int = 0
+    xid_log: str = "none"  # file path, /dev/kmsg, auto or none
+    hang: HangConfig = HangConfig()
 
     @property
     def socket_path(self) -> Path:
@@ -78,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-trainers", type=int, default=0,
                    help="idle pre-warmed Python processes (torch imported) kept ready to become trainer"
                         " ranks: restarts skip seconds of start-up; set to the ranks per node (0: off)")
+    p.add_argument("--xid-log", default="auto",
+                   help="where to watch for NVIDIA Xid lines: a kernel-log file followed like tail -F,"
+                        " /dev/kmsg, 'auto' (/dev/kmsg when readable) or 'none'")
+    p.add_argument("--hang-multiple", type=float, default=10.0,
+                   help="a rank is hung after this many median step times without progress")
+    p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")
+    p.add_argument("--hang-startup-s", type=float, default=600.0, help="allowance before a generation's first step")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -108,6 +119,10 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--gpus: {gpus} must be within 0..1024")
     if not ns.host.strip():
         raise ConfigError("--host must not be empty")
+    try:
+        hang = HangConfig(ns.hang_multiple, ns.hang_floor_s, ns.hang_startup_s)
+    except ValueError as exc:
+        raise ConfigError(f"--hang-*: {exc}") from exc
     if not 0 <= ns.warm_trainers <= 64:
         raise ConfigError(f"--warm-trainers: {ns.warm_trainers} must be within 0..64")
     if not 0 <= ns.trainer_nice <= 19:
@@ -129,6 +144,8 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         log_level=ns.log_level,
         trainer_nice=ns.trainer_nice,
         warm_trainers=ns.warm_trainers,
+        xid_log=ns.xid_log,
+        hang=hang,
     )
 
 

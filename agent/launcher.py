@@ -85,6 +85,12 @@ class Launcher:
         self.run: Run | None = None  # the generation last started (its trainers may have exited)
         self._dying: list[Trainer] = []  # trainers of replaced generations not yet reaped
 
+    def running(self) -> tuple[int, tuple[int, ...], set[int]]:
+        """(generation, its ranks here, ranks whose process is alive); (0, (), set()) when idle."""
+        if self.run is None:
+            return 0, (), set()
+        return self.run.generation, self.run.ranks, {t.rank for t in self.run.live()}
+
     def running_generation(self) -> int:
         """The generation whose trainers are alive on this node, 0 when none are."""
         return self.run.generation if self.run is not None and self.run.live() else 0

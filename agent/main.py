@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import pathlib
 import random
 import signal
 import sys
+from collections.abc import AsyncIterator
 
 import grpc
+import structlog
 from ftsup.v1 import agent_pb2, peer_pb2_grpc
 from supervisor import logs
 
@@ -26,7 +30,9 @@ from agent.process import AsyncioProcessRunner, default_base_env
 from agent.restore import RestoreBook
 from agent.snapshots import SnapshotStore
 from agent.trainer_api import TrainerLinkService
+from agent.progress import ProgressTracker
 from agent.warm_pool import WarmPoolRunner
+from agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_hangs, watch_xids
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -68,8 +74,9 @@ async def run_agent(config: AgentConfig) -> int:
         log.error("peer_port_unavailable", host=config.host, peer_port=config.peer_port)
         return EXIT_FAILURE
     trainer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
+    progress = ProgressTracker()
     trainer_service = TrainerLinkService(
-        config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link")
+        config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link"), progress
     )
     peer_pb2_grpc.add_TrainerLinkServicer_to_server(trainer_service, trainer_server)
     trainer_server.add_insecure_port(config.trainer_link_address)
@@ -103,6 +110,13 @@ async def run_agent(config: AgentConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    watchers = [asyncio.create_task(watch_hangs(progress, launcher.running, reports.send, config.hang,
+                                                log.bind(part="hang")))]
+    xid_lines = open_xid_source(config.xid_log, log)
+    if xid_lines is not None:
+        lines, source = xid_lines
+        watchers.append(asyncio.create_task(watch_xids(lines, source, gpu_index_by_pci(), reports.send,
+                                                       log.bind(part="xid"))))
     link_task = asyncio.create_task(link.run())
     applier = asyncio.create_task(apply_directives())
     stopper = asyncio.create_task(stop.wait())
@@ -121,8 +135,9 @@ async def run_agent(config: AgentConfig) -> int:
         else:
             log.info("agent_stopping", reason="signal")
     finally:
-        applier.cancel()
-        await asyncio.gather(applier, return_exceptions=True)
+        for task in (applier, *watchers):
+            task.cancel()
+        await asyncio.gather(applier, *watchers, return_exceptions=True)
         await launcher.stop(STOP_GRACE_S)
         if isinstance(runner, WarmPoolRunner):
             await runner.close()
@@ -136,6 +151,23 @@ async def run_agent(config: AgentConfig) -> int:
             config.socket_path.unlink()
         log.info("agent_stopped", exit_code=code, reports_unsent=len(reports), reports_dropped=reports.dropped)
     return code
+
+
+def open_xid_source(setting: str, log: structlog.typing.FilteringBoundLogger) -> tuple[AsyncIterator[str], str] | None:
+    """The kernel-log line stream to watch for Xids, from --xid-log; None when there is none."""
+    if setting == "none":
+        return None
+    kmsg = pathlib.Path("/dev/kmsg")
+    if setting == "auto":
+        if not os.access(kmsg, os.R_OK):
+            log.warning("xid_watch_off", reason="/dev/kmsg is not readable; pass --xid-log FILE (e.g. kern.log)")
+            return None
+        setting = str(kmsg)
+    path = pathlib.Path(setting)
+    if path == kmsg:
+        return follow_kmsg(path), "kmsg"
+    log.info("xid_watch", file=str(path))
+    return follow_file(path), "file"
 
 
 def main(argv: list[str] | None = None) -> int:

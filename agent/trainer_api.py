@@ -17,6 +17,7 @@ from agent.codec import blob_from_proto, blob_to_proto, holding_report
 from agent.launcher import Launcher
 from agent.link import Reports
 from agent.peers import PeerClient, PeerUnavailable
+from agent.progress import ProgressTracker
 from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
 from agent.snapshots import Blob, InvalidBlob, SnapshotStore
 
@@ -34,7 +35,9 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         peers: PeerClient,
         reports: Reports,
         log: Logger,
+        progress: ProgressTracker | None = None,
     ) -> None:
+        self._progress = progress or ProgressTracker()
         self._node_id = node_id
         self._launcher = launcher
         self._store = store
@@ -69,6 +72,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
+        self._progress.record_step(request.generation, request.rank, request.step, request.step_time_s)
         self._reports.send(agent_pb2.AgentMessage(step_report=request))
         return peer_pb2.LinkAck()
 

@@ -111,7 +111,8 @@ class LocalCluster:
             [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", self.address, "--role", role,
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
              "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
-             "--warm-trainers", str(self.spec.warm_trainers), "--log-json"],
+             "--warm-trainers", str(self.spec.warm_trainers), "--xid-log", str(node_dir / "kern.log"),
+             "--log-json"],
             node_dir / "agent.log",
         )
         node = NodeProcess(node_id, role, process, node_dir / "agent.log")
@@ -124,6 +125,14 @@ class LocalCluster:
         with open(log_path, "ab") as log:
             # A new session per process: killpg() then takes an agent and all its ranks.
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def inject_xid(self, node_id: str, code: int, text: str = "injected by the test harness") -> float:
+        """Appends a real-format NVRM Xid line to the node's kernel log (which its agent follows)."""
+        line = f"[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python, {text}\n"
+        injected_at = time.time()
+        with open(self.workdir / "nodes" / node_id / "kern.log", "a") as log:
+            log.write(line)
+        return injected_at
 
     def kill_node(self, node_id: str) -> float:
         """SIGKILLs the node's agent and its trainer ranks; returns the wall time of the kill."""

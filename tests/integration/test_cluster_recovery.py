@@ -116,3 +116,22 @@ def test_a_rank_crash_on_a_healthy_node_restores_every_rank_from_local_ram(
         assert second.restore_step >= 4
         assert not of_kind(records, "node_declared_dead")
         assert status.final_digest == reference_digest
+
+
+def test_an_xid_79_on_a_node_quarantines_it_and_the_spare_finishes_bit_identical(
+    tmp_path: pathlib.Path, reference_digest: str
+) -> None:
+    with LocalCluster(spec(), tmp_path) as cluster:
+        cluster.start()
+        cluster.wait_for(lambda: cluster.status().step >= 4, 180, "step 4")
+        cluster.inject_xid("node-2", 79, "GPU has fallen off the bus.")
+        status = wait_completed(cluster)
+        records = cluster.events()
+        xids = of_kind(records, "xid_reported")
+        assert [(x.node_id, x.code, x.action) for x in xids] == [("node-2", 79, events_pb2.XID_ACTION_QUARANTINE_NODE)]
+        quarantined = of_kind(records, "node_quarantined")
+        assert [q.node_id for q in quarantined] == ["node-2"] and "Xid 79" in quarantined[0].reason
+        assert not of_kind(records, "node_declared_dead"), "the node is alive, only its GPU is gone"
+        replacement = of_kind(records, "generation_started")[-1]
+        assert [m.node_id for m in replacement.members] == ["node-1", "spare-1", "node-3"]
+        assert status.final_digest == reference_digest

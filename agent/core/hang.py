@@ -1,0 +1,44 @@
+"""When a live rank counts as hung: no step progress for max(multiple x median step time, floor).
+
+Pure. A rank that has not finished its first step yet (imports, process-group set-up, restore)
+gets the separate, longer `startup_s`. The median over recent steps tolerates occasional slow
+steps (checkpoints, evaluation) without lowering the bar for a real hang.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class HangConfig:
+    multiple: float = 10.0  # x the median step time
+    floor_s: float = 120.0  # never less than this
+    startup_s: float = 600.0  # before the first step of a generation
+
+    def __post_init__(self) -> None:
+        if not (self.multiple >= 1 and self.floor_s > 0 and self.startup_s > 0):
+            raise ValueError(f"hang limits must be positive (multiple >= 1), got {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    silent_for_s: float
+    limit_s: float
+
+
+def hang_limit_s(recent_step_times_s: Sequence[float], config: HangConfig) -> float:
+    if not recent_step_times_s:
+        return config.startup_s
+    return max(config.floor_s, config.multiple * statistics.median(recent_step_times_s))
+
+
+def check_hang(
+    recent_step_times_s: Sequence[float], last_progress_s: float, now: float, config: HangConfig
+) -> Hang | None:
+    """A Hang when the rank has been silent past its limit, else None."""
+    limit = hang_limit_s(recent_step_times_s, config)
+    silent = now - last_progress_s
+    return Hang(silent, limit) if silent > limit else None

@@ -1,0 +1,51 @@
+"""Per-rank step progress of the running generation, as the trainer link sees it.
+
+Fed by ReportStep, read by the hang watcher; reset when a new generation starts. Times come
+from the agent's monotonic clock, never from the trainer.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+WINDOW = 32
+
+
+@dataclass(slots=True)
+class RankProgress:
+    started_s: float
+    last_progress_s: float
+    last_step: int = 0
+    step_times_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
+    is_hang_reported: bool = False
+
+
+class ProgressTracker:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._generation = 0
+        self.ranks: dict[int, RankProgress] = {}
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def start_generation(self, generation: int, ranks: tuple[int, ...]) -> None:
+        now = self._clock()
+        self._generation = generation
+        self.ranks = {rank: RankProgress(started_s=now, last_progress_s=now) for rank in ranks}
+
+    def record_step(self, generation: int, rank: int, step: int, step_time_s: float) -> None:
+        progress = self.ranks.get(rank)
+        if generation != self._generation or progress is None:
+            return
+        progress.last_progress_s = self._clock()
+        progress.last_step = step
+        progress.step_times_s.append(step_time_s)
+        progress.is_hang_reported = False
+
+    def now(self) -> float:
+        return self._clock()
