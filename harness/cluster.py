@@ -44,8 +44,8 @@ class ClusterSpec:
     trainer_argv: tuple[str, ...] = ()
     trainer_env: tuple[tuple[str, str], ...] = ()
     heartbeat_interval_s: float = 1.0
-    heartbeat_misses: int = 3
-    reconnect_grace_s: float = 1.0
+    heartbeat_misses: int = 2
+    reconnect_grace_s: float = 0.4
     job_name: str = "demo"
     # Trainers share this machine's 2 cores with the control plane; on GPU nodes they would not.
     trainer_nice: int = 10

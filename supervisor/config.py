@@ -73,8 +73,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="/var/lib/ftsup/supervisor", type=pathlib.Path, help="event log directory")
     p.add_argument("--job", required=True, type=pathlib.Path, help="job file (JSON), see README")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
-    p.add_argument("--heartbeat-misses", type=int, default=3, help="dead after this many silent intervals")
-    p.add_argument("--reconnect-grace-s", type=float, default=1.0, help="dead when a closed stream stays closed this long")
+    p.add_argument("--heartbeat-misses", type=int, default=2, help="dead after this many silent intervals")
+    p.add_argument("--reconnect-grace-s", type=float, default=0.4, help="dead when a closed stream stays closed this long")
     p.add_argument("--allowed-nodes", default="", help="comma-separated node ids; empty allows any")
     p.add_argument("--tick-s", type=float, default=0.1, help="how often detectors and the planner run")
     p.add_argument("--snapshot-every", type=int, default=10_000,

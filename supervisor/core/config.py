@@ -57,8 +57,11 @@ class JobSpec:
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
     heartbeat_interval_s: float = 1.0
-    heartbeat_misses: int = 3  # dead after this many intervals of silence
-    reconnect_grace_s: float = 1.0  # a closed stream not reopened within this is a death
+    # Dead after this many intervals of silence on an open stream (a hung or partitioned node).
+    heartbeat_misses: int = 2
+    # A closed stream means the agent process died (its host closed the socket) unless the agent
+    # reconnects within this; a transient loss that reconnects later is undone (see decide).
+    reconnect_grace_s: float = 0.4
 
     def __post_init__(self) -> None:
         _positive("heartbeat_interval_s", self.heartbeat_interval_s, 60.0)

@@ -107,7 +107,14 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
         peer_port=hello.peer_port,
         gpus=hello.gpus,
     )
-    if node is None or node.liveness is Liveness.DEAD:
+    if node is None:
+        return [registered]
+    if node.liveness is Liveness.DEAD:
+        if node.incarnation == hello.incarnation and node.quarantine_reason.startswith(_quarantine_reason(failure.STREAM_LOSS)):
+            # The same agent process is back: its stream loss was transient (a network blip), not a
+            # death. Its generation was already replaced; it returns to service as a spare would.
+            why = "reconnected with the same incarnation: the stream loss was transient"
+            return [registered, NodeUnquarantined(hello.node_id, why, "")]
         return [registered]
     events: list[Event] = []
     changed = (node.incarnation, node.role, node.host, node.peer_port, node.gpus) != (
@@ -202,6 +209,10 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest)
             return [record]  # a training one at its generation's next committed step
 
 
+def _quarantine_reason(death_reason: str) -> str:
+    return f"declared dead: {death_reason}"
+
+
 def _drain_idle(state: ClusterState, soft: SoftState) -> list[Event]:
     """Pending drains of nodes that hold no ranks (any more) take effect before the next plan."""
     generation = state.generation
@@ -288,7 +299,7 @@ def _declare_dead(
             )
         )
     if not state.nodes[verdict.node_id].is_quarantined:
-        events.append(NodeQuarantined(verdict.node_id, f"declared dead: {verdict.reason}", dead_seq))
+        events.append(NodeQuarantined(verdict.node_id, _quarantine_reason(verdict.reason), dead_seq))
     return events
 
 

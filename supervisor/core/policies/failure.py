@@ -2,7 +2,7 @@
 
 A closed stream is the fastest signal: the node is suspected at once and declared dead when it
 has not reconnected within `reconnect_grace_s`. Silence on an open stream (a hung or partitioned
-node) is caught by heartbeats: suspect after two intervals, dead after `heartbeat_misses`.
+node) is caught by heartbeats: suspect after 1.5 intervals, dead after `heartbeat_misses`.
 A fresh supervisor grants every node one full timeout of grace before any verdict.
 """
 
@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 from supervisor.core.config import DetectorConfig
 from supervisor.core.state import ClusterState, Liveness, SoftState
+
+
+STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,10 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
         if not connected:
             closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
             if now - closed_at >= config.reconnect_grace_s:
-                reason = f"stream closed and not reopened within {config.reconnect_grace_s:g}s"
+                reason = f"{STREAM_LOSS} within {config.reconnect_grace_s:g}s"
+                verdicts.append(Verdict(node.node_id, Liveness.DEAD, reason, silent_for))
+            elif silent_for >= config.dead_after_s:  # silence is silence, connected or not
+                reason = f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)"
                 verdicts.append(Verdict(node.node_id, Liveness.DEAD, reason, silent_for))
             elif node.liveness is Liveness.ALIVE:
                 verdicts.append(Verdict(node.node_id, Liveness.SUSPECT, "stream closed", silent_for))
@@ -57,7 +63,7 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
                     silent_for,
                 )
             )
-        elif silent_for >= 2 * config.heartbeat_interval_s and node.liveness is Liveness.ALIVE:
+        elif silent_for >= 1.5 * config.heartbeat_interval_s and node.liveness is Liveness.ALIVE:
             verdicts.append(Verdict(node.node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
         elif silent_for < config.heartbeat_interval_s * 1.5 and node.liveness is Liveness.SUSPECT:
             verdicts.append(Verdict(node.node_id, Liveness.ALIVE, "heard from again", silent_for))

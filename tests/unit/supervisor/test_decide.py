@@ -376,3 +376,24 @@ def test_a_hung_rank_ends_the_generation_and_restarts_the_gang():
     assert [type(e) for e in events] == [GenerationEnded, GenerationStarted]
     assert events[0].reason is EndReason.HUNG and "no step progress for 120s" in events[0].detail
     assert events[1].restore_step == 3
+
+
+def test_a_node_whose_stream_loss_was_transient_returns_to_service_when_the_same_agent_reconnects():
+    from supervisor.core.events import NodeUnquarantined
+
+    sim = running_cluster()
+    step(sim, 1, 1)
+    alive(sim, NOW + 5.0)
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 5.0)
+    alive(sim, NOW + 6.0)
+    sim.events(Tick(), at=NOW + 6.1)
+    assert sim.state.nodes["n3"].is_quarantined  # declared dead: replaced by the spare
+    events = sim.events(hello("n3", incarnation=1, stream_id=33), at=NOW + 7.0)
+    assert [type(e) for e in events] == [NodeRegistered, NodeUnquarantined]
+    assert sim.state.nodes["n3"].is_in_service
+    # A different process under the same name (a restarted agent) stays quarantined.
+    sim.events(StreamClosed("s1", 1, 10), at=NOW + 8.0)
+    alive(sim, NOW + 9.0)
+    sim.events(Tick(), at=NOW + 9.1)
+    events = sim.events(hello("s1", spare=True, incarnation=2, stream_id=44), at=NOW + 10.0)
+    assert [type(e) for e in events][:1] == [NodeRegistered] and sim.state.nodes["s1"].is_quarantined
