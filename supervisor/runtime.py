@@ -133,7 +133,7 @@ class Runtime:
                         node_id=getattr(inp, "node_id", None))
             return Outcome(refusal=reason)
         now = self._clock()
-        soft_state.observe(self.soft, self.state, inp, now)
+        soft_state.observe(self.soft, self.state, inp, now, self.config.straggler)
         decision = decide(self.state, self.soft, inp, now, self.config)
         if decision.events:
             try:

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidPolicyConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -79,4 +80,8 @@ class CoreConfig:
     job: JobSpec
     detector: DetectorConfig = DetectorConfig()
     xid: XidPolicyConfig = XidPolicyConfig()
+    straggler: StragglerConfig = StragglerConfig()
+    # A confirmed straggler is swapped for a free spare; with no spare it is only reported (a
+    # slow node beats a smaller world). False: always only report.
+    is_straggler_swap_enabled: bool = True
     allowed_nodes: frozenset[str] = frozenset()  # empty: any well-formed node id may join

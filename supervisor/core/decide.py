@@ -27,6 +27,7 @@ from supervisor.core.events import (
     NodeUnquarantined,
     OperatorCommand,
     SnapshotCommitted,
+    StragglerDetected,
     XidAction,
     XidReported,
 )
@@ -61,6 +62,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_hello(state, inp)
         case StepReport():
             events = _on_step_report(state, inp)
+            events += _on_stragglers(state, soft, config, offset=len(events))
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
         case RankFinished():
@@ -144,6 +146,41 @@ def _on_step_report(state: ClusterState, report: StepReport) -> list[Event]:
     if generation is None or generation.number != report.generation or generation.is_running:
         return []
     return [GenerationRunning(generation=report.generation, first_step=report.step)]
+
+
+def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
+    """Confirmed stragglers (from the step just scored): recorded; the first one is swapped out
+    when a spare is free (one swap ends the generation; others wait for the next)."""
+    progress = soft.progress
+    generation = state.generation
+    if progress is None or generation is None or not progress.new_straggler_verdicts:
+        return []
+    events: list[Event] = []
+    is_swapped = False
+    for verdict in progress.new_straggler_verdicts:
+        node_id = generation.node_of_rank(verdict.rank)
+        if not verdict.is_straggler or node_id is None:
+            continue
+        window = f"steps {verdict.window[0]}..{verdict.window[1]}"
+        events.append(StragglerDetected(node_id, verdict.rank, verdict.scores[-1], len(verdict.scores),
+                                        verdict.over_threshold, f"{verdict.reason}; {window}"))
+        if config.is_straggler_swap_enabled and not is_swapped and _has_free_spare(state, soft):
+            evidence = state.applied_seq + offset + len(events)  # the StragglerDetected record
+            reason = f"straggler: rank {verdict.rank} {verdict.reason}"
+            events += _end_if_member(state, soft, node_id, EndReason.NODE_QUARANTINED, reason)
+            events.append(NodeQuarantined(node_id, reason, evidence))
+            is_swapped = True
+    return events
+
+
+def _has_free_spare(state: ClusterState, soft: SoftState) -> bool:
+    generation = state.generation
+    for node in state.nodes.values():
+        info = soft.nodes.get(node.node_id)
+        if (node.liveness is Liveness.ALIVE and node.is_in_service and info is not None
+                and info.stream_id is not None and (generation is None or generation.member(node.node_id) is None)):
+            return True
+    return False
 
 
 def _on_snapshot_report(state: ClusterState, soft: SoftState, report: SnapshotReport) -> list[Event]:

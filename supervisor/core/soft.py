@@ -22,6 +22,8 @@ from supervisor.core.inputs import (
     StreamClosed,
     TrainerExit,
 )
+from supervisor.core.policies import straggler as straggler_policy
+from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidSighting
 from supervisor.core.state import ClusterState, GenerationProgress, NodeSoft, SoftState
 
@@ -30,8 +32,12 @@ XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid poli
 XID_HISTORY_MAX = 256
 
 
-def observe(soft: SoftState, state: ClusterState, inp: Input, now: float) -> None:
+def observe(
+    soft: SoftState, state: ClusterState, inp: Input, now: float, straggler: StragglerConfig = StragglerConfig()
+) -> None:
     """Records what `inp` says about liveness and progress; call before `decide` on the same input."""
+    if soft.progress is not None:
+        soft.progress.new_straggler_verdicts = []
     if soft.pending_drains:
         soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
     match inp:
@@ -67,6 +73,7 @@ def observe(soft: SoftState, state: ClusterState, inp: Input, now: float) -> Non
                     progress.max_step = inp.step
                     if math.isfinite(inp.loss):
                         progress.last_loss = inp.loss
+                _score_compute_time(progress, state, inp, straggler)
         case SnapshotReport():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
@@ -80,6 +87,26 @@ def observe(soft: SoftState, state: ClusterState, inp: Input, now: float) -> Non
             if progress is not None:
                 progress.finished[inp.rank] = inp.param_digest
                 progress.max_step = max(progress.max_step, inp.step)
+
+
+MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
+
+
+def _score_compute_time(
+    progress: GenerationProgress, state: ClusterState, report: StepReport, config: StragglerConfig
+) -> None:
+    """Once every rank reported a step, the straggler detector scores its compute times."""
+    assert state.generation is not None
+    times = progress.compute_times.setdefault(report.step, {})
+    times[report.rank] = report.compute_time_s
+    if len(times) < state.generation.world_size:
+        for stale in sorted(progress.compute_times)[:-MAX_OPEN_STEPS]:
+            del progress.compute_times[stale]
+        return
+    del progress.compute_times[report.step]
+    progress.straggler, progress.new_straggler_verdicts = straggler_policy.observe_step(
+        progress.straggler, report.step, times, config
+    )
 
 
 def forget_committed(soft: SoftState, up_to_step: int) -> None:

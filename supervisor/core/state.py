@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+from supervisor.core.policies.straggler import StragglerState, StragglerVerdict
 from supervisor.core.policies.xid import XidSighting
 
 
@@ -159,6 +160,11 @@ class GenerationProgress:
     holdings: dict[int, dict[int, frozenset[str]]] = field(default_factory=dict)
     finished: dict[int, str] = field(default_factory=dict)  # rank -> final digest
     step_reports: int = 0
+    # step -> rank -> compute time, until every rank of the step reported (then scored)
+    compute_times: dict[int, dict[int, float]] = field(default_factory=dict)
+    straggler: StragglerState = field(default_factory=StragglerState)
+    # verdicts from the input being observed now (decide turns them into events)
+    new_straggler_verdicts: list[StragglerVerdict] = field(default_factory=list)
 
 
 @dataclass(slots=True)

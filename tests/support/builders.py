@@ -59,7 +59,7 @@ class Sim:
         reason = refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             return reason
-        soft_state.observe(self.soft, self.state, inp, self.now)
+        soft_state.observe(self.soft, self.state, inp, self.now, self.config.straggler)
         decision = decide(self.state, self.soft, inp, self.now, self.config)
         self.state = evolve_all(self.state, decision.events)
         self.state = dataclasses.replace(self.state, applied_seq=self.state.applied_seq + len(decision.events))

@@ -397,3 +397,56 @@ def test_a_node_whose_stream_loss_was_transient_returns_to_service_when_the_same
     sim.events(Tick(), at=NOW + 9.1)
     events = sim.events(hello("s1", spare=True, incarnation=2, stream_id=44), at=NOW + 10.0)
     assert [type(e) for e in events][:1] == [NodeRegistered] and sim.state.nodes["s1"].is_quarantined
+
+
+def _slow_steps(sim: Sim, first: int, last: int, slow_rank: int, *, at: float) -> list:
+    """Every rank reports steps first..last; `slow_rank` computes 40 % slower than the others."""
+    emitted = []
+    for step_no in range(first, last + 1):
+        current = sim.state.generation
+        for member in current.members:
+            for rank in member.ranks:
+                compute = 0.14 if rank == slow_rank else 0.1 + 0.001 * (rank % 3)
+                result = sim.feed(StepReport(member.node_id, current.number, rank, step_no, 0.2, compute, 2.0, "d"),
+                                  at=at)
+                assert not isinstance(result, str), result
+                emitted += result
+    return emitted
+
+
+def test_a_persistent_straggler_is_recorded_and_swapped_for_a_free_spare():
+    from supervisor.core.events import StragglerDetected
+
+    sim = running_cluster()
+    alive(sim, NOW + 5.0)
+    emitted = _slow_steps(sim, 1, 20, slow_rank=3, at=NOW + 5.0)
+    detected = [e for e in emitted if isinstance(e, StragglerDetected)]
+    assert len(detected) == 1 and detected[0].node_id == "n2" and detected[0].rank == 3
+    assert detected[0].score >= 3.0 and detected[0].slow_steps >= 11
+    quarantined = [e for e in emitted if isinstance(e, NodeQuarantined)]
+    assert [q.node_id for q in quarantined] == ["n2"] and quarantined[0].reason.startswith("straggler: rank 3")
+    assert {m.node_id for m in sim.state.generation.members} == {"n1", "s1", "n3"}
+
+
+def test_without_a_free_spare_a_straggler_is_only_reported():
+    from supervisor.core.events import StragglerDetected
+
+    sim = running_cluster(spares=0)
+    alive(sim, NOW + 5.0)
+    emitted = _slow_steps(sim, 1, 20, slow_rank=0, at=NOW + 5.0)
+    assert [type(e) for e in emitted if not isinstance(e, GenerationRunning)] == [StragglerDetected]
+    assert sim.state.generation.number == 1 and sim.state.nodes["n1"].straggler_score >= 3.0
+
+
+def test_noise_and_a_whole_cohort_stall_flag_nobody():
+    sim = running_cluster()
+    alive(sim, NOW + 5.0)
+    emitted = []
+    for step_no in range(1, 40):
+        stall = 3.0 if step_no % 10 == 0 else 1.0  # a data-loader stall slows every rank alike
+        for member in sim.state.generation.members:
+            for rank in member.ranks:
+                jitter = 1.0 + 0.02 * ((rank * 7 + step_no * 3) % 5 - 2) / 2
+                compute = 0.1 * stall * jitter
+                emitted += sim.events(StepReport(member.node_id, 1, rank, step_no, 0.5, compute, 2.0, "d"), at=NOW + 5)
+    assert [type(e) for e in emitted] == [GenerationRunning]
