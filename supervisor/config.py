@@ -75,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--heartbeat-misses", type=int, default=2, help="dead after this many silent intervals")
     p.add_argument("--reconnect-grace-s", type=float, default=0.4, help="dead when a closed stream stays closed this long")
+    p.add_argument("--spare-grace-s", type=float, default=10.0,
+                   help="after start, wait this long for active nodes before a spare stands in for one")
     p.add_argument("--allowed-nodes", default="", help="comma-separated node ids; empty allows any")
     p.add_argument("--tick-s", type=float, default=0.1, help="how often detectors and the planner run")
     p.add_argument("--snapshot-every", type=int, default=10_000,
@@ -105,7 +107,10 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             job=load_job(args.job),
             detector=detector,
             allowed_nodes=frozenset(n for n in args.allowed_nodes.split(",") if n),
+            spare_grace_s=args.spare_grace_s,
         )
+        if not 0 <= args.spare_grace_s <= 3600:
+            raise ValueError(f"--spare-grace-s must be within [0, 3600], got {args.spare_grace_s}")
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     try:

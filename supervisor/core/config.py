@@ -84,4 +84,7 @@ class CoreConfig:
     # A confirmed straggler is swapped for a free spare; with no spare it is only reported (a
     # slow node beats a smaller world). False: always only report.
     is_straggler_swap_enabled: bool = True
+    # After the supervisor starts, spares stand in for missing active nodes only after this long,
+    # so a spare that registers first does not displace an active node still booting.
+    spare_grace_s: float = 10.0
     allowed_nodes: frozenset[str] = frozenset()  # empty: any well-formed node id may join

@@ -87,7 +87,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
     idle_drains = _drain_idle(folded, soft)
     events.extend(idle_drains)
     plan = planner.plan_generation(
-        evolve_all(folded, idle_drains), soft, config.job, now, spare_grace_s=config.detector.dead_after_s
+        evolve_all(folded, idle_drains), soft, config.job, now, spare_grace_s=config.spare_grace_s
     )
     if plan.started is not None:
         events.append(plan.started)
@@ -166,7 +166,7 @@ def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, 
                                         verdict.over_threshold, f"{verdict.reason}; {window}"))
         if config.is_straggler_swap_enabled and not is_swapped and _has_free_spare(state, soft):
             evidence = state.applied_seq + offset + len(events)  # the StragglerDetected record
-            reason = f"straggler: rank {verdict.rank} {verdict.reason}"
+            reason = f"rank {verdict.rank} {verdict.reason}"
             events += _end_if_member(state, soft, node_id, EndReason.NODE_QUARANTINED, reason)
             events.append(NodeQuarantined(node_id, reason, evidence))
             is_swapped = True

@@ -161,7 +161,9 @@ class EtcdLog:
 
     async def _watch(self) -> None:
         delay = _WATCH_BACKOFF_S[0]
-        while not self._closed:
+        me = asyncio.current_task()
+        # aetcd swallows a CancelledError in places (watcher shutdown): check we were not cancelled.
+        while not self._closed and not (me is not None and me.cancelling()):
             try:
                 watch = await asyncio.wait_for(
                     self._client.watch_prefix(self._root, start_revision=self._revision + 1), self._timeout_s
@@ -189,7 +191,7 @@ class EtcdLog:
                     await self.sync()
             except Exception as exc:  # a broken stream: re-watch from the last revision + 1
                 log.info("etcd watch on %s broke (%r); re-watching from %d", self.prefix, exc, self._revision + 1)
-            if self._closed:
+            if self._closed or (me is not None and me.cancelling()):
                 return
             self.watch_restarts += 1
             await asyncio.sleep(delay)
@@ -382,6 +384,7 @@ class EtcdLog:
         for _ in range(5):
             if self._snapshot is not None and self._snapshot.applied_seq >= state.applied_seq:
                 return  # a replica already stored this point or a later one
+            replaced = self._snapshot  # the watch may move self._snapshot while we wait
             success: list[Any] = [tx.Put(self._snap_key, raw), tx.Get(self._snap_key)]
             if self._snapshot_raw:
                 success.insert(0, tx.Put(self._prev_key, self._snapshot_raw))
@@ -390,8 +393,9 @@ class EtcdLog:
                 self._client.transaction([tx.Mod(self._snap_key) == self._snapshot_rev], success, [])
             )
             if ok:
-                self._prev, self._snapshot, self._snapshot_raw = self._snapshot, state, raw
-                self._snapshot_rev = responses[-1][0][1].mod_revision
+                self._prev = replaced
+                self._snapshot, self._snapshot_raw = state, raw
+                self._snapshot_rev = max(self._snapshot_rev, responses[-1][0][1].mod_revision)
                 return
             await self.sync()  # someone else saved one; rotate against theirs
         raise LogUnavailable(f"snapshot under {self.prefix} kept changing under us (5 tries)")

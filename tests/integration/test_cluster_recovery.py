@@ -135,3 +135,23 @@ def test_an_xid_79_on_a_node_quarantines_it_and_the_spare_finishes_bit_identical
         replacement = of_kind(records, "generation_started")[-1]
         assert [m.node_id for m in replacement.members] == ["node-1", "spare-1", "node-3"]
         assert status.final_digest == reference_digest
+
+
+def test_a_slow_rank_gets_its_node_swapped_for_the_spare_while_training_continues(tmp_path: pathlib.Path) -> None:
+    slow = ("--slow-rank", "3", "--slow-ms", "60", "--slow-generation", "1")
+    spec6 = ClusterSpec(
+        nodes=3, spares=1, ranks_per_node=2, trainer_argv=trainer_argv(sys.executable, 40, seed=3) + slow,
+        heartbeat_interval_s=0.5, reconnect_grace_s=1.0, warm_trainers=2,
+    )
+    with LocalCluster(spec6, tmp_path) as cluster:
+        cluster.start()
+        status = wait_completed(cluster)
+        records = cluster.events()
+        detected = of_kind(records, "straggler_detected")
+        assert [(d.node_id, d.rank) for d in detected] == [("node-2", 3)]
+        assert detected[0].score >= 3.0
+        quarantined = of_kind(records, "node_quarantined")
+        assert [q.node_id for q in quarantined] == ["node-2"] and "rank 3 straggler" in quarantined[0].reason
+        replacement = of_kind(records, "generation_started")[-1]
+        assert [m.node_id for m in replacement.members] == ["node-1", "spare-1", "node-3"]
+        assert status.step == 40 and status.final_digest

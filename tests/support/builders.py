@@ -25,6 +25,7 @@ def config(nodes: int = 3, ranks_per_node: int = 2, allowed: frozenset[str] = fr
         job=job(nodes, ranks_per_node),
         detector=DetectorConfig(heartbeat_interval_s=1.0, heartbeat_misses=3, reconnect_grace_s=1.0),
         allowed_nodes=allowed,
+        spare_grace_s=3.0,
     )
 
 

@@ -107,6 +107,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="deterministic",
         help="allreduce = DDP's default hook, NOT restart-deterministic (kept to demonstrate why)",
     )
+    p.add_argument("--slow-rank", type=int, default=None, help="fault injection: this rank computes slower")
+    p.add_argument("--slow-ms", type=float, default=50.0, help="extra compute time of --slow-rank per step")
+    p.add_argument("--slow-generation", type=int, default=1, help="...only in this generation (its node)")
     p.add_argument("--crash-at-step", type=int, default=None)
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--crash-generation", type=int, default=1)
@@ -158,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         batch = tokens[torch.tensor(offsets)[:, None] + window].to(device)
         logits = ddp(batch[:, :-1])
+        if args.slow_rank == session.rank and session.generation == args.slow_generation:
+            time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         # Step S-1's snapshot must be held twice before this step's gradient sync completes:

@@ -424,7 +424,7 @@ def test_a_persistent_straggler_is_recorded_and_swapped_for_a_free_spare():
     assert len(detected) == 1 and detected[0].node_id == "n2" and detected[0].rank == 3
     assert detected[0].score >= 3.0 and detected[0].slow_steps >= 11
     quarantined = [e for e in emitted if isinstance(e, NodeQuarantined)]
-    assert [q.node_id for q in quarantined] == ["n2"] and quarantined[0].reason.startswith("straggler: rank 3")
+    assert [q.node_id for q in quarantined] == ["n2"] and quarantined[0].reason.startswith("rank 3 straggler: ")
     assert {m.node_id for m in sim.state.generation.members} == {"n1", "s1", "n3"}
 
 
