@@ -40,6 +40,7 @@ class AgentConfig:
     trainer_nice: int = 0
     warm_trainers: int = 0
     xid_log: str = "none"  # file path, /dev/kmsg, auto or none
+    failure_domain: str = ""
     hang: HangConfig = HangConfig()
 
     @property
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-trainers", type=int, default=0,
                    help="idle pre-warmed Python processes (torch imported) kept ready to become trainer"
                         " ranks: restarts skip seconds of start-up; set to the ranks per node (0: off)")
+    p.add_argument("--failure-domain", default="",
+                   help="rack or power domain of this node: spares from another domain replace lost nodes first")
     p.add_argument("--xid-log", default="auto",
                    help="where to watch for NVIDIA Xid lines: a kernel-log file followed like tail -F,"
                         " /dev/kmsg, 'auto' (/dev/kmsg when readable) or 'none'")
@@ -145,6 +148,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         trainer_nice=ns.trainer_nice,
         warm_trainers=ns.warm_trainers,
         xid_log=ns.xid_log,
+        failure_domain=ns.failure_domain.strip(),
         hang=hang,
     )
 

@@ -125,6 +125,7 @@ class SupervisorLink:
                 peer_port=self._peer_port,
                 gpus=c.gpus,
                 agent_version=AGENT_VERSION,
+                failure_domain=c.failure_domain,
             )
         )
 

@@ -108,6 +108,7 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
         host=hello.host,
         peer_port=hello.peer_port,
         gpus=hello.gpus,
+        failure_domain=hello.failure_domain,
     )
     if node is None:
         return [registered]
@@ -119,8 +120,8 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
             return [registered, NodeUnquarantined(hello.node_id, why, "")]
         return [registered]
     events: list[Event] = []
-    changed = (node.incarnation, node.role, node.host, node.peer_port, node.gpus) != (
-        hello.incarnation, hello.role, hello.host, hello.peer_port, hello.gpus,
+    changed = (node.incarnation, node.role, node.host, node.peer_port, node.gpus, node.failure_domain) != (
+        hello.incarnation, hello.role, hello.host, hello.peer_port, hello.gpus, hello.failure_domain,
     )
     current = state.generation
     if node.incarnation != hello.incarnation and current is not None and current.member(hello.node_id):
@@ -227,9 +228,14 @@ def _on_xid(state: ClusterState, soft: SoftState, report: XidReport, now: float,
 
 
 def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Event]:
+    """The hung node's ranks are treated as lost: its node is swapped for a free spare (its RAM
+    copies still serve the restore); with no spare the same gang restarts from the snapshot."""
     detail = (f"rank {hung.rank} made no step progress for {hung.silent_for_s:.0f}s"
               f" (limit {hung.limit_s:.0f}s) after step {hung.last_step}")
-    return _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail)
+    ended = _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail)
+    if ended and _has_free_spare(state, soft) and not state.nodes[hung.node_id].is_quarantined:
+        ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1))
+    return ended
 
 
 def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest) -> list[Event]:

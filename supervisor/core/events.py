@@ -70,6 +70,7 @@ class NodeRegistered:
     host: str
     peer_port: int
     gpus: int
+    failure_domain: str = ""
 
 
 @dataclass(frozen=True, slots=True)

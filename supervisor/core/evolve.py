@@ -156,10 +156,12 @@ def _on_registered(state: ClusterState, event: NodeRegistered) -> ClusterState:
         peer_port=event.peer_port,
         gpus=event.gpus,
         liveness=Liveness.ALIVE,
+        failure_domain=event.failure_domain,
+        registered_order=state.registrations + 1,
         is_quarantined=previous.is_quarantined if previous else False,
         quarantine_reason=previous.quarantine_reason if previous else "",
     )
-    return _with_node(state, node)
+    return frozen.replace(_with_node(state, node), registrations=state.registrations + 1)
 
 
 def _set_liveness(

@@ -20,6 +20,7 @@ class AgentHello:
     peer_port: int
     gpus: int
     stream_id: int  # the shell's handle for the stream this Hello came on
+    failure_domain: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ class NodeRecord:
     is_drained: bool = False  # taken out of service on purpose, not faulty
     xid_count: int = 0
     straggler_score: float = 0.0  # robust z of the last straggler verdict
+    failure_domain: str = ""
+    registered_order: int = 0  # position among registrations: lower has been up longer
 
     @property
     def is_in_service(self) -> bool:
@@ -136,6 +138,7 @@ class ClusterState:
     checkpoint: CommittedCheckpoint | None = None  # the newest committed object-store checkpoint
     pending_checkpoint: PendingCheckpoint | None = None
     open_sdc_checks: tuple[str, ...] = ()
+    registrations: int = 0  # NodeRegistered events folded so far
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)

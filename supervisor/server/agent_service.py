@@ -81,7 +81,8 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             yield _refusal(f"Hello has no valid role ({hello.role}); use active or spare", "hello")
             return
         reason = (await self._runtime.submit(
-            inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port, hello.gpus, stream_id)
+            inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port, hello.gpus, stream_id,
+                              hello.failure_domain)
         )).refusal
         if reason is not None:
             self._runtime.close_stream(stream_id, None, 0)

@@ -15,7 +15,7 @@ assignment = st.builds(ev.RankAssignment, text, st.lists(u32, max_size=4).map(tu
 restore = st.builds(ev.RankRestore, u32, st.sampled_from(ev.RestoreKind), text)
 
 STRATEGIES = {
-    ev.NodeRegistered: st.builds(ev.NodeRegistered, text, u64, st.sampled_from(ev.NodeRole), text, u32, u32),
+    ev.NodeRegistered: st.builds(ev.NodeRegistered, text, u64, st.sampled_from(ev.NodeRole), text, u32, u32, text),
     ev.NodeSuspected: st.builds(ev.NodeSuspected, text, text, finite),
     ev.NodeCleared: st.builds(ev.NodeCleared, text, text),
     ev.NodeDeclaredDead: st.builds(ev.NodeDeclaredDead, text, text, finite),

@@ -56,6 +56,7 @@ class Hello(_message.Message):
     PEER_PORT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """random per agent process start; a reconnect keeps it"""
@@ -66,6 +67,8 @@ class Hello(_message.Message):
     """AgentPeer service port on `host`"""
     gpus: _builtins.int
     agent_version: _builtins.str
+    failure_domain: _builtins.str
+    """e.g. the rack: spares from another domain are preferred"""
     def __init__(
         self,
         *,
@@ -76,10 +79,11 @@ class Hello(_message.Message):
         peer_port: _builtins.int = ...,
         gpus: _builtins.int = ...,
         agent_version: _builtins.str = ...,
+        failure_domain: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

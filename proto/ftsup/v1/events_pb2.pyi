@@ -272,6 +272,7 @@ class NodeRegistered(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     PEER_PORT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """changes every time the agent process starts"""
@@ -281,6 +282,8 @@ class NodeRegistered(_message.Message):
     peer_port: _builtins.int
     """the agent's peer service (snapshot replication)"""
     gpus: _builtins.int
+    failure_domain: _builtins.str
+    """rack or power domain, when the operator configured one"""
     def __init__(
         self,
         *,
@@ -290,10 +293,11 @@ class NodeRegistered(_message.Message):
         host: _builtins.str = ...,
         peer_port: _builtins.int = ...,
         gpus: _builtins.int = ...,
+        failure_domain: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

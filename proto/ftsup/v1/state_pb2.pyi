@@ -58,6 +58,8 @@ class NodeRecord(_message.Message):
     IS_DRAINED_FIELD_NUMBER: _builtins.int
     XID_COUNT_FIELD_NUMBER: _builtins.int
     STRAGGLER_SCORE_FIELD_NUMBER: _builtins.int
+    FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
+    REGISTERED_ORDER_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     role: _events_pb2.NodeRole.ValueType
@@ -70,6 +72,9 @@ class NodeRecord(_message.Message):
     is_drained: _builtins.bool
     xid_count: _builtins.int
     straggler_score: _builtins.float
+    failure_domain: _builtins.str
+    registered_order: _builtins.int
+    """1 for the first registration seen, increasing: older = healthy longer"""
     def __init__(
         self,
         *,
@@ -85,10 +90,12 @@ class NodeRecord(_message.Message):
         is_drained: _builtins.bool = ...,
         xid_count: _builtins.int = ...,
         straggler_score: _builtins.float = ...,
+        failure_domain: _builtins.str = ...,
+        registered_order: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "is_drained", b"is_drained", "is_quarantined", b"is_quarantined", "liveness", b"liveness", "node_id", b"node_id", "peer_port", b"peer_port", "quarantine_reason", b"quarantine_reason", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "is_drained", b"is_drained", "is_quarantined", b"is_quarantined", "liveness", b"liveness", "node_id", b"node_id", "peer_port", b"peer_port", "quarantine_reason", b"quarantine_reason", "registered_order", b"registered_order", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -296,8 +303,10 @@ class ClusterState(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     PENDING_CHECKPOINT_FIELD_NUMBER: _builtins.int
     OPEN_SDC_CHECKS_FIELD_NUMBER: _builtins.int
+    REGISTRATIONS_FIELD_NUMBER: _builtins.int
     last_generation: _builtins.int
     applied_seq: _builtins.int
+    registrations: _builtins.int
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeRecord]: ...
     @_builtins.property
@@ -327,10 +336,11 @@ class ClusterState(_message.Message):
         checkpoint: Global___CommittedCheckpoint | None = ...,
         pending_checkpoint: Global___PendingCheckpoint | None = ...,
         open_sdc_checks: _abc.Iterable[_builtins.str] | None = ...,
+        registrations: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -105,13 +105,19 @@ def _assign_ranks(state: ClusterState, healthy: list[NodeRecord], job: JobSpec) 
             if member.node_id in usable and block in blocks and len(member.ranks) == job.ranks_per_node:
                 blocks[block] = member.node_id
     taken = {n for n in blocks.values() if n is not None}
-    # Active nodes before spares; within a role, by id so the choice is reproducible.
-    candidates = sorted(
-        (n for n in healthy if n.node_id not in taken),
-        key=lambda n: (n.role is NodeRole.SPARE, n.node_id),
-    )
+    previous = {min(m.ranks) // job.ranks_per_node: m.node_id for m in state.snapshot.members} if state.snapshot else {}
     for block in sorted(b for b, n in blocks.items() if n is None):
-        blocks[block] = candidates.pop(0).node_id
+        lost = state.node(previous.get(block, ""))
+        lost_domain = lost.failure_domain if lost is not None else ""
+        # Active nodes before spares; then another failure domain than the lost node's (what took
+        # it down may take its neighbours); then the node up longest; then by id, reproducibly.
+        candidates = sorted(
+            (n for n in healthy if n.node_id not in taken),
+            key=lambda n: (n.role is NodeRole.SPARE, bool(lost_domain) and n.failure_domain == lost_domain,
+                           n.registered_order, n.node_id),
+        )
+        blocks[block] = candidates[0].node_id
+        taken.add(candidates[0].node_id)
     order = [blocks[b] for b in range(job.nodes)]
     members: list[RankAssignment] = []
     for index, node_id in enumerate(order):

@@ -366,16 +366,28 @@ def test_an_idle_node_is_drained_at_once():
     assert [type(e) for e in events] == [OperatorCommand, NodeDrained]
 
 
-def test_a_hung_rank_ends_the_generation_and_restarts_the_gang():
+def test_a_hung_rank_is_treated_as_lost_its_node_swapped_for_a_spare():
     from supervisor.core.inputs import TrainerHung
 
     sim = running_cluster()
     step(sim, 1, 3)
     alive(sim, NOW + 5.0)
     events = sim.events(TrainerHung("n2", 1, 2, 3, 120.0, 60.0), at=NOW + 5.0)
-    assert [type(e) for e in events] == [GenerationEnded, GenerationStarted]
+    assert [type(e) for e in events] == [GenerationEnded, NodeQuarantined, GenerationStarted]
     assert events[0].reason is EndReason.HUNG and "no step progress for 120s" in events[0].detail
-    assert events[1].restore_step == 3
+    assert events[2].restore_step == 3 and "n2" not in {m.node_id for m in events[2].members}
+    assert {r.rank: r.kind for r in events[2].restores}[2] is RestoreKind.PEER_SNAPSHOT
+
+
+def test_without_a_spare_a_hang_restarts_the_same_gang():
+    from supervisor.core.inputs import TrainerHung
+
+    sim = running_cluster(spares=0)
+    step(sim, 1, 3)
+    alive(sim, NOW + 5.0)
+    events = sim.events(TrainerHung("n2", 1, 2, 3, 120.0, 60.0), at=NOW + 5.0)
+    assert [type(e) for e in events] == [GenerationEnded, GenerationStarted]
+    assert {m.node_id for m in events[1].members} == {"n1", "n2", "n3"}
 
 
 def test_a_node_whose_stream_loss_was_transient_returns_to_service_when_the_same_agent_reconnects():
@@ -450,3 +462,22 @@ def test_noise_and_a_whole_cohort_stall_flag_nobody():
                 compute = 0.1 * stall * jitter
                 emitted += sim.events(StepReport(member.node_id, 1, rank, step_no, 0.5, compute, 2.0, "d"), at=NOW + 5)
     assert [type(e) for e in emitted] == [GenerationRunning]
+
+
+def test_a_spare_from_another_failure_domain_and_up_longest_replaces_a_lost_node():
+    import dataclasses
+
+    sim = Sim()
+    for node, domain in (("n1", "rack-a"), ("n2", "rack-b"), ("n3", "rack-c")):
+        sim.events(dataclasses.replace(hello(node, stream_id=hash(node) % 100), failure_domain=domain))
+    # Spares: s-old registered first but shares rack-b with n2; s-far is elsewhere.
+    sim.events(dataclasses.replace(hello("s-same", spare=True, stream_id=50), failure_domain="rack-b"))
+    sim.events(dataclasses.replace(hello("s-far1", spare=True, stream_id=51), failure_domain="rack-d"))
+    sim.events(dataclasses.replace(hello("s-far2", spare=True, stream_id=52), failure_domain="rack-e"))
+    step(sim, 1, 1)
+    alive(sim, NOW + 5.0)
+    sim.events(StreamClosed("n2", 1, hash("n2") % 100), at=NOW + 5.0)
+    alive(sim, NOW + 6.0)
+    sim.events(Tick(), at=NOW + 6.1)
+    assert [m.node_id for m in sim.state.generation.members] == ["n1", "s-far1", "n3"]
+    assert sim.state.nodes["s-far1"].registered_order < sim.state.nodes["s-far2"].registered_order
