@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ftsup-installed
 
-.PHONY: demo test unit proto clean-venv
+.PHONY: demo test unit proto clean-venv etcd-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	GRPC_VERBOSITY=ERROR $(BIN)/ftsup demo --verify
 
-test: $(STAMP)
+# The integration tests start a real 3-member etcd cluster from Debian's etcd-server package.
+# Idempotent: installs only when `etcd` is not on PATH (CI runs as root).
+etcd-server:
+	@if ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1; then \
+		if [ "$$(id -u)" != "0" ]; then \
+			echo "error: etcd is not installed and this is not root; run as root:" >&2; \
+			echo "  apt-get update && apt-get install -y etcd-server etcd-client" >&2; \
+			exit 1; \
+		fi; \
+		echo "installing etcd-server and etcd-client (apt)"; \
+		apt-get update && apt-get install -y etcd-server etcd-client; \
+	fi
+
+test: $(STAMP) etcd-server
 	GRPC_VERBOSITY=ERROR $(BIN)/python -m pytest -q -ra
 
 unit: $(STAMP)

@@ -169,6 +169,8 @@ class EtcdLog:
                     self._client.watch_prefix(self._root, start_revision=self._revision + 1), self._timeout_s
                 )
                 try:
+                    if self._closed or (me is not None and me.cancelling()):
+                        return  # Python 3.11's wait_for can swallow a cancel that raced its result
                     async for event in watch:
                         delay = _WATCH_BACKOFF_S[0]
                         kv = event.kv
