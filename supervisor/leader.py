@@ -1,0 +1,205 @@
+"""Leader election on etcd: which supervisor replica may decide and append, and its term.
+
+Owns the key `<prefix>/leader` (value: the leader's address), bound to a lease of `ttl_s`. A
+candidate wins with a put-if-absent transaction; its **term** is the key's create revision, which
+etcd makes strictly larger for every new leader, and which EtcdLog compares in every append
+(fence_key), so a deposed or paused leader cannot write (DESIGN.md "Event log").
+aetcd has only a one-shot lease refresh: we run our own keepalive at TTL/3. Leadership is lost when
+etcd says the lease is gone, or when no refresh has succeeded for a whole TTL counted from when the
+last good one was *sent* (the server's expiry is never earlier, so we step down first).
+The decision is pure (`after_keepalive`, `leads_at`); the class is the shell around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aetcd
+import aetcd.exceptions
+import aetcd.rtypes
+from aetcd import transactions as tx
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    address: str
+    term: int  # the leader key's create revision
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView:
+    """What we know about our lease: valid until `confirmed_at + ttl_s` unless revoked."""
+
+    ttl_s: float
+    confirmed_at: float  # monotonic time at which the last successful grant/refresh was sent
+    is_revoked: bool = False
+
+
+def after_keepalive(view: LeaseView, sent_at: float, granted_ttl_s: int | None) -> LeaseView:
+    """Folds one refresh answer: None = the call failed (nothing learned); <= 0 = lease gone."""
+    if granted_ttl_s is None:
+        return view
+    if granted_ttl_s <= 0:
+        return dataclasses.replace(view, is_revoked=True)
+    return dataclasses.replace(view, confirmed_at=max(view.confirmed_at, sent_at))
+
+
+def leads_at(view: LeaseView, now: float) -> bool:
+    return not view.is_revoked and now < view.confirmed_at + view.ttl_s
+
+
+def next_refresh_in(view: LeaseView, *, failed: bool) -> float:
+    """TTL/3 after a good refresh; quick retries after a failed one (one member down costs one call)."""
+    return min(0.1, view.ttl_s / 20) if failed else view.ttl_s / 3
+
+
+class LeaderElection:
+    """One replica's candidacy. `await run_until_leader()`; then `lost` is set when it ends."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        prefix: str,
+        address: str,
+        *,
+        ttl_s: int = DEFAULT_TTL_S,
+        op_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_lost: Callable[[Leader], None] | None = None,
+    ) -> None:
+        if ttl_s < 1 or int(ttl_s) != ttl_s:
+            raise ValueError(f"lease ttl_s must be a whole number of seconds >= 1 (etcd), got {ttl_s}")
+        self._client = client
+        self.key = f"{prefix}/leader"
+        self._key = self.key.encode()
+        self.address = address
+        self.ttl_s = int(ttl_s)
+        self._timeout_s = op_timeout_s if op_timeout_s is not None else self.ttl_s / 3
+        self._clock = clock
+        self._on_lost = on_lost
+        self.leader: Leader | None = None  # set while we lead
+        self.lost = asyncio.Event()
+        self._lease_id = 0
+        self._view = LeaseView(float(self.ttl_s), -math.inf, is_revoked=True)
+        self._keepalive: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader is not None and leads_at(self._view, self._clock())
+
+    async def current(self) -> Leader | None:
+        """Who leads now, per etcd (for followers' NotLeader answers and `supervisorctl leader`)."""
+        got = await asyncio.wait_for(self._client.get(self._key), self._timeout_s)
+        return None if got is None else Leader(got.value.decode(), got.create_revision)
+
+    async def campaign(self) -> Leader | None:
+        """One attempt: put-if-absent of the leader key on a fresh lease. Returns our leadership or None."""
+        sent_at = self._clock()
+        lease = await asyncio.wait_for(self._client.lease(self.ttl_s), self._timeout_s)
+        try:
+            ok, responses = await asyncio.wait_for(
+                self._client.transaction(
+                    [tx.Create(self._key) == 0],
+                    [tx.Put(self._key, self.address.encode(), lease=lease.id), tx.Get(self._key)],
+                    [tx.Get(self._key)],
+                ),
+                self._timeout_s,
+            )
+        except BaseException:
+            await self._revoke(lease.id)
+            raise
+        if not ok:
+            await self._revoke(lease.id)
+            return None
+        kv = responses[-1][0][1]
+        self._lease_id = lease.id
+        self._view = LeaseView(float(self.ttl_s), sent_at)
+        self.leader = Leader(self.address, kv.create_revision)
+        self.lost = asyncio.Event()
+        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"leader-keepalive {self.key}")
+        log.info("leading %s at term %d", self.key, kv.create_revision)
+        return self.leader
+
+    async def run_until_leader(self, *, poll_s: float | None = None) -> Leader:
+        """Campaigns until we win: between attempts, waits for the key's deletion (or `poll_s`)."""
+        poll = poll_s if poll_s is not None else self.ttl_s / 4
+        while True:
+            try:
+                won = await self.campaign()
+                if won is not None:
+                    return won
+                await self._wait_for_vacancy(poll)
+            except (aetcd.exceptions.ClientError, TimeoutError) as exc:
+                log.info("campaign for %s failed (%r); retrying", self.key, exc)
+                await asyncio.sleep(poll)
+
+    async def _wait_for_vacancy(self, timeout_s: float) -> None:
+        got = await asyncio.wait_for(self._client.get(self._key), self._timeout_s)
+        if got is None:
+            return
+        with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
+            await asyncio.wait_for(
+                self._client.watch_once(
+                    self._key, start_revision=got.mod_revision + 1, kind=aetcd.rtypes.EventKind.DELETE
+                ),
+                timeout_s,
+            )
+
+    async def _keep_alive(self) -> None:
+        failed = False
+        while True:
+            await asyncio.sleep(next_refresh_in(self._view, failed=failed))
+            sent_at = self._clock()
+            granted: int | None = None
+            try:
+                reply = await asyncio.wait_for(self._client.refresh_lease(self._lease_id), self._timeout_s)
+                granted = int(reply.TTL) if reply is not None else None
+            except (aetcd.exceptions.ClientError, TimeoutError) as exc:
+                log.info("lease refresh for %s failed: %r", self.key, exc)
+            failed = granted is None
+            self._view = after_keepalive(self._view, sent_at, granted)
+            if not leads_at(self._view, self._clock()):
+                self._step_down("lease revoked" if self._view.is_revoked else "no refresh within the TTL")
+                return
+
+    def _step_down(self, why: str) -> None:
+        leader, self.leader = self.leader, None
+        if leader is None:
+            return
+        log.warning("lost leadership of %s at term %d: %s", self.key, leader.term, why)
+        self._view = dataclasses.replace(self._view, is_revoked=True)
+        self.lost.set()
+        if self._on_lost is not None:
+            self._on_lost(leader)
+
+    async def resign(self) -> None:
+        """Gives up leadership now: deletes our key (only our incarnation of it) and the lease."""
+        leader = self.leader
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(BaseException):
+                await self._keepalive
+        if leader is None:
+            return
+        self._step_down("resigned")
+        with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
+            await asyncio.wait_for(
+                self._client.transaction([tx.Create(self._key) == leader.term], [tx.Delete(self._key)], []),
+                self._timeout_s,
+            )
+        await self._revoke(self._lease_id)
+
+    async def _revoke(self, lease_id: int) -> None:
+        with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
+            await asyncio.wait_for(self._client.revoke_lease(lease_id), self._timeout_s)

@@ -1,0 +1,107 @@
+"""Leader election on a real 3-member etcd: one winner, takeover within TTL + margin at a higher
+term, and a paused (SIGSTOPped) leader whose lease expired cannot append (it is fenced)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import aetcd
+import pytest
+
+from supervisor.core.events import NodeCleared
+from supervisor.eventlog.etcd import EtcdLog, make_client
+from supervisor.leader import LeaderElection
+from tests.support.etcd_cluster import EtcdCluster
+
+pytestmark = pytest.mark.integration
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TTL_S = 2
+MARGIN_S = 1.0
+
+
+@pytest.fixture
+async def clients(etcd: EtcdCluster) -> AsyncIterator[list[aetcd.Client]]:
+    made = [make_client([m.client_url for m in etcd.members]) for _ in range(2)]
+    yield made
+    for client in made:
+        await client.close()
+
+
+async def test_one_of_two_candidates_wins_and_the_other_sees_it(clients, etcd_prefix) -> None:
+    a = LeaderElection(clients[0], etcd_prefix, "a:1", ttl_s=TTL_S)
+    b = LeaderElection(clients[1], etcd_prefix, "b:1", ttl_s=TTL_S)
+    results = await asyncio.gather(a.campaign(), b.campaign())
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    winner = winners[0]
+    assert await a.current() == await b.current() == winner
+    loser = b if winner.address == "a:1" else a
+    assert not loser.is_leader and (a if loser is b else b).is_leader
+    await a.resign()
+    await b.resign()
+    assert await a.current() is None
+
+
+async def test_when_the_leaders_client_dies_the_other_takes_over_within_ttl_at_a_higher_term(
+    clients, etcd_prefix
+) -> None:
+    a = LeaderElection(clients[0], etcd_prefix, "a:1", ttl_s=TTL_S)
+    b = LeaderElection(clients[1], etcd_prefix, "b:1", ttl_s=TTL_S)
+    first = await a.run_until_leader()
+    waiting = asyncio.create_task(b.run_until_leader())
+    await asyncio.sleep(TTL_S)  # a keeps its lease alive for a whole TTL and more
+    assert not waiting.done() and a.is_leader
+    killed_at = time.monotonic()
+    await clients[0].close()  # no more keepalives: the lease runs out on the server
+    if a._keepalive is not None:
+        a._keepalive.cancel()
+    second = await asyncio.wait_for(waiting, TTL_S + MARGIN_S + 1)
+    took = time.monotonic() - killed_at
+    assert second.address == "b:1" and second.term > first.term
+    assert took <= TTL_S + MARGIN_S, f"takeover took {took:.2f}s"
+    assert await b.current() == second
+    await b.resign()
+
+
+async def test_a_paused_leader_is_fenced_after_its_lease_expired(etcd, clients, etcd_prefix) -> None:
+    endpoints = ",".join(f"127.0.0.1:{m.client_port}" for m in etcd.members)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.leader_candidate", endpoints, etcd_prefix, "paused:1"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
+    )  # fmt: skip
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
+        assert line.startswith("LEADER"), line
+        old_term = int(line.split()[1])
+        proc.send_signal(signal.SIGSTOP)
+        paused_at = time.monotonic()
+        me = LeaderElection(clients[0], etcd_prefix, "new:1", ttl_s=TTL_S)
+        mine = await asyncio.wait_for(me.run_until_leader(), TTL_S + MARGIN_S + 1)
+        assert mine.term > old_term and time.monotonic() - paused_at <= TTL_S + MARGIN_S
+        log = await EtcdLog.open(clients[0], etcd_prefix, fence_key=me.key)
+        await log.append([NodeCleared("new:1", "took over")], term=mine.term, time_unix_s=time.time())
+        proc.send_signal(signal.SIGCONT)
+        proc.stdin.write("append\n")
+        proc.stdin.flush()
+        answers = []
+        while not answers or answers[-1] == "LOST":
+            answers.append((await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 10)).strip())
+        assert answers[-1] == "FENCED", answers
+        await log.sync()
+        # The log: the old leader's record, then only the new term's (nothing of the old term after).
+        assert [(r.term, r.event.reason) for r in log.read()] == [(old_term, "won"), (mine.term, "took over")]
+        await log.aclose()
+        await me.resign()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(timeout=10)
