@@ -24,6 +24,16 @@ class EtcdClusterError(RuntimeError):
     """The cluster could not be started or did not become healthy in time."""
 
 
+def _die_with_parent() -> None:
+    """Linux: the member gets SIGKILL when the test process dies, even if teardown never runs."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports (bound all at once so none is handed out twice)."""
     sockets = [socket.socket() for _ in range(count)]
@@ -107,7 +117,7 @@ class EtcdCluster:
         ]  # fmt: skip
         member.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
         member.is_paused = False
 
