@@ -24,16 +24,6 @@ class EtcdClusterError(RuntimeError):
     """The cluster could not be started or did not become healthy in time."""
 
 
-def _die_with_parent() -> None:
-    """Linux: the member gets SIGKILL when the test process dies, even if teardown never runs."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports (bound all at once so none is handed out twice)."""
     sockets = [socket.socket() for _ in range(count)]
@@ -117,7 +107,7 @@ class EtcdCluster:
         ]  # fmt: skip
         member.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True,
         )  # fmt: skip
         member.is_paused = False
 
@@ -138,7 +128,9 @@ class EtcdCluster:
             pending = [m for m in pending if not self.healthy(m)]
             for member in pending:
                 if not member.is_running:
-                    raise EtcdClusterError(f"etcd member {member.name} exited; see {self.root}/{member.name}.log")
+                    log_path = self.root / f"{member.name}.log"
+                    tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+                    raise EtcdClusterError(f"etcd member {member.name} exited; {log_path} ends:\n{tail}")
             if pending and time.monotonic() > deadline:
                 names_left = [m.name for m in pending]
                 raise EtcdClusterError(f"etcd members {names_left} not healthy within {deadline_s}s ({self.root})")
