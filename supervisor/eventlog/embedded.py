@@ -29,6 +29,7 @@ from supervisor import codec
 from supervisor.core.events import Event, Record
 from supervisor.core.state import ClusterState
 from supervisor.eventlog import frames, snapshots
+from supervisor.eventlog.follow import AppendSignal
 from supervisor.eventlog.api import (
     Fenced,
     LogCompacted,
@@ -205,7 +206,7 @@ class EmbeddedLog:
         self._cache_first = self.head_seq + 1
         self._pending: list[_PendingAppend] = []
         self._writer: asyncio.Task[None] | None = None
-        self._appended: asyncio.Condition | None = None
+        self._appended = AppendSignal()
 
     # -- open ---------------------------------------------------------------------------------
     def _open_segments(self) -> list[Segment]:
@@ -313,7 +314,7 @@ class EmbeddedLog:
         for pending, group in accepted:
             if not pending.done.done():
                 pending.done.set_result(group)
-        await self._notify()
+        await self._appended.notify()
 
     def _write_frames(self, first_seq: int, payloads: list[bytes]) -> list[tuple[Segment, int, int]]:
         """Writes and fsyncs, in a worker thread; returns (segment, bytes, records) to apply.
@@ -378,12 +379,6 @@ class EmbeddedLog:
             self._file.close()
         self._file = open(self._segments[-1].path, "ab", buffering=0) if self._segments else None
 
-    async def _notify(self) -> None:
-        if self._appended is None:
-            self._appended = asyncio.Condition()
-        async with self._appended:
-            self._appended.notify_all()
-
     # -- read ---------------------------------------------------------------------------------
     def read(self, since_seq: int = 1) -> Iterator[Record]:
         since = max(since_seq, 1)
@@ -421,16 +416,8 @@ class EmbeddedLog:
                 seq += 1
                 yield record
 
-    async def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
-        next_seq = max(since_seq, 1)
-        while True:
-            for record in self.read(next_seq):
-                yield record
-                next_seq = record.seq + 1
-            if self._appended is None:
-                self._appended = asyncio.Condition()
-            async with self._appended:
-                await self._appended.wait_for(lambda: self.head_seq >= next_seq)
+    def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
+        return self._appended.follow(self.read, lambda: self.head_seq, since_seq)
 
     # -- snapshots and compaction -------------------------------------------------------------
     async def save_snapshot(self, state: ClusterState) -> None:

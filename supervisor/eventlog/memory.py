@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 from supervisor.core.events import Event, Record
 from supervisor.core.state import ClusterState
 from supervisor.eventlog.api import Fenced, LogCompacted
+from supervisor.eventlog.follow import AppendSignal
 
 KEEP_SNAPSHOTS = 2
 
@@ -17,7 +17,7 @@ class MemoryLog:
         self._records: list[Record] = []
         self._first = 1  # seq of self._records[0]
         self._snapshots: list[ClusterState] = []
-        self._appended: asyncio.Condition | None = None
+        self._appended = AppendSignal()
 
     @property
     def head_seq(self) -> int:
@@ -35,10 +35,7 @@ class MemoryLog:
         start = self.head_seq + 1
         records = [Record(start + i, term, time_unix_s, event) for i, event in enumerate(events)]
         self._records.extend(records)
-        if self._appended is None:
-            self._appended = asyncio.Condition()
-        async with self._appended:
-            self._appended.notify_all()
+        await self._appended.notify()
         return records
 
     def read(self, since_seq: int = 1) -> Iterator[Record]:
@@ -47,16 +44,8 @@ class MemoryLog:
             raise LogCompacted(since, self._first)
         return iter(self._records[since - self._first :])
 
-    async def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
-        next_seq = max(since_seq, 1)
-        while True:
-            for record in self.read(next_seq):
-                yield record
-                next_seq = record.seq + 1
-            if self._appended is None:
-                self._appended = asyncio.Condition()
-            async with self._appended:
-                await self._appended.wait_for(lambda: self.head_seq >= next_seq)
+    def follow(self, since_seq: int = 1) -> AsyncIterator[Record]:
+        return self._appended.follow(self.read, lambda: self.head_seq, since_seq)
 
     async def save_snapshot(self, state: ClusterState) -> None:
         if state.applied_seq > self.head_seq:
