@@ -109,12 +109,13 @@ def _assign_ranks(state: ClusterState, healthy: list[NodeRecord], job: JobSpec) 
     for block in sorted(b for b, n in blocks.items() if n is None):
         lost = state.node(previous.get(block, ""))
         lost_domain = lost.failure_domain if lost is not None else ""
-        # Active nodes before spares; then another failure domain than the lost node's (what took
-        # it down may take its neighbours); then the node up longest; then by id, reproducibly.
+        # Active nodes before spares, by id (a reproducible layout whatever order they registered
+        # in); among spares, another failure domain than the lost node's first (what took it down
+        # may take its neighbours), then the spare up longest.
         candidates = sorted(
             (n for n in healthy if n.node_id not in taken),
             key=lambda n: (n.role is NodeRole.SPARE, bool(lost_domain) and n.failure_domain == lost_domain,
-                           n.registered_order, n.node_id),
+                           n.registered_order if n.role is NodeRole.SPARE else 0, n.node_id),
         )
         blocks[block] = candidates[0].node_id
         taken.add(candidates[0].node_id)
