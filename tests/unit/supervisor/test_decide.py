@@ -481,3 +481,10 @@ def test_a_spare_from_another_failure_domain_and_up_longest_replaces_a_lost_node
     sim.events(Tick(), at=NOW + 6.1)
     assert [m.node_id for m in sim.state.generation.members] == ["n1", "s-far1", "n3"]
     assert sim.state.nodes["s-far1"].registered_order < sim.state.nodes["s-far2"].registered_order
+
+
+def test_the_first_layout_does_not_depend_on_the_order_active_nodes_registered_in():
+    sim = Sim()
+    for node in ("n3", "n1", "n2"):
+        sim.events(hello(node, stream_id=hash(node) % 100))
+    assert [m.node_id for m in sim.state.generation.members] == ["n1", "n2", "n3"]
