@@ -50,6 +50,9 @@ class ClusterSpec:
     # Trainers share this machine's 2 cores with the control plane; on GPU nodes they would not.
     trainer_nice: int = 10
     warm_trainers: int = 0  # pre-warmed trainer processes per agent (see agent/warm_pool.py)
+    supervisors: int = 1  # more than one needs etcd_endpoints: replicas with leader election
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_prefix: str = ""
 
 
 @dataclass(slots=True)
@@ -66,7 +69,9 @@ class LocalCluster:
     spec: ClusterSpec
     workdir: pathlib.Path
     python: str = sys.executable
-    address: str = ""
+    address: str = ""  # the replica queries go to first (any replica answers reads)
+    addresses: list[str] = field(default_factory=list)
+    replicas: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     supervisor: subprocess.Popen[bytes] | None = None
     agents: dict[str, NodeProcess] = field(default_factory=dict)
     _channel: grpc.Channel | None = None
@@ -83,7 +88,6 @@ class LocalCluster:
     def start_supervisor_only(self, ready_timeout_s: float = 60.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "tmp").mkdir(exist_ok=True)
-        self.address = f"127.0.0.1:{free_port()}"
         job = {
             "name": self.spec.job_name,
             "nodes": self.spec.nodes,
@@ -94,21 +98,31 @@ class LocalCluster:
         }
         job_path = self.workdir / "job.json"
         job_path.write_text(json.dumps(job, indent=2))
-        self.supervisor = self._spawn(
-            [self.python, "-m", "supervisor", "--listen", self.address, "--data-dir", str(self.workdir / "supervisor"),
-             "--job", str(job_path), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
-             "--heartbeat-misses", str(self.spec.heartbeat_misses),
-             "--reconnect-grace-s", str(self.spec.reconnect_grace_s), "--log-json"],
-            self.workdir / "supervisor.log",
-        )
-        self._channel = grpc.insecure_channel(self.address)
-        self.wait_for(lambda: self._try_status() is not None, ready_timeout_s, "the supervisor to answer")
+        if self.spec.supervisors > 1 and not self.spec.etcd_endpoints:
+            raise ClusterError("more than one supervisor replica needs etcd_endpoints")
+        for index in range(self.spec.supervisors):
+            address = f"127.0.0.1:{free_port()}"
+            argv = [self.python, "-m", "supervisor", "--listen", address, "--job", str(job_path),
+                    "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
+                    "--heartbeat-misses", str(self.spec.heartbeat_misses),
+                    "--reconnect-grace-s", str(self.spec.reconnect_grace_s), "--log-json"]
+            if self.spec.etcd_endpoints:
+                argv += ["--etcd", ",".join(self.spec.etcd_endpoints), "--etcd-prefix", self.spec.etcd_prefix]
+            else:
+                argv += ["--data-dir", str(self.workdir / "supervisor")]
+            log_name = "supervisor.log" if self.spec.supervisors == 1 else f"supervisor-{index + 1}.log"
+            self.replicas[address] = self._spawn(argv, self.workdir / log_name)
+            self.addresses.append(address)
+        self.address = self.addresses[0]
+        self.supervisor = self.replicas[self.address]
+        for address in self.addresses:
+            self.wait_for(lambda a=address: self._answers(a), ready_timeout_s, f"the supervisor at {address}")
 
     def start_agent(self, node_id: str, role: str) -> NodeProcess:
         node_dir = self.workdir / "nodes" / node_id
         node_dir.mkdir(parents=True, exist_ok=True)
         process = self._spawn(
-            [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", self.address, "--role", role,
+            [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", ",".join(self.addresses), "--role", role,
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
              "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
              "--warm-trainers", str(self.spec.warm_trainers), "--xid-log", str(node_dir / "kern.log"),
@@ -143,11 +157,40 @@ class LocalCluster:
         node.is_killed = True
         return killed_at
 
+    def kill_supervisor(self, address: str) -> float:
+        """SIGKILLs one supervisor replica; queries move to a replica still running."""
+        killed_at = time.time()
+        process = self.replicas[address]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        if self.address == address:
+            alive = [a for a, p in self.replicas.items() if p.poll() is None]
+            self.address = alive[0]
+            self.supervisor = self.replicas[self.address]
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = grpc.insecure_channel(self.address)
+        return killed_at
+
+    def leader(self) -> operator_pb2.GetLeaderResponse | None:
+        """The replica that leads now, asked of every running replica; None during an election."""
+        for address, process in self.replicas.items():
+            if process.poll() is not None:
+                continue
+            try:
+                with grpc.insecure_channel(address) as channel:
+                    reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(operator_pb2.GetLeaderRequest(), timeout=2)
+            except grpc.RpcError:
+                continue
+            if reply.is_leader:
+                return reply
+        return None
+
     def stop(self) -> None:
         for node in self.agents.values():
             _terminate_group(node.process)
-        if self.supervisor is not None:
-            _terminate_group(self.supervisor)
+        for process in self.replicas.values():
+            _terminate_group(process)
         if self._channel is not None:
             self._channel.close()
 
@@ -159,14 +202,17 @@ class LocalCluster:
 
     # -- queries --------------------------------------------------------------------------------
     def _stub(self) -> operator_pb2_grpc.OperatorStub:
-        assert self._channel is not None, "cluster not started"
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.address)
         return operator_pb2_grpc.OperatorStub(self._channel)
 
-    def _try_status(self) -> operator_pb2.GetStatusResponse | None:
+    def _answers(self, address: str) -> bool:
         try:
-            return self.status()
+            with grpc.insecure_channel(address) as channel:
+                operator_pb2_grpc.OperatorStub(channel).GetStatus(operator_pb2.GetStatusRequest(), timeout=2)
+            return True
         except grpc.RpcError:
-            return None
+            return False
 
     def status(self) -> operator_pb2.GetStatusResponse:
         return self._stub().GetStatus(operator_pb2.GetStatusRequest(), timeout=5)

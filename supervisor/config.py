@@ -32,6 +32,10 @@ class SupervisorConfig:
     operator_token: str | None
     log_json: bool | None
     log_level: str
+    etcd_endpoints: tuple[str, ...] = ()  # empty: the embedded log
+    etcd_prefix: str = ""
+    advertise: str = ""
+    lease_ttl_s: int = 2
 
 
 def load_job(path: pathlib.Path) -> JobSpec:
@@ -82,6 +86,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-every", type=int, default=10_000,
                    help="write a state snapshot (and compact the log) every this many events")
     p.add_argument("--segment-mib", type=int, default=64, help="event log segment size in MiB")
+    p.add_argument("--etcd", default="", help="etcd endpoints host:port[,host:port...]: replicated mode"
+                   " (run 3 replicas against one etcd cluster); empty: the embedded log in --data-dir")
+    p.add_argument("--etcd-prefix", default="", help="key prefix of this job in etcd (default /ftsup/JOB)")
+    p.add_argument("--advertise", default="", help="host:port agents and operators reach this replica at"
+                   " (default: --listen)")
+    p.add_argument("--lease-ttl-s", type=int, default=2, help="leader lease TTL (whole seconds)")
     p.add_argument("--operator-token-file", type=pathlib.Path, default=None,
                    help="bearer token (mode 600) required for commands that change anything; without it"
                         " they are allowed only when --listen is loopback")
@@ -117,6 +127,8 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         token = load_token(args.operator_token_file) if args.operator_token_file else None
     except AuthzConfigError as exc:
         raise ConfigError(str(exc)) from exc
+    if not 1 <= args.lease_ttl_s <= 60:
+        raise ConfigError(f"--lease-ttl-s must be within [1, 60], got {args.lease_ttl_s}")
     if ":" not in args.listen:
         raise ConfigError(f"--listen must be host:port, got {args.listen!r}")
     return SupervisorConfig(
@@ -127,6 +139,10 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         snapshot_every=args.snapshot_every,
         segment_bytes=args.segment_mib * 1024 * 1024,
         operator_token=token,
+        etcd_endpoints=tuple(e.strip() for e in args.etcd.split(",") if e.strip()),
+        etcd_prefix=(args.etcd_prefix or f"/ftsup/{core.job.name}").rstrip("/"),
+        advertise=args.advertise or args.listen,
+        lease_ttl_s=args.lease_ttl_s,
         log_json=args.log_json,
         log_level=args.log_level,
     )

@@ -24,7 +24,7 @@ from supervisor.core.evolve import apply_record
 from supervisor.core.inputs import AgentHello, Input, StreamClosed, Tick
 from supervisor.core.state import ClusterState, SoftState
 from supervisor.core.views import NodeView, StatusView, node_views, status_view
-from supervisor.eventlog.api import EventLog, LogError
+from supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 
 log = logs.get("supervisor.runtime")
 
@@ -70,6 +70,10 @@ class Runtime:
             self.state = apply_record(self.state, record)
         self.degraded_reason = ""  # set while the event log cannot be written: nothing is decided
         self.soft = SoftState(started_at_s=clock())
+        # Replication: only the leader decides. An embedded (single) supervisor always leads.
+        self.is_leader = True
+        self.leader_address = ""  # who leads, for NotLeader answers (empty: unknown or us)
+        self.deposed = asyncio.Event()  # set when an append shows another replica leads now
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._stream_ids = itertools.count(1)
         self._outboxes: dict[int, Outbox] = {}
@@ -105,6 +109,35 @@ class Runtime:
     def nodes(self) -> list[NodeView]:
         return node_views(self.state, self.soft, self._clock())
 
+    # -- replication roles -------------------------------------------------------------------
+    def become_follower(self, leader_address: str = "") -> None:
+        """Stops deciding; agents' streams are closed so they find the new leader."""
+        self.is_leader = False
+        self.leader_address = leader_address
+        for outbox in self._outboxes.values():
+            outbox.put_nowait(None)
+        self._node_stream.clear()
+        self._sent.clear()
+        log.info("following", leader=leader_address or "unknown", applied_seq=self.state.applied_seq)
+
+    def apply_followed(self, record: Record) -> None:
+        """A follower folds the leader's records as they appear (its hot copy of the state)."""
+        if not self.is_leader and record.seq == self.state.applied_seq + 1:
+            self.state = apply_record(self.state, record)
+
+    def become_leader(self, term: int) -> None:
+        """Catch up to the head, then decide with fresh soft state: every node gets one full
+        timeout of grace (soft state is rebuilt from what agents send, never replayed)."""
+        for record in self.event_log.read(self.state.applied_seq + 1):
+            self.state = apply_record(self.state, record)
+        self.term = term
+        self.soft = SoftState(started_at_s=self._clock())
+        self.degraded_reason = ""
+        self.deposed = asyncio.Event()
+        self.leader_address = ""
+        self.is_leader = True
+        log.info("leading", term=term, applied_seq=self.state.applied_seq)
+
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         ticker = asyncio.create_task(self._tick_forever())
@@ -124,9 +157,12 @@ class Runtime:
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(self._tick_s)
-            self.post(Tick())
+            if self.is_leader:
+                self.post(Tick())
 
     async def _handle(self, inp: Input) -> Outcome:
+        if not self.is_leader:
+            return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}")
         reason = admission.refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             log.warning("input refused", input=type(inp).__name__, reason=reason,
@@ -140,6 +176,15 @@ class Runtime:
                 records = await self.event_log.append(
                     decision.events, term=self.term, time_unix_s=self._wall(), expect_seq=self.state.applied_seq
                 )
+            except Deposed as exc:
+                log.warning("deposed: another replica leads now; stepping down", error=str(exc))
+                self.deposed.set()
+                return Outcome(refusal=f"not decided: {exc}")
+            except Fenced as exc:
+                # Our state is behind the log (an earlier append whose outcome we did not learn
+                # did commit): catch up and decide again on a later input.
+                await self._catch_up()
+                return Outcome(refusal=f"not decided: {exc}")
             except LogError as exc:
                 # Without a durable record nothing may change: the decision is dropped and made
                 # again from the same state on a later input, once the log is writable.
@@ -162,6 +207,13 @@ class Runtime:
         if decision.events or isinstance(inp, AgentHello):
             self._push_directives()
         return Outcome(records=tuple(records) if decision.events else ())
+
+    async def _catch_up(self) -> None:
+        sync = getattr(self.event_log, "sync", None)
+        if sync is not None:
+            await sync()
+        for record in self.event_log.read(self.state.applied_seq + 1):
+            self.state = apply_record(self.state, record)
 
     async def _maybe_snapshot(self) -> None:
         if self.state.applied_seq - self._snapshot_seq < self._snapshot_every:

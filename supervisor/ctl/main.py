@@ -109,16 +109,64 @@ def cmd_node_command(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namesp
     return EXIT_OK
 
 
+MUTATING = ("quarantine", "unquarantine", "drain")
+
+
+def cmd_leader(addresses: list[str], args: argparse.Namespace) -> int:
+    replicas = []
+    for address in addresses:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(
+                    operator_pb2.GetLeaderRequest(), timeout=args.timeout)
+            replicas.append({"address": address, "reachable": True, "is_leader": reply.is_leader,
+                             "leader": reply.leader_address or None, "term": reply.term,
+                             "applied_seq": reply.applied_seq, "head_seq": reply.head_seq,
+                             "behind": max(0, reply.head_seq - reply.applied_seq), "backend": reply.backend})
+        except grpc.RpcError as error:
+            replicas.append({"address": address, "reachable": False, "error": error.code().name})
+    leaders = [r for r in replicas if r.get("is_leader")]
+    leader = leaders[0] if leaders else None
+    if args.json:
+        _print_json({"leader": leader["address"] if leader else None, "term": leader["term"] if leader else None,
+                     "replicas": replicas})
+    else:
+        print(f"leader  {leader['address']} (term {leader['term']})" if leader else "leader  none (election under way?)")
+        rows = [[r["address"], "leader" if r.get("is_leader") else ("follower" if r["reachable"] else "unreachable"),
+                 str(r.get("term", "-")), str(r.get("applied_seq", "-")), str(r.get("behind", "-"))] for r in replicas]
+        print(render.table(["REPLICA", "ROLE", "TERM", "APPLIED", "BEHIND"], rows))
+    if not any(r["reachable"] for r in replicas):
+        return EXIT_UNAVAILABLE
+    return EXIT_OK
+
+
+def pick_replica(addresses: list[str], *, needs_leader: bool, timeout_s: float) -> str:
+    """Any replica answers reads; commands that change something go to the leader."""
+    for address in addresses:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(
+                    operator_pb2.GetLeaderRequest(), timeout=min(timeout_s, 2.0))
+        except grpc.RpcError:
+            continue
+        if needs_leader and reply.leader_address:
+            return reply.leader_address
+        return address
+    return addresses[0]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supervisorctl", description="Query and steer an ftsup supervisor.")
     p.add_argument("--address", default=os.environ.get("FTSUP_SUPERVISOR", DEFAULT_ADDRESS),
-                   help=f"supervisor host:port (env FTSUP_SUPERVISOR, default {DEFAULT_ADDRESS})")
+                   help=f"supervisor host:port, or every replica's, comma-separated (env FTSUP_SUPERVISOR,"
+                        f" default {DEFAULT_ADDRESS})")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("status", parents=[common], help="job, generation, step, nodes, last snapshot")
     sub.add_parser("nodes", parents=[common], help="every node: role, state, ranks, last heartbeat")
+    sub.add_parser("leader", parents=[common], help="which replica leads, its term, each replica's applied seq")
     events = sub.add_parser("events", parents=[common], help="the event log (with --follow: live)")
     events.add_argument("--since", type=int, default=1, help="first seq to show (default 1)")
     events.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
@@ -153,14 +201,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0:
         print("supervisorctl: --timeout must be positive", file=sys.stderr)
         return EXIT_USAGE
-    with grpc.insecure_channel(args.address) as channel:
+    addresses = [a.strip() for a in args.address.split(",") if a.strip()]
+    if not addresses:
+        print("supervisorctl: --address names no supervisor", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "leader":
+        return cmd_leader(addresses, args)
+    target = pick_replica(addresses, needs_leader=args.command in MUTATING, timeout_s=args.timeout) \
+        if len(addresses) > 1 else addresses[0]
+    with grpc.insecure_channel(target) as channel:
         stub = operator_pb2_grpc.OperatorStub(channel)
         try:
             return COMMANDS[args.command](stub, args)
         except grpc.RpcError as error:
             code = exit_code_for(error)
             hint = (
-                f"cannot reach the supervisor at {args.address}: is it running? (set --address or FTSUP_SUPERVISOR)"
+                f"cannot reach the supervisor at {target}: is it running? (set --address or FTSUP_SUPERVISOR)"
                 if code == EXIT_UNAVAILABLE
                 else error.details() if hasattr(error, "details") else str(error)
             )

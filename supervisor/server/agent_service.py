@@ -75,6 +75,11 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             yield _refusal(f"the first message on a stream must be Hello, got {got}", got or "unknown")
             return
         hello = first.hello
+        if not self._runtime.is_leader:
+            # Agents know every replica; a follower points them at the leader (empty: retry).
+            self._runtime.close_stream(stream_id, None, 0)
+            yield agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=self._runtime.leader_address))
+            return
         role = _ROLES.get(hello.role)
         if role is None:
             self._runtime.close_stream(stream_id, None, 0)

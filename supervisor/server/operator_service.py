@@ -90,6 +90,20 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
             ]
         )
 
+    async def GetLeader(
+        self, request: operator_pb2.GetLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.GetLeaderResponse:
+        runtime = self._runtime
+        return operator_pb2.GetLeaderResponse(
+            address=self._address,
+            is_leader=runtime.is_leader,
+            leader_address=self._address if runtime.is_leader else runtime.leader_address,
+            term=runtime.term,
+            applied_seq=runtime.state.applied_seq,
+            head_seq=runtime.event_log.head_seq,
+            backend=type(runtime.event_log).__name__.removesuffix("Log").lower(),
+        )
+
     async def Quarantine(
         self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:

@@ -26,31 +26,35 @@ from ftsup.v1 import events_pb2 as ftsup_dot_v1_dot_events__pb2
 from ftsup.v1 import state_pb2 as ftsup_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66tsup/v1/operator.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\x1a\x14\x66tsup/v1/state.proto\"G\n\x12NodeCommandRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\".\n\x0f\x43ommandResponse\x12\x0e\n\x06\x64\x65tail\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xb9\x03\n\x11GetStatusResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12!\n\x05phase\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.JobPhase\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x1f\n\x12last_snapshot_step\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08head_seq\x18\x08 \x01(\x04\x12\x16\n\x0eleader_address\x18\t \x01(\t\x12\x13\n\x0bnodes_alive\x18\n \x01(\r\x12\x15\n\rnodes_suspect\x18\x0b \x01(\r\x12\x12\n\nnodes_dead\x18\x0c \x01(\r\x12\x19\n\x11nodes_quarantined\x18\r \x01(\r\x12\x14\n\x0cspares_ready\x18\x0e \x01(\r\x12\x16\n\x0ewaiting_reason\x18\x0f \x01(\t\x12\x14\n\x0c\x66inal_digest\x18\x10 \x01(\t\x12\x17\n\x0f\x64\x65graded_reason\x18\x11 \x01(\t\x12\x11\n\tfirst_seq\x18\x12 \x01(\x04\x42\x15\n\x13_last_snapshot_step\"\x12\n\x10ListNodesRequest\"\xf6\x01\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12$\n\x08liveness\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.Liveness\x12\x13\n\x0bquarantined\x18\x04 \x01(\x08\x12\x19\n\x11quarantine_reason\x18\x05 \x01(\t\x12\r\n\x05ranks\x18\x06 \x03(\r\x12\x1c\n\x14last_heartbeat_age_s\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x0c\n\x04host\x18\t \x01(\t\x12\x11\n\tconnected\x18\n \x01(\x08\"6\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.ftsup.v1.NodeInfo\"6\n\x11ListEventsRequest\x12\x11\n\tsince_seq\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08*\x84\x01\n\x08JobPhase\x12\x19\n\x15JOB_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_PHASE_WAITING\x10\x01\x12\x16\n\x12JOB_PHASE_STARTING\x10\x02\x12\x15\n\x11JOB_PHASE_RUNNING\x10\x03\x12\x17\n\x13JOB_PHASE_COMPLETED\x10\x04\x32\xa7\x03\n\x08Operator\x12\x44\n\tGetStatus\x12\x1a.ftsup.v1.GetStatusRequest\x1a\x1b.ftsup.v1.GetStatusResponse\x12\x44\n\tListNodes\x12\x1a.ftsup.v1.ListNodesRequest\x1a\x1b.ftsup.v1.ListNodesResponse\x12=\n\nListEvents\x12\x1b.ftsup.v1.ListEventsRequest\x1a\x10.ftsup.v1.Record0\x01\x12\x45\n\nQuarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12G\n\x0cUnquarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12@\n\x05\x44rain\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66tsup/v1/operator.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\x1a\x14\x66tsup/v1/state.proto\"\x12\n\x10GetLeaderRequest\"\x95\x01\n\x11GetLeaderResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x13\n\x0b\x61pplied_seq\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"G\n\x12NodeCommandRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\".\n\x0f\x43ommandResponse\x12\x0e\n\x06\x64\x65tail\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xb9\x03\n\x11GetStatusResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12!\n\x05phase\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.JobPhase\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x1f\n\x12last_snapshot_step\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08head_seq\x18\x08 \x01(\x04\x12\x16\n\x0eleader_address\x18\t \x01(\t\x12\x13\n\x0bnodes_alive\x18\n \x01(\r\x12\x15\n\rnodes_suspect\x18\x0b \x01(\r\x12\x12\n\nnodes_dead\x18\x0c \x01(\r\x12\x19\n\x11nodes_quarantined\x18\r \x01(\r\x12\x14\n\x0cspares_ready\x18\x0e \x01(\r\x12\x16\n\x0ewaiting_reason\x18\x0f \x01(\t\x12\x14\n\x0c\x66inal_digest\x18\x10 \x01(\t\x12\x17\n\x0f\x64\x65graded_reason\x18\x11 \x01(\t\x12\x11\n\tfirst_seq\x18\x12 \x01(\x04\x42\x15\n\x13_last_snapshot_step\"\x12\n\x10ListNodesRequest\"\xf6\x01\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12$\n\x08liveness\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.Liveness\x12\x13\n\x0bquarantined\x18\x04 \x01(\x08\x12\x19\n\x11quarantine_reason\x18\x05 \x01(\t\x12\r\n\x05ranks\x18\x06 \x03(\r\x12\x1c\n\x14last_heartbeat_age_s\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x0c\n\x04host\x18\t \x01(\t\x12\x11\n\tconnected\x18\n \x01(\x08\"6\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.ftsup.v1.NodeInfo\"6\n\x11ListEventsRequest\x12\x11\n\tsince_seq\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08*\x84\x01\n\x08JobPhase\x12\x19\n\x15JOB_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_PHASE_WAITING\x10\x01\x12\x16\n\x12JOB_PHASE_STARTING\x10\x02\x12\x15\n\x11JOB_PHASE_RUNNING\x10\x03\x12\x17\n\x13JOB_PHASE_COMPLETED\x10\x04\x32\xed\x03\n\x08Operator\x12\x44\n\tGetStatus\x12\x1a.ftsup.v1.GetStatusRequest\x1a\x1b.ftsup.v1.GetStatusResponse\x12\x44\n\tListNodes\x12\x1a.ftsup.v1.ListNodesRequest\x1a\x1b.ftsup.v1.ListNodesResponse\x12=\n\nListEvents\x12\x1b.ftsup.v1.ListEventsRequest\x1a\x10.ftsup.v1.Record0\x01\x12\x44\n\tGetLeader\x12\x1a.ftsup.v1.GetLeaderRequest\x1a\x1b.ftsup.v1.GetLeaderResponse\x12\x45\n\nQuarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12G\n\x0cUnquarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12@\n\x05\x44rain\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftsup.v1.operator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBPHASE']._serialized_start=1049
-  _globals['_JOBPHASE']._serialized_end=1181
-  _globals['_NODECOMMANDREQUEST']._serialized_start=82
-  _globals['_NODECOMMANDREQUEST']._serialized_end=153
-  _globals['_COMMANDRESPONSE']._serialized_start=155
-  _globals['_COMMANDRESPONSE']._serialized_end=201
-  _globals['_GETSTATUSREQUEST']._serialized_start=203
-  _globals['_GETSTATUSREQUEST']._serialized_end=221
-  _globals['_GETSTATUSRESPONSE']._serialized_start=224
-  _globals['_GETSTATUSRESPONSE']._serialized_end=665
-  _globals['_LISTNODESREQUEST']._serialized_start=667
-  _globals['_LISTNODESREQUEST']._serialized_end=685
-  _globals['_NODEINFO']._serialized_start=688
-  _globals['_NODEINFO']._serialized_end=934
-  _globals['_LISTNODESRESPONSE']._serialized_start=936
-  _globals['_LISTNODESRESPONSE']._serialized_end=990
-  _globals['_LISTEVENTSREQUEST']._serialized_start=992
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1046
-  _globals['_OPERATOR']._serialized_start=1184
-  _globals['_OPERATOR']._serialized_end=1607
+  _globals['_JOBPHASE']._serialized_start=1221
+  _globals['_JOBPHASE']._serialized_end=1353
+  _globals['_GETLEADERREQUEST']._serialized_start=82
+  _globals['_GETLEADERREQUEST']._serialized_end=100
+  _globals['_GETLEADERRESPONSE']._serialized_start=103
+  _globals['_GETLEADERRESPONSE']._serialized_end=252
+  _globals['_NODECOMMANDREQUEST']._serialized_start=254
+  _globals['_NODECOMMANDREQUEST']._serialized_end=325
+  _globals['_COMMANDRESPONSE']._serialized_start=327
+  _globals['_COMMANDRESPONSE']._serialized_end=373
+  _globals['_GETSTATUSREQUEST']._serialized_start=375
+  _globals['_GETSTATUSREQUEST']._serialized_end=393
+  _globals['_GETSTATUSRESPONSE']._serialized_start=396
+  _globals['_GETSTATUSRESPONSE']._serialized_end=837
+  _globals['_LISTNODESREQUEST']._serialized_start=839
+  _globals['_LISTNODESREQUEST']._serialized_end=857
+  _globals['_NODEINFO']._serialized_start=860
+  _globals['_NODEINFO']._serialized_end=1106
+  _globals['_LISTNODESRESPONSE']._serialized_start=1108
+  _globals['_LISTNODESRESPONSE']._serialized_end=1162
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1164
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1218
+  _globals['_OPERATOR']._serialized_start=1356
+  _globals['_OPERATOR']._serialized_end=1849
 # @@protoc_insertion_point(module_scope)

@@ -47,6 +47,64 @@ JOB_PHASE_COMPLETED: JobPhase.ValueType  # 4
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
 
 @_typing.final
+class GetLeaderRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLeaderRequest: _TypeAlias = GetLeaderRequest  # noqa: Y015
+
+@_typing.final
+class GetLeaderResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    IS_LEADER_FIELD_NUMBER: _builtins.int
+    LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
+    TERM_FIELD_NUMBER: _builtins.int
+    APPLIED_SEQ_FIELD_NUMBER: _builtins.int
+    HEAD_SEQ_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """this replica"""
+    is_leader: _builtins.bool
+    leader_address: _builtins.str
+    """empty when unknown (an election is under way)"""
+    term: _builtins.int
+    """the term this replica last led or saw applied"""
+    applied_seq: _builtins.int
+    """the last record folded into this replica's state"""
+    head_seq: _builtins.int
+    """the log's head as this replica sees it"""
+    backend: _builtins.str
+    """"embedded" or "etcd" """
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        is_leader: _builtins.bool = ...,
+        leader_address: _builtins.str = ...,
+        term: _builtins.int = ...,
+        applied_seq: _builtins.int = ...,
+        head_seq: _builtins.int = ...,
+        backend: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "applied_seq", b"applied_seq", "backend", b"backend", "head_seq", b"head_seq", "is_leader", b"is_leader", "leader_address", b"leader_address", "term", b"term"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLeaderResponse: _TypeAlias = GetLeaderResponse  # noqa: Y015
+
+@_typing.final
 class NodeCommandRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

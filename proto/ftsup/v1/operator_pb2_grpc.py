@@ -50,6 +50,11 @@ class OperatorStub:
                 request_serializer=ftsup_dot_v1_dot_operator__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_events__pb2.Record.FromString,
                 _registered_method=True)
+        self.GetLeader = channel.unary_unary(
+                '/ftsup.v1.Operator/GetLeader',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.GetLeaderRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.GetLeaderResponse.FromString,
+                _registered_method=True)
         self.Quarantine = channel.unary_unary(
                 '/ftsup.v1.Operator/Quarantine',
                 request_serializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
@@ -84,6 +89,13 @@ class OperatorServicer:
 
     def ListEvents(self, request, context):
         """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLeader(self, request, context):
+        """This replica's role and how far it has applied the log; any replica answers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +137,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=ftsup_dot_v1_dot_operator__pb2.ListEventsRequest.FromString,
                     response_serializer=ftsup_dot_v1_dot_events__pb2.Record.SerializeToString,
+            ),
+            'GetLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLeader,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.GetLeaderRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.GetLeaderResponse.SerializeToString,
             ),
             'Quarantine': grpc.unary_unary_rpc_method_handler(
                     servicer.Quarantine,
@@ -223,6 +240,33 @@ class Operator:
             '/ftsup.v1.Operator/ListEvents',
             ftsup_dot_v1_dot_operator__pb2.ListEventsRequest.SerializeToString,
             ftsup_dot_v1_dot_events__pb2.Record.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/GetLeader',
+            ftsup_dot_v1_dot_operator__pb2.GetLeaderRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.GetLeaderResponse.FromString,
             options,
             channel_credentials,
             insecure,

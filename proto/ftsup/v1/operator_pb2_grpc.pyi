@@ -36,6 +36,8 @@ class OperatorStub:
     ListNodes: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListNodesRequest, _operator_pb2.ListNodesResponse]
     ListEvents: _grpc.UnaryStreamMultiCallable[_operator_pb2.ListEventsRequest, _events_pb2.Record]
     """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended."""
+    GetLeader: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetLeaderRequest, _operator_pb2.GetLeaderResponse]
+    """This replica's role and how far it has applied the log; any replica answers."""
     Quarantine: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
     """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
     Unquarantine: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
@@ -48,6 +50,8 @@ class OperatorAsyncStub(OperatorStub):
     ListNodes: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListNodesRequest, _operator_pb2.ListNodesResponse]  # type: ignore[assignment]
     ListEvents: _aio.UnaryStreamMultiCallable[_operator_pb2.ListEventsRequest, _events_pb2.Record]  # type: ignore[assignment]
     """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended."""
+    GetLeader: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetLeaderRequest, _operator_pb2.GetLeaderResponse]  # type: ignore[assignment]
+    """This replica's role and how far it has applied the log; any replica answers."""
     Quarantine: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
     """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
     Unquarantine: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
@@ -75,6 +79,14 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_events_pb2.Record], _abc.AsyncIterator[_events_pb2.Record]]:
         """Records with seq >= since_seq; with follow, keeps streaming new ones as they are appended."""
+
+    @_abc_1.abstractmethod
+    def GetLeader(
+        self,
+        request: _operator_pb2.GetLeaderRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.GetLeaderResponse, _abc.Awaitable[_operator_pb2.GetLeaderResponse]]:
+        """This replica's role and how far it has applied the log; any replica answers."""
 
     @_abc_1.abstractmethod
     def Quarantine(

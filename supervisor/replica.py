@@ -1,0 +1,63 @@
+"""One replica of a replicated supervisor: follow the log, campaign, lead, step down, repeat.
+
+While following, the replica folds the leader's records into its own state (a hot copy that
+answers read-only operator queries) and points agents at the leader. Once it wins the election it
+catches up to the head, grants every node a full timeout of grace, and decides. It steps down the
+moment its lease is lost or an append shows another replica leads (fencing) — it never decides
+on a term it cannot prove it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from supervisor import logs
+from supervisor.eventlog.etcd import EtcdLog
+from supervisor.leader import LeaderElection
+from supervisor.runtime import Runtime
+
+log = logs.get("supervisor.replica")
+
+
+async def follow_log(runtime: Runtime, event_log: EtcdLog) -> None:
+    async for record in event_log.follow(runtime.state.applied_seq + 1):
+        runtime.apply_followed(record)
+
+
+async def track_leader(runtime: Runtime, election: LeaderElection, period_s: float = 0.5) -> None:
+    """Keeps the follower's NotLeader answer current."""
+    while True:
+        try:
+            current = await election.current()
+            runtime.leader_address = current.address if current is not None else ""
+        except Exception as exc:  # noqa: BLE001 - etcd unreachable: say "unknown", keep trying
+            runtime.leader_address = ""
+            log.debug("leader lookup failed", error=str(exc))
+        await asyncio.sleep(period_s)
+
+
+async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog) -> None:
+    runtime.become_follower()
+    while True:
+        follower = asyncio.create_task(follow_log(runtime, event_log))
+        tracker = asyncio.create_task(track_leader(runtime, election))
+        try:
+            leader = await election.run_until_leader()
+        finally:
+            for task in (follower, tracker):
+                task.cancel()
+            await asyncio.gather(follower, tracker, return_exceptions=True)
+        await event_log.sync()
+        runtime.become_leader(leader.term)
+        lost = asyncio.create_task(election.lost.wait())
+        deposed = asyncio.create_task(runtime.deposed.wait())
+        await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (lost, deposed):
+            task.cancel()
+        why = "lease lost" if election.lost.is_set() else "deposed by a newer leader"
+        log.warning("stepping down", term=leader.term, why=why)
+        runtime.become_follower()
+        if not election.lost.is_set():
+            with contextlib.suppress(Exception):
+                await election.resign()
