@@ -174,17 +174,24 @@ class LocalCluster:
 
     def leader(self) -> operator_pb2.GetLeaderResponse | None:
         """The replica that leads now, asked of every running replica; None during an election."""
+        return self.leader_excluding("")
+
+    def leader_excluding(self, skip: str) -> operator_pb2.GetLeaderResponse | None:
         for address, process in self.replicas.items():
-            if process.poll() is not None:
+            if address == skip or process.poll() is not None:
                 continue
-            try:
-                with grpc.insecure_channel(address) as channel:
-                    reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(operator_pb2.GetLeaderRequest(), timeout=2)
-            except grpc.RpcError:
-                continue
-            if reply.is_leader:
+            reply = self.replica_view(address)
+            if reply is not None and reply.is_leader:
                 return reply
         return None
+
+    def replica_view(self, address: str) -> operator_pb2.GetLeaderResponse | None:
+        """One replica's own view (role, term, applied seq); None when it does not answer."""
+        try:
+            with grpc.insecure_channel(address) as channel:
+                return operator_pb2_grpc.OperatorStub(channel).GetLeader(operator_pb2.GetLeaderRequest(), timeout=2)
+        except grpc.RpcError:
+            return None
 
     def stop(self) -> None:
         for node in self.agents.values():

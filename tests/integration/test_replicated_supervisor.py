@@ -55,3 +55,38 @@ def test_killing_the_leading_supervisor_neither_stops_training_nor_loses_an_even
                               "leader", "--json"], capture_output=True, text=True, timeout=60)
         assert ctl.returncode == 0, ctl.stderr
         assert f'"leader": "{second.address}"' in ctl.stdout
+
+
+def test_a_paused_leader_is_fenced_when_it_wakes_and_steps_down_to_follow(
+    tmp_path: pathlib.Path, etcd: EtcdCluster, etcd_prefix: str
+) -> None:
+    import os
+    import signal
+
+    spec = ClusterSpec(
+        nodes=3, spares=0, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, 400, seed=5),
+        supervisors=3, etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
+    )
+    with LocalCluster(spec, tmp_path) as cluster:
+        cluster.start()
+        cluster.wait_for(lambda: cluster.status().step >= 3, 180, "step 3")
+        first = cluster.wait_for(cluster.leader, 30, "a leader")
+        paused = cluster.replicas[first.address]
+        os.killpg(paused.pid, signal.SIGSTOP)  # longer than the 2 s lease
+        try:
+            second = cluster.wait_for(
+                lambda: (leader := cluster.leader_excluding(first.address)) is not None and leader, 30, "a new leader"
+            )
+        finally:
+            os.killpg(paused.pid, signal.SIGCONT)
+        assert second.term > first.term
+        woke = cluster.wait_for(
+            lambda: (r := cluster.replica_view(first.address)) is not None and not r.is_leader
+            and r.leader_address == second.address and r, 30, "the woken replica to follow the new leader",
+        )
+        assert woke.term <= second.term
+        records = cluster.events()
+        after_new_term = [r for r in records if r.term == second.term]
+        if after_new_term:
+            first_new = after_new_term[0].seq
+            assert all(r.term != first.term for r in records if r.seq > first_new), "a deposed leader appended"
