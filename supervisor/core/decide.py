@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.core.config import CoreConfig
-from supervisor.core.evolve import evolve, evolve_all
+from supervisor.core.evolve import evolve_all
 from supervisor.core.events import (
     EndReason,
     Event,

@@ -7,7 +7,6 @@ raises `InvalidEvent` instead of producing an impossible state.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from types import MappingProxyType
 

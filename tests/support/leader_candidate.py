@@ -30,7 +30,7 @@ async def main(endpoints: str, prefix: str, address: str) -> None:
     await log.append([NodeCleared(address, "won")], term=leader.term, time_unix_s=time.time())
     say(f"LEADER {leader.term}")
     loop = asyncio.get_running_loop()
-    while (line := await loop.run_in_executor(None, sys.stdin.readline)).strip() == "append":
+    while (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "append":
         try:
             await log.append([NodeCleared(address, "late")], term=leader.term, time_unix_s=time.time())
             say("APPENDED")

@@ -332,7 +332,7 @@ def test_repeated_xids_on_one_gpu_escalate_to_quarantine():
 
 
 def test_operator_quarantine_unquarantine_and_a_drain_at_the_next_committed_step():
-    from supervisor.core.events import NodeDrained, NodeUnquarantined, OperatorCommand
+    from supervisor.core.events import NodeUnquarantined, OperatorCommand
     from supervisor.core.inputs import OperatorRequest
 
     sim = running_cluster(spares=2)
