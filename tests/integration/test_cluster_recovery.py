@@ -138,7 +138,7 @@ def test_an_xid_79_on_a_node_quarantines_it_and_the_spare_finishes_bit_identical
 
 
 def test_a_slow_rank_gets_its_node_swapped_for_the_spare_while_training_continues(tmp_path: pathlib.Path) -> None:
-    slow = ("--slow-rank", "3", "--slow-ms", "60", "--slow-generation", "1")
+    slow = ("--slow-rank", "3", "--slow-ms", "250", "--slow-generation", "1")
     spec6 = ClusterSpec(
         nodes=3, spares=1, ranks_per_node=2, trainer_argv=trainer_argv(sys.executable, 40, seed=3) + slow,
         heartbeat_interval_s=0.5, reconnect_grace_s=1.0, warm_trainers=2,
