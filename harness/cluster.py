@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -229,6 +230,20 @@ class LocalCluster:
 
     def events(self, since_seq: int = 1) -> list[events_pb2.Record]:
         return list(self._stub().ListEvents(operator_pb2.ListEventsRequest(since_seq=since_seq), timeout=10))
+
+    def trainer_step(self, node_id: str, rank: int = 0, generation: int = 1) -> int:
+        """The last step a rank printed to its own log (0 before the first), read without the supervisor.
+
+        Rank 0 of the example trainer prints one line per step; this lets a test watch training
+        go on while no supervisor can answer (no leader, etcd without quorum).
+        """
+        path = self.workdir / "nodes" / node_id / f"rank-{rank}.gen-{generation}.log"
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
+            return 0
+        steps = re.findall(r"^step (\d+) ", text, flags=re.MULTILINE)
+        return int(steps[-1]) if steps else 0
 
     def wait_for(self, check: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.1) -> T:
         """Polls `check` until it returns something truthy; raises ClusterError at the deadline."""
