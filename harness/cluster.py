@@ -76,6 +76,7 @@ class LocalCluster:
     supervisor: subprocess.Popen[bytes] | None = None
     agents: dict[str, NodeProcess] = field(default_factory=dict)
     _channel: grpc.Channel | None = None
+    _replica_argv: dict[str, tuple[list[str], pathlib.Path]] = field(default_factory=dict)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> None:
@@ -112,6 +113,7 @@ class LocalCluster:
             else:
                 argv += ["--data-dir", str(self.workdir / "supervisor")]
             log_name = "supervisor.log" if self.spec.supervisors == 1 else f"supervisor-{index + 1}.log"
+            self._replica_argv[address] = (argv, self.workdir / log_name)
             self.replicas[address] = self._spawn(argv, self.workdir / log_name)
             self.addresses.append(address)
         self.address = self.addresses[0]
@@ -172,6 +174,14 @@ class LocalCluster:
                 self._channel.close()
             self._channel = grpc.insecure_channel(self.address)
         return killed_at
+
+    def restart_supervisor(self, address: str, ready_timeout_s: float = 60.0) -> None:
+        """Starts a killed replica again on its address; it rejoins as a follower."""
+        if self.replicas[address].poll() is None:
+            raise ClusterError(f"the supervisor at {address} is still running")
+        argv, log_path = self._replica_argv[address]
+        self.replicas[address] = self._spawn(argv, log_path)
+        self.wait_for(lambda: self._answers(address), ready_timeout_s, f"the restarted supervisor at {address}")
 
     def leader(self) -> operator_pb2.GetLeaderResponse | None:
         """The replica that leads now, asked of every running replica; None during an election."""
