@@ -1,0 +1,96 @@
+"""The supervisor's /metrics: scraped over real HTTP from a runtime driven by real inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from supervisor.core.inputs import StepReport, Tick
+from supervisor.eventlog.memory import MemoryLog
+from supervisor.metrics import SupervisorMetrics, ThroughputConfig
+from supervisor.metrics_http import MetricsListenError, serve_metrics, split_listen
+from supervisor.runtime import Runtime
+from tests.support.builders import config, hello
+
+
+async def scrape(port: int, path: str = "/metrics", method: str = "GET") -> tuple[str, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    raw = (await reader.read()).decode()
+    writer.close()
+    head, _, body = raw.partition("\r\n\r\n")
+    return head.splitlines()[0], body
+
+
+def sample(body: str, name: str, labels: str = "") -> float:
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    lines = [line for line in body.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, f"{prefix!r} not exported exactly once"
+    return float(lines[0].split()[-1])
+
+
+async def running_job(metrics: SupervisorMetrics) -> Runtime:
+    runtime = Runtime(config(nodes=2, ranks_per_node=1), MemoryLog(), wall_clock=lambda: 100.0)
+    runtime.metrics = metrics
+    metrics.attach(runtime)
+    for node in ("n1", "n2"):
+        await runtime._handle(hello(node, stream_id=runtime.open_stream(asyncio.Queue())))
+    await runtime._handle(Tick())
+    assert runtime.state.generation is not None
+    return runtime
+
+
+async def test_a_scrape_shows_nodes_training_signals_and_what_happened():
+    metrics = SupervisorMetrics(ThroughputConfig(flops_per_token=6e6, peak_flops_per_rank=1e12))
+    runtime = await running_job(metrics)
+    for rank, node in enumerate(("n1", "n2")):
+        report = StepReport(node, 1, rank, 1, 0.5, 0.4, 2.5, "d", grad_norm=1.25, tokens=1000)
+        assert (await runtime._handle(report)).refusal is None
+    refused = await runtime._handle(StepReport("ghost", 1, 0, 1, 0.5, 0.4, 2.5, "d"))
+    assert refused.refusal
+    server = await serve_metrics(metrics.registry, "127.0.0.1:0")
+    try:
+        status, body = await scrape(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+    assert status == "HTTP/1.1 200 OK"
+    assert sample(body, "ftsup_nodes", 'role="active",state="alive"') == 2
+    assert sample(body, "ftsup_is_leader") == 1
+    assert sample(body, "ftsup_job_step") == 1
+    assert sample(body, "ftsup_loss") == 2.5
+    assert sample(body, "ftsup_grad_norm") == 1.25
+    assert sample(body, "ftsup_tokens_per_second") == pytest.approx(4000.0)  # 2 ranks x 1000 / 0.5 s
+    assert sample(body, "ftsup_mfu") == pytest.approx(4000.0 * 6e6 / (1e12 * 2))
+    assert sample(body, "ftsup_rank_step_seconds", 'rank="1"') == 0.5
+    assert sample(body, "ftsup_step_seconds_count") == 2
+    assert sample(body, "ftsup_inputs_refused_total", 'kind="StepReport"') == 1
+    assert sample(body, "ftsup_events_appended_total", 'kind="GenerationStarted"') == 1
+    assert sample(body, "ftsup_event_append_seconds_count") >= 3
+
+
+async def test_per_rank_series_stop_at_the_limit_and_unknown_paths_are_404():
+    metrics = SupervisorMetrics(ThroughputConfig(per_rank_limit=1))
+    runtime = await running_job(metrics)
+    for rank, node in enumerate(("n1", "n2")):
+        await runtime._handle(StepReport(node, 1, rank, 1, 0.5, 0.4, 2.5, "d"))
+    server = await serve_metrics(metrics.registry, "127.0.0.1:0")
+    port = server.sockets[0].getsockname()[1]
+    try:
+        _, body = await scrape(port)
+        missing, _ = await scrape(port, "/secrets")
+        wrong, _ = await scrape(port, "/metrics", method="POST")
+    finally:
+        server.close()
+    assert "ftsup_rank_step_seconds{" not in body, "2 ranks exceed a limit of 1"
+    assert math.isnan(sample(body, "ftsup_mfu")), "MFU needs FLOPs per token and a peak"
+    assert missing.startswith("HTTP/1.1 404") and wrong.startswith("HTTP/1.1 405")
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(MetricsListenError, match="not host:port"):
+        split_listen("9464")
+    with pytest.raises(ValueError, match="peak_flops_per_rank"):
+        ThroughputConfig(peak_flops_per_rank=-1.0)
