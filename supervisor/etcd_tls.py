@@ -1,0 +1,49 @@
+"""An aetcd client that talks TLS (with a client certificate) to etcd.
+
+aetcd 1.0 only opens plaintext channels (`Client.connect` calls grpc.aio.insecure_channel), so
+this subclass opens the channel itself with mTLS credentials and builds the same stubs on it.
+Everything else (deadlines, keepalive, the multi-endpoint target) comes from
+supervisor.eventlog.etcd.make_client, so the TLS and plaintext clients behave alike.
+
+Hostname check: one multi-endpoint gRPC channel has one target name, so every etcd member's
+server certificate must be valid for the first endpoint's host (or for `server_name`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import aetcd
+import grpc
+from aetcd import rpc, watcher
+
+from supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, make_client
+from supervisor.tls import TlsFiles, channel_credentials
+
+
+class TlsClient(aetcd.Client):
+    def __init__(self, credentials: grpc.ChannelCredentials, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        """Opens the TLS channel once; no await inside, so concurrent callers cannot race."""
+        if self._connected.is_set():
+            return
+        options = list(self._options.items())
+        self.channel = grpc.aio.secure_channel(f"{self._host}:{self._port}", self._credentials, options=options)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
+        self._connected.set()
+
+
+def make_tls_client(endpoints: Sequence[str], files: TlsFiles, *, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+                    server_name: str = "") -> TlsClient:
+    plain = make_client(endpoints, timeout_s=timeout_s)  # the target and channel options to reuse
+    host, port = client_target(endpoints)
+    options = dict(plain._options)  # noqa: SLF001 - same keepalive/backoff as the plaintext client
+    options["grpc.ssl_target_name_override"] = server_name or endpoints[0].rpartition(":")[0].strip("[]")
+    return TlsClient(channel_credentials(files), host=host, port=port, timeout=timeout_s, options=options)

@@ -1,0 +1,149 @@
+"""mTLS for every ftsup gRPC endpoint: credentials from PEM files and who the peer is.
+
+Identity lives in one SAN URI per certificate (written by `ftsup certs`, see docs/readme/ops.md):
+  spiffe://ftsup/node/<node-id>                 an agent; must equal the node id in its Hello
+  spiffe://ftsup/supervisor/<id>                a supervisor replica
+  spiffe://ftsup/operator/<name>/<admin|read>   a person or script using supervisorctl
+The rule enforced here: a daemon never listens beyond loopback without TLS unless the operator
+said `--insecure` (`check_listen`). Shared by the supervisor, the agent and supervisorctl.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import pathlib
+from dataclasses import dataclass
+from enum import Enum
+
+import grpc
+
+SPIFFE_PREFIX = "spiffe://ftsup/"
+
+
+class TlsConfigError(ValueError):
+    """TLS files or flags are unusable; the text names the file or flag."""
+
+
+class PeerKind(Enum):
+    NODE = "node"
+    SUPERVISOR = "supervisor"
+    OPERATOR = "operator"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """Paths of this endpoint's certificate, its key and the CA that signs every peer."""
+
+    cert: pathlib.Path
+    key: pathlib.Path
+    ca: pathlib.Path
+
+
+@dataclass(frozen=True, slots=True)
+class PeerIdentity:
+    kind: PeerKind
+    name: str
+    role: str = ""  # operators only: "admin" or "read"
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}/{self.name}" + (f"/{self.role}" if self.role else "")
+
+
+def tls_files(cert: str | pathlib.Path | None, key: str | pathlib.Path | None,
+              ca: str | pathlib.Path | None, *, flag_prefix: str = "--tls") -> TlsFiles | None:
+    """All three or none: a half-configured TLS setup is an error naming the missing flag."""
+    given = {"cert": cert, "key": key, "ca": ca}
+    if not any(given.values()):
+        return None
+    missing = [f"{flag_prefix}-{name}" for name, value in given.items() if not value]
+    if missing:
+        raise TlsConfigError(f"TLS needs {flag_prefix}-cert, {flag_prefix}-key and {flag_prefix}-ca;"
+                             f" missing {', '.join(missing)}")
+    files = TlsFiles(pathlib.Path(str(cert)), pathlib.Path(str(key)), pathlib.Path(str(ca)))
+    for name, path in (("cert", files.cert), ("key", files.key), ("ca", files.ca)):
+        if not path.is_file():
+            raise TlsConfigError(f"{flag_prefix}-{name}: {path} is not a readable file")
+    return files
+
+
+def _read(path: pathlib.Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TlsConfigError(f"cannot read {path}: {exc}") from exc
+
+
+def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """Server side: present our cert, require a client cert signed by the CA (mTLS)."""
+    return grpc.ssl_server_credentials(
+        [(_read(files.key), _read(files.cert))], root_certificates=_read(files.ca), require_client_auth=True
+    )
+
+
+def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
+    """Client side: verify the server against the CA, present our own cert."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(files.ca), private_key=_read(files.key), certificate_chain=_read(files.cert)
+    )
+
+
+def identity_of_cert(pem: bytes) -> PeerIdentity | None:
+    """The ftsup identity in a certificate's SAN URIs, or None when it carries none."""
+    from cryptography import x509  # only servers read peers' certificates; keeps supervisorctl light
+
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
+        identity = parse_spiffe(uri)
+        if identity is not None:
+            return identity
+    return None
+
+
+def parse_spiffe(uri: str) -> PeerIdentity | None:
+    if not uri.startswith(SPIFFE_PREFIX):
+        return None
+    parts = uri[len(SPIFFE_PREFIX):].split("/")
+    try:
+        kind = PeerKind(parts[0])
+    except ValueError:
+        return None
+    if kind is PeerKind.OPERATOR:
+        if len(parts) == 3 and parts[1] and parts[2] in ("admin", "read"):
+            return PeerIdentity(kind, parts[1], parts[2])
+        return None
+    if len(parts) == 2 and parts[1]:
+        return PeerIdentity(kind, parts[1])
+    return None
+
+
+def peer_identity(context: grpc.aio.ServicerContext) -> PeerIdentity | None:
+    """Who is on the other end of a TLS connection (verified by the handshake); None without TLS."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    return identity_of_cert(pems[0]) if pems else None
+
+
+def is_loopback(address: str) -> bool:
+    """True when host:port names a loopback host only (127.0.0.0/8, ::1, localhost, unix:)."""
+    if address.startswith("unix:"):
+        return True
+    address = address.split("://", 1)[-1]  # etcd endpoints come as URLs: http://127.0.0.1:2379
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(address: str, files: TlsFiles | None, *, is_insecure_allowed: bool, flag: str) -> None:
+    """Refuses a plaintext listener beyond loopback unless --insecure says so."""
+    if files is None and not is_insecure_allowed and not is_loopback(address):
+        raise TlsConfigError(
+            f"{flag} {address} is not loopback and no TLS is configured: pass --tls-cert/--tls-key/--tls-ca"
+            " (`ftsup certs` makes a lab CA), or --insecure to accept plaintext on the network"
+        )

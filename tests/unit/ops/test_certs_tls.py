@@ -1,0 +1,100 @@
+"""`ftsup certs` output and the TLS helpers: identities in SAN URIs, modes, plaintext refusal."""
+
+from __future__ import annotations
+
+import pathlib
+import stat
+
+import pytest
+from cryptography import x509
+
+from harness.certs import main as certs_main
+from supervisor import tls
+
+
+def test_certs_writes_a_ca_and_one_identity_per_subject(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "pki"
+    assert certs_main(["--out", str(out), "--nodes", "node-1,node-2", "--supervisors", "sup-1",
+                       "--operators", "alice:admin,bob:read"]) == 0
+    expect = {
+        "node-node-1.pem": tls.PeerIdentity(tls.PeerKind.NODE, "node-1"),
+        "supervisor-sup-1.pem": tls.PeerIdentity(tls.PeerKind.SUPERVISOR, "sup-1"),
+        "operator-alice.pem": tls.PeerIdentity(tls.PeerKind.OPERATOR, "alice", "admin"),
+        "operator-bob.pem": tls.PeerIdentity(tls.PeerKind.OPERATOR, "bob", "read"),
+    }
+    ca = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    for name, identity in expect.items():
+        pem = (out / name).read_bytes()
+        assert tls.identity_of_cert(pem) == identity
+        x509.load_pem_x509_certificate(pem).verify_directly_issued_by(ca)  # raises if not signed by the CA
+        key = out / name.replace(".pem", ".key")
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "ca.key").stat().st_mode) == 0o600
+    server = x509.load_pem_x509_certificate((out / "supervisor-sup-1.pem").read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+
+
+def test_certs_reuses_the_ca_when_adding_a_node(tmp_path: pathlib.Path) -> None:
+    assert certs_main(["--out", str(tmp_path), "--nodes", "a"]) == 0
+    ca_before = (tmp_path / "ca.pem").read_bytes()
+    assert certs_main(["--out", str(tmp_path), "--nodes", "b"]) == 0
+    assert (tmp_path / "ca.pem").read_bytes() == ca_before
+
+
+@pytest.mark.parametrize("args", [["--operators", "carol:root"], ["--nodes", "bad/name"], []])
+def test_certs_rejects_bad_names_and_roles(tmp_path: pathlib.Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert certs_main(["--out", str(tmp_path), *args]) == 2
+    assert "ftsup certs:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("uri", "identity"),
+    [
+        ("spiffe://ftsup/node/n1", tls.PeerIdentity(tls.PeerKind.NODE, "n1")),
+        ("spiffe://ftsup/operator/al/read", tls.PeerIdentity(tls.PeerKind.OPERATOR, "al", "read")),
+        ("spiffe://ftsup/operator/al/root", None),
+        ("spiffe://ftsup/node/", None),
+        ("spiffe://other/node/n1", None),
+        ("spiffe://ftsup/robot/x", None),
+    ],
+)
+def test_spiffe_uris_parse_strictly(uri: str, identity: tls.PeerIdentity | None) -> None:
+    assert tls.parse_spiffe(uri) == identity
+
+
+def test_plaintext_listening_beyond_loopback_needs_insecure() -> None:
+    tls.check_listen("127.0.0.1:7070", None, is_insecure_allowed=False, flag="--listen")
+    tls.check_listen("[::1]:7070", None, is_insecure_allowed=False, flag="--listen")
+    tls.check_listen("0.0.0.0:7070", None, is_insecure_allowed=True, flag="--listen")
+    with pytest.raises(tls.TlsConfigError, match="--listen 0.0.0.0:7070 is not loopback.*--insecure"):
+        tls.check_listen("0.0.0.0:7070", None, is_insecure_allowed=False, flag="--listen")
+
+
+def test_half_a_tls_configuration_names_the_missing_flag(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(tls.TlsConfigError, match="missing --tls-key, --tls-ca"):
+        tls.tls_files(tmp_path / "c.pem", None, None)
+    with pytest.raises(tls.TlsConfigError, match="--tls-ca: .* is not a readable file"):
+        (tmp_path / "c.pem").write_text("x")
+        tls.tls_files(tmp_path / "c.pem", tmp_path / "c.pem", tmp_path / "missing.pem")
+
+
+def test_the_supervisor_refuses_a_plaintext_public_listener(tmp_path: pathlib.Path) -> None:
+    from supervisor.config import ConfigError, load
+
+    job = tmp_path / "job.json"
+    job.write_text('{"name": "t", "nodes": 1, "argv": ["true"]}')
+    with pytest.raises(ConfigError, match="--listen 0.0.0.0:7070 is not loopback"):
+        load(["--job", str(job), "--listen", "0.0.0.0:7070"])
+    assert load(["--job", str(job), "--listen", "0.0.0.0:7070", "--insecure"]).server_tls is None
+    with pytest.raises(ConfigError, match="--etcd 10.0.0.5:2379 is not loopback"):
+        load(["--job", str(job), "--etcd", "10.0.0.5:2379"])
+
+
+def test_the_agent_refuses_a_plaintext_public_peer_listener() -> None:
+    from agent.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="--host 10.1.2.3:0 is not loopback"):
+        parse_config(["--node-id", "n", "--supervisor", "s:1", "--host", "10.1.2.3"], environ={})
+    assert parse_config(["--node-id", "n", "--supervisor", "s:1", "--host", "10.1.2.3", "--insecure", "--gpus", "0"],
+                        environ={}).tls_files is None
