@@ -1,0 +1,102 @@
+"""SDC digest vote: which ranks disagree with their replicas after an optimizer step.
+
+Pure. Every data-parallel replica must hold the same parameter bits after each step (DESIGN.md:
+one logical model state), so ranks that hold the same shard report the same digest. Per step the
+ranks are grouped by shard (`SdcConfig.shard_group`: with tensor/pipeline parallelism only ranks
+holding identical shards are compared), and within a group a digest held by a strict majority
+wins: the others are *minorities* (their nodes are SDC suspects). A group with no strict
+majority (2 vs 2, or 1 vs 1) is *split*: something is wrong but the vote cannot say who, which is
+what the recompute check (`policies/recompute.py`) is for. A rank that reported no digest is
+"unknown, skip", never a vote. A step is *clear* (its snapshots and checkpoints may be committed)
+only when every rank reported and no group disagreed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SdcConfig:
+    # Ranks per model replica (tensor x pipeline parallel size), with data parallelism the
+    # outermost mesh dimension (rank = dp_index * model_parallel_size + shard): ranks r and r'
+    # must hold identical shards when r % model_parallel_size == r' % model_parallel_size.
+    model_parallel_size: int = 1
+    # A minority digest in a group of at least this many ranks quarantines the rank's node: the
+    # majority, on other ranks, is the confirmation. Smaller groups can only split.
+    min_group_to_convict: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.model_parallel_size <= 65536:
+            raise ValueError(f"model_parallel_size must be within [1, 65536], got {self.model_parallel_size}")
+        if not 3 <= self.min_group_to_convict <= 65536:
+            raise ValueError(f"min_group_to_convict must be within [3, 65536], got {self.min_group_to_convict}")
+
+    def shard_group(self, rank: int) -> int:
+        """The id of the ranks that must match `rank` bit for bit."""
+        return rank % self.model_parallel_size
+
+
+@dataclass(frozen=True, slots=True)
+class Dissent:
+    """A rank whose digest differs from its group's; `majority_digest` is "" for a split group."""
+
+    rank: int
+    digest: str
+    majority_digest: str
+    group: int
+    group_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepVote:
+    step: int
+    is_clear: bool  # every rank reported and every group agreed: commits may use this step
+    minorities: tuple[Dissent, ...]  # outvoted by a strict majority: the suspects
+    split: tuple[Dissent, ...]  # every rank of groups without a strict majority
+    reason: str
+
+    @property
+    def is_diverged(self) -> bool:
+        return bool(self.minorities or self.split)
+
+
+def vote_step(step: int, digests: Mapping[int, str], world_size: int, config: SdcConfig) -> StepVote:
+    """Votes on one step's digests (rank -> digest; "" = not reported) once every rank reported."""
+    if len(digests) < world_size:
+        missing = sorted(set(range(world_size)) - set(digests))
+        return StepVote(step, False, (), (), f"step {step}: waiting for ranks {missing[:8]}")
+    groups: dict[int, dict[int, str]] = {}
+    for rank, digest in digests.items():
+        if digest:
+            groups.setdefault(config.shard_group(rank), {})[rank] = digest
+    minorities: list[Dissent] = []
+    split: list[Dissent] = []
+    for group, by_rank in sorted(groups.items()):
+        counts = Counter(by_rank.values())
+        if len(counts) == 1:
+            continue
+        (top, votes), = counts.most_common(1)
+        size = len(by_rank)
+        if 2 * votes > size:
+            minorities += [Dissent(r, d, top, group, size) for r, d in sorted(by_rank.items()) if d != top]
+        else:
+            split += [Dissent(r, d, "", group, size) for r, d in sorted(by_rank.items())]
+    if not minorities and not split:
+        compared = sum(len(g) for g in groups.values())
+        return StepVote(step, True, (), (), f"step {step}: {compared} digests agree in {len(groups)} group(s)")
+    parts = [f"rank {m.rank} {_short(m.digest)} vs majority {_short(m.majority_digest)}" for m in minorities]
+    parts += [f"group {g} split {sorted(Counter(d.digest for d in split if d.group == g).values(), reverse=True)}"
+              for g in sorted({d.group for d in split})]
+    return StepVote(step, False, tuple(minorities), tuple(split), f"step {step}: " + "; ".join(parts))
+
+
+def is_convicting(dissent: Dissent, config: SdcConfig) -> bool:
+    """A minority outvoted in a large enough group names its node as the culprit."""
+    return bool(dissent.majority_digest) and dissent.group_size >= config.min_group_to_convict
+
+
+def _short(digest: str) -> str:
+    return digest[:12]

@@ -1,0 +1,37 @@
+"""Tainted steps: how SDC evidence constrains what the state may commit and restore.
+
+Owns one invariant (issue 7): once replicas disagreed at step S (an `SdcSuspected`), no snapshot
+or checkpoint of a step >= S is committed, and no generation restores one. The taint lifts when a
+generation restores from before S (or starts fresh): it recomputes those steps on healthy nodes.
+Pure; evolve.py calls these so the rules hold on every replica replaying the log.
+"""
+
+from __future__ import annotations
+
+from supervisor.core import frozen
+from supervisor.core.errors import InvalidEvent
+from supervisor.core.events import GenerationStarted, SdcSuspected
+from supervisor.core.state import ClusterState
+
+
+def on_suspected(state: ClusterState, event: SdcSuspected) -> ClusterState:
+    tainted = state.sdc_tainted_from_step
+    if tainted is not None and tainted <= event.step:
+        return state
+    return frozen.replace(state, sdc_tainted_from_step=event.step)
+
+
+def require_untainted(state: ClusterState, step: int, what: str) -> None:
+    tainted = state.sdc_tainted_from_step
+    if tainted is not None and step >= tainted:
+        raise InvalidEvent(f"{what} at step {step}: steps from {tainted} on are SDC-tainted")
+
+
+def on_generation_started(state: ClusterState, event: GenerationStarted) -> ClusterState:
+    """Called after the generation is folded: a restore from before the taint lifts it."""
+    tainted = state.sdc_tainted_from_step
+    if tainted is None:
+        return state
+    if event.restore_step is not None:
+        require_untainted(state, event.restore_step, f"generation {event.generation} restores")
+    return frozen.replace(state, sdc_tainted_from_step=None)

@@ -1,0 +1,64 @@
+"""`supervisorctl sdc`: the silent-data-corruption record, derived from the event log.
+
+Pure (records in, a dict or text out). No RPC of its own: the log already holds every SDC fact
+(SdcSuspected with the digests, SdcCheckStarted/Finished, the quarantines and restarts they
+caused), so the view is computed client-side from ListEvents and cannot drift from the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ftsup.v1 import events_pb2
+
+SDC_PREFIX = "SDC:"  # decide.py prefixes the reasons of SDC quarantines and restarts with it
+
+
+def sdc_dict(records: Iterable[events_pb2.Record]) -> dict[str, Any]:
+    suspects: list[dict[str, Any]] = []
+    checks: dict[str, dict[str, Any]] = {}
+    verdicts: list[dict[str, Any]] = []
+    for record in records:
+        kind = record.event.WhichOneof("kind")
+        body = getattr(record.event, kind) if kind else None
+        if kind == "sdc_suspected":
+            suspects.append({
+                "seq": record.seq, "generation": body.generation, "step": body.step, "node_id": body.node_id,
+                "rank": body.rank, "digest": body.digest, "majority_digest": body.majority_digest,
+                "group_size": body.group_size, "vote": "minority" if body.majority_digest else "split",
+            })
+        elif kind == "sdc_check_started":
+            checks[body.check_id] = {
+                "check_id": body.check_id, "seq": record.seq, "step": body.step, "rank": body.rank,
+                "suspect_node_id": body.suspect_node_id, "verifier_node_id": body.verifier_node_id,
+                "verdict": "running", "reported_digest": "", "recomputed_digest": "",
+            }
+        elif kind == "sdc_check_finished" and body.check_id in checks:
+            verdict = events_pb2.SdcVerdict.Name(body.verdict).removeprefix("SDC_VERDICT_").lower()
+            checks[body.check_id].update(verdict=verdict, reported_digest=body.reported_digest,
+                                         recomputed_digest=body.recomputed_digest)
+        elif kind == "node_quarantined" and body.reason.startswith(SDC_PREFIX):
+            verdicts.append({"seq": record.seq, "action": "quarantined", "node_id": body.node_id,
+                             "evidence_seq": body.evidence_seq, "reason": body.reason})
+        elif kind == "generation_ended" and body.reason == events_pb2.END_REASON_SDC:
+            verdicts.append({"seq": record.seq, "action": "restarted", "node_id": "",
+                             "evidence_seq": 0, "reason": body.detail, "last_step": body.last_step})
+    return {"checks": list(checks.values()), "suspects": suspects, "verdicts": verdicts}
+
+
+def sdc_text(view: dict[str, Any]) -> str:
+    lines = [f"checks    {len(view['checks'])} recompute check(s)"]
+    for c in view["checks"]:
+        lines.append(f"  #{c['seq']:<6} step {c['step']} rank {c['rank']} of {c['suspect_node_id']}"
+                     f" replayed on {c['verifier_node_id']}: {c['verdict']}")
+    lines.append(f"suspects  {len(view['suspects'])}")
+    for s in view["suspects"]:
+        against = f"majority {s['majority_digest']}" if s["majority_digest"] else f"no majority in {s['group_size']}"
+        lines.append(f"  #{s['seq']:<6} gen {s['generation']} step {s['step']} {s['node_id']} rank {s['rank']}"
+                     f" ({s['vote']}): digest {s['digest']} vs {against}")
+    lines.append(f"verdicts  {len(view['verdicts'])}")
+    for v in view["verdicts"]:
+        evidence = f" (evidence #{v['evidence_seq']})" if v["evidence_seq"] else ""
+        lines.append(f"  #{v['seq']:<6} {v['action']} {v['node_id'] or 'the job'}{evidence}: {v['reason']}")
+    return "\n".join(lines)
