@@ -1,0 +1,422 @@
+"""Fleet load: simulated agents against one real supervisor; heartbeat latency, CPU, silent-node detection.
+
+One supervisor subprocess (embedded event log in a temp dir) and a few load processes
+(harness/fleet_load.py), each holding many real Supervisor.Connect streams. After the fleet is
+connected and training (every node holds ranks and sends StepReports), a steady window measures
+heartbeat handling latency (send -> HeartbeatAck), supervisor CPU and RSS; midway one node goes
+silent with its stream left open, and the time to the supervisor's verdict is measured. Baseline
+in the same run: the configured heartbeat interval (the detector cannot beat 1.5 / 2 intervals).
+If 1 s heartbeats miss the goal at full size, smaller fleets are swept. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import pstats
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, IO
+
+import grpc
+
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
+from harness.cluster import ClusterError, free_port
+
+GOAL_P99_MS = 50.0
+GOAL_DETECT_S = 2.5
+LATENCY_DEFINITION = (
+    "per heartbeat: from the simulated agent handing Heartbeat(want_ack) to gRPC until it reads the"
+    " supervisor's HeartbeatAck, which the supervisor sends after its input loop has admitted and"
+    " observed that heartbeat (queueing in the loop included); both ends on this machine. latency_*:"
+    " the steady window before the silenced node's silence; latency_after_silence_*: after it (its"
+    " detection, the generation's end and the directives that follow)"
+)
+DETECT_DEFINITION = (
+    "from the silenced node's last heartbeat (wall clock, load process) to the time stamped on the"
+    " supervisor's NodeSuspected / NodeDeclaredDead record for it; its stream stays open"
+)
+
+
+@dataclass
+class LoadProcess:
+    process: subprocess.Popen[str]
+    count: int
+    lines: list[dict[str, Any]] = field(default_factory=list)
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(obj) + "\n")
+        self.process.stdin.flush()
+
+    def read(self, deadline: float) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = _readline(self.process.stdout, deadline)
+        if not line:
+            raise ClusterError(f"load process {self.process.pid} exited (code {self.process.poll()})")
+        return json.loads(line)
+
+
+def _readline(stream: IO[str], deadline: float) -> str:
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(max(0.0, deadline - time.monotonic()))
+    if reader.is_alive():
+        raise ClusterError("timed out waiting for a load process")
+    return box[0]
+
+
+class EventWatch:
+    """Follows the supervisor's event log over the operator API, in a thread."""
+
+    def __init__(self, address: str, since_seq: int) -> None:
+        self.verdicts: list[tuple[str, str, float]] = []  # (kind, node_id, record time)
+        self._channel = grpc.insecure_channel(address)
+        stub = operator_pb2_grpc.OperatorStub(self._channel)
+        self._stream = stub.ListEvents(operator_pb2.ListEventsRequest(since_seq=since_seq, follow=True))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for record in self._stream:
+                kind = record.event.WhichOneof("kind")
+                if kind in ("node_suspected", "node_declared_dead"):
+                    node_id = getattr(record.event, kind).node_id
+                    self.verdicts.append((kind, node_id, record.time_unix_s))
+        except grpc.RpcError:
+            pass
+
+    def first(self, kind: str, node_id: str) -> float | None:
+        return next((t for k, n, t in list(self.verdicts) if k == kind and n == node_id), None)
+
+    def close(self) -> None:
+        self._stream.cancel()
+        self._channel.close()
+
+
+def _cpu_s(pid: int) -> float:
+    fields_ = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024.0, 1)
+    return 0.0
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+def _progress(message: str) -> None:
+    print(f"[bench scale] {message}", file=sys.stderr, flush=True)
+
+
+def _wait(check, timeout_s: float, what: str, supervisor: subprocess.Popen[bytes], poll_s: float = 0.2):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if supervisor.poll() is not None:
+            raise ClusterError(f"the supervisor exited (code {supervisor.returncode}) waiting for {what}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def _status(address: str) -> operator_pb2.GetStatusResponse | None:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            return operator_pb2_grpc.OperatorStub(channel).GetStatus(operator_pb2.GetStatusRequest(), timeout=5)
+    except grpc.RpcError:
+        return None
+
+
+def _running(address: str) -> operator_pb2.GetStatusResponse | None:
+    status = _status(address)
+    if status is not None and status.nodes_quarantined:
+        # A healthy node was declared dead while the fleet connected: the supervisor fell behind.
+        raise ClusterError(f"{status.nodes_quarantined} node(s) quarantined before training started"
+                           f" (dead: {status.nodes_dead}); waiting: {status.waiting_reason or '-'}")
+    return status if status is not None and status.phase == operator_pb2.JOB_PHASE_RUNNING else None
+
+
+def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: pathlib.Path,
+             profile: bool = False) -> dict[str, Any]:
+    """One fleet of `nodes` at `interval_s`: connect, train, measure a steady window, silence one node."""
+    workdir.mkdir(parents=True)
+    job = {"name": "scale", "nodes": nodes, "ranks_per_node": args.ranks_per_node, "argv": ["true"]}
+    (workdir / "job.json").write_text(json.dumps(job))
+    address = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
+    module = "supervisor"
+    if profile:
+        module = "bench._profiled_supervisor"
+        env["FTSUP_PROFILE_OUT"] = str(workdir / "supervisor.prof")
+    argv = [sys.executable, "-m", module, "--listen", address, "--data-dir", str(workdir / "log"),
+            "--job", str(workdir / "job.json"), "--heartbeat-interval-s", str(interval_s),
+            "--heartbeat-misses", str(args.heartbeat_misses), "--log-json"]
+    dead_after_s = interval_s * args.heartbeat_misses
+    window_s = max(args.duration_s, dead_after_s + interval_s + 4.0)
+    silence_at_s = window_s - (dead_after_s + interval_s + 2.0)
+    procs: list[LoadProcess] = []
+    watch: EventWatch | None = None
+    with open(workdir / "supervisor.log", "wb") as sup_log:
+        supervisor = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait(lambda: _status(address), 60, "the supervisor to answer", supervisor)
+        started = time.monotonic()
+        share, extra = divmod(nodes, args.procs)
+        first = 0
+        for index in range(args.procs):
+            count = share + (1 if index < extra else 0)
+            if count == 0:
+                continue
+            load_argv = [sys.executable, "-m", "harness.fleet_load", "--address", address, "--first", str(first),
+                         "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
+                         "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1)]
+            with open(workdir / f"load-{index}.log", "wb") as load_log:
+                process = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=load_log, env=env, text=True, start_new_session=True)
+            procs.append(LoadProcess(process, count))
+            first += count
+        welcomed = [0] * len(procs)
+        late_while_connecting = 0  # heartbeats the load processes sent >10% of an interval late
+        deadline = time.monotonic() + args.connect_timeout_s
+        for i, proc in enumerate(procs):
+            while True:
+                line = proc.read(deadline)
+                welcomed[i] = line["welcomed"]
+                _progress(f"{interval_s:g}s x {nodes}: {sum(welcomed)}/{nodes} nodes welcomed"
+                          f" ({line['connect_s']:.0f}s)")
+                if line["kind"] == "ready":
+                    late_while_connecting += line["late_beats"]
+                    break
+        connect_s = time.monotonic() - started
+        try:
+            status = _wait(lambda: _running(address), args.connect_timeout_s,
+                           "the generation to run (a step reported)", supervisor, poll_s=0.5)
+        except ClusterError as exc:
+            raise ClusterError(f"{exc}; the load processes sent {late_while_connecting} heartbeats late"
+                               " while connecting") from exc
+        train_s = time.monotonic() - started
+        _progress(f"{interval_s:g}s x {nodes}: training in generation {status.generation} after {train_s:.1f}s;"
+                  f" settling {2 * interval_s:g}s, then measuring {window_s:g}s")
+        time.sleep(2 * interval_s)  # a settle period by design: two heartbeats from every node
+        watch = EventWatch(address, (_status(address) or status).head_seq + 1)
+        target = f"sim-{nodes // 2:06d}"
+        owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
+        cpu0, wall0 = _cpu_s(supervisor.pid), time.monotonic()
+        if profile:
+            os.kill(supervisor.pid, signal.SIGUSR1)
+        for proc in procs:
+            proc.send({"cmd": "measure", "window_s": window_s, "silence": target if proc is owner else None,
+                       "silence_at_s": silence_at_s})
+        results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
+        cpu_s, wall_s = _cpu_s(supervisor.pid) - cpu0, time.monotonic() - wall0
+        if profile:
+            os.kill(supervisor.pid, signal.SIGUSR2)
+        rss_mb = _rss_mb(supervisor.pid)
+        last_beat = next(r["last_beat_wall_s"] for r in results if r["silenced"])
+        dead_at = _wait_optional(lambda: watch.first("node_declared_dead", target), dead_after_s + 10)
+        suspect_at = watch.first("node_suspected", target)
+        false_verdicts = sorted({n for _, n, _ in watch.verdicts if n != target})
+        latencies = [v for r in results for v in r["latencies_ms"]]
+        after = [v for r in results for v in r["after_ms"]]
+        sent, acked = sum(r["sent"] for r in results), sum(r["acked"] for r in results)
+        load_cpu_s = sum(r["cpu_s"] for r in results)
+        out: dict[str, Any] = {
+            "nodes": nodes,
+            "gpus": nodes * args.ranks_per_node,
+            "heartbeat_interval_s": interval_s,
+            "nodes_connected": sum(r["welcomed"] for r in results),
+            "nodes_training": sum(r["running"] for r in results),
+            "connect_s": round(connect_s, 2),
+            "connect_to_training_s": round(train_s, 2),
+            "window_s": round(wall_s, 2),
+            "heartbeats_sent": sent,
+            "heartbeats_acked": acked,
+            "heartbeats_per_s": round(sent / wall_s, 1),
+            "step_reports_per_s": round(sum(r["step_reports"] for r in results) / wall_s, 1),
+            "late_heartbeats": sum(r["late_beats"] for r in results),
+            "latency_p50_ms": _percentile(latencies, 0.50),
+            "latency_p99_ms": _percentile(latencies, 0.99),
+            "latency_max_ms": max(latencies) if latencies else None,
+            "latency_mean_ms": round(statistics.fmean(latencies), 2) if latencies else None,
+            "latency_samples": len(latencies),
+            "latency_after_silence_p50_ms": _percentile(after, 0.50),
+            "latency_after_silence_p99_ms": _percentile(after, 0.99),
+            "latency_after_silence_max_ms": max(after) if after else None,
+            "supervisor_cpu_fraction": round(cpu_s / wall_s, 3),
+            "supervisor_rss_mb": rss_mb,
+            "load_cpu_fraction": round(load_cpu_s / wall_s, 3),
+            "load_processes": len(procs),
+            # This machine's load average (1 min) at the window's end: other tenants' CPU use skews every figure.
+            "machine_loadavg_1m": round(os.getloadavg()[0], 2),
+            "silenced_node": target,
+            "suspect_s": round(suspect_at - last_beat, 3) if suspect_at and last_beat else None,
+            "detect_s": round(dead_at - last_beat, 3) if dead_at and last_beat else None,
+            "detect_limit_s": dead_after_s,
+            "false_verdicts": len(false_verdicts),
+            "false_verdict_nodes": false_verdicts[:10],
+        }
+        out["goal_met"] = bool(
+            out["nodes_training"] == nodes and out["latency_p99_ms"] is not None
+            and out["latency_p99_ms"] <= GOAL_P99_MS and out["detect_s"] is not None
+            and out["detect_s"] <= max(GOAL_DETECT_S, dead_after_s + 0.5) and not false_verdicts
+            and acked >= 0.99 * sent
+        )
+        if profile:
+            out["profile_top"] = _profile_top(workdir / "supervisor.prof")
+        _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
+                  f" cpu {out['supervisor_cpu_fraction']}, detect {out['detect_s']} s")
+        return out
+    finally:
+        if watch is not None:
+            watch.close()
+        for proc in procs:
+            try:
+                proc.send({"cmd": "stop"})
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in procs:
+            _stop(proc.process)
+        _stop(supervisor)
+
+
+def _firsts(procs: list[LoadProcess]) -> list[int]:
+    firsts, at = [], 0
+    for proc in procs:
+        firsts.append(at)
+        at += proc.count
+    return firsts
+
+
+def _wait_optional(check, timeout_s: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while (value := check()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def _stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=grace_s)
+
+
+def _profile_top(path: pathlib.Path, limit: int = 15) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    stats = pstats.Stats(str(path))
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]  # type: ignore[attr-defined]
+    return [{"function": f"{pathlib.Path(file).name}:{line}({name})", "calls": nc, "tottime_s": round(tt, 3),
+             "tottime_share": round(tt / total, 3) if total else 0.0, "cumtime_s": round(ct, 3)}
+            for (file, line, name), (_, nc, tt, ct, _) in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ftsup bench scale", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="accepted for symmetry: the output is always JSON")
+    parser.add_argument("--nodes", type=int, default=12_500, help="simulated nodes (8 GPUs = 8 ranks each)")
+    parser.add_argument("--intervals", default="5,1", help="heartbeat intervals in seconds, comma-separated")
+    parser.add_argument("--interval-s", type=float, default=None, help="one interval (overrides --intervals)")
+    parser.add_argument("--duration-s", type=float, default=20.0, help="steady measurement window (at least"
+                        " long enough to see the silent node declared dead)")
+    parser.add_argument("--step-s", type=float, default=10.0, help="each node sends one StepReport per step")
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--heartbeat-misses", type=int, default=2)
+    parser.add_argument("--procs", type=int, default=2, help="load generator processes")
+    parser.add_argument("--streams-per-channel", type=int, default=25)
+    parser.add_argument("--connect-timeout-s", type=float, default=900.0)
+    parser.add_argument("--sweep", default="1000,2500,5000,10000",
+                        help="node counts tried at 1 s when the full fleet misses the goal ('' : no sweep)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run the full fleet at the last interval under cProfile and report the top functions")
+    parser.add_argument("--workdir", type=pathlib.Path, default=None,
+                        help="keep the supervisor's and load processes' logs here (default: a temp dir, removed)")
+    args = parser.parse_args(argv)
+    try:
+        intervals = [args.interval_s] if args.interval_s else [float(v) for v in args.intervals.split(",") if v.strip()]
+        sweep = sorted(int(v) for v in args.sweep.split(",") if v.strip())
+    except ValueError as exc:
+        parser.error(f"bad --intervals/--interval-s/--sweep: {exc}")
+    if not 1 <= args.nodes <= 100_000 or not intervals or any(not 0 < i <= 60 for i in intervals):
+        parser.error(f"--nodes must be within [1, 100000] and intervals within (0, 60]; got {args.nodes}, {intervals}")
+    if not 1 <= args.procs <= 16 or args.duration_s <= 0 or args.step_s < 0:
+        parser.error(f"--procs within [1, 16], --duration-s > 0, --step-s >= 0; got {args.procs}, "
+                     f"{args.duration_s}, {args.step_s}")
+    result: dict[str, Any] = {
+        "nodes": args.nodes,
+        "gpus": args.nodes * args.ranks_per_node,
+        "cpus": os.cpu_count(),
+        "load_processes": args.procs,
+        "streams_per_channel": args.streams_per_channel,
+        "step_s": args.step_s,
+        "latency_definition": LATENCY_DEFINITION,
+        "detect_definition": DETECT_DEFINITION,
+        "goal": {"nodes": args.nodes, "heartbeat_interval_s": 1.0, "latency_p99_ms": GOAL_P99_MS,
+                 "detect_s": GOAL_DETECT_S},
+        "baseline": {"name": "detector floor: suspect at 1.5 and dead at heartbeat_misses intervals",
+                     "suspect_s": {f"{i:g}": 1.5 * i for i in intervals},
+                     "dead_s": {f"{i:g}": i * args.heartbeat_misses for i in intervals}},
+        "runs": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="ftsup-bench-scale-") as tmp:
+        root = args.workdir or pathlib.Path(tmp)
+        for interval in intervals:
+            result["runs"][f"{interval:g}"] = _safe(args, args.nodes, interval, root / f"run-{interval:g}")
+        one_s = result["runs"].get("1")
+        if one_s is not None:
+            result["goal_met"] = bool(one_s.get("goal_met"))
+        if one_s is not None and not one_s.get("goal_met") and sweep:
+            result["sweep_1s"] = {}
+            for count in [c for c in sweep if c < args.nodes]:
+                run = _safe(args, count, 1.0, root / f"sweep-{count}")
+                result["sweep_1s"][str(count)] = run
+                if not run.get("goal_met"):
+                    break
+            passing = [int(c) for c, r in result["sweep_1s"].items() if r.get("goal_met")]
+            result["largest_passing_nodes_1s"] = max(passing) if passing else 0
+        if args.profile:
+            result["profile"] = _safe(args, args.nodes, intervals[-1], root / "profile", profile=True)
+    print(json.dumps(result))
+    return 0
+
+
+def _safe(args: argparse.Namespace, nodes: int, interval: float, workdir: pathlib.Path,
+          profile: bool = False) -> dict[str, Any]:
+    """A run that breaks (supervisor overwhelmed, connect timeout) is a result, not a crash."""
+    try:
+        return run_once(args, nodes, interval, workdir, profile)
+    except ClusterError as exc:
+        _progress(f"{interval:g}s x {nodes}: failed: {exc}")
+        return {"nodes": nodes, "heartbeat_interval_s": interval, "goal_met": False, "error": str(exc)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Simulated agents for the fleet load bench: many Supervisor.Connect streams in one process.
+
+Each simulated node speaks the real agent protocol on its own bidirectional stream (Hello,
+Heartbeat at the Welcome's interval, StepReports once a Directive gives it ranks) and reads
+everything the supervisor sends. Heartbeats ask for a HeartbeatAck, so the latency of every one
+is measured here: from handing it to gRPC to reading its ack. One node can be silenced — it stops
+sending but keeps its stream open and keeps reading (a hung host, not a crash).
+
+Driven by `bench/scale.py` over stdin/stdout, one JSON object per line:
+  out {"kind": "progress"|"ready", "welcomed": n, ...}     while connecting / once all are in
+  in  {"cmd": "measure", "window_s": w, "silence": id|null, "silence_at_s": t}
+  out {"kind": "result", "latencies_ms": [...], "sent": n, "acked": n, "cpu_s": s, ...}
+  in  {"cmd": "stop"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+
+CONNECT_TIMEOUT_S = 600.0
+
+
+@dataclass(slots=True)
+class SimNode:
+    node_id: str
+    incarnation: int
+    welcomed: asyncio.Event = field(default_factory=asyncio.Event)
+    interval_s: float = 1.0
+    generation: int = 0
+    rank: int | None = None
+    step: int = 0
+    is_silenced: bool = False
+    last_beat_wall_s: float = 0.0
+    sent_at: dict[int, float] = field(default_factory=dict)  # heartbeat seq -> loop time sent
+    refusals: int = 0
+
+
+@dataclass(slots=True)
+class Counters:
+    sent: int = 0
+    acked: int = 0
+    step_reports: int = 0
+    directives: int = 0
+    late_beats: int = 0  # heartbeats this process sent more than 10% of an interval late
+    latencies_ms: list[float] = field(default_factory=list)  # steady: before the silenced node's silence
+    after_ms: list[float] = field(default_factory=list)  # after it (its detection and what follows)
+    is_measuring: bool = False
+    is_after: bool = False
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.nodes = [
+            SimNode(f"{args.prefix}-{i:06d}", self.rng.getrandbits(63), interval_s=args.interval_s)
+            for i in range(args.first, args.first + args.count)
+        ]
+        self.by_id = {n.node_id: n for n in self.nodes}
+        self.counters = Counters()
+        self.stopping = asyncio.Event()
+        self.channels: list[grpc.aio.Channel] = []
+        self.calls: list[grpc.aio.StreamStreamCall] = []
+        self.connect_gate = asyncio.Semaphore(args.connect_concurrency)
+
+    async def run(self) -> None:
+        tasks = []
+        per = max(1, self.args.streams_per_channel)
+        started = time.monotonic()
+        for offset in range(0, len(self.nodes), per):
+            channel = grpc.aio.insecure_channel(self.args.address)
+            self.channels.append(channel)
+            stub = agent_pb2_grpc.SupervisorStub(channel)
+            tasks += [asyncio.create_task(self.node_loop(stub, n)) for n in self.nodes[offset:offset + per]]
+        await self.report_connecting(started)
+        await self.serve_commands()
+        self.stopping.set()
+        for call in self.calls:
+            call.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in self.channels:
+            await channel.close()
+
+    async def report_connecting(self, started: float) -> None:
+        while True:
+            welcomed = sum(1 for n in self.nodes if n.welcomed.is_set())
+            elapsed = time.monotonic() - started
+            done = welcomed == len(self.nodes)
+            emit({"kind": "ready" if done or elapsed > CONNECT_TIMEOUT_S else "progress", "welcomed": welcomed,
+                  "nodes": len(self.nodes), "connect_s": round(elapsed, 3),
+                  "refusals": sum(n.refusals for n in self.nodes), "late_beats": self.counters.late_beats})
+            if done or elapsed > CONNECT_TIMEOUT_S:
+                return
+            await asyncio.sleep(1.0)
+
+    async def serve_commands(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            command = json.loads(line)
+            if command["cmd"] == "stop":
+                return
+            if command["cmd"] == "measure":
+                emit(await self.measure(command["window_s"], command.get("silence"), command.get("silence_at_s", 0.0)))
+
+    async def measure(self, window_s: float, silence: str | None, silence_at_s: float) -> dict[str, object]:
+        c = self.counters
+        c.latencies_ms, c.after_ms, c.sent, c.acked, c.step_reports, c.late_beats = [], [], 0, 0, 0, 0
+        c.is_measuring, c.is_after = True, False
+        running = sum(1 for n in self.nodes if n.rank is not None)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        silenced_at_wall = None
+        target = self.by_id.get(silence) if silence else None
+        if target is not None:
+            await asyncio.sleep(silence_at_s)
+            target.is_silenced = c.is_after = True
+            silenced_at_wall = target.last_beat_wall_s  # silence starts after its last heartbeat
+            await asyncio.sleep(max(0.0, window_s - silence_at_s))
+        else:
+            await asyncio.sleep(window_s)
+        c.is_measuring = False
+        wall = time.monotonic() - wall0
+        return {"kind": "result", "latencies_ms": c.latencies_ms, "after_ms": c.after_ms, "sent": c.sent,
+                "acked": c.acked,
+                "step_reports": c.step_reports, "late_beats": c.late_beats,
+                "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
+                "welcomed": sum(1 for n in self.nodes if n.welcomed.is_set()),
+                "running": running,
+                "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall}
+
+    async def node_loop(self, stub: agent_pb2_grpc.SupervisorStub, node: SimNode) -> None:
+        async with self.connect_gate:
+            call = stub.Connect()
+            self.calls.append(call)
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
+                node_id=node.node_id, incarnation=node.incarnation, role=events_pb2.NODE_ROLE_ACTIVE,
+                host="10.0.0.1", peer_port=7071, gpus=8, agent_version="sim", failure_domain="")))
+            reader = asyncio.create_task(self.read(node, call))
+            welcomed = asyncio.create_task(node.welcomed.wait())
+            await asyncio.wait({reader, welcomed}, return_when=asyncio.FIRST_COMPLETED)
+            welcomed.cancel()
+            if reader.done():
+                return
+        try:
+            await self.beat(node, call)
+        finally:
+            reader.cancel()
+
+    async def beat(self, node: SimNode, call: grpc.aio.StreamStreamCall) -> None:
+        loop = asyncio.get_running_loop()
+        c = self.counters
+        seq = 0
+        # The first beat goes at once (as a real agent's does), the next at a random phase, which
+        # spreads the fleet's heartbeats over the interval.
+        next_beat = next_step = loop.time()
+        phase_s = self.rng.uniform(0.0, node.interval_s)
+        while not self.stopping.is_set():
+            if node.is_silenced:
+                await self.stopping.wait()  # hung: the stream stays open, nothing more is sent
+                return
+            now = loop.time()
+            if now >= next_beat:
+                seq += 1
+                if now - next_beat > 0.1 * node.interval_s:
+                    c.late_beats += 1
+                node.sent_at[seq] = now
+                node.last_beat_wall_s = time.time()
+                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
+                    seq=seq, running_generation=node.generation if node.rank is not None else 0, want_ack=True)))
+                c.sent += 1
+                next_beat = max(next_beat + node.interval_s, now) if seq > 1 else now + phase_s
+            step_s = self.args.step_s
+            if node.rank is not None and step_s > 0 and now >= next_step:
+                node.step += 1
+                await call.write(agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
+                    generation=node.generation, rank=node.rank, step=node.step, step_time_s=step_s,
+                    compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 16)))
+                c.step_reports += 1
+                next_step = max(next_step + step_s, now)
+            wake = min(next_beat, next_step) if node.rank is not None and step_s > 0 else next_beat
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+
+    async def read(self, node: SimNode, call: grpc.aio.StreamStreamCall) -> None:
+        loop = asyncio.get_running_loop()
+        c = self.counters
+        async for message in call:
+            kind = message.WhichOneof("kind")
+            if kind == "heartbeat_ack":
+                sent = node.sent_at.pop(message.heartbeat_ack.seq, None)
+                if sent is not None:
+                    c.acked += 1
+                    if c.is_measuring:
+                        (c.after_ms if c.is_after else c.latencies_ms).append(round((loop.time() - sent) * 1000.0, 2))
+            elif kind == "welcome":
+                if message.welcome.heartbeat_interval_s > 0:
+                    node.interval_s = message.welcome.heartbeat_interval_s
+                node.welcomed.set()
+            elif kind == "directive":
+                c.directives += 1
+                d = message.directive
+                if d.action == agent_pb2.ACTION_RUN and d.ranks:
+                    if node.generation != d.generation:
+                        node.step = d.restore_step if d.HasField("restore_step") else 0
+                    node.generation, node.rank = d.generation, d.ranks[0]
+                else:
+                    node.generation, node.rank = d.generation, None
+            elif kind == "refusal":
+                node.refusals += 1
+            if len(node.sent_at) > 64:  # acks that never came: keep the map bounded
+                for seq in sorted(node.sent_at)[:-64]:
+                    del node.sent_at[seq]
+
+
+def emit(obj: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.fleet_load", description=__doc__.splitlines()[0])
+    p.add_argument("--address", required=True, help="supervisor host:port")
+    p.add_argument("--first", type=int, default=0, help="index of this process's first node")
+    p.add_argument("--count", type=int, required=True, help="nodes simulated by this process")
+    p.add_argument("--prefix", default="sim")
+    p.add_argument("--interval-s", type=float, default=1.0, help="until the Welcome names the interval")
+    p.add_argument("--step-s", type=float, default=10.0, help="one StepReport per node per step (0: none)")
+    p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection")
+    p.add_argument("--connect-concurrency", type=int, default=200, help="Hellos not yet welcomed at once")
+    p.add_argument("--seed", type=int, default=1)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.count < 1 or args.interval_s <= 0 or args.step_s < 0 or args.streams_per_channel < 1:
+        print(f"fleet_load: bad arguments {vars(args)}", file=sys.stderr)
+        return 2
+    asyncio.run(Fleet(args).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""`ftsup bench scale` at smoke size on real processes: a supervisor, two load processes, 200 nodes.
+
+Asserts the JSON a user reads has its keys, the whole fleet connected and trained, every
+heartbeat was acknowledged, and the node silenced with its stream open was declared dead (and
+no other node was). No latency or CPU thresholds: this machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import cli
+
+pytestmark = pytest.mark.integration
+
+RUN_KEYS = {
+    "nodes", "heartbeat_interval_s", "nodes_connected", "nodes_training", "connect_s", "latency_p50_ms",
+    "latency_p99_ms", "supervisor_cpu_fraction", "supervisor_rss_mb", "load_cpu_fraction", "suspect_s",
+    "detect_s", "false_verdicts", "heartbeats_sent", "heartbeats_acked", "goal_met",
+}
+
+
+def test_scale_bench_at_smoke_size_measures_latency_and_detects_the_silent_node(capsys):
+    assert cli.main(["bench", "scale", "--json", "--nodes", "200", "--intervals", "1", "--duration-s", "6",
+                     "--step-s", "2", "--sweep", ""]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"latency_definition", "detect_definition", "goal", "baseline", "runs"} <= set(result)
+    run = result["runs"]["1"]
+    assert "error" not in run, run.get("error")
+    assert RUN_KEYS <= set(run)
+    assert run["nodes_connected"] == run["nodes_training"] == 200
+    assert run["heartbeats_sent"] > 200 and run["heartbeats_acked"] >= 0.95 * run["heartbeats_sent"]
+    assert run["step_reports_per_s"] > 0
+    assert 0 < run["latency_p50_ms"] <= run["latency_p99_ms"]
+    assert run["supervisor_cpu_fraction"] > 0 and run["supervisor_rss_mb"] > 0
+    # The silent node: suspected, then declared dead, not before its silence could be seen.
+    assert run["detect_s"] is not None and run["suspect_s"] is not None
+    assert 1.0 <= run["suspect_s"] <= run["detect_s"]
+    assert run["detect_s"] >= run["detect_limit_s"] - 0.2
+    assert run["false_verdicts"] == 0, run["false_verdict_nodes"]
