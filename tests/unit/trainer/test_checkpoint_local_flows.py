@@ -1,0 +1,97 @@
+"""Save, commit, load, abort and gc on the embedded LocalDirStore (one process, no server)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from trainer.checkpoint import catalog, flows
+from trainer.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ObjectCorrupt
+from trainer.checkpoint.local import LocalDirStore
+from trainer.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+from trainer.checkpoint.policy import RestoreMode
+
+V = Versions("data-1", "tok-1")
+ONE = Topology(1, 1)
+L = Layout("ckpts")
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def state(seed: int) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(31, 17, generator=gen), "h": torch.randn(5, generator=gen).to(torch.float16),
+            "mask": torch.tensor([True, False, True]), "empty": torch.empty(0, 3), "scalar": torch.tensor(2.5),
+            "step": seed, "meta": {"lr": 0.1 * seed}}
+
+
+def blank(sd: dict[str, object]) -> dict[str, object]:
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else blank(v) if isinstance(v, dict) else None
+            for k, v in sd.items()}
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = LocalDirStore(tmp_path / "store")
+    yield store
+    store.close()
+
+
+def test_save_then_load_is_bit_exact_and_direct(store):
+    cid = checkpoint_id_for(3, "a")
+    manifest = flows.save(state(3), store, L, cid, 3, ONE, V)
+    assert manifest.step == 3 and manifest.topology == ONE and manifest.versions == V
+    loaded = blank(state(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = flows.load(store, L, cid, loaded, ONE, V)
+    assert plan.mode is RestoreMode.DIRECT
+    for key, value in state(3).items():
+        if isinstance(value, torch.Tensor):
+            assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+        else:
+            assert loaded[key] == value, key
+
+
+def test_a_second_commit_of_the_same_checkpoint_is_refused(store):
+    cid = checkpoint_id_for(4, "a")
+    manifest = flows.save(state(4), store, L, cid, 4, ONE, V)
+    with pytest.raises(ManifestExists, match="never overwritten"):
+        catalog.commit(store, L, cid, 4, list(manifest.shards), ONE, V)
+    assert catalog.read_manifest(store, L, cid) == manifest
+
+
+def test_a_corrupted_object_is_caught_on_load(store):
+    cid = checkpoint_id_for(5, "a")
+    flows.save(state(5), store, L, cid, 5, ONE, V)
+    path = store.root / L.data_key(cid, "__0_0.distcp")
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ObjectCorrupt, match="__0_0.distcp.*the manifest records"):
+        flows.load(store, L, cid, blank(state(5)), ONE, V)
+
+
+def test_abort_removes_an_attempt_and_refuses_a_committed_checkpoint(store):
+    attempt = checkpoint_id_for(6, "x")
+    store.put(L.data_key(attempt, "__0_0.distcp"), b"partial")
+    assert catalog.abort(store, L, attempt) == 1
+    assert store.list(L.directory(attempt)) == ()
+    with pytest.raises(CheckpointNotCommitted):
+        catalog.read_manifest(store, L, attempt)
+    cid = checkpoint_id_for(7, "a")
+    flows.save(state(7), store, L, cid, 7, ONE, V)
+    with pytest.raises(ManifestExists):
+        catalog.abort(store, L, cid)
+
+
+def test_gc_keeps_the_last_k(store):
+    ids = [checkpoint_id_for(s, "a") for s in (1, 2, 3)]
+    for step, cid in zip((1, 2, 3), ids, strict=True):
+        flows.save(state(step), store, L, cid, step, ONE, V)
+    plan = catalog.gc(store, L, keep_last=1)
+    assert plan.delete_committed == tuple(ids[:2])
+    assert [m.checkpoint_id for m in catalog.list_committed(store, L)] == [ids[2]]
+    assert {L.checkpoint_of(k) for k in store.list(L.root())} == {ids[2]}

@@ -1,0 +1,181 @@
+"""The commit protocol and the catalog of checkpoints in a store: commit, abort, list, gc.
+
+A checkpoint becomes visible in exactly one step: its manifest is written last, with a put that
+never overwrites (S3 `If-None-Match: *`, link(2) locally), and only after every rank's shard index
+was read back, matched its reported SHA-256, and every object it lists was found in the store with
+the reported size and SHA-256. Readers (`list_committed`, restore) trust nothing but manifests, so
+a crash or a failed write at any earlier point leaves an attempt that is invisible and is later
+removed by `abort` or `gc`. `commit` is what the supervisor's shell calls once the core has seen
+every CheckpointShardWritten; the decisions (which reports, when) stay in the supervisor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from trainer.checkpoint import digest
+from trainer.checkpoint.errors import (
+    CheckpointNotCommitted, IncompleteCheckpoint, ManifestExists, ObjectCorrupt, ObjectExists, ObjectNotFound,
+)
+from trainer.checkpoint.manifest import (
+    Layout, Manifest, ShardIndex, ShardReport, Topology, Versions, check_shard_indexes, check_shard_reports,
+    decode_manifest, decode_shard_index, encode_manifest, encode_shard_index, mismatch,
+)
+from trainer.checkpoint.policy import GcPlan, plan_gc
+from trainer.checkpoint.store import ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def write_shard_index(store: ObjectStore, layout: Layout, index: ShardIndex) -> ShardReport:
+    """Store a rank's shard index after its objects are written; the report goes to the supervisor."""
+    info = store.put(layout.shard_index_key(index.checkpoint_id, index.rank), encode_shard_index(index))
+    return ShardReport(index.rank, info.key, info.sha256, info.size_bytes)
+
+
+def _read_index(store: ObjectStore, report: ShardReport, checkpoint_id: str) -> ShardIndex:
+    try:
+        data = store.get(report.key)
+    except ObjectNotFound as exc:
+        raise IncompleteCheckpoint(f"checkpoint {checkpoint_id!r}: rank {report.rank}'s shard index"
+                                   f" {report.key!r} is missing") from exc
+    observed = ObjectInfo(report.key, len(data), digest.object_digest(data, store.chunking))
+    problem = mismatch(ObjectInfo(report.key, report.size_bytes, report.sha256), observed)
+    if problem:
+        raise ObjectCorrupt(f"checkpoint {checkpoint_id!r}: shard index {problem}")
+    index = decode_shard_index(bytes(data))
+    if index.rank != report.rank:
+        raise IncompleteCheckpoint(f"{report.key!r} holds rank {index.rank}'s index, reported as rank {report.rank}")
+    return index
+
+
+def verify(store: ObjectStore, layout: Layout, checkpoint_id: str, reports: Sequence[ShardReport],
+           world_size: int, *, max_concurrency: int = 8) -> tuple[ObjectInfo, ...]:
+    """Every object of the attempt, each confirmed present with its reported size and SHA-256."""
+    reports = check_shard_reports(reports, world_size, checkpoint_id, layout)
+    with ThreadPoolExecutor(max_concurrency, thread_name_prefix="ftsup-verify") as pool:
+        indexes = list(pool.map(lambda r: _read_index(store, r, checkpoint_id), reports))
+        objects = check_shard_indexes(indexes, checkpoint_id, layout)
+
+        def observe(obj: ObjectInfo) -> str | None:
+            try:
+                return mismatch(obj, store.head(obj.key))
+            except ObjectNotFound:
+                return f"{obj.key!r} is missing"
+
+        problems = [p for p in pool.map(observe, objects) if p]
+    if problems:
+        raise ObjectCorrupt(f"checkpoint {checkpoint_id!r} cannot commit: {len(problems)} objects differ from"
+                            f" their reports, first: {problems[0]}")
+    return objects
+
+
+def commit(store: ObjectStore, layout: Layout, checkpoint_id: str, step: int, reports: Sequence[ShardReport],
+           topology: Topology, versions: Versions) -> Manifest:
+    """Verify the attempt and write its manifest, last and only if none exists. Raises, never half-commits."""
+    objects = verify(store, layout, checkpoint_id, reports, topology.world_size)
+    manifest = Manifest(
+        checkpoint_id=checkpoint_id, step=step, topology=topology, versions=versions, chunking=store.chunking,
+        shards=tuple(sorted(reports, key=lambda r: r.rank)), objects=objects, commit_nonce=uuid.uuid4().hex,
+        committed_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+    )
+    body = encode_manifest(manifest)
+    key = layout.manifest_key(checkpoint_id)
+    try:
+        store.put_if_absent(key, body)
+    except ObjectExists as exc:
+        # A retried put whose first answer was lost finds its own manifest: that is our commit.
+        if bytes(store.get(key)) != body:
+            raise ManifestExists(f"checkpoint {checkpoint_id!r} is already committed ({key!r} exists on"
+                                 f" {store.describe()}); manifests are never overwritten") from exc
+    log.info("committed checkpoint %s at step %d: %d objects, %d bytes, %s", checkpoint_id, step,
+             len(objects), sum(o.size_bytes for o in objects), topology.describe())
+    return manifest
+
+
+def read_manifest(store: ObjectStore, layout: Layout, checkpoint_id: str) -> Manifest:
+    """The checkpoint's manifest; CheckpointNotCommitted when it has none or it is invalid."""
+    key = layout.manifest_key(checkpoint_id)
+    try:
+        manifest = decode_manifest(bytes(store.get(key)))
+    except ObjectNotFound as exc:
+        raise CheckpointNotCommitted(f"checkpoint {checkpoint_id!r} has no manifest on {store.describe()}") from exc
+    except ValueError as exc:
+        raise CheckpointNotCommitted(f"checkpoint {checkpoint_id!r}: invalid manifest {key!r}: {exc}") from exc
+    if manifest.checkpoint_id != checkpoint_id:
+        raise CheckpointNotCommitted(f"{key!r} names checkpoint {manifest.checkpoint_id!r}")
+    return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The checkpoints under a layout's prefix, as found in the store at one moment."""
+
+    committed: tuple[Manifest, ...]  # valid manifests, oldest step first
+    incomplete: tuple[str, ...]  # attempt ids with objects but no valid manifest
+    keys: dict[str, tuple[str, ...]]  # checkpoint id -> its keys; built here, never shared mutably
+
+
+def scan(store: ObjectStore, layout: Layout) -> Catalog:
+    keys: dict[str, list[str]] = {}
+    for key in store.list(layout.root()):
+        cid = layout.checkpoint_of(key)
+        if cid is not None:
+            keys.setdefault(cid, []).append(key)
+    committed, incomplete = [], []
+    for cid, cid_keys in sorted(keys.items()):
+        if layout.manifest_key(cid) not in cid_keys:
+            incomplete.append(cid)
+            continue
+        try:
+            committed.append(read_manifest(store, layout, cid))
+        except CheckpointNotCommitted as exc:
+            log.warning("ignoring checkpoint %s: %s", cid, exc)
+            incomplete.append(cid)
+    committed.sort(key=lambda m: (m.step, m.checkpoint_id))
+    return Catalog(tuple(committed), tuple(incomplete), {k: tuple(v) for k, v in keys.items()})
+
+
+def list_committed(store: ObjectStore, layout: Layout) -> tuple[Manifest, ...]:
+    """Checkpoints with a valid manifest, oldest step first. Everything else is invisible."""
+    return scan(store, layout).committed
+
+
+def latest_committed(store: ObjectStore, layout: Layout) -> Manifest | None:
+    committed = list_committed(store, layout)
+    return committed[-1] if committed else None
+
+
+def abort(store: ObjectStore, layout: Layout, checkpoint_id: str) -> int:
+    """Delete an uncommitted attempt's objects; refuses a committed checkpoint. Returns how many."""
+    keys = store.list(layout.directory(checkpoint_id))
+    if layout.manifest_key(checkpoint_id) in keys:
+        raise ManifestExists(f"checkpoint {checkpoint_id!r} is committed; abort deletes only attempts (use gc)")
+    store.delete(keys)
+    log.info("aborted checkpoint attempt %s: deleted %d objects", checkpoint_id, len(keys))
+    return len(keys)
+
+
+def gc(store: ObjectStore, layout: Layout, keep_last: int, in_flight: frozenset[str] = frozenset()) -> GcPlan:
+    """Retention: keep the newest `keep_last` commits; delete older ones and abandoned attempts.
+
+    A committed checkpoint loses its manifest first, so a concurrent reader sees it either whole
+    or gone, never a manifest pointing at deleted objects.
+    """
+    catalog = scan(store, layout)
+    plan = plan_gc([(m.checkpoint_id, m.step) for m in catalog.committed], catalog.incomplete, keep_last, in_flight)
+    for cid in plan.delete_committed:
+        manifest_key = layout.manifest_key(cid)
+        store.delete([manifest_key])
+        store.delete([k for k in catalog.keys[cid] if k != manifest_key])
+    for cid in plan.delete_incomplete:
+        store.delete(catalog.keys[cid])
+    if plan.delete_committed or plan.delete_incomplete:
+        log.info("gc under %r: deleted committed %s, incomplete %s; kept %s", layout.prefix,
+                 list(plan.delete_committed), list(plan.delete_incomplete), list(plan.kept))
+    return plan

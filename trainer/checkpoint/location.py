@@ -1,0 +1,52 @@
+"""Opening a checkpoint location from one string: `s3://bucket/prefix` or a local directory.
+
+The S3 endpoint (AWS when absent; MinIO, SeaweedFS, ... otherwise) and region are separate
+settings, credentials come only from boto3's default chain (AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY, a profile, an instance role) and are never part of the location, so a
+location string is safe to log.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+
+from trainer.checkpoint.manifest import Layout
+from trainer.checkpoint.store import ObjectStore
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    scheme: str  # "s3" or "file"
+    bucket_or_dir: str
+    prefix: str
+
+
+def parse_location(url: str) -> Location:
+    """`s3://bucket[/prefix]`, `file:///dir[...]` or a plain path; ValueError naming the value otherwise."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"checkpoint location {url!r} has no bucket (expected s3://bucket/prefix)")
+        return Location("s3", parsed.netloc, parsed.path.strip("/"))
+    if parsed.scheme in ("", "file"):
+        path = parsed.path if parsed.scheme == "file" else url
+        if not path:
+            raise ValueError("checkpoint location is empty")
+        return Location("file", path, "")
+    raise ValueError(f"checkpoint location {url!r}: scheme {parsed.scheme!r} is not s3:// or file://")
+
+
+def open_location(url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                  max_concurrency: int = 8) -> tuple[ObjectStore, Layout]:
+    """The store and the layout of checkpoints under `url` (local directories hold them at the root)."""
+    location = parse_location(url)
+    if location.scheme == "s3":
+        from trainer.checkpoint.s3 import S3Config, S3Store
+
+        config = S3Config(bucket=location.bucket_or_dir, endpoint_url=endpoint_url, region=region,
+                          max_concurrency=max_concurrency)
+        return S3Store(config), Layout(location.prefix)
+    from trainer.checkpoint.local import LocalDirStore
+
+    return LocalDirStore(location.bucket_or_dir, max_concurrency=max_concurrency), Layout("")

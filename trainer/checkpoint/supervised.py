@@ -1,0 +1,108 @@
+"""Checkpoints of a job run under the ftsup supervisor: what each rank saves, and the topology
+and versions the supervisor commits them with.
+
+Each rank saves its whole snapshot payload (the same bytes as its RAM snapshot: model,
+optimizer, RNG state, `extra`) as one DCP item under its own key, so restoring from the object
+store is bit-identical to restoring from RAM. Per-rank items make the state `Sharding.MANUAL`:
+it restores at the same world size only (resharding needs DTensor state and `flows` directly).
+The supervisor's shell imports this module for `job_topology`/`JOB_VERSIONS`, so the commit
+and the trainers' loads agree without asking each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainer.checkpoint.manifest import Sharding, ShardReport, Topology, Versions
+from trainer.checkpoint.location import open_location
+from trainer.checkpoint.store import ObjectStore
+from trainer.checkpoint.manifest import Layout
+
+JOB_VERSIONS = Versions(data_version="ftsup-job", tokenizer_version="ftsup-job")
+
+
+def job_topology(world_size: int) -> Topology:
+    return Topology(world_size=world_size, dp=world_size, sharding=Sharding.MANUAL)
+
+
+def checkpoint_id_for(step: int, generation: int) -> str:
+    """Must equal supervisor.core.checkpoints.checkpoint_id_for (a unit test checks both)."""
+    return f"step-{step:010d}-g{generation}"
+
+
+def is_due(step: int, every_steps: int) -> bool:
+    """Must equal supervisor.core.checkpoints.is_due."""
+    return every_steps > 0 and step > 0 and step % every_steps == 0
+
+
+def _payload_key(rank: int) -> str:
+    return f"rank-{rank:05d}-payload"
+
+
+def _sha_key(rank: int) -> str:
+    return f"rank-{rank:05d}-sha256"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEnv:
+    """FTSUP_CHECKPOINT_* as set by the supervisor (location empty: checkpoints are off)."""
+
+    location: str
+    every_steps: int
+    endpoint_url: str
+    region: str
+    restore_checkpoint_id: str  # FTSUP_RESTORE_CHECKPOINT: restore from this committed checkpoint
+
+    @classmethod
+    def from_mapping(cls, env: Mapping[str, str]) -> CheckpointEnv:
+        raw = env.get("FTSUP_CHECKPOINT_EVERY_STEPS", "") or "0"
+        try:
+            every = int(raw)
+        except ValueError:
+            raise ValueError(f"FTSUP_CHECKPOINT_EVERY_STEPS={raw!r} is not an integer") from None
+        if every < 0:
+            raise ValueError(f"FTSUP_CHECKPOINT_EVERY_STEPS={every} must be >= 0")
+        return cls(env.get("FTSUP_CHECKPOINT_LOCATION", ""), every, env.get("FTSUP_CHECKPOINT_ENDPOINT", ""),
+                   env.get("FTSUP_CHECKPOINT_REGION", ""), env.get("FTSUP_RESTORE_CHECKPOINT", ""))
+
+    def open(self) -> tuple[ObjectStore, Layout]:
+        if not self.location:
+            raise ValueError("FTSUP_CHECKPOINT_LOCATION is not set: no checkpoint store configured")
+        return open_location(self.location, endpoint_url=self.endpoint_url or None, region=self.region or None)
+
+
+def save_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, payload: bytes,
+              sha256: str) -> ShardReport:
+    """Collective (every rank of the default process group): write this rank's shard and its
+    shard index; returns the report for the supervisor. Nothing is committed here."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.checkpoint.catalog import write_shard_index
+    from trainer.checkpoint.dcp import ObjectStoreWriter
+
+    writer = ObjectStoreWriter(store, layout, checkpoint_id)
+    state = {_payload_key(rank): payload, _sha_key(rank): sha256}
+    dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+    return write_shard_index(store, layout, writer.shard_index())
+
+
+def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int) -> tuple[bytes, str]:
+    """This rank's payload and its SHA-256 from a committed checkpoint. Not collective: ranks
+    whose RAM copies survived restore from RAM meanwhile. The manifest is checked first (the
+    topology and versions must allow the restore) and every object against it before use."""
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.checkpoint.catalog import read_manifest
+    from trainer.checkpoint.dcp import ObjectStoreReader
+    from trainer.checkpoint.policy import plan_restore
+
+    manifest = read_manifest(store, layout, checkpoint_id)
+    plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
+    state: dict[str, object] = {_payload_key(rank): b"", _sha_key(rank): ""}
+    dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
+    payload, sha = state[_payload_key(rank)], state[_sha_key(rank)]
+    if not isinstance(payload, bytes) or not isinstance(sha, str) or not payload:
+        raise ValueError(f"checkpoint {checkpoint_id!r} holds no payload for rank {rank}")
+    return payload, sha
