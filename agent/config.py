@@ -14,11 +14,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftsup.v1 import events_pb2
+from supervisor import tls
+from supervisor.metrics_http import MetricsListenError, split_listen
+from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
 
 from agent.core.hang import HangConfig
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0
+ENV_PREFIX = "FTSUP_AGENT_"
+# Variables under the prefix that are not options: the agent sets these for its trainers.
+NOT_OPTIONS = frozenset({"FTSUP_AGENT_ADDRESS"})
 
 
 class ConfigError(ValueError):
@@ -42,6 +48,8 @@ class AgentConfig:
     xid_log: str = "none"  # file path, /dev/kmsg, auto or none
     failure_domain: str = ""
     hang: HangConfig = HangConfig()
+    tls_files: tls.TlsFiles | None = None  # mTLS to supervisors and peers; None: plaintext
+    metrics_listen: str = ""  # host:port of /metrics; empty: none
 
     @property
     def socket_path(self) -> Path:
@@ -60,6 +68,7 @@ class AgentConfig:
         values = asdict(self)
         values["workdir"] = str(self.workdir)
         values["supervisors"] = list(self.supervisors)
+        values["tls_files"] = {k: str(v) for k, v in values["tls_files"].items()} if self.tls_files else None
         return values
 
 
@@ -69,6 +78,7 @@ def count_gpus() -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup agent", description="ftsup node agent")
+    add_config_flag(p, "agent", ENV_PREFIX)
     p.add_argument("--node-id", required=True, help="this node's id, [A-Za-z0-9._-]{1,64}")
     p.add_argument("--supervisor", required=True, help="HOST:PORT[,HOST:PORT...] of the supervisors")
     p.add_argument("--role", choices=("active", "spare"), default="active")
@@ -92,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a rank is hung after this many median step times without progress")
     p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")
     p.add_argument("--hang-startup-s", type=float, default=600.0, help="allowance before a generation's first step")
+    p.add_argument("--tls-cert", default=None,
+                   help="this node's certificate (PEM, SAN spiffe://ftsup/node/NODE_ID): mTLS to the"
+                        " supervisors and between peers")
+    p.add_argument("--tls-key", default=None, help="its private key (PEM, mode 600)")
+    p.add_argument("--tls-ca", default=None, help="CA (PEM) that signs supervisors' and peers' certificates")
+    p.add_argument("--insecure", action="store_true", default=False,
+                   help="allow the peer service to listen in plaintext on a non-loopback --host (no TLS)")
+    p.add_argument("--metrics-listen", default="", help="host:port for Prometheus to scrape /metrics"
+                   " (e.g. 0.0.0.0:9465); empty: no metrics endpoint")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -130,6 +149,17 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--warm-trainers: {ns.warm_trainers} must be within 0..64")
     if not 0 <= ns.trainer_nice <= 19:
         raise ConfigError(f"--trainer-nice: {ns.trainer_nice} must be within 0..19")
+    try:
+        files = tls.tls_files(ns.tls_cert, ns.tls_key, ns.tls_ca)
+        # Only listening is checked: a plaintext supervisor beyond loopback already had to say --insecure.
+        tls.check_listen(f"{ns.host.strip()}:0", files, is_insecure_allowed=ns.insecure, flag="--host")
+    except tls.TlsConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+    if ns.metrics_listen:
+        try:
+            split_listen(ns.metrics_listen)
+        except MetricsListenError as exc:
+            raise ConfigError(str(exc)) from exc
     workdir = Path(ns.workdir) if ns.workdir else Path("/var/lib/ftsup/agent") / ns.node_id
     # AF_UNIX paths are limited to 107 bytes on Linux; fail here, not at bind time.
     if len(str(workdir.absolute() / "agent.sock").encode()) > 107:
@@ -150,9 +180,18 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         xid_log=ns.xid_log,
         failure_domain=ns.failure_domain.strip(),
         hang=hang,
+        tls_files=files,
+        metrics_listen=ns.metrics_listen,
     )
 
 
-def parse_config(argv: list[str] | None) -> AgentConfig:
-    """Parses and validates; argparse exits 2 on unknown flags, ConfigError on bad values."""
-    return config_from_args(build_parser().parse_args(argv))
+def parse_config(argv: list[str] | None, environ: dict[str, str] | None = None) -> AgentConfig:
+    """Flags over environment (FTSUP_AGENT_<KEY>) over --config FILE over defaults, validated.
+
+    argparse exits 2 on unknown flags; every other problem is a ConfigError naming the value.
+    """
+    try:
+        ns = parse_layered(build_parser(), argv, env_prefix=ENV_PREFIX, environ=environ, ignore_env=NOT_OPTIONS)
+    except ConfigFileError as exc:
+        raise ConfigError(str(exc)) from exc
+    return config_from_args(ns)

@@ -17,6 +17,7 @@ import grpc
 import structlog
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
 from supervisor.core.backoff import Backoff
+from supervisor.tls import channel_credentials
 
 from agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from agent.core.outbox import Outbox, Priority
@@ -49,7 +50,7 @@ def _priority(message: agent_pb2.AgentMessage) -> Priority:
     kind = message.WhichOneof("kind")
     if kind == "step_report":
         return Priority.STEP
-    if kind in ("trainer_exit", "rank_finished"):
+    if kind in ("trainer_exit", "rank_finished", "checkpoint_shard"):
         return Priority.ESSENTIAL
     return Priority.REPORT
 
@@ -154,6 +155,9 @@ class SupervisorLink:
             except HelloRefused:
                 raise
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    # mTLS: our certificate does not name our node id; no retry can fix that.
+                    raise HelloRefused(exc.details() or "permission denied") from exc
                 log.warning("stream_error", code=exc.code().name, details=exc.details())
             except Exception as exc:  # noqa: BLE001 - any other stream failure: reconnect, never die
                 log.warning("stream_error", error=repr(exc))
@@ -163,7 +167,10 @@ class SupervisorLink:
             await asyncio.sleep(delay_s)
 
     async def _session(self, address: str, state: _SessionState, log: Logger) -> None:
-        channel = grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS)
+        files = self._config.tls_files
+        # Credentials are re-read per session, so renewed certificates apply at the next reconnect.
+        channel = (grpc.aio.secure_channel(address, channel_credentials(files), options=MESSAGE_OPTIONS)
+                   if files is not None else grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS))
         call = agent_pb2_grpc.SupervisorStub(channel).Connect()
         reader = asyncio.create_task(self._read(call, state, log))
         writer = asyncio.create_task(self._write(call, state))

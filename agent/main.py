@@ -17,13 +17,17 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
-from ftsup.v1 import agent_pb2, peer_pb2_grpc
-from supervisor import logs
+from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from supervisor import logs, tls
+from supervisor.metrics_http import serve_metrics
+from supervisor.sdnotify import Notifier, pet_watchdog
 
 from agent.config import AgentConfig, ConfigError, parse_config
 from agent.grpc_options import MESSAGE_OPTIONS
 from agent.launcher import STOP_GRACE_S, Launcher
 from agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
+from agent.metrics import AgentCollector, agent_registry
 from agent.peer_service import PeerService
 from agent.peers import PeerClient
 from agent.process import AsyncioProcessRunner, default_base_env
@@ -37,6 +41,9 @@ from agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_han
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2  # bad flags or a refused Hello
+
+
+PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["AgentPeer"].full_name
 
 
 class _Stop(Exception):
@@ -53,7 +60,9 @@ async def run_agent(config: AgentConfig) -> int:
         config.socket_path.unlink()  # a stale socket from a previous agent process
 
     store = SnapshotStore()
-    peers = PeerClient(random.Random(rng.getrandbits(64)))
+    files = config.tls_files
+    peers = PeerClient(random.Random(rng.getrandbits(64)),
+                       credentials=tls.channel_credentials(files) if files is not None else None)
     reports = Reports()
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
     runner: AsyncioProcessRunner | WarmPoolRunner = AsyncioProcessRunner(nice=config.trainer_nice)
@@ -66,10 +75,18 @@ async def run_agent(config: AgentConfig) -> int:
     )
 
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
-    peer_pb2_grpc.add_AgentPeerServicer_to_server(PeerService(config.node_id, store, reports, log.bind(part="peer")), peer_server)
+    peer_pb2_grpc.add_AgentPeerServicer_to_server(
+        PeerService(config.node_id, store, reports, log.bind(part="peer"), is_tls=files is not None), peer_server)
+    # The standard health service on the peer port: SERVING while this agent serves its peers.
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, peer_server)
+    await checker.set("", health_pb2.HealthCheckResponse.SERVING)
+    await checker.set(PEER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     # Bound to the advertised host only: snapshots hold the model, so the peer service is not
-    # exposed on every interface by default (mTLS between nodes arrives with the security work).
-    peer_port = peer_server.add_insecure_port(f"{config.host}:{config.peer_port}")
+    # exposed on every interface; beyond loopback it needs mTLS (or --insecure, checked in config).
+    peer_address = f"{config.host}:{config.peer_port}"
+    peer_port = (peer_server.add_secure_port(peer_address, tls.server_credentials(files)) if files is not None
+                 else peer_server.add_insecure_port(peer_address))
     if peer_port == 0:
         log.error("peer_port_unavailable", host=config.host, peer_port=config.peer_port)
         return EXIT_FAILURE
@@ -117,9 +134,18 @@ async def run_agent(config: AgentConfig) -> int:
         lines, source = xid_lines
         watchers.append(asyncio.create_task(watch_xids(lines, source, gpu_index_by_pci(), reports.send,
                                                        log.bind(part="xid"))))
+    metrics_server = None
+    if config.metrics_listen:
+        collector = AgentCollector(config.node_id, store, launcher.running, progress, reports)
+        metrics_server = await serve_metrics(agent_registry(collector), config.metrics_listen)
     link_task = asyncio.create_task(link.run())
     applier = asyncio.create_task(apply_directives())
     stopper = asyncio.create_task(stop.wait())
+    notifier = Notifier.from_env()
+    watchers.append(asyncio.create_task(pet_watchdog(notifier)))
+    # READY once the peer and trainer endpoints serve and the link is connecting: the trainers and
+    # peers can reach this agent even while the supervisor is away.
+    notifier.ready(f"node {config.node_id}: peer port {peer_port}, connecting to {','.join(config.supervisors)}")
     code = EXIT_OK
     try:
         await asyncio.wait({link_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -135,6 +161,8 @@ async def run_agent(config: AgentConfig) -> int:
         else:
             log.info("agent_stopping", reason="signal")
     finally:
+        notifier.stopping()
+        await checker.enter_graceful_shutdown()
         for task in (applier, *watchers):
             task.cancel()
         await asyncio.gather(applier, *watchers, return_exceptions=True)
@@ -146,6 +174,8 @@ async def run_agent(config: AgentConfig) -> int:
         await asyncio.gather(link_task, stopper, return_exceptions=True)
         await trainer_server.stop(0.5)
         await peer_server.stop(0.5)
+        if metrics_server is not None:
+            metrics_server.close()
         await peers.close()
         with contextlib.suppress(FileNotFoundError):
             config.socket_path.unlink()
@@ -181,5 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(json=config.log_json, level=config.log_level)
     try:
         return asyncio.run(run_agent(config))
+    except tls.TlsConfigError as exc:
+        print(f"ftsup agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK

@@ -34,14 +34,16 @@ class SnapshotMissing(LookupError):
 
 
 class PeerClient:
-    def __init__(self, rng: random.Random | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._rng = rng or random.Random()
+        self._credentials = credentials  # mTLS to peers (their AgentPeer requires it); None: plaintext
 
     def _stub(self, address: str) -> peer_pb2_grpc.AgentPeerStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS)
+            channel = (grpc.aio.secure_channel(address, self._credentials, options=MESSAGE_OPTIONS)
+                       if self._credentials is not None else grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS))
             self._channels[address] = channel
         return peer_pb2_grpc.AgentPeerStub(channel)
 
@@ -58,7 +60,7 @@ class PeerClient:
         blob = blob_from_proto(response.blob)
         if blob.key != (rank, step):
             raise PeerUnavailable(f"{address} answered rank {blob.rank} step {blob.step} for rank {rank} step {step}")
-        verify(blob)
+        await asyncio.to_thread(verify, blob)  # seconds for a model-sized payload: off the event loop
         return blob
 
     async def _retry(

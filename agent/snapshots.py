@@ -7,6 +7,7 @@ No proto imports: the services convert with agent/codec.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from dataclasses import dataclass
@@ -63,12 +64,21 @@ class SnapshotStore:
     def put(self, blob: Blob) -> None:
         """Stores a verified blob (replacing one at the same key), then applies retention."""
         verify(blob)
+        self._put_verified(blob)
+
+    def _put_verified(self, blob: Blob) -> None:
         old = self._blobs.pop(blob.key, None)
         if old is not None:
             self.bytes_held -= len(old.payload)
         self._blobs[blob.key] = blob
         self.bytes_held += len(blob.payload)
         self._prune()
+
+    async def put_off_loop(self, blob: Blob) -> None:
+        """`put`, with the SHA-256 check in a worker thread: hashing a model-sized payload takes
+        seconds, and on the event loop it would stall heartbeats until the node is declared dead."""
+        await asyncio.to_thread(verify, blob)
+        self._put_verified(blob)
 
     def get(self, rank: int, step: int) -> Blob | None:
         return self._blobs.get((rank, step))

@@ -83,13 +83,20 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports.send(agent_pb2.AgentMessage(rank_finished=request))
         return peer_pb2.LinkAck()
 
+    async def ReportCheckpointShard(self, request: agent_pb2.CheckpointShard, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+        await self._check_rank(context, "ReportCheckpointShard", request.generation, request.rank)
+        self._log.info("checkpoint_shard_written", generation=request.generation, rank=request.rank,
+                       checkpoint_id=request.checkpoint_id, step=request.step, error=request.error or None)
+        self._reports.send(agent_pb2.AgentMessage(checkpoint_shard=request))
+        return peer_pb2.LinkAck()
+
     async def PutSnapshot(self, request: peer_pb2.PutSnapshotRequest, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         blob = blob_from_proto(request.blob)
         await self._check_rank(context, "PutSnapshot", blob.generation, blob.rank)
         if not blob.owner_node_id:
             blob = Blob(blob.generation, blob.rank, blob.step, self._node_id, blob.payload, blob.sha256)
         try:
-            self._store.put(blob)
+            await self._store.put_off_loop(blob)
         except InvalidBlob as exc:
             self._log.warning("trainer_snapshot_rejected", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

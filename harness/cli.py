@@ -28,14 +28,32 @@ def _demo(argv: list[str]) -> int:
     return main(argv)
 
 
+def _chaos(argv: list[str]) -> int:
+    from harness.chaos.main import main
+
+    return main(argv)
+
+
 def _xid(argv: list[str]) -> int:
     from agent.xid_cli import main
 
     return main(argv)
 
 
+def _sim(argv: list[str]) -> int:
+    from harness.sim.cli import main
+
+    return main(argv)
+
+
 def _log(argv: list[str]) -> int:
     from supervisor.eventlog.inspect import main
+
+    return main(argv)
+
+
+def _certs(argv: list[str]) -> int:
+    from harness.certs import main
 
     return main(argv)
 
@@ -72,9 +90,12 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "supervisor": (_supervisor, "run the supervisor daemon"),
     "agent": (_agent, "run the node agent daemon"),
     "demo": (_demo, "train on a local cluster, kill a node, recover (see --help)"),
+    "chaos": (_chaos, "break a local cluster in a named way and check recovery (`ftsup chaos --list`)"),
     "xid": (_xid, "list the NVIDIA Xid errors in kernel-log text and the action for each"),
     "log": (_log, "inspect (verify every CRC) or compact a supervisor's embedded event log"),
     "bench": (_bench, "run a benchmark (`ftsup bench --help` lists them)"),
+    "sim": (_sim, "simulate a fleet's failures in virtual time through the real core: MTBF, Young/Daly, ETTR"),
+    "certs": (_certs, "create a lab CA and node/supervisor/operator certificates for mTLS"),
 }
 
 

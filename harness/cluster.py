@@ -7,6 +7,7 @@ the agent and every rank it launched vanish at once, as when a machine dies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -54,6 +55,8 @@ class ClusterSpec:
     supervisors: int = 1  # more than one needs etcd_endpoints: replicas with leader election
     etcd_endpoints: tuple[str, ...] = ()
     etcd_prefix: str = ""
+    agent_args: tuple[str, ...] = ()  # extra agent flags (e.g. short --hang-* limits for chaos runs)
+    supervisor_args: tuple[str, ...] = ()  # extra supervisor flags (e.g. --checkpoint-location DIR)
 
 
 @dataclass(slots=True)
@@ -77,11 +80,20 @@ class LocalCluster:
     agents: dict[str, NodeProcess] = field(default_factory=dict)
     _channel: grpc.Channel | None = None
     _replica_argv: dict[str, tuple[list[str], pathlib.Path]] = field(default_factory=dict)
+    # node id -> the supervisor address(es) its agent dials instead of the replicas' (a chaos proxy)
+    agent_routes: dict[str, str] = field(default_factory=dict)
+    # process groups left behind by an agent killed alone (its trainers); stop() kills them too
+    _orphan_groups: list[int] = field(default_factory=list)
+    _paused_groups: set[int] = field(default_factory=set)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> None:
         """Starts the supervisor, then every agent (active nodes first, then spares)."""
         self.start_supervisor_only(ready_timeout_s)
+        self.start_agents()
+
+    def start_agents(self) -> None:
+        """Starts every agent of the spec: active nodes first, then spares."""
         for i in range(self.spec.nodes):
             self.start_agent(f"node-{i + 1}", "active")
         for i in range(self.spec.spares):
@@ -107,7 +119,8 @@ class LocalCluster:
             argv = [self.python, "-m", "supervisor", "--listen", address, "--job", str(job_path),
                     "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
                     "--heartbeat-misses", str(self.spec.heartbeat_misses),
-                    "--reconnect-grace-s", str(self.spec.reconnect_grace_s), "--log-json"]
+                    "--reconnect-grace-s", str(self.spec.reconnect_grace_s), "--log-json",
+                    *self.spec.supervisor_args]
             if self.spec.etcd_endpoints:
                 argv += ["--etcd", ",".join(self.spec.etcd_endpoints), "--etcd-prefix", self.spec.etcd_prefix]
             else:
@@ -125,11 +138,12 @@ class LocalCluster:
         node_dir = self.workdir / "nodes" / node_id
         node_dir.mkdir(parents=True, exist_ok=True)
         process = self._spawn(
-            [self.python, "-m", "agent", "--node-id", node_id, "--supervisor", ",".join(self.addresses), "--role", role,
+            [self.python, "-m", "agent", "--node-id", node_id, "--role", role,
+             "--supervisor", self.agent_routes.get(node_id) or ",".join(self.addresses),
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
              "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
              "--warm-trainers", str(self.spec.warm_trainers), "--xid-log", str(node_dir / "kern.log"),
-             "--log-json"],
+             "--log-json", *self.spec.agent_args],
             node_dir / "agent.log",
         )
         node = NodeProcess(node_id, role, process, node_dir / "agent.log")
@@ -159,6 +173,44 @@ class LocalCluster:
         node.process.wait(timeout=10)
         node.is_killed = True
         return killed_at
+
+    def kill_agent_only(self, node_id: str) -> float:
+        """SIGKILLs the node's agent process alone (an agent crash): its trainer ranks live on."""
+        node = self.agents[node_id]
+        killed_at = time.time()
+        node.process.kill()
+        node.process.wait(timeout=10)
+        node.is_killed = True
+        self._orphan_groups.append(node.process.pid)
+        return killed_at
+
+    def pause_node(self, node_id: str) -> float:
+        """SIGSTOPs the node's agent and ranks: a silent hang, every socket left open."""
+        pgid = self.agents[node_id].process.pid
+        paused_at = time.time()
+        os.killpg(pgid, signal.SIGSTOP)
+        self._paused_groups.add(pgid)
+        return paused_at
+
+    def resume_node(self, node_id: str) -> None:
+        pgid = self.agents[node_id].process.pid
+        os.killpg(pgid, signal.SIGCONT)
+        self._paused_groups.discard(pgid)
+
+    def trainer_pid(self, node_id: str, rank: int, generation: int) -> int | None:
+        """The pid the node's agent logged for a rank of a generation (`trainer_started`), or None."""
+        pid = None
+        log_path = self.agents[node_id].log_path
+        for line in log_path.read_text(errors="replace").splitlines():
+            if '"trainer_started"' not in line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("rank") == rank and entry.get("generation") == generation:
+                pid = int(entry["pid"])
+        return pid
 
     def kill_supervisor(self, address: str) -> float:
         """SIGKILLs one supervisor replica; queries move to a replica still running."""
@@ -205,6 +257,12 @@ class LocalCluster:
             return None
 
     def stop(self) -> None:
+        for pgid in self._paused_groups:  # a stopped process would not act on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGCONT)
+        for pgid in self._orphan_groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
         for node in self.agents.values():
             _terminate_group(node.process)
         for process in self.replicas.values():

@@ -103,11 +103,11 @@ def run_job(args: argparse.Namespace, workdir: pathlib.Path, *, kill: bool, say:
             time.sleep(0.2)
         records = cluster.events()
         for failure in failures:
-            _measure(failure, records)
+            measure_failure(failure, records)
         return RunResult(status.final_digest, status.step, status.world_size, started_at, failures, records)
 
 
-def _measure(failure: Failure, records: list[events_pb2.Record]) -> None:
+def measure_failure(failure: Failure, records: list[events_pb2.Record]) -> None:
     """Fills a failure's figures from the event log: the supervisor's own timestamps."""
     in_force: events_pb2.GenerationStarted | None = None
     ended_last_step: int | None = None

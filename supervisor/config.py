@@ -3,18 +3,28 @@
 The job file (JSON) says what to train and on how many nodes:
   {"name": "gpt-demo", "nodes": 3, "ranks_per_node": 2,
    "argv": ["python", "-m", "trainer.examples.gpt", "--steps", "100"],
-   "env": {"OMP_NUM_THREADS": "1"}, "master_port_base": 29500}
+   "env": {"OMP_NUM_THREADS": "1"}, "master_port_base": 29500,
+   "code_version": "git:1a2b3c4", "data_version": "c4-en@2024-05"}
+The two versions are optional; with the spec's hash they form the experiment record every
+GenerationStarted carries.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from supervisor import tls
+from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
 from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from supervisor.metrics import ThroughputConfig
+from supervisor.metrics_http import split_listen
 from supervisor.server.authz import AuthzConfigError, load_token
+
+ENV_PREFIX = "FTSUP_SUPERVISOR_"
 
 
 class ConfigError(ValueError):
@@ -36,6 +46,53 @@ class SupervisorConfig:
     etcd_prefix: str = ""
     advertise: str = ""
     lease_ttl_s: int = 2
+    server_tls: tls.TlsFiles | None = None  # None: plaintext (loopback, or --insecure)
+    operator_read_token: str | None = None  # operator_token is the admin one
+    etcd_tls: tls.TlsFiles | None = None
+    metrics_listen: str = ""  # empty: no Prometheus endpoint
+    throughput: ThroughputConfig = ThroughputConfig()
+    checkpoints: CheckpointSettings = field(default_factory=lambda: CheckpointSettings())
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSettings:
+    """Object-store checkpoints: where, how often, how many kept. Never holds credentials."""
+
+    location: str = ""  # s3://bucket/prefix or a directory; "" = off
+    every_steps: int = 0
+    keep: int = 3
+    endpoint_url: str = ""
+    region: str = ""
+
+
+def checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
+    settings = CheckpointSettings(args.checkpoint_location, args.checkpoint_every_steps, args.checkpoint_keep,
+                                  args.checkpoint_endpoint, args.checkpoint_region)
+    if not 0 <= settings.every_steps <= 10_000_000:
+        raise ValueError(f"--checkpoint-every-steps must be within [0, 10000000], got {settings.every_steps}")
+    if not 1 <= settings.keep <= 10_000:
+        raise ValueError(f"--checkpoint-keep must be within [1, 10000], got {settings.keep}")
+    if settings.every_steps and not settings.location:
+        raise ValueError(f"--checkpoint-every-steps {settings.every_steps} needs --checkpoint-location")
+    if settings.location:
+        from trainer.checkpoint.location import parse_location
+
+        parse_location(settings.location)  # ValueError naming the value
+    return settings
+
+
+def with_checkpoint_env(job: JobSpec, settings: CheckpointSettings) -> JobSpec:
+    """Trainers learn the location and cadence from their environment (FTSUP_CHECKPOINT_*)."""
+    if not settings.location:
+        return job
+    extra = {
+        "FTSUP_CHECKPOINT_LOCATION": settings.location,
+        "FTSUP_CHECKPOINT_EVERY_STEPS": str(settings.every_steps),
+        "FTSUP_CHECKPOINT_ENDPOINT": settings.endpoint_url,
+        "FTSUP_CHECKPOINT_REGION": settings.region,
+    }
+    env = tuple((k, v) for k, v in job.env if k not in extra) + tuple(extra.items())
+    return dataclasses.replace(job, env=env)
 
 
 def load_job(path: pathlib.Path) -> JobSpec:
@@ -45,7 +102,8 @@ def load_job(path: pathlib.Path) -> JobSpec:
         raise ConfigError(f"cannot read job file {path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"job file {path} must hold a JSON object")
-    known = {"name", "nodes", "ranks_per_node", "argv", "env", "master_port_base", "master_port_span"}
+    known = {"name", "nodes", "ranks_per_node", "argv", "env", "master_port_base", "master_port_span",
+             "code_version", "data_version"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"job file {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
@@ -64,6 +122,8 @@ def load_job(path: pathlib.Path) -> JobSpec:
             env=tuple(sorted(env.items())),
             master_port_base=int(raw.get("master_port_base", 29500)),
             master_port_span=int(raw.get("master_port_span", 500)),
+            code_version=_version(raw, "code_version"),
+            data_version=_version(raw, "data_version"),
         )
     except KeyError as exc:
         raise ConfigError(f"job file {path}: missing key {exc}") from exc
@@ -71,8 +131,17 @@ def load_job(path: pathlib.Path) -> JobSpec:
         raise ConfigError(f"job file {path}: {exc}") from exc
 
 
+def _version(raw: dict[str, object], key: str) -> str:
+    """The experiment record's optional strings (a git commit, a data set snapshot id)."""
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {value!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup supervisor", description="Run the ftsup supervisor (embedded event log).")
+    add_config_flag(p, "supervisor", ENV_PREFIX)
     p.add_argument("--listen", default="127.0.0.1:7070", help="host:port for agents and supervisorctl")
     p.add_argument("--data-dir", default="/var/lib/ftsup/supervisor", type=pathlib.Path, help="event log directory")
     p.add_argument("--job", required=True, type=pathlib.Path, help="job file (JSON), see README")
@@ -93,8 +162,36 @@ def parser() -> argparse.ArgumentParser:
                    " (default: --listen)")
     p.add_argument("--lease-ttl-s", type=int, default=2, help="leader lease TTL (whole seconds)")
     p.add_argument("--operator-token-file", type=pathlib.Path, default=None,
-                   help="bearer token (mode 600) required for commands that change anything; without it"
-                        " they are allowed only when --listen is loopback")
+                   help="admin bearer token (mode 600): every operator command, including those that change"
+                        " anything; without any token or TLS, commands that change anything are allowed only"
+                        " when --listen is loopback")
+    p.add_argument("--operator-read-token-file", type=pathlib.Path, default=None,
+                   help="read-only bearer token (mode 600): status, nodes, events, leader; never commands")
+    p.add_argument("--tls-cert", type=pathlib.Path, default=None, help="this replica's certificate (PEM); enables mTLS")
+    p.add_argument("--tls-key", type=pathlib.Path, default=None, help="its private key (PEM, mode 600)")
+    p.add_argument("--tls-ca", type=pathlib.Path, default=None,
+                   help="CA (PEM) that signs agents' and operators' client certificates")
+    p.add_argument("--insecure", action="store_true", default=False,
+                   help="allow a plaintext --listen beyond loopback (no TLS): only on a trusted network")
+    p.add_argument("--etcd-cert", type=pathlib.Path, default=None, help="client certificate for etcd (PEM)")
+    p.add_argument("--etcd-key", type=pathlib.Path, default=None, help="its private key (PEM)")
+    p.add_argument("--etcd-ca", type=pathlib.Path, default=None, help="CA (PEM) that signs etcd's server certificates")
+    p.add_argument("--metrics-listen", default="", help="host:port for Prometheus to scrape /metrics"
+                   " (e.g. 0.0.0.0:9464); empty: no metrics endpoint")
+    p.add_argument("--flops-per-token", type=float, default=0.0,
+                   help="the model's training FLOPs per token (about 6 x parameters), for the MFU metric")
+    p.add_argument("--peak-flops-per-rank", type=float, default=0.0,
+                   help="one rank's peak FLOP/s (e.g. 989e12 for an H100, dense BF16), for the MFU metric")
+    p.add_argument("--metrics-per-rank-limit", type=int, default=1024,
+                   help="export per-rank step/compute gauges only up to this many ranks")
+    p.add_argument("--checkpoint-location", default="",
+                   help="object-store checkpoints: s3://bucket/prefix or a directory; empty: off")
+    p.add_argument("--checkpoint-every-steps", type=int, default=0,
+                   help="checkpoint every N optimizer steps (0: never); needs --checkpoint-location")
+    p.add_argument("--checkpoint-keep", type=int, default=3, help="committed checkpoints kept (older are deleted)")
+    p.add_argument("--checkpoint-endpoint", default="",
+                   help="S3 endpoint URL (MinIO, SeaweedFS, ...); empty: AWS. Credentials: the AWS_* environment")
+    p.add_argument("--checkpoint-region", default="", help="S3 region; empty: boto3's default")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -113,19 +210,37 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             raise ValueError(f"--snapshot-every must be within [100, 10000000], got {args.snapshot_every}")
         if not 1 <= args.segment_mib <= 4096:
             raise ValueError(f"--segment-mib must be within [1, 4096], got {args.segment_mib}")
+        checkpoints = checkpoint_settings(args)
         core = CoreConfig(
-            job=load_job(args.job),
+            job=with_checkpoint_env(load_job(args.job), checkpoints),
+            checkpoint_location=checkpoints.location,
+            checkpoint_every_steps=checkpoints.every_steps,
             detector=detector,
             allowed_nodes=frozenset(n for n in args.allowed_nodes.split(",") if n),
             spare_grace_s=args.spare_grace_s,
         )
         if not 0 <= args.spare_grace_s <= 3600:
             raise ValueError(f"--spare-grace-s must be within [0, 3600], got {args.spare_grace_s}")
+        throughput = ThroughputConfig(args.flops_per_token, args.peak_flops_per_rank, args.metrics_per_rank_limit)
+        if args.metrics_listen:
+            split_listen(args.metrics_listen)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     try:
         token = load_token(args.operator_token_file) if args.operator_token_file else None
+        read_token = load_token(args.operator_read_token_file) if args.operator_read_token_file else None
     except AuthzConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+    if token is not None and token == read_token:
+        raise ConfigError("--operator-token-file and --operator-read-token-file hold the same token")
+    try:
+        server_tls = tls.tls_files(args.tls_cert, args.tls_key, args.tls_ca)
+        etcd_tls = tls.tls_files(args.etcd_cert, args.etcd_key, args.etcd_ca, flag_prefix="--etcd")
+        tls.check_listen(args.listen, server_tls, is_insecure_allowed=args.insecure, flag="--listen")
+        etcd_endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
+        for endpoint in etcd_endpoints:
+            tls.check_listen(endpoint, etcd_tls, is_insecure_allowed=args.insecure, flag="--etcd")
+    except tls.TlsConfigError as exc:
         raise ConfigError(str(exc)) from exc
     if not 1 <= args.lease_ttl_s <= 60:
         raise ConfigError(f"--lease-ttl-s must be within [1, 60], got {args.lease_ttl_s}")
@@ -139,10 +254,28 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         snapshot_every=args.snapshot_every,
         segment_bytes=args.segment_mib * 1024 * 1024,
         operator_token=token,
-        etcd_endpoints=tuple(e.strip() for e in args.etcd.split(",") if e.strip()),
+        operator_read_token=read_token,
+        server_tls=server_tls,
+        etcd_tls=etcd_tls,
+        etcd_endpoints=etcd_endpoints,
         etcd_prefix=(args.etcd_prefix or f"/ftsup/{core.job.name}").rstrip("/"),
         advertise=args.advertise or args.listen,
         lease_ttl_s=args.lease_ttl_s,
         log_json=args.log_json,
         log_level=args.log_level,
+        metrics_listen=args.metrics_listen,
+        throughput=throughput,
+        checkpoints=checkpoints,
     )
+
+
+def load(argv: list[str] | None) -> SupervisorConfig:
+    """Flags over environment (FTSUP_SUPERVISOR_<KEY>) over --config FILE over defaults, validated.
+
+    argparse exits 2 on unknown flags; every other problem is a ConfigError naming the value.
+    """
+    try:
+        args = parse_layered(parser(), argv, env_prefix=ENV_PREFIX)
+    except ConfigFileError as exc:
+        raise ConfigError(str(exc)) from exc
+    return from_args(args)

@@ -1,4 +1,9 @@
-"""`ftsup supervisor`: wires the event log, the runtime and the gRPC servers, then serves."""
+"""`ftsup supervisor`: wires the event log, the runtime and the gRPC servers, then serves.
+
+Also owns the daemon's contract with its host: systemd notifications (READY once gRPC is bound
+and, when replicated, the follower loop runs; WATCHDOG from this event loop; STOPPING), the
+standard gRPC health service, mTLS on the listener and the gRPC message limits.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +16,59 @@ import sys
 import grpc
 import structlog
 
-from ftsup.v1 import agent_pb2_grpc, operator_pb2_grpc
-from supervisor import logs
-from supervisor.config import ConfigError, SupervisorConfig, from_args, parser
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
+from supervisor import logs, tls
+from supervisor.config import ConfigError, SupervisorConfig, load
+from supervisor.etcd_tls import make_tls_client
 from supervisor.eventlog.api import LogError
 from supervisor.eventlog.embedded import EmbeddedLog
 from supervisor.eventlog.etcd import EtcdLog, make_client
 from supervisor.leader import LeaderElection
+from supervisor.metrics import SupervisorMetrics
+from supervisor.metrics_http import serve_metrics
 from supervisor.replica import run_replica
 from supervisor.runtime import Runtime
 from supervisor.server.agent_service import AgentService
+from supervisor.sdnotify import Notifier, pet_watchdog
 from supervisor.server.authz import Authorizer, is_loopback_only
+from supervisor.server.operator_guard import guarded
 from supervisor.server.operator_service import OperatorService
 
+# Every message on this server is small (agent reports, views, event records; snapshots of the
+# state go to etcd or disk, never over this server): 16 MiB bounds a ListNodes of ~100k nodes.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Supervisor"].full_name
+OPERATOR_SERVICE = operator_pb2.DESCRIPTOR.services_by_name["Operator"].full_name
+HEALTH_PERIOD_S = 0.5
 
-async def serve(config: SupervisorConfig) -> None:
+
+async def track_health(runtime: Runtime, checker: health.aio.HealthServicer, notifier: Notifier) -> None:
+    """Keeps health and systemd STATUS in step with leadership.
+
+    "" and the Operator service are SERVING on every replica (any replica answers reads); the
+    agents' Supervisor service is SERVING only on the leader, since followers redirect agents.
+    """
+    was: bool | None = None
+    while True:
+        is_leader = runtime.is_leader
+        if is_leader != was:
+            state = health_pb2.HealthCheckResponse.SERVING if is_leader else health_pb2.HealthCheckResponse.NOT_SERVING
+            await checker.set(AGENT_SERVICE, state)
+            notifier.status(f"leader, term {runtime.term}" if is_leader
+                            else f"follower (leader {runtime.leader_address or 'unknown'})")
+            was = is_leader
+        await asyncio.sleep(HEALTH_PERIOD_S)
+
+
+async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> None:
     log = logs.get("supervisor")
+    notifier = notifier or Notifier.from_env()
     replicated = None
     if config.etcd_endpoints:
         replicated = await open_replicated(config)
@@ -34,11 +76,31 @@ async def serve(config: SupervisorConfig) -> None:
     else:
         event_log = open_embedded(config, log)
     runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every)
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime), server)
-    authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen))
-    operator_pb2_grpc.add_OperatorServicer_to_server(OperatorService(runtime, config.advertise, authorizer), server)
-    port = server.add_insecure_port(config.listen)
+    if config.checkpoints.location:
+        from supervisor.checkpointer import Checkpointer
+
+        runtime.checkpointer = Checkpointer(config.checkpoints, runtime.post)
+    metrics_server = None
+    if config.metrics_listen:
+        runtime.metrics = SupervisorMetrics(config.throughput)
+        runtime.metrics.attach(runtime)
+        metrics_server = await serve_metrics(runtime.metrics.registry, config.metrics_listen)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    is_tls = config.server_tls is not None
+    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls), server)
+    authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen),
+                            read_token=config.operator_read_token, is_tls=is_tls)
+    operator_pb2_grpc.add_OperatorServicer_to_server(
+        guarded(OperatorService(runtime, config.advertise), authorizer), server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    await checker.set("", health_pb2.HealthCheckResponse.SERVING)
+    await checker.set(OPERATOR_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    await checker.set(AGENT_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if config.server_tls is not None:
+        port = server.add_secure_port(config.listen, tls.server_credentials(config.server_tls))
+    else:
+        port = server.add_insecure_port(config.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
     await server.start()
@@ -50,8 +112,7 @@ async def serve(config: SupervisorConfig) -> None:
              heartbeat_interval_s=config.core.detector.heartbeat_interval_s,
              dead_after_s=config.core.detector.dead_after_s,
              reconnect_grace_s=config.core.detector.reconnect_grace_s,
-             operator_commands="token" if config.operator_token else
-             ("local only" if is_loopback_only(config.listen) else "disabled (no --operator-token-file)"))
+             tls="mTLS" if is_tls else "off (plaintext)", operator_auth=authorizer.mode)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -59,9 +120,20 @@ async def serve(config: SupervisorConfig) -> None:
     tasks = [asyncio.create_task(runtime.run())]
     if replicated:
         tasks.append(asyncio.create_task(run_replica(runtime, election, event_log)))
+    helpers = [asyncio.create_task(track_health(runtime, checker, notifier)),
+               asyncio.create_task(pet_watchdog(notifier))]
+    await asyncio.sleep(0)  # let the runtime (and follower) tasks start before READY=1
+    notifier.ready(f"serving on {config.listen}" + (" (replica, following)" if replicated else ""))
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    notifier.stopping()
+    for helper in helpers:
+        helper.cancel()
+    await asyncio.gather(*helpers, return_exceptions=True)
+    await checker.enter_graceful_shutdown()
     await server.stop(grace=1.0)
+    if metrics_server is not None:
+        metrics_server.close()
     for task in (*tasks, stopper):
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -89,7 +161,10 @@ def open_embedded(config: SupervisorConfig, log: structlog.typing.FilteringBound
 
 
 async def open_replicated(config: SupervisorConfig) -> tuple[LeaderElection, EtcdLog, Any]:
-    client = make_client(config.etcd_endpoints)
+    if config.etcd_tls is not None:
+        client = make_tls_client(config.etcd_endpoints, config.etcd_tls)
+    else:
+        client = make_client(config.etcd_endpoints)
     election = LeaderElection(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s)
     try:
         event_log = await EtcdLog.open(client, config.etcd_prefix, fence_key=election.key)
@@ -100,16 +175,15 @@ async def open_replicated(config: SupervisorConfig) -> tuple[LeaderElection, Etc
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
     try:
-        config = from_args(args)
+        config = load(argv)
     except ConfigError as exc:
         print(f"ftsup supervisor: {exc}", file=sys.stderr)
         return 2
     logs.configure(json=config.log_json, level=config.log_level)
     try:
         asyncio.run(serve(config))
-    except (ConfigError, LogError) as exc:
+    except (ConfigError, LogError, tls.TlsConfigError) as exc:
         print(f"ftsup supervisor: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -49,7 +49,7 @@ async def run_replica(runtime: Runtime, election: LeaderElection, event_log: Etc
                 task.cancel()
             await asyncio.gather(follower, tracker, return_exceptions=True)
         await event_log.sync()
-        runtime.become_leader(leader.term)
+        runtime.become_leader(leader.term, leader.address)
         lost = asyncio.create_task(election.lost.wait())
         deposed = asyncio.create_task(runtime.deposed.wait())
         await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)

@@ -12,23 +12,47 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ftsup.v1 import agent_pb2
 from supervisor import codec, logs
 from supervisor.core import admission, soft as soft_state
 from supervisor.core.config import CoreConfig
 from supervisor.core.decide import decide
-from supervisor.core.directives import Directive, directive_for
-from supervisor.core.events import Record, SnapshotCommitted
+from supervisor.core.directives import Directive, directives_for
+from supervisor.core.events import (
+    Event,
+    NodeCleared,
+    NodeDeclaredDead,
+    NodeDrained,
+    NodeQuarantined,
+    NodeRegistered,
+    NodeSuspected,
+    NodeUnquarantined,
+    OperatorCommand,
+    Record,
+    SnapshotCommitted,
+    StragglerDetected,
+    XidReported,
+)
 from supervisor.core.evolve import apply_record
-from supervisor.core.inputs import AgentHello, Input, StreamClosed, Tick
+from supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
 from supervisor.core.state import ClusterState, SoftState
 from supervisor.core.views import NodeView, StatusView, node_views, status_view
 from supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 
+if TYPE_CHECKING:
+    from supervisor.metrics import SupervisorMetrics
+
 log = logs.get("supervisor.runtime")
 
 Outbox = asyncio.Queue[agent_pb2.SupervisorMessage | None]
+
+# Events that can change no directive but the named node's own (a registration of a generation's
+# member may change its peers' buddy and restore addresses: see _affected). Any other event may
+# change every node's directive.
+_NODE_LOCAL = (NodeRegistered, NodeSuspected, NodeCleared, NodeDeclaredDead, NodeQuarantined, XidReported,
+               NodeUnquarantined, NodeDrained, StragglerDetected, OperatorCommand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +67,9 @@ class Outcome:
 class _Pending:
     inp: Input
     reply: asyncio.Future[Outcome] | None
+    # When the input arrived: it is decided as of then. Under load the queue lags, and a Tick
+    # judged at its (late) handling time would blame nodes whose heartbeats wait behind it.
+    at_s: float | None = None
 
 
 class Runtime:
@@ -80,6 +107,9 @@ class Runtime:
         self._node_stream: dict[str, int] = {}
         self._sent: dict[str, Directive] = {}
         self._waiting_reason = ""
+        self._announcement: LeadershipAcquired | None = None  # decided before anything else
+        self.metrics: SupervisorMetrics | None = None  # set by the daemon when metrics are served
+        self.checkpointer: Any = None  # supervisor.checkpointer.Checkpointer, set when a store is configured
         log.info("state replayed", from_snapshot_seq=self._snapshot_seq, head_seq=self.state.applied_seq,
                  nodes=len(self.state.nodes))
 
@@ -87,11 +117,11 @@ class Runtime:
     def submit(self, inp: Input) -> asyncio.Future[Outcome]:
         """Queues an input; the future resolves once it was refused or handled."""
         reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(inp, reply))
+        self._queue.put_nowait(_Pending(inp, reply, self._clock()))
         return reply
 
     def post(self, inp: Input) -> None:
-        self._queue.put_nowait(_Pending(inp, None))
+        self._queue.put_nowait(_Pending(inp, None, self._clock()))
 
     def open_stream(self, outbox: Outbox) -> int:
         stream_id = next(self._stream_ids)
@@ -125,9 +155,12 @@ class Runtime:
         if not self.is_leader and record.seq == self.state.applied_seq + 1:
             self.state = apply_record(self.state, record)
 
-    def become_leader(self, term: int) -> None:
+    def become_leader(self, term: int, address: str = "") -> None:
         """Catch up to the head, then decide with fresh soft state: every node gets one full
-        timeout of grace (soft state is rebuilt from what agents send, never replayed)."""
+        timeout of grace (soft state is rebuilt from what agents send, never replayed).
+
+        A replicated leader's first decision is LeaderElected (see run()): it marks the term's
+        first record, before anything queued while following is decided at this term."""
         for record in self.event_log.read(self.state.applied_seq + 1):
             self.state = apply_record(self.state, record)
         self.term = term
@@ -136,6 +169,8 @@ class Runtime:
         self.deposed = asyncio.Event()
         self.leader_address = ""
         self.is_leader = True
+        self._announcement = LeadershipAcquired(term, address) if address else None
+        self.post(Tick())  # wakes the loop, which announces first
         log.info("leading", term=term, applied_seq=self.state.applied_seq)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -144,8 +179,10 @@ class Runtime:
         try:
             while True:
                 pending = await self._queue.get()
+                if self._announcement is not None and self.is_leader:
+                    await self._announce(self._announcement)
                 try:
-                    outcome = await self._handle(pending.inp)
+                    outcome = await self._handle(pending.inp, pending.at_s)
                 except Exception as exc:  # a bug must not take the control plane down
                     log.exception("input handling failed", input=type(pending.inp).__name__)
                     outcome = Outcome(refusal=f"internal error: {exc}")
@@ -154,28 +191,50 @@ class Runtime:
         finally:
             ticker.cancel()
 
+    async def _announce(self, announcement: LeadershipAcquired) -> None:
+        """Appends LeaderElected; kept for the next input while the log refuses it (degraded)."""
+        try:
+            outcome = await self._handle(announcement)
+        except Exception:  # a bug must not take the control plane down
+            log.exception("leadership announcement failed")
+            return
+        if not outcome.refusal:
+            self._announcement = None
+
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(self._tick_s)
             if self.is_leader:
                 self.post(Tick())
 
-    async def _handle(self, inp: Input) -> Outcome:
+    async def _handle(self, inp: Input, arrived_s: float | None = None) -> Outcome:
         if not self.is_leader:
             return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}")
         reason = admission.refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             log.warning("input refused", input=type(inp).__name__, reason=reason,
                         node_id=getattr(inp, "node_id", None))
+            if self.metrics is not None:
+                self.metrics.on_input(inp, reason)
             return Outcome(refusal=reason)
-        now = self._clock()
-        soft_state.observe(self.soft, self.state, inp, now, self.config.straggler)
+        if self.metrics is not None:
+            self.metrics.on_input(inp, None)
+        now = self._clock() if arrived_s is None else arrived_s
+        soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
+        if isinstance(inp, Heartbeat):
+            # The hot path (one per node per interval): a heartbeat only refreshes soft state.
+            # decide() returns no events for it; the detector and the planner act on the next
+            # Tick, so skipping decide here changes no decision, only saves a planner pass.
+            return Outcome()
         decision = decide(self.state, self.soft, inp, now, self.config)
         if decision.events:
             try:
+                append_started = self._clock()
                 records = await self.event_log.append(
                     decision.events, term=self.term, time_unix_s=self._wall(), expect_seq=self.state.applied_seq
                 )
+                if self.metrics is not None:
+                    self.metrics.on_append(self._clock() - append_started)
             except Deposed as exc:
                 log.warning("deposed: another replica leads now; stepping down", error=str(exc))
                 self.deposed.set()
@@ -197,15 +256,17 @@ class Runtime:
                 self.degraded_reason = ""
             for record in records:
                 self._apply(record)
+            if self.checkpointer is not None:
+                self.checkpointer.after(self.state, records)  # commit / abort / gc, off the loop
             await self._maybe_snapshot()
         if decision.waiting_reason != self._waiting_reason:
-            self._waiting_reason = decision.waiting_reason
+            self._waiting_reason = self.soft.waiting_reason = decision.waiting_reason
             if decision.waiting_reason:
                 log.info("waiting", reason=decision.waiting_reason)
         if isinstance(inp, AgentHello):
             self._attach(inp)
         if decision.events or isinstance(inp, AgentHello):
-            self._push_directives()
+            self._push_directives(self._affected(decision.events, inp))
         return Outcome(records=tuple(records) if decision.events else ())
 
     async def _catch_up(self) -> None:
@@ -229,6 +290,8 @@ class Runtime:
 
     def _apply(self, record: Record) -> None:
         self.state = apply_record(self.state, record)
+        if self.metrics is not None:
+            self.metrics.on_record(record)
         event = record.event
         log.info("event", seq=record.seq, kind=type(event).__name__, **_fields(event))
         if isinstance(event, SnapshotCommitted):
@@ -245,11 +308,31 @@ class Runtime:
         )
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 
-    def _push_directives(self) -> None:
-        for node_id in self.state.nodes:
-            if node_id not in self._node_stream:
-                continue
-            directive = directive_for(self.state, self.config.job, node_id, self._waiting_reason)
+    def _affected(self, events: tuple[Event, ...], inp: Input) -> list[str] | None:
+        """Nodes whose directive the events may have changed; None: possibly every node.
+
+        At 10k+ nodes recomputing every directive per registration is quadratic. A change of the
+        waiting reason alone is not pushed (it is the note a standby directive carries): agents
+        get the current reason with their next directive that changes anything else.
+        """
+        named = [inp.node_id] if isinstance(inp, AgentHello) else []
+        generation = self.state.generation
+        for event in events:
+            if not isinstance(event, _NODE_LOCAL):
+                return None
+            if isinstance(event, NodeRegistered) and generation is not None and (
+                generation.member(event.node_id) is not None
+                or any(r.source_node_id == event.node_id for r in generation.restores)
+            ):
+                return None  # its peers' buddy / restore addresses may have changed
+            named.append(getattr(event, "node_id", ""))
+        return named
+
+    def _push_directives(self, node_ids: list[str] | None = None) -> None:
+        targets = [n for n in (self.state.nodes if node_ids is None else dict.fromkeys(node_ids))
+                   if n in self._node_stream and n in self.state.nodes]
+        computed = directives_for(self.state, self.config.job, targets, self._waiting_reason)
+        for node_id, directive in zip(targets, computed):
             if self._sent.get(node_id) == directive:
                 continue
             if self._send(node_id, agent_pb2.SupervisorMessage(directive=codec.directive_to_proto(directive))):

@@ -63,6 +63,9 @@ class AgentClient:
     def report_finished(self, finished: agent_pb2.RankFinished) -> None:
         self._call("ReportFinished", self._stub.ReportFinished, finished, REPORT_DEADLINE_S)
 
+    def report_checkpoint_shard(self, shard: agent_pb2.CheckpointShard) -> None:
+        self._call("ReportCheckpointShard", self._stub.ReportCheckpointShard, shard, REPORT_DEADLINE_S)
+
     def close(self) -> None:
         self._channel.close()
 

@@ -2,11 +2,15 @@
 
 Owns a rank's conversation with its node's agent for one generation: reading the launch
 environment, restoring from a snapshot, reporting steps, handing off snapshots and reporting
-completion. The training thread only ever pauses to validate arguments and to copy state into
-reused host buffers; step reports and snapshot encoding + hand-off run on background threads.
+completion. The training thread only ever pauses to validate arguments and collect the state's
+references; the copy into reused host buffers (on GPU a device-to-host copy on a side stream),
+the encoding and the hand-off run on a background thread while the next step computes.
 Rules it enforces: step reports reach the agent in the order they were made; at most one
-snapshot is in flight (a new one waits for the previous, and the wait is counted); `finish`
-reports completion only after every hand-off has been acknowledged.
+snapshot is in flight (a new one waits for the previous, and the wait is counted); the state a
+snapshot copies is not changed under it: `optimizer.step()` waits (a step pre-hook) until the
+copy has landed, the only place a training loop mutates parameters and optimizer state (code that
+mutates them elsewhere calls `wait_for_capture()` first, or sets `background_capture = False`);
+`finish` reports completion only after every hand-off has been acknowledged.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from ftsup.v1 import agent_pb2, peer_pb2
 from trainer import snapshot as snap
 from trainer.agent_client import AgentClient, AgentLinkError
+from trainer.checkpoint.supervised import CheckpointEnv
 from trainer.snapshot import SnapshotCorrupt
 
 __all__ = ["AgentLinkError", "LaunchEnv", "Session", "SnapshotCorrupt", "SnapshotStats"]
@@ -93,7 +98,11 @@ class SnapshotStats:
     handed_off: int = 0  # snapshots acknowledged by the agent
     waits: int = 0  # snapshot() calls that had to wait for the previous hand-off
     wait_s: float = 0.0  # total time the training thread spent in those waits
-    capture_s: float = 0.0  # total time the training thread spent copying state to host
+    capture_s: float = 0.0  # total time the training thread spent in snapshot() collecting/copying state
+    capture_waits: int = 0  # optimizer steps that had to wait for a background copy to land
+    capture_wait_s: float = 0.0  # total time those optimizer steps waited
+    last_copy_s: float = 0.0  # the last snapshot's copy into host buffers, wherever it ran
+    last_held_s: float = 0.0  # the last snapshot: from the snapshot() call to the agent's ack
     last_payload_bytes: int = 0
     host_buffer_bytes: int = 0
 
@@ -101,23 +110,37 @@ class SnapshotStats:
 class Session:
     """One rank's link to its agent for one generation; see the module docstring."""
 
-    def __init__(self, launch: LaunchEnv, client: AgentClient | None = None) -> None:
+    def __init__(
+        self, launch: LaunchEnv, client: AgentClient | None = None, background_capture: bool = True,
+        checkpoints: CheckpointEnv | None = None,
+    ) -> None:
         self.launch = launch
+        # Object-store checkpoints (FTSUP_CHECKPOINT_*): off when no location is configured.
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointEnv("", 0, "", "", "")
+        self._checkpoint_store: Any = None  # (store, layout), opened on first use
+        # False: snapshot() copies on the training thread (for loops that mutate state outside
+        # optimizer.step()); True: the copy runs in the background, guarded by a step pre-hook.
+        self.background_capture = background_capture
         self._client = client if client is not None else AgentClient(launch.agent_address)
         self._reports = ThreadPoolExecutor(1, thread_name_prefix="ftsup-report")
         self._snapshots = ThreadPoolExecutor(1, thread_name_prefix="ftsup-snapshot")
         self._pending_reports: deque[Future[None]] = deque()
         self._inflight: Future[None] | None = None
         self._buffers = snap.HostBuffers()
+        self._copied: threading.Event | None = None  # set once the in-flight copy has landed
+        self._guarded: list[tuple[torch.optim.Optimizer, Any]] = []  # (optimizer, hook handle)
+        self._side_stream: Any = None  # CUDA stream for device-to-host copies, made on first use
         self._lock = threading.Lock()
         self._closed = False
         self.stats = SnapshotStats()
         self.restored_extra: Any = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
+    def from_env(cls, environ: Mapping[str, str] | None = None, background_capture: bool = True) -> Session:
         """A session for the rank described by `environ` (default: `os.environ`)."""
-        return cls(LaunchEnv.from_mapping(os.environ if environ is None else environ))
+        env = os.environ if environ is None else environ
+        return cls(LaunchEnv.from_mapping(env), background_capture=background_capture,
+                   checkpoints=CheckpointEnv.from_mapping(env))
 
     # -- identity -------------------------------------------------------------------------
 
@@ -156,6 +179,9 @@ class Session:
         if expected is None:
             return 0
         response = self._client.get_restore(self.rank, self.generation)
+        if not response.has_state and self.checkpoints.restore_checkpoint_id:
+            # The agent holds no RAM copy for this rank: the supervisor chose the object store.
+            return self._restore_checkpoint(expected, model, optimizer)
         if not response.has_state:
             raise RuntimeError(
                 f"agent at {self._client.address!r} has no snapshot for rank {self.rank} "
@@ -176,6 +202,63 @@ class Session:
         self.restored_extra = restored.extra
         return restored.step
 
+    def _restore_checkpoint(self, expected: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """The third rung of the recovery ladder: this rank's state from the committed object-store
+        checkpoint the supervisor named (FTSUP_RESTORE_CHECKPOINT). Per rank, not collective:
+        ranks whose RAM copies survived restore from RAM at the same step meanwhile."""
+        from trainer.checkpoint import supervised
+
+        checkpoint_id = self.checkpoints.restore_checkpoint_id
+        store, layout = self._open_checkpoint_store()
+        payload, sha256 = supervised.load_rank(store, layout, checkpoint_id, self.rank, self.world_size)
+        state = snap.decode(payload, sha256)
+        restored = snap.apply_state(state, _unwrap(model), optimizer)
+        if restored.step != expected:
+            raise SnapshotCorrupt(
+                f"checkpoint {checkpoint_id!r} holds step {restored.step}, FTSUP_RESTORE_STEP={expected}"
+            )
+        self.restored_extra = restored.extra
+        return restored.step
+
+    # -- object-store checkpoints ------------------------------------------------------------
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Is `step` a checkpoint step (FTSUP_CHECKPOINT_EVERY_STEPS)? The same rule as the
+        supervisor's, so every rank and the supervisor agree without asking."""
+        from trainer.checkpoint.supervised import is_due
+
+        return bool(self.checkpoints.location) and is_due(step, self.checkpoints.every_steps)
+
+    def save_checkpoint(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        extra: Any = None) -> None:
+        """Collective: write this rank's shard of the checkpoint of `step` to the object store and
+        report it to the agent (the supervisor commits once every rank has). Synchronous: the
+        training thread pauses for the encode and the upload. A failed write is reported (the
+        supervisor aborts the attempt) and not raised: training goes on without this checkpoint."""
+        from trainer.checkpoint import supervised
+
+        self._check_open()
+        _check_step(step)
+        checkpoint_id = supervised.checkpoint_id_for(step, self.generation)
+        self.wait_for_capture()
+        payload, sha256 = snap.encode(snap.build_state(step, _unwrap(model), optimizer, extra))
+        shard = agent_pb2.CheckpointShard(generation=self.generation, rank=self.rank,
+                                          checkpoint_id=checkpoint_id, step=step)
+        try:
+            store, layout = self._open_checkpoint_store()
+            report = supervised.save_rank(store, layout, checkpoint_id, self.rank, payload, sha256)
+            shard.key, shard.sha256, shard.size_bytes = report.key, report.sha256, report.size_bytes
+        except Exception as exc:  # noqa: BLE001 - reported; the supervisor aborts the attempt
+            shard.error = f"{type(exc).__name__}: {exc}"[:2000]
+        self._raise_report_errors()
+        # Same FIFO as step reports: the supervisor sees this rank's step report first.
+        self._pending_reports.append(self._reports.submit(self._client.report_checkpoint_shard, shard))
+
+    def _open_checkpoint_store(self) -> Any:
+        if self._checkpoint_store is None:
+            self._checkpoint_store = self.checkpoints.open()
+        return self._checkpoint_store
+
     # -- per step --------------------------------------------------------------------------
 
     def report_step(
@@ -185,16 +268,25 @@ class Session:
         compute_time_s: float,
         loss: float,
         param_digest: str,
+        grad_norm: float | None = None,
+        tokens: int = 0,
     ) -> None:
         """Queue a StepReport for the agent; returns without waiting for the send.
 
-        Raises ValueError for a negative step or a negative/non-finite time (the loss is
-        reported as given, NaN included), and AgentLinkError if an earlier send failed.
+        `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
+        (gradient norm, tokens/s, MFU); leave them out when unknown.
+        Raises ValueError for a negative step, a negative/non-finite time, a negative norm or
+        token count (the loss and the norm are reported as given, NaN included), and
+        AgentLinkError if an earlier send failed.
         """
         self._check_open()
         _check_step(step)
         _check_duration("step_time_s", step_time_s)
         _check_duration("compute_time_s", compute_time_s)
+        if grad_norm is not None and grad_norm < 0:
+            raise ValueError(f"grad_norm must not be negative, got {grad_norm!r}")
+        if tokens < 0:
+            raise ValueError(f"tokens must not be negative, got {tokens!r}")
         report = agent_pb2.StepReport(
             generation=self.generation,
             rank=self.rank,
@@ -203,6 +295,8 @@ class Session:
             compute_time_s=float(compute_time_s),
             loss=float(loss),
             param_digest=str(param_digest),
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            tokens=int(tokens),
         )
         self._raise_report_errors()
         if len(self._pending_reports) >= MAX_PENDING_REPORTS:
@@ -219,18 +313,48 @@ class Session:
     ) -> None:
         """Hand the state after `step` optimizer steps to the agent, in the background.
 
-        Blocks only to copy the state into reused host buffers, plus, when the previous
-        snapshot is still in flight, until it is acknowledged (counted in `stats`). `extra`
-        must hold only tensors, numbers, strings, None, dicts, lists and tuples.
+        Blocks only to collect the state's tensors (with `background_capture` False: to copy
+        them into reused host buffers), plus, when the previous snapshot is still in flight,
+        until it is acknowledged (counted in `stats`). The next `optimizer.step()` waits until
+        the background copy has landed. `extra` must hold only tensors, numbers, strings, None,
+        dicts, lists and tuples, and must not be changed until `wait_for_capture()`.
         """
         self._check_open()
         _check_step(step)
         self._await_inflight(count_wait=True)
         started = time.monotonic()
-        captured = self._buffers.capture(snap.build_state(step, _unwrap(model), optimizer, extra))
+        state = snap.build_state(step, _unwrap(model), optimizer, extra)
+        if not self.background_capture:
+            captured = self._buffers.capture(state)
+            self.stats.last_copy_s = time.monotonic() - started
+            self.stats.capture_s += self.stats.last_copy_s
+            self.stats.host_buffer_bytes = self._buffers.nbytes
+            self._inflight = self._snapshots.submit(self._hand_off, step, captured, started)
+            return
+        self._guard(optimizer)
+        copied = threading.Event()
+        self._copied = copied
+        # The copy must see the state as of now: on GPU the side stream waits for this point of
+        # the training stream; on CPU nothing changes it before optimizer.step() (guarded).
+        ready = _record_ready_event(model)
+        self._inflight = self._snapshots.submit(self._capture_and_hand_off, step, state, copied, ready, started)
         self.stats.capture_s += time.monotonic() - started
-        self.stats.host_buffer_bytes = self._buffers.nbytes
-        self._inflight = self._snapshots.submit(self._hand_off, step, captured)
+
+    def wait_for_capture(self) -> float:
+        """Blocks until the in-flight snapshot's copy has landed; returns the seconds waited.
+
+        Call it before changing parameters or optimizer state other than by `optimizer.step()`
+        (which calls it itself) while a snapshot may be in flight.
+        """
+        copied = self._copied
+        if copied is None or copied.is_set():
+            return 0.0
+        started = time.monotonic()
+        copied.wait()
+        waited = time.monotonic() - started
+        self.stats.capture_waits += 1
+        self.stats.capture_wait_s += waited
+        return waited
 
     def wait_for_snapshots(self) -> None:
         """Block until the in-flight snapshot (if any) is acknowledged; raise its error."""
@@ -269,6 +393,9 @@ class Session:
             self._closed = True
         self._reports.shutdown(wait=True)
         self._snapshots.shutdown(wait=True)
+        for _optimizer, handle in self._guarded:
+            handle.remove()
+        self._guarded.clear()
         self._client.close()
 
     def __enter__(self) -> Session:
@@ -279,7 +406,36 @@ class Session:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _hand_off(self, step: int, captured: Any) -> None:
+    def _guard(self, optimizer: torch.optim.Optimizer) -> None:
+        """Makes `optimizer.step()` wait for the in-flight copy (registered once per optimizer)."""
+        if any(known is optimizer for known, _ in self._guarded):
+            return
+        def before_step(_optimizer: object, _args: object, _kwargs: object) -> None:
+            self.wait_for_capture()  # a pre-hook must return None (or new arguments)
+
+        self._guarded.append((optimizer, optimizer.register_step_pre_hook(before_step)))
+
+    def _capture_and_hand_off(
+        self, step: int, state: Any, copied: threading.Event, ready: Any, started: float
+    ) -> None:
+        try:
+            copy_started = time.monotonic()
+            if ready is not None:
+                if self._side_stream is None:
+                    self._side_stream = torch.cuda.Stream(device=ready.device)
+                with torch.cuda.stream(self._side_stream):
+                    self._side_stream.wait_event(ready.event)
+                    captured = self._buffers.capture(state)
+            else:
+                captured = self._buffers.capture(state)
+            self.stats.last_copy_s = time.monotonic() - copy_started
+            self.stats.host_buffer_bytes = self._buffers.nbytes
+        finally:
+            copied.set()  # on failure too: the error surfaces through the future, never a hang
+        del state  # the live references: only the host copy travels on
+        self._hand_off(step, captured, started)
+
+    def _hand_off(self, step: int, captured: Any, started: float) -> None:
         payload, sha256 = snap.encode(captured)
         blob = peer_pb2.SnapshotBlob(
             generation=self.generation,
@@ -290,6 +446,7 @@ class Session:
             sha256=sha256,
         )
         self._client.put_snapshot(blob)
+        self.stats.last_held_s = time.monotonic() - started
         self.stats.last_payload_bytes = len(payload)
         self.stats.handed_off += 1
 
@@ -311,6 +468,22 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("session is closed")
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    device: torch.device
+    event: Any  # torch.cuda.Event recorded on the training stream
+
+
+def _record_ready_event(model: torch.nn.Module) -> _Ready | None:
+    """A CUDA event at the current point of the training stream, or None for a CPU model."""
+    first = next(iter(model.parameters()), None)
+    if first is None or not first.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(first.device))
+    return _Ready(first.device, event)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

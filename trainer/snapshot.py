@@ -3,8 +3,9 @@
 Owns the snapshot format: model and optimizer state dicts, every RNG state (torch CPU, CUDA when
 in use, python `random`), the data cursor and the step, kept to tensors, numbers, strings, None,
 dicts, lists and tuples so `torch.load(weights_only=True)` can read it back (no pickled code).
-Capture copies into pre-allocated host buffers (`HostBuffers`) so the training step pauses only
-for that copy; encoding happens later, off the training thread. Restore checks the SHA-256 of the
+Capture copies into pre-allocated host buffers (`HostBuffers`), allocated on the first snapshot
+and reused while the layout holds (pinned when the source is on a GPU); `Session` runs it off the
+training thread, and encoding happens after it, also in the background. Restore checks the SHA-256 of the
 payload first: a corrupt snapshot must never be loaded silently.
 """
 
@@ -87,7 +88,10 @@ class HostBuffers:
 
         captured = copy("", state)
         if has_cuda:
-            torch.cuda.synchronize()  # non_blocking copies must land before anyone reads them
+            # non_blocking copies must land before anyone reads them. Only the stream they were
+            # queued on is waited for (a side stream when called from Session's background copy),
+            # never the whole device, so the training stream keeps running.
+            torch.cuda.current_stream().synchronize()
         return captured
 
 

@@ -13,6 +13,8 @@ import re
 from supervisor.core.config import CoreConfig
 from supervisor.core.inputs import (
     AgentHello,
+    CheckpointCommitResult,
+    CheckpointShardReport,
     OperatorRequest,
     TrainerHung,
     XidReport,
@@ -22,6 +24,7 @@ from supervisor.core.inputs import (
     SnapshotReport,
     StepReport,
     StreamClosed,
+    LeadershipAcquired,
     Tick,
     TrainerExit,
 )
@@ -29,6 +32,7 @@ from supervisor.core.state import ClusterState, SoftState
 
 NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MAX_STEP_TIME_S = 86_400.0
+MAX_TOKENS_PER_STEP = 1 << 40  # far above any real batch; larger is a corrupt report
 
 
 def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig) -> str | None:
@@ -38,6 +42,8 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return _check_hello(soft, inp, config)
         case Tick() | StreamClosed():
             return None
+        case LeadershipAcquired():
+            return None if inp.term > 0 else f"term {inp.term} is not a term: terms start at 1"
         case StepReport():
             return _check_sender(state, soft, inp.node_id) or _check_step_report(state, inp)
         case SnapshotReport():
@@ -52,6 +58,10 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
         case OperatorRequest():
             return _check_operator(state, inp)
+        case CheckpointShardReport():
+            return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
+        case CheckpointCommitResult():
+            return None  # the shell's own result
     return f"unsupported input {type(inp).__name__}"
 
 
@@ -115,12 +125,14 @@ def _check_xid(report: XidReport) -> str | None:
     return None
 
 
-OPERATOR_COMMANDS = ("quarantine", "unquarantine", "drain")
+OPERATOR_COMMANDS = ("quarantine", "unquarantine", "drain", "restart")
 
 
 def _check_operator(state: ClusterState, request: OperatorRequest) -> str | None:
     if request.command not in OPERATOR_COMMANDS:
         return f"unknown command {request.command!r}; one of {', '.join(OPERATOR_COMMANDS)}"
+    if request.command == "restart":
+        return _check_restart(state, request)
     node = state.node(request.node_id)
     if node is None:
         known = ", ".join(sorted(state.nodes)) or "none"
@@ -136,6 +148,18 @@ def _check_operator(state: ClusterState, request: OperatorRequest) -> str | None
     return None
 
 
+def _check_restart(state: ClusterState, request: OperatorRequest) -> str | None:
+    if not request.reason.strip() or len(request.reason) > MAX_TEXT:
+        return "a reason is required (it is recorded in the event log), at most 4096 characters"
+    if request.node_id:
+        return f"restart applies to the whole job, not to node {request.node_id!r}"
+    if state.completion is not None:
+        return "the job has completed; there is nothing to restart"
+    if state.generation is None:
+        return "no generation is in force (see `supervisorctl status` for what the job waits for); nothing to restart"
+    return None
+
+
 def _check_step_report(state: ClusterState, report: StepReport) -> str | None:
     for name in ("step_time_s", "compute_time_s"):
         value = getattr(report, name)
@@ -143,4 +167,8 @@ def _check_step_report(state: ClusterState, report: StepReport) -> str | None:
             return f"{name}={value!r} is not a finite number of seconds within [0, {MAX_STEP_TIME_S:g}]"
     if report.compute_time_s > report.step_time_s + 1e-3:
         return f"compute_time_s={report.compute_time_s} exceeds step_time_s={report.step_time_s}"
+    if report.grad_norm < 0.0:  # NaN (unknown, or a diverged step) and inf are the trainer's truth
+        return f"grad_norm={report.grad_norm!r} is negative: a norm cannot be"
+    if not 0 <= report.tokens <= MAX_TOKENS_PER_STEP:
+        return f"tokens={report.tokens} is outside [0, {MAX_TOKENS_PER_STEP}]"
     return _check_rank(state, report.node_id, report.generation, report.rank)

@@ -6,10 +6,12 @@ a bad flag fails at start-up rather than as a strange decision at 3 a.m.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass
 
+from supervisor.core.policies.sdc import SdcConfig
 from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidPolicyConfig
 
@@ -32,6 +34,10 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     master_port_base: int = 29500
     master_port_span: int = 500
+    # The experiment record (GenerationStarted carries them): free-form, e.g. a git commit and a
+    # data set snapshot id. Not part of config_hash, which identifies the configuration alone.
+    code_version: str = ""
+    data_version: str = ""
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -49,6 +55,17 @@ class JobSpec:
             )
         if self.master_port_span < 1:
             raise ValueError(f"master_port_span must be >= 1, got {self.master_port_span}")
+        for key in ("code_version", "data_version"):
+            value = getattr(self, key)
+            if len(value) > 256 or not value.isprintable():
+                raise ValueError(f"{key} must be printable and at most 256 characters, got {value!r}")
+
+    @property
+    def config_hash(self) -> str:
+        """sha256 of a canonical text of the spec (versions excluded): equal configs, equal hashes."""
+        canonical = repr((self.name, self.nodes, self.ranks_per_node, self.argv, tuple(sorted(self.env)),
+                          self.master_port_base, self.master_port_span))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
     def world_size(self) -> int:
@@ -81,6 +98,7 @@ class CoreConfig:
     detector: DetectorConfig = DetectorConfig()
     xid: XidPolicyConfig = XidPolicyConfig()
     straggler: StragglerConfig = StragglerConfig()
+    sdc: SdcConfig = SdcConfig()
     # A confirmed straggler is swapped for a free spare; with no spare it is only reported (a
     # slow node beats a smaller world). False: always only report.
     is_straggler_swap_enabled: bool = True
@@ -88,3 +106,8 @@ class CoreConfig:
     # so a spare that registers first does not displace an active node still booting.
     spare_grace_s: float = 10.0
     allowed_nodes: frozenset[str] = frozenset()  # empty: any well-formed node id may join
+    # Object-store checkpoints (issue 6): where (s3://bucket/prefix or a directory; "" = off) and
+    # every how many steps (0 = only on request). The core only names the location; the shell
+    # writes nothing itself, trainers write shards and the shell commits.
+    checkpoint_location: str = ""
+    checkpoint_every_steps: int = 0

@@ -18,6 +18,7 @@ from supervisor.core.events import (
     GenerationEnded,
     GenerationRunning,
     JobCompleted,
+    LeaderElected,
     NodeCleared,
     NodeDeclaredDead,
     NodeQuarantined,
@@ -26,6 +27,7 @@ from supervisor.core.events import (
     NodeSuspected,
     NodeUnquarantined,
     OperatorCommand,
+    SdcSuspected,
     SnapshotCommitted,
     StragglerDetected,
     XidAction,
@@ -33,11 +35,14 @@ from supervisor.core.events import (
 )
 from supervisor.core.inputs import (
     AgentHello,
+    CheckpointCommitResult,
+    CheckpointShardReport,
     OperatorRequest,
     TrainerHung,
     XidReport,
     Heartbeat,
     Input,
+    LeadershipAcquired,
     RankFinished,
     SnapshotReport,
     StepReport,
@@ -45,7 +50,10 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
+from supervisor.core import soft as soft_state
+from supervisor.core import checkpoints
 from supervisor.core.policies import failure, planner
+from supervisor.core.policies import sdc as sdc_policy
 from supervisor.core.policies import xid as xid_policy
 from supervisor.core.state import ClusterState, Liveness, SoftState
 
@@ -62,7 +70,10 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_hello(state, inp)
         case StepReport():
             events = _on_step_report(state, inp)
-            events += _on_stragglers(state, soft, config, offset=len(events))
+            events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
+            events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+            events += checkpoints.on_step_report(evolve_all(state, events), inp, config.checkpoint_location,
+                                                 config.checkpoint_every_steps)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
         case RankFinished():
@@ -77,6 +88,12 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_hung(state, soft, inp)
         case OperatorRequest():
             events = _on_operator(state, soft, inp)
+        case LeadershipAcquired():
+            events = [LeaderElected(inp.term, inp.address, state.applied_seq)]
+        case CheckpointShardReport():
+            events = checkpoints.on_shard_report(state, inp)
+        case CheckpointCommitResult():
+            events = checkpoints.on_commit_result(state, inp)
         case Heartbeat() | StreamClosed():
             events = []  # liveness changes from these are judged on the next Tick
         case _:
@@ -84,6 +101,10 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
     # Events of one decision are folded before planning, so a death and its replacement
     # generation can be decided (and appended) together.
     folded = evolve_all(state, events)
+    abandoned = checkpoints.abandoned(folded)  # its generation ended: its shards will never all come
+    if abandoned:
+        events.extend(abandoned)
+        folded = evolve_all(folded, abandoned)
     idle_drains = _drain_idle(folded, soft)
     events.extend(idle_drains)
     plan = planner.plan_generation(
@@ -149,6 +170,44 @@ def _on_step_report(state: ClusterState, report: StepReport) -> list[Event]:
     return [GenerationRunning(generation=report.generation, first_step=report.step)]
 
 
+def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
+    """A completed digest vote: agreed -> the step may commit; a minority -> SdcSuspected with the
+    digests, the culprit's node quarantined and the job restarted from the last agreed snapshot
+    (always before the divergent step: see `_commit_if_held`); a split -> restart, culprit unknown."""
+    progress = soft.progress
+    generation = state.generation
+    vote = progress.new_sdc_vote if progress is not None else None
+    if vote is None or generation is None or progress is None or progress.generation != generation.number:
+        return []
+    if vote.is_clear:
+        return _commit_if_held(state, soft, vote.step)
+    events: list[Event] = []
+    first_seq: dict[str, int] = {}
+    for dissent in (*vote.minorities, *vote.split):
+        node_id = generation.node_of_rank(dissent.rank)
+        if node_id is None:
+            continue
+        events.append(SdcSuspected(node_id, dissent.rank, vote.step, dissent.digest, dissent.majority_digest,
+                                   generation.number, dissent.group_size))
+        if sdc_policy.is_convicting(dissent, config.sdc):
+            first_seq.setdefault(node_id, state.applied_seq + offset + len(events))
+    if not first_seq:
+        detail = f"SDC: {vote.reason}; no majority names a culprit, restarting from the last agreed step"
+        return events + _end_if_member_any(state, soft, EndReason.SDC, detail)
+    culprits = sorted(first_seq)
+    reason = f"SDC: {vote.reason}"
+    events += _end_if_member(state, soft, culprits[0], EndReason.NODE_QUARANTINED, reason)
+    events += [NodeQuarantined(n, reason, first_seq[n]) for n in culprits if not state.nodes[n].is_quarantined]
+    return events
+
+
+def _end_if_member_any(state: ClusterState, soft: SoftState, reason: EndReason, detail: str) -> list[Event]:
+    generation = state.generation
+    if generation is None:
+        return []
+    return [GenerationEnded(generation.number, reason, "", _last_step(soft, generation.number), detail)]
+
+
 def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
     """Confirmed stragglers (from the step just scored): recorded; the first one is swapped out
     when a spare is free (one swap ends the generation; others wait for the next)."""
@@ -185,24 +244,32 @@ def _has_free_spare(state: ClusterState, soft: SoftState) -> bool:
 
 
 def _on_snapshot_report(state: ClusterState, soft: SoftState, report: SnapshotReport) -> list[Event]:
+    return _commit_if_held(state, soft, report.step)
+
+
+def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Event]:
+    """Commits `step` once every rank is held twice and the step's digests agreed (issue 7:
+    a snapshot from a step whose replicas disagreed is never committed, so never restored)."""
     generation = state.generation
     progress = soft.progress
     if generation is None or progress is None or progress.generation != generation.number:
         return []
-    if state.snapshot is not None and report.step <= state.snapshot.step:
+    if state.snapshot is not None and step <= state.snapshot.step:
         return []
-    held = progress.holdings.get(report.step, {})
+    if not soft_state.is_committable(progress, step):
+        return []
+    held = progress.holdings.get(step, {})
     for member in generation.members:
         required = {member.node_id, member.buddy_node_id} - {""}
         for rank in member.ranks:
             if not required <= held.get(rank, frozenset()):
                 return []
-    committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=report.step)]
+    committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=step)]
     # A step boundary with every rank held twice: the moment to hand a drained node's ranks over.
     for node_id in sorted(soft.pending_drains):
         if generation.member(node_id):
-            detail = f"drained at committed step {report.step}"
-            last = max(report.step, _last_step(soft, generation.number))
+            detail = f"drained at committed step {step}"
+            last = max(step, _last_step(soft, generation.number))
             committed.append(GenerationEnded(generation.number, EndReason.NODE_DRAINED, node_id, last, detail))
             committed.append(NodeDrained(node_id, detail, ""))
             break  # the generation has ended; other pending drains apply to idle nodes below
@@ -232,14 +299,15 @@ def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Ev
     copies still serve the restore); with no spare the same gang restarts from the snapshot."""
     detail = (f"rank {hung.rank} made no step progress for {hung.silent_for_s:.0f}s"
               f" (limit {hung.limit_s:.0f}s) after step {hung.last_step}")
-    ended = _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail)
+    ended = _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail, silent_for_s=hung.silent_for_s)
     if ended and _has_free_spare(state, soft) and not state.nodes[hung.node_id].is_quarantined:
         ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1))
     return ended
 
 
 def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest) -> list[Event]:
-    record = OperatorCommand(request.command, (request.node_id,), request.operator, request.reason)
+    record = OperatorCommand(request.command, (request.node_id,) if request.node_id else (), request.operator,
+                             request.reason)
     seq = state.applied_seq + 1
     reason = f"{request.command} by {request.operator or 'an operator'}: {request.reason}"
     match request.command:
@@ -248,6 +316,12 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest)
             return [record, *ended, NodeQuarantined(request.node_id, reason, seq)]
         case "unquarantine":
             return [record, NodeUnquarantined(request.node_id, request.reason, request.operator)]
+        case "restart":  # the planner starts the next generation from the newest committed snapshot
+            generation = state.generation
+            if generation is None:
+                return [record]  # admission refuses this; kept total for property tests
+            last = _last_step(soft, generation.number)
+            return [record, GenerationEnded(generation.number, EndReason.OPERATOR_RESTART, "", last, reason)]
         case _:  # drain: recorded in soft.pending_drains; an idle node goes at once (_drain_idle),
             return [record]  # a training one at its generation's next committed step
 
@@ -268,11 +342,13 @@ def _drain_idle(state: ClusterState, soft: SoftState) -> list[Event]:
     ]
 
 
-def _end_if_member(state: ClusterState, soft: SoftState, node_id: str, reason: EndReason, detail: str) -> list[Event]:
+def _end_if_member(state: ClusterState, soft: SoftState, node_id: str, reason: EndReason, detail: str,
+                   *, silent_for_s: float = 0.0) -> list[Event]:
     generation = state.generation
     if generation is None or not generation.member(node_id):
         return []
-    return [GenerationEnded(generation.number, reason, node_id, _last_step(soft, generation.number), detail)]
+    last = _last_step(soft, generation.number)
+    return [GenerationEnded(generation.number, reason, node_id, last, detail, silent_for_s)]
 
 
 def _on_rank_finished(state: ClusterState, soft: SoftState, report: RankFinished) -> list[Event]:
@@ -339,6 +415,7 @@ def _declare_dead(
                 node_id=verdict.node_id,
                 last_step=_last_step(soft, generation.number),
                 detail=verdict.reason,
+                silent_for_s=verdict.silent_for_s,
             )
         )
     if not state.nodes[verdict.node_id].is_quarantined:

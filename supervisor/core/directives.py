@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from supervisor.core.config import JobSpec
-from supervisor.core.events import RestoreKind
+from supervisor.core.events import RankRestore, RestoreKind
 from supervisor.core.state import ClusterState, Generation
 
 
@@ -56,22 +56,41 @@ def project_directives(state: ClusterState, job: JobSpec, waiting_reason: str) -
     return {node_id: directive_for(state, job, node_id, waiting_reason) for node_id in state.nodes}
 
 
-def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reason: str) -> Directive:
+def directives_for(state: ClusterState, job: JobSpec, node_ids: list[str], waiting_reason: str) -> list[Directive]:
+    """`directive_for` of many nodes in linear time: a generation's restores are grouped by rank
+    once instead of scanned per node (100k ranks x 12.5k nodes would take minutes)."""
+    generation = state.generation
+    if generation is None or len(node_ids) < 8:
+        return [directive_for(state, job, n, waiting_reason) for n in node_ids]
+    by_rank: dict[int, list[RankRestore]] = {}
+    for restore in generation.restores:
+        by_rank.setdefault(restore.rank, []).append(restore)
+    return [directive_for(state, job, n, waiting_reason, by_rank) for n in node_ids]
+
+
+def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reason: str,
+                  restores_by_rank: Mapping[int, list[RankRestore]] | None = None) -> Directive:
     generation = state.generation
     retain = state.snapshot.step if state.snapshot is not None else 0
     if generation is not None:
         member = generation.member(node_id)
         if member is not None:
-            return _run(state, job, generation, node_id, retain)
+            return _run(state, job, generation, node_id, retain, restores_by_rank)
     number = generation.number if generation else state.last_generation
     return Directive(generation=number, action=Action.STANDBY, retain_from_step=retain,
                      reason=_standby_reason(state, node_id, waiting_reason))
 
 
-def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str, retain: int) -> Directive:
+def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str, retain: int,
+         restores_by_rank: Mapping[int, list[RankRestore]] | None) -> Directive:
     member = generation.member(node_id)
     assert member is not None
     buddy = state.node(member.buddy_node_id) if member.buddy_node_id else None
+    mine = (
+        [r for rank in member.ranks for r in restores_by_rank.get(rank, ())]
+        if restores_by_rank is not None
+        else [r for r in generation.restores if r.rank in member.ranks]
+    )
     restores = tuple(
         RestoreFrom(
             rank=r.rank,
@@ -79,8 +98,7 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
             source_node_id=r.source_node_id,
             source_address=_address(state, r.source_node_id),
         )
-        for r in generation.restores
-        if r.rank in member.ranks
+        for r in mine
     )
     return Directive(
         generation=generation.number,
@@ -90,7 +108,7 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
         master_addr=generation.master_addr,
         master_port=generation.master_port,
         argv=job.argv,
-        env=tuple(EnvVar(k, v) for k, v in job.env),
+        env=tuple(EnvVar(k, v) for k, v in job.env) + _checkpoint_env(state, generation, restores),
         restore_step=generation.restore_step,
         restores=restores,
         buddy_node_id=member.buddy_node_id,
@@ -117,3 +135,15 @@ def _standby_reason(state: ClusterState, node_id: str, waiting_reason: str) -> s
     if state.generation is not None:
         return f"spare for generation {state.generation.number}"
     return waiting_reason or "waiting"
+
+
+def _checkpoint_env(state: ClusterState, generation: Generation, restores: tuple[RestoreFrom, ...]) -> tuple[EnvVar, ...]:
+    """A node with a rank restoring from the object store is told which checkpoint: the committed
+    one at the restore step (the planner only chooses a committed checkpoint's step). Its agent
+    answers that rank's GetRestore with no state, and the trainer then loads the checkpoint."""
+    checkpoint = state.checkpoint
+    if checkpoint is None or checkpoint.step != generation.restore_step:
+        return ()
+    if not any(r.kind is RestoreKind.CHECKPOINT for r in restores):
+        return ()
+    return (EnvVar("FTSUP_RESTORE_CHECKPOINT", checkpoint.checkpoint_id),)

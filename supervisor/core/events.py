@@ -33,6 +33,7 @@ class EndReason(enum.Enum):
     HUNG = "hung"
     OPERATOR_RESTART = "operator_restart"
     XID = "xid"
+    SDC = "sdc"  # replicas split with no majority: restart from the last agreed step
 
 
 class XidAction(enum.Enum):
@@ -111,6 +112,10 @@ class GenerationStarted:
     restore_generation: int
     restores: tuple[RankRestore, ...]
     reason: str
+    # The experiment record: what exactly ran in this generation (job spec hash, code, data).
+    config_hash: str = ""
+    code_version: str = ""
+    data_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,9 @@ class GenerationEnded:
     node_id: str
     last_step: int
     detail: str
+    # How long the culprit had been silent (no heartbeat, no step progress) when this verdict
+    # came: the detection delay goodput accounting charges (0 when the failure reported itself).
+    silent_for_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +239,8 @@ class SdcSuspected:
     step: int
     digest: str
     majority_digest: str
+    generation: int = 0
+    group_size: int = 0  # ranks that must hold this rank's bits; majority_digest "" = split
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +249,13 @@ class OperatorCommand:
     args: tuple[str, ...]
     operator: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElected:
+    term: int
+    address: str
+    caught_up_seq: int
 
 
 Event = (
@@ -264,6 +281,7 @@ Event = (
     | SdcCheckFinished
     | SdcSuspected
     | OperatorCommand
+    | LeaderElected
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

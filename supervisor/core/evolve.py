@@ -16,6 +16,7 @@ from supervisor.core.events import (
     GenerationRunning,
     GenerationStarted,
     JobCompleted,
+    LeaderElected,
     NodeCleared,
     NodeDeclaredDead,
     NodeQuarantined,
@@ -32,7 +33,7 @@ from supervisor.core.state import (
     Liveness,
     NodeRecord,
 )
-from supervisor.core import checkpoints, frozen
+from supervisor.core import checkpoints, frozen, taint
 from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import (
     CheckpointAborted,
@@ -66,7 +67,7 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
         case NodeQuarantined():
             return _on_quarantined(state, event)
         case GenerationStarted():
-            return _on_generation_started(state, event)
+            return taint.on_generation_started(_on_generation_started(state, event), event)
         case GenerationRunning():
             return _on_generation_running(state, event)
         case GenerationEnded():
@@ -84,6 +85,8 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
             node = _require_node(state, event.node_id)
             return _with_node(state, frozen.replace(node, straggler_score=event.score))
         case CheckpointStarted() | CheckpointShardWritten() | CheckpointCommitted() | CheckpointAborted():
+            if isinstance(event, (CheckpointStarted, CheckpointCommitted)):
+                taint.require_untainted(state, event.step, f"checkpoint {event.checkpoint_id!r}")
             return checkpoints.evolve_checkpoint(state, event)
         case SdcCheckStarted():
             if event.check_id in state.open_sdc_checks:
@@ -96,9 +99,11 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
             return frozen.replace(state, open_sdc_checks=remaining)
         case SdcSuspected():
             _require_node(state, event.node_id)
-            return state  # evidence for the reader; the verdict that acts is NodeQuarantined
+            return taint.on_suspected(state, event)  # the verdict that acts is NodeQuarantined
         case OperatorCommand():
-            return state  # the audit record; what the command changed follows as its own events
+            return state
+        case LeaderElected():
+            return state  # the term boundary, for readers; every record carries its term anyway  # the audit record; what the command changed follows as its own events
     raise InvalidEvent(f"unknown event type {type(event).__name__}")
 
 
@@ -254,7 +259,13 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
         restore_generation=event.restore_generation,
         restores=event.restores,
     )
-    return frozen.replace(state, generation=generation, last_generation=event.generation)
+    snapshot = state.snapshot
+    if snapshot is not None and (event.restore_step is None or event.restore_step < snapshot.step):
+        # Restored from older state (a rank and its buddy lost, an SDC taint, a fresh start): the
+        # newer snapshot is not recoverable or not trusted, and keeping it would refuse every
+        # commit of this generation until training passed its step again.
+        snapshot = None
+    return frozen.replace(state, generation=generation, last_generation=event.generation, snapshot=snapshot)
 
 
 def _require_current(state: ClusterState, generation: int, what: str) -> Generation:
@@ -281,6 +292,7 @@ def _on_generation_ended(state: ClusterState, event: GenerationEnded) -> Cluster
 
 def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> ClusterState:
     generation = _require_current(state, event.generation, "SnapshotCommitted")
+    taint.require_untainted(state, event.step, "SnapshotCommitted")
     if state.snapshot is not None and event.step <= state.snapshot.step:
         raise InvalidEvent(
             f"snapshot step {event.step} is not newer than committed step {state.snapshot.step}"

@@ -40,6 +40,8 @@ class StepReport:
     compute_time_s: float
     loss: float
     param_digest: str
+    grad_norm: float = float("nan")  # NaN: not reported
+    tokens: int = 0  # this rank's tokens in the step; 0: not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +93,9 @@ class TrainerHung:
 
 @dataclass(frozen=True, slots=True)
 class OperatorRequest:
-    """An authorized operator command on one node."""
+    """An authorized operator command on one node, or on the whole job (restart: node_id "")."""
 
-    command: str  # "quarantine" | "unquarantine" | "drain"
+    command: str  # "quarantine" | "unquarantine" | "drain" | "restart"
     node_id: str
     reason: str
     operator: str
@@ -104,6 +106,39 @@ class StreamClosed:
     node_id: str
     incarnation: int
     stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeadershipAcquired:
+    """This replica won the election for `term`: its first decision is to say so in the log."""
+
+    term: int
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointShardReport:
+    """A rank wrote its shard of checkpoint `checkpoint_id` (or failed to: `error` set)."""
+
+    node_id: str
+    generation: int
+    rank: int
+    checkpoint_id: str
+    step: int
+    key: str
+    sha256: str
+    size_bytes: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCommitResult:
+    """The shell's commit (catalog.commit, off the event loop) finished: a manifest or an error."""
+
+    checkpoint_id: str
+    step: int
+    manifest_key: str
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,4 +158,7 @@ Input = (
     | OperatorRequest
     | StreamClosed
     | Tick
+    | LeadershipAcquired
+    | CheckpointShardReport
+    | CheckpointCommitResult
 )

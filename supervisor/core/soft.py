@@ -22,7 +22,9 @@ from supervisor.core.inputs import (
     StreamClosed,
     TrainerExit,
 )
+from supervisor.core.policies import sdc as sdc_policy
 from supervisor.core.policies import straggler as straggler_policy
+from supervisor.core.policies.sdc import SdcConfig
 from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidSighting
 from supervisor.core.state import ClusterState, GenerationProgress, NodeSoft, SoftState
@@ -33,11 +35,13 @@ XID_HISTORY_MAX = 256
 
 
 def observe(
-    soft: SoftState, state: ClusterState, inp: Input, now: float, straggler: StragglerConfig = StragglerConfig()
+    soft: SoftState, state: ClusterState, inp: Input, now: float, straggler: StragglerConfig = StragglerConfig(),
+    sdc: SdcConfig = SdcConfig(),
 ) -> None:
     """Records what `inp` says about liveness and progress; call before `decide` on the same input."""
     if soft.progress is not None:
         soft.progress.new_straggler_verdicts = []
+        soft.progress.new_sdc_vote = None
     if soft.pending_drains:
         soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
     match inp:
@@ -74,6 +78,7 @@ def observe(
                     if math.isfinite(inp.loss):
                         progress.last_loss = inp.loss
                 _score_compute_time(progress, state, inp, straggler)
+                _vote_digests(progress, state, inp, sdc)
         case SnapshotReport():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
@@ -109,11 +114,42 @@ def _score_compute_time(
     )
 
 
+def _vote_digests(progress: GenerationProgress, state: ClusterState, report: StepReport, config: SdcConfig) -> None:
+    """Once every rank reported a step, its digests are voted on (policies/sdc.py)."""
+    assert state.generation is not None
+    digests = progress.digests.setdefault(report.step, {})
+    digests[report.rank] = report.param_digest
+    world = state.generation.world_size
+    if len(digests) < world:
+        for stale in sorted(progress.digests)[:-MAX_OPEN_STEPS]:
+            del progress.digests[stale]
+        return
+    del progress.digests[report.step]
+    vote = sdc_policy.vote_step(report.step, digests, world, config)
+    progress.new_sdc_vote = vote
+    if vote.is_clear:
+        progress.sdc_clear_steps.add(report.step)
+        for old in sorted(progress.sdc_clear_steps)[:-MAX_CLEAR_STEPS]:
+            progress.sdc_clear_steps.discard(old)
+    elif progress.sdc_diverged_step is None or report.step < progress.sdc_diverged_step:
+        progress.sdc_diverged_step = report.step
+
+
+MAX_CLEAR_STEPS = 256  # agreed steps remembered for commits (commits trail steps by ~1)
+
+
+def is_committable(progress: GenerationProgress, step: int) -> bool:
+    """A snapshot of `step` may be committed: its digests agreed and none before it diverged."""
+    diverged = progress.sdc_diverged_step
+    return step in progress.sdc_clear_steps and (diverged is None or step < diverged)
+
+
 def forget_committed(soft: SoftState, up_to_step: int) -> None:
     """Drops holdings at or below a committed step: they can never be committed again."""
     if soft.progress is not None:
         for step in [s for s in soft.progress.holdings if s <= up_to_step]:
             del soft.progress.holdings[step]
+        soft.progress.sdc_clear_steps = {s for s in soft.progress.sdc_clear_steps if s > up_to_step}
 
 
 def _heard(soft: SoftState, node_id: str, now: float) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+from supervisor.core.policies.sdc import StepVote
 from supervisor.core.policies.straggler import StragglerState, StragglerVerdict
 from supervisor.core.policies.xid import XidSighting
 
@@ -68,16 +69,32 @@ class Generation:
         return self.first_step is not None
 
     def member(self, node_id: str) -> RankAssignment | None:
-        for assignment in self.members:
-            if assignment.node_id == node_id:
-                return assignment
-        return None
+        return _member_index(self.members)[0].get(node_id)
 
     def node_of_rank(self, rank: int) -> str | None:
-        for assignment in self.members:
-            if rank in assignment.ranks:
-                return assignment.node_id
-        return None
+        return _member_index(self.members)[1].get(rank)
+
+
+_INDEXES: dict[int, tuple[tuple[RankAssignment, ...], dict[str, RankAssignment], dict[int, str]]] = {}
+
+
+def _member_index(members: tuple[RankAssignment, ...]) -> tuple[dict[str, RankAssignment], dict[int, str]]:
+    """node -> assignment and rank -> node of one members tuple, built once per tuple (memoized by
+    identity; the tuple is kept alive with its index). A linear scan per StepReport costs 12.5k
+    comparisons at 100k GPUs. First match wins, as the scan did."""
+    hit = _INDEXES.get(id(members))
+    if hit is not None and hit[0] is members:
+        return hit[1], hit[2]
+    by_node: dict[str, RankAssignment] = {}
+    by_rank: dict[int, str] = {}
+    for assignment in members:
+        by_node.setdefault(assignment.node_id, assignment)
+        for rank in assignment.ranks:
+            by_rank.setdefault(rank, assignment.node_id)
+    if len(_INDEXES) >= 16:
+        _INDEXES.clear()
+    _INDEXES[id(members)] = (members, by_node, by_rank)
+    return by_node, by_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +135,28 @@ class CommittedCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """One rank's written shard: the commit reads its index back and checks it against these."""
+
+    shard: int
+    key: str
+    sha256: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class PendingCheckpoint:
     checkpoint_id: str
     generation: int
     step: int
     shards: int
     written: tuple[int, ...] = ()
+    records: tuple[ShardRecord, ...] = ()  # one per written shard, in arrival order
+    location: str = ""
+
+    @property
+    def is_complete(self) -> bool:
+        return len(self.written) == self.shards
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +172,9 @@ class ClusterState:
     pending_checkpoint: PendingCheckpoint | None = None
     open_sdc_checks: tuple[str, ...] = ()
     registrations: int = 0  # NodeRegistered events folded so far
+    # First step whose replicas disagreed (SdcSuspected), until a generation restores from before
+    # it: no snapshot or checkpoint from this step on may be committed or restored.
+    sdc_tainted_from_step: int | None = None
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)
@@ -168,6 +204,11 @@ class GenerationProgress:
     straggler: StragglerState = field(default_factory=StragglerState)
     # verdicts from the input being observed now (decide turns them into events)
     new_straggler_verdicts: list[StragglerVerdict] = field(default_factory=list)
+    # step -> rank -> parameter digest, until every rank of the step reported (then voted on)
+    digests: dict[int, dict[int, str]] = field(default_factory=dict)
+    sdc_clear_steps: set[int] = field(default_factory=set)  # voted and agreed: committable
+    sdc_diverged_step: int | None = None  # the first step whose vote disagreed
+    new_sdc_vote: StepVote | None = None  # the vote completed by the input being observed now
 
 
 @dataclass(slots=True)

@@ -51,6 +51,8 @@ class NodeView:
     incarnation: int
     host: str
     is_connected: bool
+    xid_count: int = 0
+    straggler_score: float = 0.0
 
 
 def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size: int) -> StatusView:
@@ -119,6 +121,39 @@ def node_views(state: ClusterState, soft: SoftState, now: float) -> list[NodeVie
                 incarnation=node.incarnation,
                 host=node.host,
                 is_connected=info is not None and info.stream_id is not None,
+                xid_count=node.xid_count,
+                straggler_score=node.straggler_score,
             )
         )
     return views
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerRankView:
+    rank: int
+    node_id: str
+    last_score: float  # robust z at the newest scored step
+    window_steps: int
+    over_threshold: int  # scores in the window at or above flag_z
+    is_flagged: bool
+
+
+def straggler_views(state: ClusterState, soft: SoftState, flag_z: float) -> tuple[int, tuple[StragglerRankView, ...]]:
+    """The generation in force and each rank's straggler window (soft state: empty on a fresh leader)."""
+    generation = state.generation
+    progress = soft.progress
+    if generation is None or progress is None or progress.generation != generation.number:
+        return (generation.number if generation else 0), ()
+    detector = progress.straggler
+    views = tuple(
+        StragglerRankView(
+            rank=rank,
+            node_id=generation.node_of_rank(rank) or "",
+            last_score=window.scores[-1] if window.scores else 0.0,
+            window_steps=len(window.scores),
+            over_threshold=sum(1 for z in window.scores if z >= flag_z),
+            is_flagged=rank in detector.flagged,
+        )
+        for rank, window in sorted(detector.windows.items())
+    )
+    return generation.number, views

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from supervisor.ctl import render
+from supervisor.ctl import auth, completion, jobs, render, sdc_view
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -63,6 +62,8 @@ def cmd_nodes(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) ->
 
 
 def cmd_events(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    if args.at_step is not None:
+        return jobs.cmd_at_step(stub, args)
     request = operator_pb2.ListEventsRequest(since_seq=args.since, follow=args.follow)
     stream = stub.ListEvents(request, timeout=None if args.follow else args.timeout)
 
@@ -88,20 +89,21 @@ def cmd_events(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -
     return EXIT_OK
 
 
-def _credentials(args: argparse.Namespace) -> list[tuple[str, str]]:
-    if not args.token_file:
-        return []
-    try:
-        token = pathlib.Path(args.token_file).read_text().strip()
-    except OSError as exc:
-        raise SystemExit(f"supervisorctl: cannot read --token-file {args.token_file}: {exc}") from exc
-    return [("authorization", f"Bearer {token}")]
+def cmd_sdc(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    """Checks, suspects and verdicts with their evidence, derived from the event log."""
+    records = stub.ListEvents(operator_pb2.ListEventsRequest(since_seq=1, follow=False), timeout=args.timeout)
+    view = sdc_view.sdc_dict(records)
+    if args.json:
+        _print_json(view)
+    else:
+        print(sdc_view.sdc_text(view))
+    return EXIT_OK
 
 
 def cmd_node_command(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
     request = operator_pb2.NodeCommandRequest(node_id=args.node, reason=args.reason, operator=args.operator)
     call = {"quarantine": stub.Quarantine, "unquarantine": stub.Unquarantine, "drain": stub.Drain}[args.command]
-    response = call(request, timeout=args.timeout, metadata=_credentials(args))
+    response = call(request, timeout=args.timeout)  # the token rides on the channel (ctl/auth.py)
     if args.json:
         _print_json({"command": args.command, "node_id": args.node, "seq": response.seq, "detail": response.detail})
     else:
@@ -109,14 +111,14 @@ def cmd_node_command(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namesp
     return EXIT_OK
 
 
-MUTATING = ("quarantine", "unquarantine", "drain")
+MUTATING = ("quarantine", "unquarantine", "drain", "restart", "checkpoint")
 
 
 def cmd_leader(addresses: list[str], args: argparse.Namespace) -> int:
     replicas = []
     for address in addresses:
         try:
-            with grpc.insecure_channel(address) as channel:
+            with auth.channel(address, args.credentials) as channel:
                 reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(
                     operator_pb2.GetLeaderRequest(), timeout=args.timeout)
             replicas.append({"address": address, "reachable": True, "is_leader": reply.is_leader,
@@ -140,11 +142,12 @@ def cmd_leader(addresses: list[str], args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def pick_replica(addresses: list[str], *, needs_leader: bool, timeout_s: float) -> str:
+def pick_replica(addresses: list[str], *, needs_leader: bool, timeout_s: float,
+                 credentials: auth.Credentials = auth.Credentials(None, None)) -> str:
     """Any replica answers reads; commands that change something go to the leader."""
     for address in addresses:
         try:
-            with grpc.insecure_channel(address) as channel:
+            with auth.channel(address, credentials) as channel:
                 reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(
                     operator_pb2.GetLeaderRequest(), timeout=min(timeout_s, 2.0))
         except grpc.RpcError:
@@ -164,14 +167,40 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_parser("status", parents=[common], help="job, generation, step, nodes, last snapshot")
-    sub.add_parser("nodes", parents=[common], help="every node: role, state, ranks, last heartbeat")
+    common.add_argument("--token-file", default=os.environ.get("FTSUP_OPERATOR_TOKEN_FILE"),
+                        help="operator bearer token, admin or read-only (env FTSUP_OPERATOR_TOKEN_FILE)")
+    common.add_argument("--tls-cert", default=os.environ.get("FTSUP_TLS_CERT"),
+                        help="operator client certificate for an mTLS supervisor (env FTSUP_TLS_CERT)")
+    common.add_argument("--tls-key", default=os.environ.get("FTSUP_TLS_KEY"), help="its key (env FTSUP_TLS_KEY)")
+    common.add_argument("--tls-ca", default=os.environ.get("FTSUP_TLS_CA"),
+                        help="CA that signs the supervisor's certificate (env FTSUP_TLS_CA)")
+    sub.add_parser("status", parents=[common], help="job, generation, step, world, leader, last snapshot and checkpoint, goodput")
+    sub.add_parser("nodes", parents=[common], help="every node: role, state, ranks, last heartbeat, Xids, straggler score")
     sub.add_parser("leader", parents=[common], help="which replica leads, its term, each replica's applied seq")
     events = sub.add_parser("events", parents=[common], help="the event log (with --follow: live)")
     events.add_argument("--since", type=int, default=1, help="first seq to show (default 1)")
     events.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
     events.add_argument("--node", help="only events about this node")
     events.add_argument("--kind", action="append", help="only this event kind (repeatable), e.g. node_declared_dead")
+    events.add_argument("--at-step", type=int, metavar="N",
+                        help="which generation(s) ran step N, with config hash, code and data version")
+    goodput = sub.add_parser("goodput", parents=[common], help="effective training time ratio and where the rest went")
+    goodput.add_argument("--prometheus", action="store_true", help="Prometheus text format (textfile collector)")
+    sub.add_parser("stragglers", parents=[common], help="per-rank straggler scores and recent detections")
+    sub.add_parser("checkpoints", parents=[common], help="committed RAM snapshot and object-store checkpoints")
+    for name, text in (
+        ("checkpoint", "`checkpoint now`: ask for an object-store checkpoint now (admin)"),
+        ("restart", "end the running generation and restart from the newest committed snapshot (admin)"),
+    ):
+        command = sub.add_parser(name, parents=[common], help=text)
+        if name == "checkpoint":
+            command.add_argument("what", choices=["now"], help="now")
+        command.add_argument("--reason", required=True, help="why (recorded in the event log)")
+        command.add_argument("--operator", default=os.environ.get("USER", ""), help="who asks (default $USER)")
+    shells = sub.add_parser("completion", help="print a shell completion script: bash or zsh")
+    shells.add_argument("shell", choices=["bash", "zsh"], help="which shell")
+    shells.add_argument("--json", action="store_true", help="the commands and their flags as JSON instead")
+    sub.add_parser("sdc", parents=[common], help="silent data corruption: checks run, suspects, verdicts, evidence")
     for name, text in (
         ("quarantine", "take a node out of service (its ranks move to a spare now)"),
         ("unquarantine", "return a quarantined or drained node to service"),
@@ -181,8 +210,6 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("node", help="node id")
         command.add_argument("--reason", required=True, help="why (recorded in the event log)")
         command.add_argument("--operator", default=os.environ.get("USER", ""), help="who asks (default $USER)")
-        command.add_argument("--token-file", default=os.environ.get("FTSUP_OPERATOR_TOKEN_FILE"),
-                             help="operator token (env FTSUP_OPERATOR_TOKEN_FILE)")
     return p
 
 
@@ -190,14 +217,31 @@ COMMANDS: dict[str, Callable[[operator_pb2_grpc.OperatorStub, argparse.Namespace
     "status": cmd_status,
     "nodes": cmd_nodes,
     "events": cmd_events,
+    "sdc": cmd_sdc,
     "quarantine": cmd_node_command,
     "unquarantine": cmd_node_command,
     "drain": cmd_node_command,
+    "goodput": jobs.cmd_goodput,
+    "stragglers": jobs.cmd_stragglers,
+    "checkpoints": jobs.cmd_checkpoints,
+    "checkpoint": jobs.cmd_job_command,
+    "restart": jobs.cmd_job_command,
 }
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Needs no supervisor: the script is generated from this program's own parser."""
+    if args.json:
+        _print_json(completion.spec_dict(parser()))
+    else:
+        print(completion.bash_script(parser()) if args.shell == "bash" else completion.zsh_script(parser()), end="")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "completion":
+        return cmd_completion(args)
     if args.timeout <= 0:
         print("supervisorctl: --timeout must be positive", file=sys.stderr)
         return EXIT_USAGE
@@ -205,11 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     if not addresses:
         print("supervisorctl: --address names no supervisor", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        args.credentials = auth.load(args.token_file, args.tls_cert, args.tls_key, args.tls_ca)
+    except auth.CredentialsError as exc:
+        print(f"supervisorctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "leader":
         return cmd_leader(addresses, args)
-    target = pick_replica(addresses, needs_leader=args.command in MUTATING, timeout_s=args.timeout) \
-        if len(addresses) > 1 else addresses[0]
-    with grpc.insecure_channel(target) as channel:
+    target = pick_replica(addresses, needs_leader=args.command in MUTATING, timeout_s=args.timeout,
+                          credentials=args.credentials) if len(addresses) > 1 else addresses[0]
+    with auth.channel(target, args.credentials) as channel:
         stub = operator_pb2_grpc.OperatorStub(channel)
         try:
             return COMMANDS[args.command](stub, args)

@@ -25,6 +25,8 @@ def status_dict(status: operator_pb2.GetStatusResponse) -> dict[str, Any]:
         "world_size": status.world_size,
         "loss": status.loss if math.isfinite(status.loss) else None,
         "last_snapshot_step": status.last_snapshot_step if status.HasField("last_snapshot_step") else None,
+        "last_checkpoint_step": status.last_checkpoint_step if status.HasField("last_checkpoint_step") else None,
+        "ettr": status.ettr if status.HasField("ettr") else None,
         "head_seq": status.head_seq,
         "leader": status.leader_address,
         "nodes": {
@@ -45,14 +47,17 @@ def status_text(status: operator_pb2.GetStatusResponse) -> str:
     d = status_dict(status)
     loss = f"{d['loss']:.4f}" if d["loss"] is not None else "-"
     snap = d["last_snapshot_step"] if d["last_snapshot_step"] is not None else "-"
+    ckpt = d["last_checkpoint_step"] if d["last_checkpoint_step"] is not None else "none"
+    ettr = f"{d['ettr']:.1%}" if d["ettr"] is not None else "-"
     n = d["nodes"]
     lines = [
         f"job         {d['job']}  ({d['phase']})",
         f"generation  {d['generation']}   step {d['step']}   world {d['world_size']}   loss {loss}",
-        f"snapshot    last committed step {snap}",
+        f"snapshot    last committed step {snap}   checkpoint {ckpt}",
+        f"goodput     ETTR {ettr}   (supervisorctl goodput: where the rest went)",
         f"nodes       {n['alive']} alive, {n['suspect']} suspect, {n['dead']} dead,"
         f" {n['quarantined']} quarantined, {n['spares_ready']} spare(s) ready",
-        f"leader      {d['leader']}   log head seq {d['head_seq']}",
+        f"leader      {d['leader'] or 'unknown (election under way?)'}   log head seq {d['head_seq']}",
     ]
     if d["degraded_reason"]:
         lines.append(f"DEGRADED    {d['degraded_reason']}")
@@ -75,6 +80,8 @@ def node_dict(node: operator_pb2.NodeInfo) -> dict[str, Any]:
         "incarnation": node.incarnation,
         "host": node.host,
         "connected": node.connected,
+        "xid_count": node.xid_count,
+        "straggler_score": node.straggler_score,
     }
 
 
@@ -91,8 +98,9 @@ def nodes_text(nodes: Sequence[operator_pb2.NodeInfo]) -> str:
         state = d["liveness"] + (" quarantined" if d["quarantined"] else "")
         age = f"{d['last_heartbeat_age_s']:.1f}s" if d["last_heartbeat_age_s"] is not None else "-"
         ranks = ",".join(str(r) for r in d["ranks"]) or "-"
-        rows.append([d["node_id"], d["role"], state, ranks, age, d["host"], d["quarantine_reason"] or ""])
-    return table(["NODE", "ROLE", "STATE", "RANKS", "HEARTBEAT", "HOST", "REASON"], rows)
+        rows.append([d["node_id"], d["role"], state, ranks, age, str(d["xid_count"]), f"{d['straggler_score']:.1f}",
+                     d["host"], d["quarantine_reason"] or ""])
+    return table(["NODE", "ROLE", "STATE", "RANKS", "HEARTBEAT", "XIDS", "STRAGGLER", "HOST", "REASON"], rows)
 
 
 def record_dict(record: events_pb2.Record) -> dict[str, Any]:

@@ -9,6 +9,7 @@ fastest death signal there is.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,6 +19,7 @@ from supervisor import logs
 from supervisor.core import inputs
 from supervisor.core.events import NodeRole
 from supervisor.runtime import Outbox, Outcome, Runtime
+from supervisor.tls import PeerKind, peer_identity
 
 log = logs.get("supervisor.agents")
 
@@ -36,7 +38,8 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
     if kind == "step_report":
         r = message.step_report
         return inputs.StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s,
-                                 r.loss, r.param_digest)
+                                 r.loss, r.param_digest,
+                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens)
     if kind == "snapshot_report":
         s = message.snapshot_report
         return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes)
@@ -52,12 +55,17 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
     if kind == "trainer_hung":
         h = message.trainer_hung
         return inputs.TrainerHung(node_id, h.generation, h.rank, h.last_step, h.silent_for_s, h.limit_s)
+    if kind == "checkpoint_shard":
+        c = message.checkpoint_shard
+        return inputs.CheckpointShardReport(node_id, c.generation, c.rank, c.checkpoint_id, c.step, c.key, c.sha256,
+                                            c.size_bytes, c.error)
     return None
 
 
 class AgentService(agent_pb2_grpc.SupervisorServicer):
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, *, is_tls: bool = False) -> None:
         self._runtime = runtime
+        self._is_tls = is_tls  # mTLS: the client certificate must name the Hello's node id
 
     async def Connect(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -75,6 +83,16 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             yield _refusal(f"the first message on a stream must be Hello, got {got}", got or "unknown")
             return
         hello = first.hello
+        if self._is_tls:
+            identity = peer_identity(context)
+            if identity is None or identity.kind is not PeerKind.NODE or identity.name != hello.node_id:
+                self._runtime.close_stream(stream_id, None, 0)
+                log.warning("node refused: certificate does not match", node_id=hello.node_id,
+                            identity=str(identity) if identity else None, peer=peer)
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"certificate identity {identity or 'none'} may not speak for node {hello.node_id!r}:"
+                    f" the agent's certificate must carry spiffe://ftsup/node/{hello.node_id}")
         if not self._runtime.is_leader:
             # Agents know every replica; a follower points them at the leader (empty: retry).
             self._runtime.close_stream(stream_id, None, 0)
@@ -115,7 +133,10 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                     outbox.put_nowait(_refusal(f"unexpected {kind} message after Hello", kind))
                     continue
                 if isinstance(inp, inputs.Heartbeat):
-                    self._runtime.post(inp)
+                    if message.heartbeat.want_ack:  # acked once the runtime loop handled it
+                        self._runtime.submit(inp).add_done_callback(_ack_on(outbox, message.heartbeat.seq))
+                    else:
+                        self._runtime.post(inp)
                     continue
                 reply = self._runtime.submit(inp)  # queued now: order is kept
                 reply.add_done_callback(_refuse_on(outbox, type(inp).__name__))
@@ -130,5 +151,13 @@ def _refuse_on(outbox: Outbox, kind: str):  # type: ignore[no-untyped-def]
         reason = reply.result().refusal if not reply.cancelled() else None
         if reason is not None:
             outbox.put_nowait(_refusal(reason, kind))
+
+    return done
+
+
+def _ack_on(outbox: Outbox, seq: int):  # type: ignore[no-untyped-def]
+    def done(reply: asyncio.Future[Outcome]) -> None:
+        if not reply.cancelled() and reply.result().refusal is None:
+            outbox.put_nowait(agent_pb2.SupervisorMessage(heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))
 
     return done

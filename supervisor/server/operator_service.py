@@ -1,7 +1,7 @@
-"""The Operator service behind supervisorctl: read-only views and the event stream (for now).
+"""The Operator service behind supervisorctl: views, the event stream and node commands.
 
 Views come from the runtime's pure view functions; this module only converts them to proto.
-Commands that change anything arrive with issue 8, with authorization.
+Job-wide methods (goodput, stragglers, checkpoints, restart) live in operator_jobs.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from supervisor.core.events import NodeRole
 from supervisor.core.state import Liveness
 from supervisor.core.views import JobPhase
 from supervisor.runtime import Runtime
+from supervisor.server.log_digest import LogDigest
+from supervisor.server.operator_jobs import JobMethods
 
 _PHASE = {
     JobPhase.WAITING: operator_pb2.JOB_PHASE_WAITING,
@@ -36,11 +38,14 @@ log = logs.get("supervisor.operator")
 _ROLE = {NodeRole.ACTIVE: events_pb2.NODE_ROLE_ACTIVE, NodeRole.SPARE: events_pb2.NODE_ROLE_SPARE}
 
 
-class OperatorService(operator_pb2_grpc.OperatorServicer):
-    def __init__(self, runtime: Runtime, address: str, authorizer: Authorizer) -> None:
+class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
+    def __init__(self, runtime: Runtime, address: str, authorizer: Authorizer | None = None) -> None:
+        # Callers are authorized by operator_guard.guarded(), which wraps this servicer; the
+        # authorizer is kept only for callers that still pass it.
         self._runtime = runtime
         self._address = address
         self._authorizer = authorizer
+        self._digest = LogDigest()  # goodput and recent detections, read from the log once
 
     async def GetStatus(
         self, request: operator_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
@@ -54,7 +59,7 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
             world_size=view.world_size,
             loss=view.loss if math.isfinite(view.loss) else math.nan,
             head_seq=view.head_seq,
-            leader_address=self._address,
+            leader_address=self._address if self._runtime.is_leader else self._runtime.leader_address,
             nodes_alive=view.nodes_alive,
             nodes_suspect=view.nodes_suspect,
             nodes_dead=view.nodes_dead,
@@ -67,6 +72,11 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
         )
         if view.last_snapshot_step is not None:
             response.last_snapshot_step = view.last_snapshot_step
+        if self._runtime.state.checkpoint is not None:
+            response.last_checkpoint_step = self._runtime.state.checkpoint.step
+        ettr = (await self._goodput()).ettr
+        if ettr is not None:
+            response.ettr = ettr
         return response
 
     async def ListNodes(
@@ -85,6 +95,8 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
                     incarnation=n.incarnation,
                     host=n.host,
                     connected=n.is_connected,
+                    xid_count=n.xid_count,
+                    straggler_score=n.straggler_score,
                 )
                 for n in self._runtime.nodes()
             ]
@@ -122,11 +134,7 @@ class OperatorService(operator_pb2_grpc.OperatorServicer):
     async def _command(
         self, command: str, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
-        denied = self._authorizer.refusal(context.invocation_metadata() or ())
-        if denied is not None:
-            log.warning("operator command refused", command=command, node_id=request.node_id, reason=denied,
-                        peer=context.peer())
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
+        # Authorization happened before this method ran: supervisor/server/operator_guard.py.
         outcome = await self._runtime.submit(
             OperatorRequest(command, request.node_id, request.reason, request.operator or "unknown")
         )

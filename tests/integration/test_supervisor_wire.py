@@ -206,7 +206,9 @@ def test_mutating_commands_need_the_token_when_one_is_configured(tmp_path: pathl
     token.chmod(0o600)
     wrong = tmp_path / "wrong"
     wrong.write_text("another-token-of-enough-length\n")
-    process, address = start_supervisor(tmp_path, "127.0.0.1", "--operator-token-file", str(token))
+    # The raw agent never heartbeats: a long interval keeps it alive through four slow CLI runs.
+    process, address = start_supervisor(tmp_path, "127.0.0.1", "--operator-token-file", str(token),
+                                        "--heartbeat-interval-s", "60")
     try:
         agent = RawAgent(address)
         agent.send(hello=hello("guarded", 1))
@@ -225,7 +227,7 @@ def test_mutating_commands_need_the_token_when_one_is_configured(tmp_path: pathl
 
 
 def test_without_a_token_a_supervisor_reachable_beyond_loopback_refuses_commands(tmp_path: pathlib.Path) -> None:
-    process, address = start_supervisor(tmp_path, "0.0.0.0")
+    process, address = start_supervisor(tmp_path, "0.0.0.0", "--insecure")  # plaintext beyond loopback
     try:
         denied = ctl(address, "drain", "anyone", "--reason", "x")
         assert denied.returncode == 4 and "--operator-token-file" in denied.stderr

@@ -22,10 +22,10 @@ STRATEGIES = {
     ev.NodeQuarantined: st.builds(ev.NodeQuarantined, text, text, u64),
     ev.GenerationStarted: st.builds(
         ev.GenerationStarted, u64, st.lists(assignment, max_size=3).map(tuple), u32, text, u32,
-        st.none() | u64, u64, st.lists(restore, max_size=3).map(tuple), text,
+        st.none() | u64, u64, st.lists(restore, max_size=3).map(tuple), text, text, text, text,
     ),
     ev.GenerationRunning: st.builds(ev.GenerationRunning, u64, u64),
-    ev.GenerationEnded: st.builds(ev.GenerationEnded, u64, st.sampled_from(ev.EndReason), text, u64, text),
+    ev.GenerationEnded: st.builds(ev.GenerationEnded, u64, st.sampled_from(ev.EndReason), text, u64, text, finite),
     ev.SnapshotCommitted: st.builds(ev.SnapshotCommitted, u64, u64),
     ev.JobCompleted: st.builds(ev.JobCompleted, u64, u64, text),
     ev.XidReported: st.builds(ev.XidReported, text, text, st.none() | u32, u32, st.sampled_from(ev.XidAction), text,
@@ -41,4 +41,5 @@ STRATEGIES = {
     ev.SdcCheckFinished: st.builds(ev.SdcCheckFinished, text, st.sampled_from(ev.SdcVerdict), text, text),
     ev.SdcSuspected: st.builds(ev.SdcSuspected, text, u32, u64, text, text),
     ev.OperatorCommand: st.builds(ev.OperatorCommand, text, st.lists(text, max_size=3).map(tuple), text, text),
+    ev.LeaderElected: st.builds(ev.LeaderElected, u64, text, u64),
 }

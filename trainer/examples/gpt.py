@@ -5,7 +5,8 @@ launch environment through `Session`, restores from the agent's snapshot when to
 every step (loss, step and compute time, parameter digest), hands off a snapshot every
 `--snapshot-every` steps and reports completion with the final digest. Bit-exact restarts rest
 on deterministic data (`trainer.core.data`) and layout-independent gradient averaging
-(`trainer.ddp`). The --crash-* flags make one rank die after a step, for fault-injection tests.
+(`trainer.ddp`). The --crash-* flags make one rank die after a step, and the --sdc-flip-* flags
+flip one bit on one rank (trainer/sdc_inject.py), for fault-injection tests.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from trainer.core import data  # noqa: E402
 from trainer.ddp import DeterministicGradSync  # noqa: E402
-from trainer.digest import param_digest  # noqa: E402
+from trainer.digest import Digester, param_digest  # noqa: E402
+from trainer import offline, sdc_inject  # noqa: E402
 from trainer.session import Session  # noqa: E402
 
 _IMPORTED = time.monotonic()
@@ -113,6 +115,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--crash-at-step", type=int, default=None)
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--crash-generation", type=int, default=1)
+    sdc_inject.add_flags(p.add_argument)
+    p.add_argument("--offline", action="store_true",
+                   help="run without an agent (torchrun-style env only) and print the final digest: a reference run")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "seq_len", "layers", "d_model", "heads"):
         if getattr(args, name) < 1:
@@ -124,7 +129,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    session = Session.from_env()
+    session = offline.offline_session(os.environ) if args.offline else Session.from_env()
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         device = torch.device("cuda", session.local_rank)
@@ -151,11 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
     grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce")
     window = torch.arange(args.seq_len + 1)
+    digest = Digester.of(model)  # after restore: planned once, recomputed on the device each step
+    injector = sdc_inject.Injector(sdc_inject.from_flags(args), session.rank, session.generation, model)
     phases["ddp_s"] = time.monotonic() - mark
 
     for step in range(done + 1, args.steps + 1):
         started = time.monotonic()
         grad_sync.reset()
+        injector.begin_step(step)
         offsets = data.batch_offsets(
             args.seed, step, session.rank, args.batch_size, args.seq_len, len(tokens)
         )
@@ -169,14 +177,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a failure then loses at most one step. Waiting is not compute: kept out of its time.
         waited_s = session.snapshot_barrier()
         loss.backward()
+        # The averaged gradients' norm, for the metrics users watch (spikes precede divergence).
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
         optimizer.step()
+        injector.after_optimizer_step(step)  # fault injection: a flipped parameter bit
         if use_cuda:
             torch.cuda.synchronize(device)
         ended = time.monotonic()
         ready = grad_sync.last_ready_s if grad_sync.last_ready_s is not None else ended
         loss_value = loss.item()
         compute_s = max(0.0, ready - started - waited_s)
-        session.report_step(step, ended - started, compute_s, loss_value, param_digest(model))
+        session.report_step(step, ended - started, compute_s, loss_value, digest(),
+                            grad_norm=float(grad_norm), tokens=batch.size(0) * (batch.size(1) - 1))
+        if session.checkpoint_due(step):  # object-store checkpoint (FTSUP_CHECKPOINT_*), synchronous
+            session.save_checkpoint(step, model, optimizer)
         if args.snapshot_every and step % args.snapshot_every == 0:
             session.snapshot(step, model, optimizer)
         if step == done + 1:
@@ -196,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             os._exit(CRASH_EXIT_CODE)  # fault injection: die without cleanup, like a real crash
 
-    session.finish(args.steps, param_digest(model))
+    final_digest = param_digest(model)
+    session.finish(args.steps, final_digest)
+    if args.offline and session.rank == 0:
+        print(f"final digest {final_digest}", flush=True)
     session.close()
     dist.destroy_process_group()
     return 0

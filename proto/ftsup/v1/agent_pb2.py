@@ -25,47 +25,51 @@ _sym_db = _symbol_database.Default()
 from ftsup.v1 import events_pb2 as ftsup_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tsup/v1/agent.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\"\xad\x01\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12 \n\x04role\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x11\n\tpeer_port\x18\x05 \x01(\r\x12\x0c\n\x04gpus\x18\x06 \x01(\r\x12\x15\n\ragent_version\x18\x07 \x01(\t\x12\x16\n\x0e\x66\x61ilure_domain\x18\x08 \x01(\t\"4\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12running_generation\x18\x02 \x01(\x04\"\x8d\x01\n\nStepReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\x16\n\x0e\x63ompute_time_s\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x14\n\x0cparam_digest\x18\x07 \x01(\t\"m\n\x0eSnapshotReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x17\n\x0fholder_node_ids\x18\x04 \x03(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"T\n\x0cRankFinished\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0cparam_digest\x18\x04 \x01(\t\"T\n\x0bTrainerExit\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"\x8b\x01\n\x08XidEvent\x12\x0b\n\x03pci\x18\x01 \x01(\t\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04\x63ode\x18\x03 \x01(\r\x12\x10\n\x03pid\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07process\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0e\n\x06source\x18\x07 \x01(\tB\x06\n\x04_gpuB\x06\n\x04_pid\"i\n\x0bTrainerHung\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x11\n\tlast_step\x18\x03 \x01(\x04\x12\x14\n\x0csilent_for_s\x18\x04 \x01(\x01\x12\x0f\n\x07limit_s\x18\x05 \x01(\x01\"\xfc\x02\n\x0c\x41gentMessage\x12 \n\x05hello\x18\x01 \x01(\x0b\x32\x0f.ftsup.v1.HelloH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.ftsup.v1.HeartbeatH\x00\x12+\n\x0bstep_report\x18\x03 \x01(\x0b\x32\x14.ftsup.v1.StepReportH\x00\x12\x33\n\x0fsnapshot_report\x18\x04 \x01(\x0b\x32\x18.ftsup.v1.SnapshotReportH\x00\x12/\n\rrank_finished\x18\x05 \x01(\x0b\x32\x16.ftsup.v1.RankFinishedH\x00\x12-\n\x0ctrainer_exit\x18\x06 \x01(\x0b\x32\x15.ftsup.v1.TrainerExitH\x00\x12\'\n\txid_event\x18\x07 \x01(\x0b\x32\x12.ftsup.v1.XidEventH\x00\x12-\n\x0ctrainer_hung\x18\x08 \x01(\x0b\x32\x15.ftsup.v1.TrainerHungH\x00\x42\x06\n\x04kind\"[\n\x07Welcome\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x0c\n\x04term\x18\x04 \x01(\x04\"%\n\x06\x45nvVar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"p\n\x0bRestoreFrom\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.ftsup.v1.RestoreKind\x12\x16\n\x0esource_node_id\x18\x03 \x01(\t\x12\x16\n\x0esource_address\x18\x04 \x01(\t\"\xe8\x02\n\tDirective\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12 \n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x10.ftsup.v1.Action\x12\r\n\x05ranks\x18\x03 \x03(\r\x12\x12\n\nworld_size\x18\x04 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x05 \x01(\t\x12\x13\n\x0bmaster_port\x18\x06 \x01(\r\x12\x0c\n\x04\x61rgv\x18\x07 \x03(\t\x12\x1d\n\x03\x65nv\x18\x08 \x03(\x0b\x32\x10.ftsup.v1.EnvVar\x12\x19\n\x0crestore_step\x18\t \x01(\x04H\x00\x88\x01\x01\x12\'\n\x08restores\x18\n \x03(\x0b\x32\x15.ftsup.v1.RestoreFrom\x12\x15\n\rbuddy_node_id\x18\x0b \x01(\t\x12\x15\n\rbuddy_address\x18\x0c \x01(\t\x12\x18\n\x10retain_from_step\x18\r \x01(\x04\x12\x0e\n\x06reason\x18\x0e \x01(\tB\x0f\n\r_restore_step\"*\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07refused\x18\x02 \x01(\t\"#\n\tNotLeader\x12\x16\n\x0eleader_address\x18\x01 \x01(\t\"\xbc\x01\n\x11SupervisorMessage\x12$\n\x07welcome\x18\x01 \x01(\x0b\x32\x11.ftsup.v1.WelcomeH\x00\x12(\n\tdirective\x18\x02 \x01(\x0b\x32\x13.ftsup.v1.DirectiveH\x00\x12$\n\x07refusal\x18\x03 \x01(\x0b\x32\x11.ftsup.v1.RefusalH\x00\x12)\n\nnot_leader\x18\x04 \x01(\x0b\x32\x13.ftsup.v1.NotLeaderH\x00\x42\x06\n\x04kind*D\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41\x43TION_STANDBY\x10\x01\x12\x0e\n\nACTION_RUN\x10\x02\x32P\n\nSupervisor\x12\x42\n\x07\x43onnect\x12\x16.ftsup.v1.AgentMessage\x1a\x1b.ftsup.v1.SupervisorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tsup/v1/agent.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\"\xad\x01\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12 \n\x04role\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x11\n\tpeer_port\x18\x05 \x01(\r\x12\x0c\n\x04gpus\x18\x06 \x01(\r\x12\x15\n\ragent_version\x18\x07 \x01(\t\x12\x16\n\x0e\x66\x61ilure_domain\x18\x08 \x01(\t\"F\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12running_generation\x18\x02 \x01(\x04\x12\x10\n\x08want_ack\x18\x03 \x01(\x08\"\xc3\x01\n\nStepReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\x16\n\x0e\x63ompute_time_s\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x14\n\x0cparam_digest\x18\x07 \x01(\t\x12\x16\n\tgrad_norm\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06tokens\x18\t \x01(\x04\x42\x0c\n\n_grad_norm\"m\n\x0eSnapshotReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x17\n\x0fholder_node_ids\x18\x04 \x03(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"T\n\x0cRankFinished\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0cparam_digest\x18\x04 \x01(\t\"T\n\x0bTrainerExit\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"\x8b\x01\n\x08XidEvent\x12\x0b\n\x03pci\x18\x01 \x01(\t\x12\x10\n\x03gpu\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04\x63ode\x18\x03 \x01(\r\x12\x10\n\x03pid\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07process\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0e\n\x06source\x18\x07 \x01(\tB\x06\n\x04_gpuB\x06\n\x04_pid\"i\n\x0bTrainerHung\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x11\n\tlast_step\x18\x03 \x01(\x04\x12\x14\n\x0csilent_for_s\x18\x04 \x01(\x01\x12\x0f\n\x07limit_s\x18\x05 \x01(\x01\"\x98\x01\n\x0f\x43heckpointShard\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x15\n\rcheckpoint_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\x0e\n\x06sha256\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x04\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"\xb3\x03\n\x0c\x41gentMessage\x12 \n\x05hello\x18\x01 \x01(\x0b\x32\x0f.ftsup.v1.HelloH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.ftsup.v1.HeartbeatH\x00\x12+\n\x0bstep_report\x18\x03 \x01(\x0b\x32\x14.ftsup.v1.StepReportH\x00\x12\x33\n\x0fsnapshot_report\x18\x04 \x01(\x0b\x32\x18.ftsup.v1.SnapshotReportH\x00\x12/\n\rrank_finished\x18\x05 \x01(\x0b\x32\x16.ftsup.v1.RankFinishedH\x00\x12-\n\x0ctrainer_exit\x18\x06 \x01(\x0b\x32\x15.ftsup.v1.TrainerExitH\x00\x12\'\n\txid_event\x18\x07 \x01(\x0b\x32\x12.ftsup.v1.XidEventH\x00\x12-\n\x0ctrainer_hung\x18\x08 \x01(\x0b\x32\x15.ftsup.v1.TrainerHungH\x00\x12\x35\n\x10\x63heckpoint_shard\x18\t \x01(\x0b\x32\x19.ftsup.v1.CheckpointShardH\x00\x42\x06\n\x04kind\"[\n\x07Welcome\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x0c\n\x04term\x18\x04 \x01(\x04\"%\n\x06\x45nvVar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"p\n\x0bRestoreFrom\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.ftsup.v1.RestoreKind\x12\x16\n\x0esource_node_id\x18\x03 \x01(\t\x12\x16\n\x0esource_address\x18\x04 \x01(\t\"\xe8\x02\n\tDirective\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12 \n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x10.ftsup.v1.Action\x12\r\n\x05ranks\x18\x03 \x03(\r\x12\x12\n\nworld_size\x18\x04 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x05 \x01(\t\x12\x13\n\x0bmaster_port\x18\x06 \x01(\r\x12\x0c\n\x04\x61rgv\x18\x07 \x03(\t\x12\x1d\n\x03\x65nv\x18\x08 \x03(\x0b\x32\x10.ftsup.v1.EnvVar\x12\x19\n\x0crestore_step\x18\t \x01(\x04H\x00\x88\x01\x01\x12\'\n\x08restores\x18\n \x03(\x0b\x32\x15.ftsup.v1.RestoreFrom\x12\x15\n\rbuddy_node_id\x18\x0b \x01(\t\x12\x15\n\rbuddy_address\x18\x0c \x01(\t\x12\x18\n\x10retain_from_step\x18\r \x01(\x04\x12\x0e\n\x06reason\x18\x0e \x01(\tB\x0f\n\r_restore_step\"*\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07refused\x18\x02 \x01(\t\"\x1b\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"#\n\tNotLeader\x12\x16\n\x0eleader_address\x18\x01 \x01(\t\"\xed\x01\n\x11SupervisorMessage\x12$\n\x07welcome\x18\x01 \x01(\x0b\x32\x11.ftsup.v1.WelcomeH\x00\x12(\n\tdirective\x18\x02 \x01(\x0b\x32\x13.ftsup.v1.DirectiveH\x00\x12$\n\x07refusal\x18\x03 \x01(\x0b\x32\x11.ftsup.v1.RefusalH\x00\x12)\n\nnot_leader\x18\x04 \x01(\x0b\x32\x13.ftsup.v1.NotLeaderH\x00\x12/\n\rheartbeat_ack\x18\x05 \x01(\x0b\x32\x16.ftsup.v1.HeartbeatAckH\x00\x42\x06\n\x04kind*D\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41\x43TION_STANDBY\x10\x01\x12\x0e\n\nACTION_RUN\x10\x02\x32P\n\nSupervisor\x12\x42\n\x07\x43onnect\x12\x16.ftsup.v1.AgentMessage\x1a\x1b.ftsup.v1.SupervisorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftsup.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACTION']._serialized_start=2227
-  _globals['_ACTION']._serialized_end=2295
+  _globals['_ACTION']._serialized_start=2587
+  _globals['_ACTION']._serialized_end=2655
   _globals['_HELLO']._serialized_start=58
   _globals['_HELLO']._serialized_end=231
   _globals['_HEARTBEAT']._serialized_start=233
-  _globals['_HEARTBEAT']._serialized_end=285
-  _globals['_STEPREPORT']._serialized_start=288
-  _globals['_STEPREPORT']._serialized_end=429
-  _globals['_SNAPSHOTREPORT']._serialized_start=431
-  _globals['_SNAPSHOTREPORT']._serialized_end=540
-  _globals['_RANKFINISHED']._serialized_start=542
-  _globals['_RANKFINISHED']._serialized_end=626
-  _globals['_TRAINEREXIT']._serialized_start=628
-  _globals['_TRAINEREXIT']._serialized_end=712
-  _globals['_XIDEVENT']._serialized_start=715
-  _globals['_XIDEVENT']._serialized_end=854
-  _globals['_TRAINERHUNG']._serialized_start=856
-  _globals['_TRAINERHUNG']._serialized_end=961
-  _globals['_AGENTMESSAGE']._serialized_start=964
-  _globals['_AGENTMESSAGE']._serialized_end=1344
-  _globals['_WELCOME']._serialized_start=1346
-  _globals['_WELCOME']._serialized_end=1437
-  _globals['_ENVVAR']._serialized_start=1439
-  _globals['_ENVVAR']._serialized_end=1476
-  _globals['_RESTOREFROM']._serialized_start=1478
-  _globals['_RESTOREFROM']._serialized_end=1590
-  _globals['_DIRECTIVE']._serialized_start=1593
-  _globals['_DIRECTIVE']._serialized_end=1953
-  _globals['_REFUSAL']._serialized_start=1955
-  _globals['_REFUSAL']._serialized_end=1997
-  _globals['_NOTLEADER']._serialized_start=1999
-  _globals['_NOTLEADER']._serialized_end=2034
-  _globals['_SUPERVISORMESSAGE']._serialized_start=2037
-  _globals['_SUPERVISORMESSAGE']._serialized_end=2225
-  _globals['_SUPERVISOR']._serialized_start=2297
-  _globals['_SUPERVISOR']._serialized_end=2377
+  _globals['_HEARTBEAT']._serialized_end=303
+  _globals['_STEPREPORT']._serialized_start=306
+  _globals['_STEPREPORT']._serialized_end=501
+  _globals['_SNAPSHOTREPORT']._serialized_start=503
+  _globals['_SNAPSHOTREPORT']._serialized_end=612
+  _globals['_RANKFINISHED']._serialized_start=614
+  _globals['_RANKFINISHED']._serialized_end=698
+  _globals['_TRAINEREXIT']._serialized_start=700
+  _globals['_TRAINEREXIT']._serialized_end=784
+  _globals['_XIDEVENT']._serialized_start=787
+  _globals['_XIDEVENT']._serialized_end=926
+  _globals['_TRAINERHUNG']._serialized_start=928
+  _globals['_TRAINERHUNG']._serialized_end=1033
+  _globals['_CHECKPOINTSHARD']._serialized_start=1036
+  _globals['_CHECKPOINTSHARD']._serialized_end=1188
+  _globals['_AGENTMESSAGE']._serialized_start=1191
+  _globals['_AGENTMESSAGE']._serialized_end=1626
+  _globals['_WELCOME']._serialized_start=1628
+  _globals['_WELCOME']._serialized_end=1719
+  _globals['_ENVVAR']._serialized_start=1721
+  _globals['_ENVVAR']._serialized_end=1758
+  _globals['_RESTOREFROM']._serialized_start=1760
+  _globals['_RESTOREFROM']._serialized_end=1872
+  _globals['_DIRECTIVE']._serialized_start=1875
+  _globals['_DIRECTIVE']._serialized_end=2235
+  _globals['_REFUSAL']._serialized_start=2237
+  _globals['_REFUSAL']._serialized_end=2279
+  _globals['_HEARTBEATACK']._serialized_start=2281
+  _globals['_HEARTBEATACK']._serialized_end=2308
+  _globals['_NOTLEADER']._serialized_start=2310
+  _globals['_NOTLEADER']._serialized_end=2345
+  _globals['_SUPERVISORMESSAGE']._serialized_start=2348
+  _globals['_SUPERVISORMESSAGE']._serialized_end=2585
+  _globals['_SUPERVISOR']._serialized_start=2657
+  _globals['_SUPERVISOR']._serialized_end=2737
 # @@protoc_insertion_point(module_scope)

@@ -95,19 +95,25 @@ class Heartbeat(_message.Message):
 
     SEQ_FIELD_NUMBER: _builtins.int
     RUNNING_GENERATION_FIELD_NUMBER: _builtins.int
+    WANT_ACK_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """per-stream counter, for latency measurements"""
     running_generation: _builtins.int
     """generation whose trainers this node runs (0: none)"""
+    want_ack: _builtins.bool
+    """Asks the supervisor to answer with a HeartbeatAck once it has handled this heartbeat (the
+    fleet load bench measures handling latency this way); real agents leave it false.
+    """
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         running_generation: _builtins.int = ...,
+        want_ack: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["running_generation", b"running_generation", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["running_generation", b"running_generation", "seq", b"seq", "want_ack", b"want_ack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -126,6 +132,8 @@ class StepReport(_message.Message):
     COMPUTE_TIME_S_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     PARAM_DIGEST_FIELD_NUMBER: _builtins.int
+    GRAD_NORM_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     rank: _builtins.int
     step: _builtins.int
@@ -137,6 +145,10 @@ class StepReport(_message.Message):
     loss: _builtins.float
     param_digest: _builtins.str
     """hex digest of the parameter bits after the step"""
+    grad_norm: _builtins.float
+    """L2 norm of the averaged gradients; absent when the trainer does not say"""
+    tokens: _builtins.int
+    """tokens this rank consumed in the step (0: not reported)"""
     def __init__(
         self,
         *,
@@ -147,12 +159,16 @@ class StepReport(_message.Message):
         compute_time_s: _builtins.float = ...,
         loss: _builtins.float = ...,
         param_digest: _builtins.str = ...,
+        grad_norm: _builtins.float | None = ...,
+        tokens: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "grad_norm", b"grad_norm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_time_s", b"compute_time_s", "generation", b"generation", "loss", b"loss", "param_digest", b"param_digest", "rank", b"rank", "step", b"step", "step_time_s", b"step_time_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "compute_time_s", b"compute_time_s", "generation", b"generation", "grad_norm", b"grad_norm", "loss", b"loss", "param_digest", b"param_digest", "rank", b"rank", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__grad_norm: _TypeAlias = _typing.Literal["grad_norm"]  # noqa: Y015
+    _WhichOneofArgType__grad_norm: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__grad_norm) -> _WhichOneofReturnType__grad_norm | None: ...
 
 Global___StepReport: _TypeAlias = StepReport  # noqa: Y015
 
@@ -340,6 +356,53 @@ class TrainerHung(_message.Message):
 Global___TrainerHung: _TypeAlias = TrainerHung  # noqa: Y015
 
 @_typing.final
+class CheckpointShard(_message.Message):
+    """A rank wrote its shard of an object-store checkpoint (its objects and its shard index), or
+    failed to (`error` set, nothing else meaningful): the supervisor commits once every rank wrote.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    rank: _builtins.int
+    checkpoint_id: _builtins.str
+    step: _builtins.int
+    key: _builtins.str
+    """the rank's shard-index object"""
+    sha256: _builtins.str
+    """of the shard-index object (composite form when stored in parts)"""
+    size_bytes: _builtins.int
+    error: _builtins.str
+    """non-empty: the write failed, the attempt must be aborted"""
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        checkpoint_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        key: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "error", b"error", "generation", b"generation", "key", b"key", "rank", b"rank", "sha256", b"sha256", "size_bytes", b"size_bytes", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointShard: _TypeAlias = CheckpointShard  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -351,6 +414,7 @@ class AgentMessage(_message.Message):
     TRAINER_EXIT_FIELD_NUMBER: _builtins.int
     XID_EVENT_FIELD_NUMBER: _builtins.int
     TRAINER_HUNG_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_SHARD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -367,6 +431,8 @@ class AgentMessage(_message.Message):
     def xid_event(self) -> Global___XidEvent: ...
     @_builtins.property
     def trainer_hung(self) -> Global___TrainerHung: ...
+    @_builtins.property
+    def checkpoint_shard(self) -> Global___CheckpointShard: ...
     def __init__(
         self,
         *,
@@ -378,12 +444,13 @@ class AgentMessage(_message.Message):
         trainer_exit: Global___TrainerExit | None = ...,
         xid_event: Global___XidEvent | None = ...,
         trainer_hung: Global___TrainerHung | None = ...,
+        checkpoint_shard: Global___CheckpointShard | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -575,6 +642,27 @@ class Refusal(_message.Message):
 Global___Refusal: _TypeAlias = Refusal  # noqa: Y015
 
 @_typing.final
+class HeartbeatAck(_message.Message):
+    """This heartbeat went through the supervisor's input loop (sent only when asked: want_ack)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
+
+@_typing.final
 class NotLeader(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -602,6 +690,7 @@ class SupervisorMessage(_message.Message):
     DIRECTIVE_FIELD_NUMBER: _builtins.int
     REFUSAL_FIELD_NUMBER: _builtins.int
     NOT_LEADER_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -610,6 +699,8 @@ class SupervisorMessage(_message.Message):
     def refusal(self) -> Global___Refusal: ...
     @_builtins.property
     def not_leader(self) -> Global___NotLeader: ...
+    @_builtins.property
+    def heartbeat_ack(self) -> Global___HeartbeatAck: ...
     def __init__(
         self,
         *,
@@ -617,12 +708,13 @@ class SupervisorMessage(_message.Message):
         directive: Global___Directive | None = ...,
         refusal: Global___Refusal | None = ...,
         not_leader: Global___NotLeader | None = ...,
+        heartbeat_ack: Global___HeartbeatAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "heartbeat_ack", b"heartbeat_ack", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "heartbeat_ack", b"heartbeat_ack", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "directive", "refusal", "not_leader"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "directive", "refusal", "not_leader", "heartbeat_ack"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

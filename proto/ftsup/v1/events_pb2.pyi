@@ -98,6 +98,8 @@ class _EndReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EndReason.V
     """`supervisorctl restart`"""
     END_REASON_XID: _EndReason.ValueType  # 9
     """an Xid whose policy is to restart the job"""
+    END_REASON_SDC: _EndReason.ValueType  # 10
+    """replicas' digests split with no majority: culprit unknown"""
 
 class EndReason(_EndReason, metaclass=_EndReasonEnumTypeWrapper):
     """Why a generation ended."""
@@ -121,6 +123,8 @@ END_REASON_OPERATOR_RESTART: EndReason.ValueType  # 8
 """`supervisorctl restart`"""
 END_REASON_XID: EndReason.ValueType  # 9
 """an Xid whose policy is to restart the job"""
+END_REASON_SDC: EndReason.ValueType  # 10
+"""replicas' digests split with no majority: culprit unknown"""
 Global___EndReason: _TypeAlias = EndReason  # noqa: Y015
 
 class _XidAction:
@@ -420,6 +424,9 @@ class GenerationStarted(_message.Message):
     RESTORE_GENERATION_FIELD_NUMBER: _builtins.int
     RESTORES_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    CONFIG_HASH_FIELD_NUMBER: _builtins.int
+    CODE_VERSION_FIELD_NUMBER: _builtins.int
+    DATA_VERSION_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     world_size: _builtins.int
     master_addr: _builtins.str
@@ -430,6 +437,14 @@ class GenerationStarted(_message.Message):
     """the generation that committed restore_step"""
     reason: _builtins.str
     """why this generation, in words"""
+    config_hash: _builtins.str
+    """The experiment record: what exactly runs in this generation.
+    sha256 of the canonical job spec (JobSpec.config_hash)
+    """
+    code_version: _builtins.str
+    """from the job file ("" when not given)"""
+    data_version: _builtins.str
+    """from the job file ("" when not given)"""
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___RankAssignment]: ...
     @_builtins.property
@@ -446,10 +461,13 @@ class GenerationStarted(_message.Message):
         restore_generation: _builtins.int = ...,
         restores: _abc.Iterable[Global___RankRestore] | None = ...,
         reason: _builtins.str = ...,
+        config_hash: _builtins.str = ...,
+        code_version: _builtins.str = ...,
+        data_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "restore_step", b"restore_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "members", b"members", "reason", b"reason", "restore_generation", b"restore_generation", "restore_step", b"restore_step", "restores", b"restores", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "code_version", b"code_version", "config_hash", b"config_hash", "data_version", b"data_version", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "members", b"members", "reason", b"reason", "restore_generation", b"restore_generation", "restore_step", b"restore_step", "restores", b"restores", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__restore_step: _TypeAlias = _typing.Literal["restore_step"]  # noqa: Y015
     _WhichOneofArgType__restore_step: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step"]  # noqa: Y015
@@ -490,6 +508,7 @@ class GenerationEnded(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     LAST_STEP_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    SILENT_FOR_S_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     reason: Global___EndReason.ValueType
     node_id: _builtins.str
@@ -497,6 +516,8 @@ class GenerationEnded(_message.Message):
     last_step: _builtins.int
     """the highest step any rank reported in this generation"""
     detail: _builtins.str
+    silent_for_s: _builtins.float
+    """the culprit's silence when ended: the detection delay (0: it said so itself)"""
     def __init__(
         self,
         *,
@@ -505,10 +526,11 @@ class GenerationEnded(_message.Message):
         node_id: _builtins.str = ...,
         last_step: _builtins.int = ...,
         detail: _builtins.str = ...,
+        silent_for_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "generation", b"generation", "last_step", b"last_step", "node_id", b"node_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "generation", b"generation", "last_step", b"last_step", "node_id", b"node_id", "reason", b"reason", "silent_for_s", b"silent_for_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -876,7 +898,9 @@ Global___SdcCheckFinished: _TypeAlias = SdcCheckFinished  # noqa: Y015
 
 @_typing.final
 class SdcSuspected(_message.Message):
-    """Replicas disagreed on the parameter digest after a step; this node is in the minority."""
+    """Replicas disagreed on the parameter digest after a step; this node is in the minority (or its
+    group split). Steps from `step` on are tainted: never committed, never restored.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -885,11 +909,17 @@ class SdcSuspected(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     MAJORITY_DIGEST_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     rank: _builtins.int
     step: _builtins.int
     digest: _builtins.str
     majority_digest: _builtins.str
+    """empty: the replicas split with no majority (culprit unknown)"""
+    generation: _builtins.int
+    group_size: _builtins.int
+    """ranks that must hold this rank's bits (its shard group)"""
     def __init__(
         self,
         *,
@@ -898,10 +928,12 @@ class SdcSuspected(_message.Message):
         step: _builtins.int = ...,
         digest: _builtins.str = ...,
         majority_digest: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        group_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "majority_digest", b"majority_digest", "node_id", b"node_id", "rank", b"rank", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "generation", b"generation", "group_size", b"group_size", "majority_digest", b"majority_digest", "node_id", b"node_id", "rank", b"rank", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -940,6 +972,37 @@ class OperatorCommand(_message.Message):
 Global___OperatorCommand: _TypeAlias = OperatorCommand  # noqa: Y015
 
 @_typing.final
+class LeaderElected(_message.Message):
+    """A replica won the election and leads from here on: the first record of every term after the
+    first. Marks the term boundary for readers and times a failover (its append time).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TERM_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    CAUGHT_UP_SEQ_FIELD_NUMBER: _builtins.int
+    term: _builtins.int
+    address: _builtins.str
+    """where agents and operators reach the new leader"""
+    caught_up_seq: _builtins.int
+    """the head it caught up to before deciding anything"""
+    def __init__(
+        self,
+        *,
+        term: _builtins.int = ...,
+        address: _builtins.str = ...,
+        caught_up_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "caught_up_seq", b"caught_up_seq", "term", b"term"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaderElected: _TypeAlias = LeaderElected  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -965,6 +1028,7 @@ class Event(_message.Message):
     SDC_CHECK_FINISHED_FIELD_NUMBER: _builtins.int
     SDC_SUSPECTED_FIELD_NUMBER: _builtins.int
     OPERATOR_COMMAND_FIELD_NUMBER: _builtins.int
+    LEADER_ELECTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def node_registered(self) -> Global___NodeRegistered: ...
     @_builtins.property
@@ -1009,6 +1073,8 @@ class Event(_message.Message):
     def sdc_suspected(self) -> Global___SdcSuspected: ...
     @_builtins.property
     def operator_command(self) -> Global___OperatorCommand: ...
+    @_builtins.property
+    def leader_elected(self) -> Global___LeaderElected: ...
     def __init__(
         self,
         *,
@@ -1034,12 +1100,13 @@ class Event(_message.Message):
         sdc_check_finished: Global___SdcCheckFinished | None = ...,
         sdc_suspected: Global___SdcSuspected | None = ...,
         operator_command: Global___OperatorCommand | None = ...,
+        leader_elected: Global___LeaderElected | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command", "leader_elected"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

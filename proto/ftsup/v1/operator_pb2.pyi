@@ -132,6 +132,29 @@ class NodeCommandRequest(_message.Message):
 Global___NodeCommandRequest: _TypeAlias = NodeCommandRequest  # noqa: Y015
 
 @_typing.final
+class JobCommandRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """required: it goes into the event log"""
+    operator: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobCommandRequest: _TypeAlias = JobCommandRequest  # noqa: Y015
+
+@_typing.final
 class CommandResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -192,6 +215,8 @@ class GetStatusResponse(_message.Message):
     FINAL_DIGEST_FIELD_NUMBER: _builtins.int
     DEGRADED_REASON_FIELD_NUMBER: _builtins.int
     FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    ETTR_FIELD_NUMBER: _builtins.int
     job_name: _builtins.str
     phase: Global___JobPhase.ValueType
     generation: _builtins.int
@@ -217,6 +242,10 @@ class GetStatusResponse(_message.Message):
     """set while the supervisor cannot decide (e.g. event log unwritable)"""
     first_seq: _builtins.int
     """oldest event still in the log (older ones compacted)"""
+    last_checkpoint_step: _builtins.int
+    """newest committed object-store checkpoint"""
+    ettr: _builtins.float
+    """goodput: effective training time ratio (GetGoodput has the rest)"""
     def __init__(
         self,
         *,
@@ -238,13 +267,24 @@ class GetStatusResponse(_message.Message):
         final_digest: _builtins.str = ...,
         degraded_reason: _builtins.str = ...,
         first_seq: _builtins.int = ...,
+        last_checkpoint_step: _builtins.int | None = ...,
+        ettr: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step", "last_snapshot_step", b"last_snapshot_step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ettr", b"_ettr", "_last_checkpoint_step", b"_last_checkpoint_step", "_last_snapshot_step", b"_last_snapshot_step", "ettr", b"ettr", "last_checkpoint_step", b"last_checkpoint_step", "last_snapshot_step", b"last_snapshot_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step", "degraded_reason", b"degraded_reason", "final_digest", b"final_digest", "first_seq", b"first_seq", "generation", b"generation", "head_seq", b"head_seq", "job_name", b"job_name", "last_snapshot_step", b"last_snapshot_step", "leader_address", b"leader_address", "loss", b"loss", "nodes_alive", b"nodes_alive", "nodes_dead", b"nodes_dead", "nodes_quarantined", b"nodes_quarantined", "nodes_suspect", b"nodes_suspect", "phase", b"phase", "spares_ready", b"spares_ready", "step", b"step", "waiting_reason", b"waiting_reason", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ettr", b"_ettr", "_last_checkpoint_step", b"_last_checkpoint_step", "_last_snapshot_step", b"_last_snapshot_step", "degraded_reason", b"degraded_reason", "ettr", b"ettr", "final_digest", b"final_digest", "first_seq", b"first_seq", "generation", b"generation", "head_seq", b"head_seq", "job_name", b"job_name", "last_checkpoint_step", b"last_checkpoint_step", "last_snapshot_step", b"last_snapshot_step", "leader_address", b"leader_address", "loss", b"loss", "nodes_alive", b"nodes_alive", "nodes_dead", b"nodes_dead", "nodes_quarantined", b"nodes_quarantined", "nodes_suspect", b"nodes_suspect", "phase", b"phase", "spares_ready", b"spares_ready", "step", b"step", "waiting_reason", b"waiting_reason", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ettr: _TypeAlias = _typing.Literal["ettr"]  # noqa: Y015
+    _WhichOneofArgType__ettr: _TypeAlias = _typing.Literal["_ettr", b"_ettr"]  # noqa: Y015
+    _WhichOneofReturnType__last_checkpoint_step: _TypeAlias = _typing.Literal["last_checkpoint_step"]  # noqa: Y015
+    _WhichOneofArgType__last_checkpoint_step: _TypeAlias = _typing.Literal["_last_checkpoint_step", b"_last_checkpoint_step"]  # noqa: Y015
     _WhichOneofReturnType__last_snapshot_step: _TypeAlias = _typing.Literal["last_snapshot_step"]  # noqa: Y015
     _WhichOneofArgType__last_snapshot_step: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ettr) -> _WhichOneofReturnType__ettr | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_checkpoint_step) -> _WhichOneofReturnType__last_checkpoint_step | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_snapshot_step) -> _WhichOneofReturnType__last_snapshot_step | None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
@@ -278,6 +318,8 @@ class NodeInfo(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
+    XID_COUNT_FIELD_NUMBER: _builtins.int
+    STRAGGLER_SCORE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     role: _events_pb2.NodeRole.ValueType
     liveness: _state_pb2.Liveness.ValueType
@@ -288,6 +330,10 @@ class NodeInfo(_message.Message):
     incarnation: _builtins.int
     host: _builtins.str
     connected: _builtins.bool
+    xid_count: _builtins.int
+    """Xids reported since it registered"""
+    straggler_score: _builtins.float
+    """robust z of its last straggler verdict (0: none)"""
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """ranks in the current generation"""
@@ -305,10 +351,12 @@ class NodeInfo(_message.Message):
         incarnation: _builtins.int = ...,
         host: _builtins.str = ...,
         connected: _builtins.bool = ...,
+        xid_count: _builtins.int = ...,
+        straggler_score: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "host", b"host", "incarnation", b"incarnation", "last_heartbeat_age_s", b"last_heartbeat_age_s", "liveness", b"liveness", "node_id", b"node_id", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "ranks", b"ranks", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "host", b"host", "incarnation", b"incarnation", "last_heartbeat_age_s", b"last_heartbeat_age_s", "liveness", b"liveness", "node_id", b"node_id", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "ranks", b"ranks", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -355,3 +403,323 @@ class ListEventsRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEventsRequest: _TypeAlias = ListEventsRequest  # noqa: Y015
+
+@_typing.final
+class GetGoodputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGoodputRequest: _TypeAlias = GetGoodputRequest  # noqa: Y015
+
+@_typing.final
+class ReasonCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """an EndReason, lower case without prefix ("node_lost")"""
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReasonCount: _TypeAlias = ReasonCount  # noqa: Y015
+
+@_typing.final
+class GetGoodputResponse(_message.Message):
+    """Seconds per bucket; productive + detection + restart + lost_work + waiting = wall."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ETTR_FIELD_NUMBER: _builtins.int
+    WALL_S_FIELD_NUMBER: _builtins.int
+    PRODUCTIVE_S_FIELD_NUMBER: _builtins.int
+    DETECTION_S_FIELD_NUMBER: _builtins.int
+    RESTART_S_FIELD_NUMBER: _builtins.int
+    LOST_WORK_S_FIELD_NUMBER: _builtins.int
+    WAITING_S_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_PAUSE_S_FIELD_NUMBER: _builtins.int
+    UNSAVED_S_FIELD_NUMBER: _builtins.int
+    GENERATIONS_FIELD_NUMBER: _builtins.int
+    INTERRUPTIONS_FIELD_NUMBER: _builtins.int
+    INTERRUPTIONS_BY_REASON_FIELD_NUMBER: _builtins.int
+    LOST_STEPS_FIELD_NUMBER: _builtins.int
+    SINCE_UNIX_S_FIELD_NUMBER: _builtins.int
+    UNTIL_UNIX_S_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    ettr: _builtins.float
+    """productive / wall; absent before any generation started"""
+    wall_s: _builtins.float
+    productive_s: _builtins.float
+    """steps that survived"""
+    detection_s: _builtins.float
+    """failed but no verdict yet"""
+    restart_s: _builtins.float
+    """generation in force, first step not done yet"""
+    lost_work_s: _builtins.float
+    """steps redone after a restore to an older step"""
+    waiting_s: _builtins.float
+    """no generation in force (waiting for nodes or a verdict)"""
+    checkpoint_pause_s: _builtins.float
+    """absent: not measured (counted inside productive)"""
+    unsaved_s: _builtins.float
+    """running time since the last committed snapshot (at risk)"""
+    generations: _builtins.int
+    interruptions: _builtins.int
+    """generations that ended other than by completing"""
+    lost_steps: _builtins.int
+    since_unix_s: _builtins.float
+    until_unix_s: _builtins.float
+    first_seq: _builtins.int
+    """the oldest record accounted (older ones were compacted)"""
+    @_builtins.property
+    def interruptions_by_reason(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """approximations and gaps, in words"""
+
+    def __init__(
+        self,
+        *,
+        ettr: _builtins.float | None = ...,
+        wall_s: _builtins.float = ...,
+        productive_s: _builtins.float = ...,
+        detection_s: _builtins.float = ...,
+        restart_s: _builtins.float = ...,
+        lost_work_s: _builtins.float = ...,
+        waiting_s: _builtins.float = ...,
+        checkpoint_pause_s: _builtins.float | None = ...,
+        unsaved_s: _builtins.float = ...,
+        generations: _builtins.int = ...,
+        interruptions: _builtins.int = ...,
+        interruptions_by_reason: _abc.Iterable[Global___ReasonCount] | None = ...,
+        lost_steps: _builtins.int = ...,
+        since_unix_s: _builtins.float | None = ...,
+        until_unix_s: _builtins.float = ...,
+        first_seq: _builtins.int = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_pause_s", b"_checkpoint_pause_s", "_ettr", b"_ettr", "_since_unix_s", b"_since_unix_s", "checkpoint_pause_s", b"checkpoint_pause_s", "ettr", b"ettr", "since_unix_s", b"since_unix_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_pause_s", b"_checkpoint_pause_s", "_ettr", b"_ettr", "_since_unix_s", b"_since_unix_s", "checkpoint_pause_s", b"checkpoint_pause_s", "detection_s", b"detection_s", "ettr", b"ettr", "first_seq", b"first_seq", "generations", b"generations", "interruptions", b"interruptions", "interruptions_by_reason", b"interruptions_by_reason", "lost_steps", b"lost_steps", "lost_work_s", b"lost_work_s", "notes", b"notes", "productive_s", b"productive_s", "restart_s", b"restart_s", "since_unix_s", b"since_unix_s", "unsaved_s", b"unsaved_s", "until_unix_s", b"until_unix_s", "waiting_s", b"waiting_s", "wall_s", b"wall_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checkpoint_pause_s: _TypeAlias = _typing.Literal["checkpoint_pause_s"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_pause_s: _TypeAlias = _typing.Literal["_checkpoint_pause_s", b"_checkpoint_pause_s"]  # noqa: Y015
+    _WhichOneofReturnType__ettr: _TypeAlias = _typing.Literal["ettr"]  # noqa: Y015
+    _WhichOneofArgType__ettr: _TypeAlias = _typing.Literal["_ettr", b"_ettr"]  # noqa: Y015
+    _WhichOneofReturnType__since_unix_s: _TypeAlias = _typing.Literal["since_unix_s"]  # noqa: Y015
+    _WhichOneofArgType__since_unix_s: _TypeAlias = _typing.Literal["_since_unix_s", b"_since_unix_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_pause_s) -> _WhichOneofReturnType__checkpoint_pause_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ettr) -> _WhichOneofReturnType__ettr | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__since_unix_s) -> _WhichOneofReturnType__since_unix_s | None: ...
+
+Global___GetGoodputResponse: _TypeAlias = GetGoodputResponse  # noqa: Y015
+
+@_typing.final
+class ListStragglersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStragglersRequest: _TypeAlias = ListStragglersRequest  # noqa: Y015
+
+@_typing.final
+class StragglerRank(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    LAST_SCORE_FIELD_NUMBER: _builtins.int
+    WINDOW_STEPS_FIELD_NUMBER: _builtins.int
+    OVER_THRESHOLD_FIELD_NUMBER: _builtins.int
+    FLAGGED_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    node_id: _builtins.str
+    last_score: _builtins.float
+    """robust z of its compute time at the newest scored step"""
+    window_steps: _builtins.int
+    """scores in its window"""
+    over_threshold: _builtins.int
+    """of those, at or above flag_z"""
+    flagged: _builtins.bool
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        last_score: _builtins.float = ...,
+        window_steps: _builtins.int = ...,
+        over_threshold: _builtins.int = ...,
+        flagged: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flagged", b"flagged", "last_score", b"last_score", "node_id", b"node_id", "over_threshold", b"over_threshold", "rank", b"rank", "window_steps", b"window_steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StragglerRank: _TypeAlias = StragglerRank  # noqa: Y015
+
+@_typing.final
+class ListStragglersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    DETECTIONS_FIELD_NUMBER: _builtins.int
+    FLAG_Z_FIELD_NUMBER: _builtins.int
+    FLAG_MIN_OVER_FIELD_NUMBER: _builtins.int
+    WINDOW_STEPS_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """0: no generation in force"""
+    flag_z: _builtins.float
+    flag_min_over: _builtins.int
+    window_steps: _builtins.int
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___StragglerRank]:
+        """empty until every rank reported a step"""
+
+    @_builtins.property
+    def detections(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.Record]:
+        """StragglerDetected records, oldest first (the newest 50)"""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        ranks: _abc.Iterable[Global___StragglerRank] | None = ...,
+        detections: _abc.Iterable[_events_pb2.Record] | None = ...,
+        flag_z: _builtins.float = ...,
+        flag_min_over: _builtins.int = ...,
+        window_steps: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detections", b"detections", "flag_min_over", b"flag_min_over", "flag_z", b"flag_z", "generation", b"generation", "ranks", b"ranks", "window_steps", b"window_steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStragglersResponse: _TypeAlias = ListStragglersResponse  # noqa: Y015
+
+@_typing.final
+class ListCheckpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCheckpointsRequest: _TypeAlias = ListCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class ListCheckpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOT_STEP_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_GENERATION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_UNIX_S_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_MANIFEST_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_UNIX_S_FIELD_NUMBER: _builtins.int
+    PENDING_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PENDING_STEP_FIELD_NUMBER: _builtins.int
+    PENDING_SHARDS_FIELD_NUMBER: _builtins.int
+    PENDING_WRITTEN_FIELD_NUMBER: _builtins.int
+    INTERVAL_S_FIELD_NUMBER: _builtins.int
+    INTERVAL_REASON_FIELD_NUMBER: _builtins.int
+    snapshot_step: _builtins.int
+    """newest step every rank holds in RAM twice"""
+    snapshot_generation: _builtins.int
+    snapshot_unix_s: _builtins.float
+    """when it committed (absent: before the log window)"""
+    checkpoint_id: _builtins.str
+    """newest committed object-store checkpoint ("" none)"""
+    checkpoint_step: _builtins.int
+    checkpoint_manifest: _builtins.str
+    checkpoint_unix_s: _builtins.float
+    pending_checkpoint_id: _builtins.str
+    """in flight ("" none)"""
+    pending_step: _builtins.int
+    pending_shards: _builtins.int
+    pending_written: _builtins.int
+    interval_s: _builtins.float
+    """the checkpoint interval policy's current answer"""
+    interval_reason: _builtins.str
+    """why that interval, or why none ("not configured")"""
+    def __init__(
+        self,
+        *,
+        snapshot_step: _builtins.int | None = ...,
+        snapshot_generation: _builtins.int = ...,
+        snapshot_unix_s: _builtins.float | None = ...,
+        checkpoint_id: _builtins.str = ...,
+        checkpoint_step: _builtins.int | None = ...,
+        checkpoint_manifest: _builtins.str = ...,
+        checkpoint_unix_s: _builtins.float | None = ...,
+        pending_checkpoint_id: _builtins.str = ...,
+        pending_step: _builtins.int = ...,
+        pending_shards: _builtins.int = ...,
+        pending_written: _builtins.int = ...,
+        interval_s: _builtins.float | None = ...,
+        interval_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_checkpoint_unix_s", b"_checkpoint_unix_s", "_interval_s", b"_interval_s", "_snapshot_step", b"_snapshot_step", "_snapshot_unix_s", b"_snapshot_unix_s", "checkpoint_step", b"checkpoint_step", "checkpoint_unix_s", b"checkpoint_unix_s", "interval_s", b"interval_s", "snapshot_step", b"snapshot_step", "snapshot_unix_s", b"snapshot_unix_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_checkpoint_unix_s", b"_checkpoint_unix_s", "_interval_s", b"_interval_s", "_snapshot_step", b"_snapshot_step", "_snapshot_unix_s", b"_snapshot_unix_s", "checkpoint_id", b"checkpoint_id", "checkpoint_manifest", b"checkpoint_manifest", "checkpoint_step", b"checkpoint_step", "checkpoint_unix_s", b"checkpoint_unix_s", "interval_reason", b"interval_reason", "interval_s", b"interval_s", "pending_checkpoint_id", b"pending_checkpoint_id", "pending_shards", b"pending_shards", "pending_step", b"pending_step", "pending_written", b"pending_written", "snapshot_generation", b"snapshot_generation", "snapshot_step", b"snapshot_step", "snapshot_unix_s", b"snapshot_unix_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checkpoint_step: _TypeAlias = _typing.Literal["checkpoint_step"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_step: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step"]  # noqa: Y015
+    _WhichOneofReturnType__checkpoint_unix_s: _TypeAlias = _typing.Literal["checkpoint_unix_s"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_unix_s: _TypeAlias = _typing.Literal["_checkpoint_unix_s", b"_checkpoint_unix_s"]  # noqa: Y015
+    _WhichOneofReturnType__interval_s: _TypeAlias = _typing.Literal["interval_s"]  # noqa: Y015
+    _WhichOneofArgType__interval_s: _TypeAlias = _typing.Literal["_interval_s", b"_interval_s"]  # noqa: Y015
+    _WhichOneofReturnType__snapshot_step: _TypeAlias = _typing.Literal["snapshot_step"]  # noqa: Y015
+    _WhichOneofArgType__snapshot_step: _TypeAlias = _typing.Literal["_snapshot_step", b"_snapshot_step"]  # noqa: Y015
+    _WhichOneofReturnType__snapshot_unix_s: _TypeAlias = _typing.Literal["snapshot_unix_s"]  # noqa: Y015
+    _WhichOneofArgType__snapshot_unix_s: _TypeAlias = _typing.Literal["_snapshot_unix_s", b"_snapshot_unix_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_step) -> _WhichOneofReturnType__checkpoint_step | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_unix_s) -> _WhichOneofReturnType__checkpoint_unix_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__interval_s) -> _WhichOneofReturnType__interval_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__snapshot_step) -> _WhichOneofReturnType__snapshot_step | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__snapshot_unix_s) -> _WhichOneofReturnType__snapshot_unix_s | None: ...
+
+Global___ListCheckpointsResponse: _TypeAlias = ListCheckpointsResponse  # noqa: Y015

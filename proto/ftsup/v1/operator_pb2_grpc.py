@@ -70,6 +70,31 @@ class OperatorStub:
                 request_serializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
                 _registered_method=True)
+        self.GetGoodput = channel.unary_unary(
+                '/ftsup.v1.Operator/GetGoodput',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.GetGoodputRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.GetGoodputResponse.FromString,
+                _registered_method=True)
+        self.ListStragglers = channel.unary_unary(
+                '/ftsup.v1.Operator/ListStragglers',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.ListStragglersRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.ListStragglersResponse.FromString,
+                _registered_method=True)
+        self.ListCheckpoints = channel.unary_unary(
+                '/ftsup.v1.Operator/ListCheckpoints',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.ListCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.CheckpointNow = channel.unary_unary(
+                '/ftsup.v1.Operator/CheckpointNow',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+                _registered_method=True)
+        self.Restart = channel.unary_unary(
+                '/ftsup.v1.Operator/Restart',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -120,6 +145,40 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetGoodput(self, request, context):
+        """Effective training time ratio and where the rest of the wall time went, from the event log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStragglers(self, request, context):
+        """Per-rank straggler scores of the generation in force and the recent StragglerDetected records.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckpoints(self, request, context):
+        """Committed RAM snapshot, committed and in-flight object-store checkpoints, interval policy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointNow(self, request, context):
+        """Job-wide commands (admin): a checkpoint now; end the generation and restart from the snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Restart(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -156,6 +215,31 @@ def add_OperatorServicer_to_server(servicer, server):
             'Drain': grpc.unary_unary_rpc_method_handler(
                     servicer.Drain,
                     request_deserializer=ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
+            ),
+            'GetGoodput': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGoodput,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.GetGoodputRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.GetGoodputResponse.SerializeToString,
+            ),
+            'ListStragglers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStragglers,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.ListStragglersRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.ListStragglersResponse.SerializeToString,
+            ),
+            'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckpoints,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'CheckpointNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointNow,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
+            ),
+            'Restart': grpc.unary_unary_rpc_method_handler(
+                    servicer.Restart,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.FromString,
                     response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
             ),
     }
@@ -347,6 +431,141 @@ class Operator:
             target,
             '/ftsup.v1.Operator/Drain',
             ftsup_dot_v1_dot_operator__pb2.NodeCommandRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGoodput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/GetGoodput',
+            ftsup_dot_v1_dot_operator__pb2.GetGoodputRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.GetGoodputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStragglers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/ListStragglers',
+            ftsup_dot_v1_dot_operator__pb2.ListStragglersRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.ListStragglersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/ListCheckpoints',
+            ftsup_dot_v1_dot_operator__pb2.ListCheckpointsRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/CheckpointNow',
+            ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.SerializeToString,
+            ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.Operator/Restart',
+            ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.SerializeToString,
             ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
             options,
             channel_credentials,

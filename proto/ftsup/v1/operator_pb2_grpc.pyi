@@ -42,6 +42,15 @@ class OperatorStub:
     """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
     Unquarantine: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
     Drain: _grpc.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]
+    GetGoodput: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetGoodputRequest, _operator_pb2.GetGoodputResponse]
+    """Effective training time ratio and where the rest of the wall time went, from the event log."""
+    ListStragglers: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListStragglersRequest, _operator_pb2.ListStragglersResponse]
+    """Per-rank straggler scores of the generation in force and the recent StragglerDetected records."""
+    ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListCheckpointsRequest, _operator_pb2.ListCheckpointsResponse]
+    """Committed RAM snapshot, committed and in-flight object-store checkpoints, interval policy."""
+    CheckpointNow: _grpc.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]
+    """Job-wide commands (admin): a checkpoint now; end the generation and restart from the snapshot."""
+    Restart: _grpc.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -56,6 +65,15 @@ class OperatorAsyncStub(OperatorStub):
     """Commands that change something: authorized (bearer token) unless the supervisor is local-only."""
     Unquarantine: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
     Drain: _aio.UnaryUnaryMultiCallable[_operator_pb2.NodeCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
+    GetGoodput: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetGoodputRequest, _operator_pb2.GetGoodputResponse]  # type: ignore[assignment]
+    """Effective training time ratio and where the rest of the wall time went, from the event log."""
+    ListStragglers: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListStragglersRequest, _operator_pb2.ListStragglersResponse]  # type: ignore[assignment]
+    """Per-rank straggler scores of the generation in force and the recent StragglerDetected records."""
+    ListCheckpoints: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListCheckpointsRequest, _operator_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
+    """Committed RAM snapshot, committed and in-flight object-store checkpoints, interval policy."""
+    CheckpointNow: _aio.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
+    """Job-wide commands (admin): a checkpoint now; end the generation and restart from the snapshot."""
+    Restart: _aio.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -107,6 +125,45 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
     def Drain(
         self,
         request: _operator_pb2.NodeCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetGoodput(
+        self,
+        request: _operator_pb2.GetGoodputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.GetGoodputResponse, _abc.Awaitable[_operator_pb2.GetGoodputResponse]]:
+        """Effective training time ratio and where the rest of the wall time went, from the event log."""
+
+    @_abc_1.abstractmethod
+    def ListStragglers(
+        self,
+        request: _operator_pb2.ListStragglersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListStragglersResponse, _abc.Awaitable[_operator_pb2.ListStragglersResponse]]:
+        """Per-rank straggler scores of the generation in force and the recent StragglerDetected records."""
+
+    @_abc_1.abstractmethod
+    def ListCheckpoints(
+        self,
+        request: _operator_pb2.ListCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListCheckpointsResponse, _abc.Awaitable[_operator_pb2.ListCheckpointsResponse]]:
+        """Committed RAM snapshot, committed and in-flight object-store checkpoints, interval policy."""
+
+    @_abc_1.abstractmethod
+    def CheckpointNow(
+        self,
+        request: _operator_pb2.JobCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]:
+        """Job-wide commands (admin): a checkpoint now; end the generation and restart from the snapshot."""
+
+    @_abc_1.abstractmethod
+    def Restart(
+        self,
+        request: _operator_pb2.JobCommandRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]: ...
 

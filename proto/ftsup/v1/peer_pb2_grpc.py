@@ -174,6 +174,11 @@ class TrainerLinkStub:
                 request_serializer=ftsup_dot_v1_dot_agent__pb2.RankFinished.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
                 _registered_method=True)
+        self.ReportCheckpointShard = channel.unary_unary(
+                '/ftsup.v1.TrainerLink/ReportCheckpointShard',
+                request_serializer=ftsup_dot_v1_dot_agent__pb2.CheckpointShard.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+                _registered_method=True)
 
 
 class TrainerLinkServicer:
@@ -204,6 +209,12 @@ class TrainerLinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCheckpointShard(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerLinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -225,6 +236,11 @@ def add_TrainerLinkServicer_to_server(servicer, server):
             'ReportFinished': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFinished,
                     request_deserializer=ftsup_dot_v1_dot_agent__pb2.RankFinished.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
+            ),
+            'ReportCheckpointShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpointShard,
+                    request_deserializer=ftsup_dot_v1_dot_agent__pb2.CheckpointShard.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
             ),
     }
@@ -336,6 +352,33 @@ class TrainerLink:
             target,
             '/ftsup.v1.TrainerLink/ReportFinished',
             ftsup_dot_v1_dot_agent__pb2.RankFinished.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpointShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.TrainerLink/ReportCheckpointShard',
+            ftsup_dot_v1_dot_agent__pb2.CheckpointShard.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
             options,
             channel_credentials,

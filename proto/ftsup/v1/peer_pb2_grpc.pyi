@@ -77,6 +77,7 @@ class TrainerLinkStub:
     ReportStep: _grpc.UnaryUnaryMultiCallable[_agent_pb2.StepReport, _peer_pb2.LinkAck]
     PutSnapshot: _grpc.UnaryUnaryMultiCallable[_peer_pb2.PutSnapshotRequest, _peer_pb2.LinkAck]
     ReportFinished: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]
+    ReportCheckpointShard: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CheckpointShard, _peer_pb2.LinkAck]
 
 @_typing.type_check_only
 class TrainerLinkAsyncStub(TrainerLinkStub):
@@ -87,6 +88,7 @@ class TrainerLinkAsyncStub(TrainerLinkStub):
     ReportStep: _aio.UnaryUnaryMultiCallable[_agent_pb2.StepReport, _peer_pb2.LinkAck]  # type: ignore[assignment]
     PutSnapshot: _aio.UnaryUnaryMultiCallable[_peer_pb2.PutSnapshotRequest, _peer_pb2.LinkAck]  # type: ignore[assignment]
     ReportFinished: _aio.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    ReportCheckpointShard: _aio.UnaryUnaryMultiCallable[_agent_pb2.CheckpointShard, _peer_pb2.LinkAck]  # type: ignore[assignment]
 
 class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
     """Served by an agent on a local socket to its own trainer ranks."""
@@ -116,6 +118,13 @@ class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
     def ReportFinished(
         self,
         request: _agent_pb2.RankFinished,
+        context: _ServicerContext,
+    ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportCheckpointShard(
+        self,
+        request: _agent_pb2.CheckpointShard,
         context: _ServicerContext,
     ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]: ...
 

@@ -258,6 +258,36 @@ class CommittedCheckpoint(_message.Message):
 Global___CommittedCheckpoint: _TypeAlias = CommittedCheckpoint  # noqa: Y015
 
 @_typing.final
+class ShardRecord(_message.Message):
+    """One rank's written shard of the checkpoint in flight (the commit checks the index against it)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    shard: _builtins.int
+    key: _builtins.str
+    sha256: _builtins.str
+    size_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        shard: _builtins.int = ...,
+        key: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "sha256", b"sha256", "shard", b"shard", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardRecord: _TypeAlias = ShardRecord  # noqa: Y015
+
+@_typing.final
 class PendingCheckpoint(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -266,12 +296,17 @@ class PendingCheckpoint(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
     WRITTEN_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    LOCATION_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     generation: _builtins.int
     step: _builtins.int
     shards: _builtins.int
+    location: _builtins.str
     @_builtins.property
     def written(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardRecord]: ...
     def __init__(
         self,
         *,
@@ -280,10 +315,12 @@ class PendingCheckpoint(_message.Message):
         step: _builtins.int = ...,
         shards: _builtins.int = ...,
         written: _abc.Iterable[_builtins.int] | None = ...,
+        records: _abc.Iterable[Global___ShardRecord] | None = ...,
+        location: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "generation", b"generation", "shards", b"shards", "step", b"step", "written", b"written"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "generation", b"generation", "location", b"location", "records", b"records", "shards", b"shards", "step", b"step", "written", b"written"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -304,9 +341,11 @@ class ClusterState(_message.Message):
     PENDING_CHECKPOINT_FIELD_NUMBER: _builtins.int
     OPEN_SDC_CHECKS_FIELD_NUMBER: _builtins.int
     REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    SDC_TAINTED_FROM_STEP_FIELD_NUMBER: _builtins.int
     last_generation: _builtins.int
     applied_seq: _builtins.int
     registrations: _builtins.int
+    sdc_tainted_from_step: _builtins.int
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeRecord]: ...
     @_builtins.property
@@ -337,12 +376,15 @@ class ClusterState(_message.Message):
         pending_checkpoint: Global___PendingCheckpoint | None = ...,
         open_sdc_checks: _abc.Iterable[_builtins.str] | None = ...,
         registrations: _builtins.int = ...,
+        sdc_tainted_from_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["sdc_tainted_from_step"]  # noqa: Y015
+    _WhichOneofArgType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sdc_tainted_from_step) -> _WhichOneofReturnType__sdc_tainted_from_step | None: ...
 
 Global___ClusterState: _TypeAlias = ClusterState  # noqa: Y015
 

@@ -4,7 +4,8 @@ rank's state comes from.
 Gang semantics: a generation is planned only when every rank can be placed on a healthy node;
 otherwise the planner waits and says why. Survivors keep their ranks and a replacement takes a lost
 node's ranks whole, so the world and the rank numbers stay the same (bitwise continuity).
-Restore prefers the rank's own node's RAM, then its buddy's RAM (DESIGN.md: the recovery ladder).
+Where each rank's state comes from is policies/restore.py's answer (own RAM, buddy's RAM, the
+object-store checkpoint: the recovery ladder), fed here with the committed snapshot's copies.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.core.config import JobSpec
-from supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RankRestore, RestoreKind
+from supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RestoreKind
+from supervisor.core.policies import restore
 from supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState
 
 
@@ -51,10 +53,14 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
             f" ({len(state.nodes)} registered, {_count_quarantined(state)} quarantined)",
         )
     members = _assign_ranks(state, healthy, job)
-    restores, restore_step = _plan_restores(state, soft, members)
+    restore_plan = restore.plan_restore(restore_world(state, soft, members))
+    restores, restore_step = restore_plan.restores, restore_plan.step
+    from_ram = restore_step is not None and any(
+        r.kind in (RestoreKind.LOCAL_SNAPSHOT, RestoreKind.PEER_SNAPSHOT) for r in restores
+    )
     rank0_node = state.nodes[members[0].node_id]
     number = state.last_generation + 1
-    reason = _reason(state, restore_step)
+    reason = _reason(state, f"restoring {restore_plan.reason}" if restore_step is not None else restore_plan.reason)
     return Plan(
         GenerationStarted(
             generation=number,
@@ -63,9 +69,12 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
             master_addr=rank0_node.host,
             master_port=job.master_port_base + number % job.master_port_span,
             restore_step=restore_step,
-            restore_generation=state.snapshot.generation if (state.snapshot and restore_step is not None) else 0,
+            restore_generation=state.snapshot.generation if (state.snapshot and from_ram) else 0,
             restores=restores,
             reason=reason,
+            config_hash=job.config_hash,
+            code_version=job.code_version,
+            data_version=job.data_version,
         ),
         "",
     )
@@ -106,19 +115,27 @@ def _assign_ranks(state: ClusterState, healthy: list[NodeRecord], job: JobSpec) 
                 blocks[block] = member.node_id
     taken = {n for n in blocks.values() if n is not None}
     previous = {min(m.ranks) // job.ranks_per_node: m.node_id for m in state.snapshot.members} if state.snapshot else {}
+    # One candidate order per lost failure domain, walked past taken nodes (`taken` only grows):
+    # the same pick as sorting the untaken nodes per block, without a sort per block (quadratic
+    # at 12.5k nodes: minutes).
+    orders: dict[str, tuple[list[NodeRecord], list[int]]] = {}
     for block in sorted(b for b, n in blocks.items() if n is None):
         lost = state.node(previous.get(block, ""))
         lost_domain = lost.failure_domain if lost is not None else ""
-        # Active nodes before spares, by id (a reproducible layout whatever order they registered
-        # in); among spares, another failure domain than the lost node's first (what took it down
-        # may take its neighbours), then the spare up longest.
-        candidates = sorted(
-            (n for n in healthy if n.node_id not in taken),
-            key=lambda n: (n.role is NodeRole.SPARE, bool(lost_domain) and n.failure_domain == lost_domain,
-                           n.registered_order if n.role is NodeRole.SPARE else 0, n.node_id),
-        )
-        blocks[block] = candidates[0].node_id
-        taken.add(candidates[0].node_id)
+        if lost_domain not in orders:
+            # Active nodes before spares, by id (a reproducible layout whatever order they registered
+            # in); among spares, another failure domain than the lost node's first (what took it down
+            # may take its neighbours), then the spare up longest.
+            orders[lost_domain] = (sorted(
+                healthy,
+                key=lambda n: (n.role is NodeRole.SPARE, bool(lost_domain) and n.failure_domain == lost_domain,
+                               n.registered_order if n.role is NodeRole.SPARE else 0, n.node_id),
+            ), [0])
+        order, cursor = orders[lost_domain]
+        while order[cursor[0]].node_id in taken:
+            cursor[0] += 1
+        blocks[block] = order[cursor[0]].node_id
+        taken.add(order[cursor[0]].node_id)
     order = [blocks[b] for b in range(job.nodes)]
     members: list[RankAssignment] = []
     for index, node_id in enumerate(order):
@@ -129,26 +146,28 @@ def _assign_ranks(state: ClusterState, healthy: list[NodeRecord], job: JobSpec) 
     return tuple(members)
 
 
-def _plan_restores(
+def restore_world(
     state: ClusterState, soft: SoftState, members: tuple[RankAssignment, ...]
-) -> tuple[tuple[RankRestore, ...], int | None]:
-    fresh = tuple(
-        RankRestore(rank, RestoreKind.FRESH, "") for m in members for rank in m.ranks
-    )
+) -> restore.RestoreWorld:
+    """The restore planner's input: the committed snapshot's copies (each rank on its node and its
+    buddy), the nodes whose RAM can be read, the last committed checkpoint and the SDC taint."""
     snapshot = state.snapshot
-    if snapshot is None:
-        return fresh, None
-    restores: list[RankRestore] = []
-    for member in members:
-        for rank in member.ranks:
-            holders = [h for h in snapshot.holders(rank) if h and _holds_ram(state, soft, h)]
-            if not holders:
-                return fresh, None
-            if member.node_id in holders:
-                restores.append(RankRestore(rank, RestoreKind.LOCAL_SNAPSHOT, member.node_id))
-            else:
-                restores.append(RankRestore(rank, RestoreKind.PEER_SNAPSHOT, holders[0]))
-    return tuple(restores), snapshot.step
+    holdings = () if snapshot is None else tuple(
+        restore.Holding(node_id, rank, snapshot.step)
+        for member in snapshot.members
+        for rank in member.ranks
+        for node_id in (member.node_id, member.buddy_node_id)
+        if node_id
+    )
+    return restore.RestoreWorld(
+        placement=members,
+        holdings=holdings,
+        reachable=frozenset(n for n in state.nodes if _holds_ram(state, soft, n)),
+        checkpoint_step=state.checkpoint.step if state.checkpoint is not None else None,
+        tainted_from_step=state.sdc_tainted_from_step,
+        # Nothing left anywhere: start over rather than stall (the reason says what was lost).
+        allow_fresh=True,
+    )
 
 
 def _holds_ram(state: ClusterState, soft: SoftState, node_id: str) -> bool:
@@ -163,8 +182,7 @@ def _holds_ram(state: ClusterState, soft: SoftState, node_id: str) -> bool:
     )
 
 
-def _reason(state: ClusterState, restore_step: int | None) -> str:
-    where = f"restoring step {restore_step} from RAM snapshots" if restore_step is not None else "from step 0"
+def _reason(state: ClusterState, where: str) -> str:
     ended = state.last_ended
     if ended is None:
         return f"first generation, {where}"

@@ -95,7 +95,8 @@ def test_first_step_marks_the_generation_running_once():
 
 def test_a_snapshot_commits_only_when_every_rank_is_held_by_its_node_and_its_buddy():
     sim = running_cluster()
-    sim.events(StepReport("n1", 1, 0, 1, 0.2, 0.1, 3.0, "d"))
+    for rank in range(6):  # every rank's digest of step 1 agreed (without that, no commit: test_sdc)
+        sim.events(StepReport(f"n{rank // 2 + 1}", 1, rank, 1, 0.2, 0.1, 3.0, "d"))
     holders = [("n1", 0), ("n2", 0), ("n1", 1), ("n2", 1), ("n2", 2), ("n3", 2), ("n2", 3), ("n3", 3), ("n3", 4),
                ("n1", 4)]
     for node, rank in holders:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from supervisor.core.events import (
@@ -91,3 +93,14 @@ def test_the_fast_replace_equals_dataclasses_replace_and_rejects_unknown_fields(
     assert frozen.replace(state, applied_seq=9) == dataclasses.replace(state, applied_seq=9)
     with pytest.raises(TypeError, match="no field 'bogus'"):
         frozen.replace(state, bogus=1)
+
+
+def test_a_generation_restored_from_older_state_forgets_the_newer_snapshot_so_it_can_commit_again():
+    ran = evolve_all(BASE, [started(1, {"a": (0,), "b": (1,)}), SnapshotCommitted(1, 40),
+                            GenerationEnded(1, EndReason.NODE_LOST, "a", 41, "a and its buddy lost")])
+    fresh = evolve(ran, started(2, {"b": (0,), "c": (1,)}))  # nothing recoverable: a fresh start
+    assert fresh.snapshot is None
+    assert evolve(fresh, SnapshotCommitted(2, 3)).snapshot.step == 3, "step 3 < 40 must commit"
+    ended = evolve(evolve(fresh, SnapshotCommitted(2, 3)), GenerationEnded(2, EndReason.NODE_LOST, "b", 4, ""))
+    from_it = dataclasses.replace(started(3, {"a": (0,), "c": (1,)}), restore_step=3, restore_generation=2)
+    assert evolve(ended, from_it).snapshot.step == 3, "restoring from the snapshot keeps it"

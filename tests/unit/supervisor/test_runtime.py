@@ -64,3 +64,26 @@ async def test_a_restarted_runtime_replays_from_its_snapshot_to_the_same_state()
     assert log.load_snapshot() is not None, "a snapshot is due every 2 events"
     again = Runtime(config(nodes=2, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0)
     assert again.state == runtime.state
+
+
+async def test_a_new_leaders_first_record_is_leader_elected_even_when_the_log_refused_it_at_first():
+    from supervisor.core.events import LeaderElected, NodeRegistered
+
+    log = FlakyLog()
+    runtime = Runtime(config(nodes=1, ranks_per_node=1), log, clock=Clock(), wall_clock=lambda: 0.0, tick_s=3600)
+    runtime.become_follower()
+    loop = asyncio.create_task(runtime.run())
+    try:
+        log.is_full = True
+        runtime.become_leader(term=3, address="10.0.0.7:7000")
+        refused = await runtime.submit(hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+        assert refused.refusal and log.head_seq == 0, "nothing may be decided while the log refuses"
+        log.is_full = False
+        accepted = await runtime.submit(hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+        assert accepted.refusal is None
+        records = list(log.read(1))
+        assert records[0].event == LeaderElected(term=3, address="10.0.0.7:7000", caught_up_seq=0)
+        assert records[0].term == 3 and isinstance(records[1].event, NodeRegistered)
+        assert [r.event for r in records].count(records[0].event) == 1, "announced once"
+    finally:
+        loop.cancel()

@@ -11,6 +11,7 @@ import torch
 
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 from trainer.agent_client import AgentClient, AgentLinkError
+from trainer import snapshot as snapshot_module
 from trainer.session import LaunchEnv, Session
 
 ENV = {
@@ -197,4 +198,90 @@ def test_snapshot_barrier_returns_only_once_the_previous_hand_off_is_acknowledge
     releaser.join()
     assert [name for name, _ in client.calls] == ["PutSnapshot"]
     assert waited_s > 0 and session.stats.waits == 1
+    session.close()
+
+
+def set_once_waiting_in(gate: threading.Event, thread_id: int, function: str) -> None:
+    """Sets `gate` once `thread_id` is blocked inside `function` (seen on its stack)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and not gate.is_set():
+        frame = sys._current_frames().get(thread_id)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                gate.set()
+                return
+            frame = frame.f_back
+        time.sleep(0.001)
+    gate.set()
+
+
+def hold_capture(session: Session) -> threading.Event:
+    """Makes the session's background copy wait for the returned gate."""
+    gate = threading.Event()
+    real_capture = session._buffers.capture
+
+    def gated(state):
+        assert gate.wait(WAIT_S)
+        return real_capture(state)
+
+    session._buffers.capture = gated
+    return gate
+
+
+def test_optimizer_step_waits_for_the_background_copy_so_the_snapshot_holds_its_steps_state():
+    client = FakeClient()
+    session = make_session(client)
+    model, optimizer = model_and_optimizer()
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()  # optimizer state exists, as after any real step
+    at_step_1 = model.weight.detach().clone()
+    gate = hold_capture(session)
+    session.snapshot(1, model, optimizer)  # returns at once: the copy is held back
+    assert session.stats.capture_waits == 0
+    waiter = threading.Thread(target=set_once_waiting_in, args=(gate, threading.get_ident(), "wait_for_capture"))
+    waiter.start()
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()  # must wait until the copy of step 1's state has landed
+    waiter.join()
+    session.wait_for_snapshots()
+
+    assert session.stats.capture_waits == 1 and session.stats.capture_wait_s > 0
+    assert not torch.equal(model.weight, at_step_1)  # the step did run afterwards
+    blob = client.calls[-1][1]
+    restored = torch.nn.Linear(3, 2)
+    resumed = make_session(client, FTSUP_RESTORE_STEP="1", FTSUP_GENERATION="4")
+    client.restore_blob = blob
+    assert resumed.restore(restored, torch.optim.AdamW(restored.parameters())) == 1
+    assert torch.equal(restored.weight, at_step_1)
+    session.close()
+
+
+def test_a_failed_background_copy_releases_the_optimizer_and_surfaces_at_the_next_wait():
+    session = make_session(FakeClient())
+    model, optimizer = model_and_optimizer()
+
+    def broken(state):
+        raise RuntimeError("host buffer allocation failed")
+
+    session._buffers.capture = broken
+    session.snapshot(1, model, optimizer)
+    optimizer.step()  # does not hang on a copy that will never land
+    with pytest.raises(RuntimeError, match="host buffer allocation failed"):
+        session.wait_for_snapshots()
+    session.close()
+
+
+def test_synchronous_capture_copies_before_snapshot_returns_and_never_blocks_the_optimizer():
+    client = FakeClient()
+    session = Session(LaunchEnv.from_mapping(ENV), client, background_capture=False)
+    model, optimizer = model_and_optimizer()
+    at_step_0 = model.weight.detach().clone()
+    session.snapshot(0, model, optimizer)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    session.wait_for_snapshots()
+    assert session.stats.capture_waits == 0 and session.stats.last_copy_s > 0
+    assert session.stats.last_held_s >= session.stats.last_copy_s
+    state = snapshot_module.decode(client.calls[-1][1].payload, client.calls[-1][1].sha256)
+    assert torch.equal(state["model"]["weight"], at_step_0)
     session.close()
