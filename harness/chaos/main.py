@@ -1,0 +1,108 @@
+"""`ftsup chaos SCENARIO|all [--json]`: stage failures on a real local cluster and judge the outcome.
+
+Output contract: progress goes to stderr; stdout carries results only. With --json, one
+scenario prints one JSON object and `all` (or several names) prints one JSON object per line
+(JSON Lines, in registry order). Without --json, a table. Exit codes: 0 every scenario that ran
+passed (skipped ones, whose capability is missing, do not fail the run), 1 one or more failed,
+2 usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import signal
+import sys
+import tempfile
+
+from harness.chaos.runner import Result, RunContext, run_scenario
+from harness.chaos.scenarios import BY_NAME, SCENARIOS
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {s.name:<24} {s.description}" for s in SCENARIOS)
+    p = argparse.ArgumentParser(
+        prog="ftsup chaos", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Stage failures on a real local cluster and check ftsup's recovery.",
+        epilog=f"scenarios:\n{listing}\n\n`all` runs every scenario in this order.",
+    )  # fmt: skip
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names, or `all`")
+    p.add_argument("--json", action="store_true", help="JSON on stdout: one object per scenario, one per line")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument("--workdir", type=pathlib.Path, default=None, help="where cluster logs go (default: a new temp dir)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="give up on one scenario after this long")
+    return p
+
+
+def chosen(names: list[str]) -> list[str] | str:
+    """The scenario names to run in registry order, or an error message naming the bad value."""
+    if not names:
+        return "name a scenario or `all` (--list shows them)"
+    if "all" in names:
+        return [s.name for s in SCENARIOS]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        return f"unknown scenario {unknown[0]!r}; known: {', '.join(BY_NAME)}"
+    return [s.name for s in SCENARIOS if s.name in names]
+
+
+def render_table(results: list[Result]) -> str:
+    head = f"{'scenario':<24} {'result':<8} {'detected_s':>10} {'recovered_s':>11} {'lost':>5} {'bitwise':>8} {'ev_lost':>7} {'ck_lost':>7}"
+    lines = [head]
+    for r in results:
+        verdict = "skipped" if r.passed is None else ("passed" if r.passed else "FAILED")
+        d = r.as_dict()
+        cells = [("-" if d[k] is None else str(d[k])) for k in
+                 ("detected_s", "recovered_s", "lost_steps", "bitwise_match", "events_lost", "checkpoints_lost")]
+        lines.append(f"{r.scenario:<24} {verdict:<8} {cells[0]:>10} {cells[1]:>11} {cells[2]:>5} {cells[3]:>8} "
+                     f"{cells[4]:>7} {cells[5]:>7}")
+        for problem in r.problems:
+            lines.append(f"    - {problem}")
+        if r.skipped:
+            lines.append(f"    - {r.skipped}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.list:
+        for s in SCENARIOS:
+            print(f"{s.name:<24} {s.description}" + (f" [needs: {', '.join(s.needs)}]" if s.needs else ""))
+        return EXIT_OK
+    names = chosen(args.scenarios)
+    if isinstance(names, str):
+        print(f"ftsup chaos: {names}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.timeout_s > 0:
+        print(f"ftsup chaos: --timeout-s must be > 0, got {args.timeout_s}", file=sys.stderr)
+        return EXIT_USAGE
+    workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="ftsup-chaos-"))
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)  # unwind: every cluster process is stopped
+    ctx = RunContext(workdir, say, timeout_s=args.timeout_s)
+    results: list[Result] = []
+    try:
+        for name in names:
+            result = run_scenario(BY_NAME[name], ctx)
+            results.append(result)
+            verdict = "skipped" if result.passed is None else ("passed" if result.passed else "FAILED")
+            say(f"[{name}] {verdict}: {json.dumps(result.as_dict())}")
+            if args.json:
+                print(json.dumps(result.as_dict()), flush=True)
+    except KeyboardInterrupt:
+        say(f"ftsup chaos: interrupted; clusters stopped, logs in {workdir}")
+        return EXIT_INTERRUPTED
+    finally:
+        ctx.close()
+    if not args.json:
+        print(render_table(results))
+    return EXIT_FAILED if any(r.passed is False for r in results) else EXIT_OK
