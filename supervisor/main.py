@@ -84,7 +84,7 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     if config.metrics_listen:
         runtime.metrics = SupervisorMetrics(config.throughput)
         runtime.metrics.attach(runtime)
-        metrics_server = await serve_metrics(runtime.metrics.registry, config.metrics_listen)
+        metrics_server = await serve_metrics(runtime.metrics.registry, config.metrics_listen, runtime.metrics.refresh)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     is_tls = config.server_tls is not None
     agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls), server)

@@ -29,6 +29,7 @@ from supervisor.core.events import (
     SnapshotCommitted,
 )
 from supervisor.core.inputs import Heartbeat, Input, StepReport
+from supervisor.server.log_digest import LogDigest
 
 if TYPE_CHECKING:
     from supervisor.runtime import Runtime
@@ -96,10 +97,18 @@ class SupervisorMetrics:
         self._grad_norm = math.nan
         self._generation_ended_at: float | None = None
         self._checkpoint_started_at: dict[str, float] = {}
+        self._runtime: Runtime | None = None
+        self.goodput = LogDigest()  # read from the log at scrape time: history survives a restart
 
     def attach(self, runtime: Runtime) -> None:
         """Registers the scrape-time collector over `runtime`'s views."""
+        self._runtime = runtime
         self.registry.register(_StateCollector(runtime, self))
+
+    async def refresh(self) -> None:
+        """Before a scrape: fold event-log records appended since the last one into goodput."""
+        if self._runtime is not None:
+            await self.goodput.catch_up(self._runtime.event_log)
 
     # -- called by the runtime, O(1) each ------------------------------------------------------
     def on_input(self, inp: Input, refusal: str | None) -> None:
@@ -183,6 +192,14 @@ class _StateCollector(Collector):
         yield _gauge("ftsup_tokens_per_second", "Training throughput", metrics.tokens_per_s())
         yield _gauge("ftsup_mfu", "Model FLOPs utilisation (needs --flops-per-token, --peak-flops-per-rank)",
                      metrics.mfu(status.world_size))
+        report = metrics.goodput.goodput(runtime.wall_now())
+        yield _gauge("ftsup_goodput_ettr", "Effective training time ratio: productive / wall time",
+                     report.ettr if report.ettr is not None else math.nan)
+        buckets = GaugeMetricFamily("ftsup_goodput_seconds", "Wall time by where it went", labels=["bucket"])
+        for bucket in ("productive", "detection", "restart", "lost_work", "waiting"):
+            buckets.add_metric([bucket], getattr(report, f"{bucket}_s"))
+        yield buckets
+        yield _gauge("ftsup_goodput_lost_steps", "Steps redone after restores", report.lost_steps)
         nodes = runtime.nodes()
         by_state = GaugeMetricFamily("ftsup_nodes", "Nodes by liveness and role", labels=["state", "role"])
         counts: dict[tuple[str, str], int] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -31,8 +32,12 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def serve_metrics(registry: CollectorRegistry, listen: str) -> asyncio.Server:
-    """Starts answering GET /metrics on `listen`; the caller closes the returned server."""
+async def serve_metrics(
+    registry: CollectorRegistry, listen: str, refresh: Callable[[], Awaitable[None]] | None = None
+) -> asyncio.Server:
+    """Starts answering GET /metrics on `listen`; the caller closes the returned server.
+
+    `refresh` runs before each scrape (e.g. reading new event-log records for goodput)."""
     host, port = split_listen(listen)
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -48,6 +53,8 @@ async def serve_metrics(registry: CollectorRegistry, listen: str) -> asyncio.Ser
             elif parts[1].split("?", 1)[0] not in ("/metrics", "/"):
                 status, body, kind = "404 Not Found", b"metrics are at /metrics\n", "text/plain"
             else:
+                if refresh is not None:
+                    await refresh()
                 status, body, kind = "200 OK", generate_latest(registry), CONTENT_TYPE_LATEST
             head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             writer.write(head.encode("latin-1") + body)

@@ -133,6 +133,10 @@ class Runtime:
         if node_id is not None:
             self.post(StreamClosed(node_id=node_id, incarnation=incarnation, stream_id=stream_id))
 
+    def wall_now(self) -> float:
+        """Wall-clock seconds, as stamped on appended records (injectable for tests)."""
+        return self._wall()
+
     def status(self) -> StatusView:
         return status_view(self.state, self.soft, self.config.job.name, self.config.job.world_size)
 

@@ -51,7 +51,7 @@ async def test_a_scrape_shows_nodes_training_signals_and_what_happened():
         assert (await runtime._handle(report)).refusal is None
     refused = await runtime._handle(StepReport("ghost", 1, 0, 1, 0.5, 0.4, 2.5, "d"))
     assert refused.refusal
-    server = await serve_metrics(metrics.registry, "127.0.0.1:0")
+    server = await serve_metrics(metrics.registry, "127.0.0.1:0", metrics.refresh)
     try:
         status, body = await scrape(server.sockets[0].getsockname()[1])
     finally:
@@ -69,6 +69,8 @@ async def test_a_scrape_shows_nodes_training_signals_and_what_happened():
     assert sample(body, "ftsup_inputs_refused_total", 'kind="StepReport"') == 1
     assert sample(body, "ftsup_events_appended_total", 'kind="GenerationStarted"') == 1
     assert sample(body, "ftsup_event_append_seconds_count") >= 3
+    assert sample(body, "ftsup_goodput_seconds", 'bucket="restart"') == 0.0, "all records at one wall time"
+    assert math.isnan(sample(body, "ftsup_goodput_ettr")), "no wall time has passed yet"
 
 
 async def test_per_rank_series_stop_at_the_limit_and_unknown_paths_are_404():
