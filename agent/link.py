@@ -27,7 +27,7 @@ Logger = structlog.typing.FilteringBoundLogger
 StreamCall = grpc.aio.StreamStreamCall
 
 AGENT_VERSION = "0.1.0"
-RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=2.0)
+RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=1.0)  # the new leader's grace assumes <= 1 s
 OUTBOX_CAPACITY = 10_000
 
 

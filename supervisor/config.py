@@ -148,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--heartbeat-misses", type=int, default=2, help="dead after this many silent intervals")
     p.add_argument("--reconnect-grace-s", type=float, default=0.4, help="dead when a closed stream stays closed this long")
+    p.add_argument("--failover-grace-s", type=float, default=3.0,
+                   help="a new leader waits this much longer than one heartbeat timeout before judging nodes")
     p.add_argument("--spare-grace-s", type=float, default=10.0,
                    help="after start, wait this long for active nodes before a spare stands in for one")
     p.add_argument("--allowed-nodes", default="", help="comma-separated node ids; empty allows any")
@@ -203,6 +205,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             heartbeat_interval_s=args.heartbeat_interval_s,
             heartbeat_misses=args.heartbeat_misses,
             reconnect_grace_s=args.reconnect_grace_s,
+            failover_grace_s=args.failover_grace_s,
         )
         if not 0.01 <= args.tick_s <= 5:
             raise ValueError(f"--tick-s must be within [0.01, 5], got {args.tick_s}")

@@ -168,7 +168,8 @@ class Runtime:
         for record in self.event_log.read(self.state.applied_seq + 1):
             self.state = apply_record(self.state, record)
         self.term = term
-        self.soft = SoftState(started_at_s=self._clock())
+        # Grace counts from a moment in the future: agents need the failover grace to find us.
+        self.soft = SoftState(started_at_s=self._clock() + self.config.detector.failover_grace_s)
         self.degraded_reason = ""
         self.deposed = asyncio.Event()
         self.leader_address = ""

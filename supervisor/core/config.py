@@ -80,10 +80,15 @@ class DetectorConfig:
     # A closed stream means the agent process died (its host closed the socket) unless the agent
     # reconnects within this; a transient loss that reconnects later is undone (see decide).
     reconnect_grace_s: float = 0.4
+    # A new leader adds this to the one full timeout of grace it gives every node: agents first
+    # learn the old leader is gone (its lease expires), then find the new one through NotLeader
+    # answers and their reconnect backoff (at most 1 s between tries).
+    failover_grace_s: float = 3.0
 
     def __post_init__(self) -> None:
         _positive("heartbeat_interval_s", self.heartbeat_interval_s, 60.0)
         _positive("reconnect_grace_s", self.reconnect_grace_s, 600.0)
+        _positive("failover_grace_s", self.failover_grace_s, 600.0)
         if not 1 <= self.heartbeat_misses <= 100:
             raise ValueError(f"heartbeat_misses must be within [1, 100], got {self.heartbeat_misses}")
 

@@ -134,10 +134,14 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     if node is None:
         return [registered]
     if node.liveness is Liveness.DEAD:
-        if node.incarnation == hello.incarnation and node.quarantine_reason.startswith(_quarantine_reason(failure.STREAM_LOSS)):
-            # The same agent process is back: its stream loss was transient (a network blip), not a
-            # death. Its generation was already replaced; it returns to service as a spare would.
-            why = "reconnected with the same incarnation: the stream loss was transient"
+        transient = (failure.STREAM_LOSS, failure.NEVER_HEARD)
+        if node.incarnation == hello.incarnation and node.quarantine_reason.startswith(
+            tuple(_quarantine_reason(t) for t in transient)
+        ):
+            # The same agent process is back: its stream loss was transient (a network blip), or
+            # this supervisor (new after a failover) never heard it in time, not a death. Its
+            # generation was already replaced; it returns to service as a spare would.
+            why = "reconnected with the same incarnation: the loss was transient"
             return [registered, NodeUnquarantined(hello.node_id, why, "")]
         return [registered]
     events: list[Event] = []

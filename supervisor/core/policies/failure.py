@@ -15,6 +15,7 @@ from supervisor.core.state import ClusterState, Liveness, SoftState
 
 
 STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason
+NEVER_HEARD = "not heard from within"  # ...when this supervisor never heard the node at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
             # Not heard since this supervisor started: no verdict until the grace is over.
             if silent_for >= config.dead_after_s:
                 verdicts.append(
-                    Verdict(node.node_id, Liveness.DEAD, f"not heard from within {config.dead_after_s:g}s", silent_for)
+                    Verdict(node.node_id, Liveness.DEAD, f"{NEVER_HEARD} {config.dead_after_s:g}s", silent_for)
                 )
             continue
         if not connected:

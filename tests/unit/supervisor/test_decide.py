@@ -489,3 +489,21 @@ def test_the_first_layout_does_not_depend_on_the_order_active_nodes_registered_i
     for node in ("n3", "n1", "n2"):
         sim.events(hello(node, stream_id=hash(node) % 100))
     assert [m.node_id for m in sim.state.generation.members] == ["n1", "n2", "n3"]
+
+
+def test_a_node_a_new_leader_never_heard_in_time_returns_to_service_when_the_same_agent_reconnects():
+    from supervisor.core.events import NodeUnquarantined
+    from supervisor.core.state import SoftState
+
+    sim = running_cluster()
+    step(sim, 1, 1)
+    sim.soft = SoftState(started_at_s=NOW + 10.0)  # a new leader: soft state rebuilt from scratch
+    for node_id, stream in (("n1", 51), ("n2", 52), ("s1", 53)):  # n3 is still finding the leader
+        sim.events(hello(node_id, spare=node_id == "s1", stream_id=stream), at=NOW + 10.5)
+    alive(sim, NOW + 12.0)
+    dead = sim.events(Tick(), at=NOW + 13.1)  # one heartbeat timeout (3 s) of grace is over
+    assert [e.node_id for e in dead if isinstance(e, NodeDeclaredDead)] == ["n3"]
+    assert sim.state.nodes["n3"].is_quarantined
+    events = sim.events(hello("n3", incarnation=1, stream_id=54), at=NOW + 14.0)
+    assert [type(e) for e in events] == [NodeRegistered, NodeUnquarantined]
+    assert sim.state.nodes["n3"].is_in_service
