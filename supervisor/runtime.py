@@ -207,10 +207,17 @@ class Runtime:
             self._announcement = None
 
     async def _tick_forever(self) -> None:
+        # A tick that comes much later than asked means this process did not run meanwhile; the
+        # core is told, so that our stall is not judged as every node's silence.
+        threshold_s = max(0.25, self.config.detector.heartbeat_interval_s / 2)
         while True:
+            asked_at = self._clock()
             await asyncio.sleep(self._tick_s)
+            late_s = self._clock() - asked_at - self._tick_s
             if self.is_leader:
-                self.post(Tick())
+                if late_s > threshold_s:
+                    log.warning("supervisor stalled; not counting it as node silence", stalled_s=round(late_s, 3))
+                self.post(Tick(stalled_s=late_s if late_s > threshold_s else 0.0))
 
     async def _handle(self, inp: Input, arrived_s: float | None = None) -> Outcome:
         if not self.is_leader:

@@ -143,7 +143,14 @@ class CheckpointCommitResult:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Time passed; lets the detectors and the planner act without a message."""
+    """Time passed; lets the detectors and the planner act without a message.
+
+    `stalled_s`: how long the supervisor itself did not run before this tick (a GC pause, CPU
+    starvation, a SIGSTOP). Nodes could not be heard during it, so it does not count as their
+    silence (see soft.observe).
+    """
+
+    stalled_s: float = 0.0
 
 
 Input = (

@@ -20,6 +20,7 @@ from supervisor.core.inputs import (
     SnapshotReport,
     StepReport,
     StreamClosed,
+    Tick,
     TrainerExit,
 )
 from supervisor.core.policies import sdc as sdc_policy
@@ -45,6 +46,8 @@ def observe(
     if soft.pending_drains:
         soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
     match inp:
+        case Tick() if inp.stalled_s > 0:
+            _forgive_stall(soft, inp.stalled_s)
         case XidReport():
             _heard(soft, inp.node_id, now)
             history = [s for s in soft.xids.get(inp.node_id, []) if now - s.time_s <= XID_HISTORY_S]
@@ -150,6 +153,14 @@ def forget_committed(soft: SoftState, up_to_step: int) -> None:
         for step in [s for s in soft.progress.holdings if s <= up_to_step]:
             del soft.progress.holdings[step]
         soft.progress.sdc_clear_steps = {s for s in soft.progress.sdc_clear_steps if s > up_to_step}
+
+
+def _forgive_stall(soft: SoftState, stalled_s: float) -> None:
+    """Moves every node's clocks forward by our own stall: silence we could not hear is not theirs."""
+    for node in soft.nodes.values():
+        node.last_heard_s += stalled_s
+        if node.disconnected_at_s is not None:
+            node.disconnected_at_s += stalled_s
 
 
 def _heard(soft: SoftState, node_id: str, now: float) -> None:

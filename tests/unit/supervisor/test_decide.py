@@ -507,3 +507,15 @@ def test_a_node_a_new_leader_never_heard_in_time_returns_to_service_when_the_sam
     events = sim.events(hello("n3", incarnation=1, stream_id=54), at=NOW + 14.0)
     assert [type(e) for e in events] == [NodeRegistered, NodeUnquarantined]
     assert sim.state.nodes["n3"].is_in_service
+
+
+def test_the_supervisors_own_stall_is_not_counted_as_node_silence():
+    sim = running_cluster()
+    step(sim, 1, 1)
+    alive(sim, NOW + 5.0)
+    # The supervisor did not run for 4 s (heartbeats could not be read): nobody is judged for it.
+    events = sim.events(Tick(stalled_s=4.0), at=NOW + 9.1)
+    assert not [e for e in events if isinstance(e, (NodeDeclaredDead, NodeSuspected))]
+    # Silence after the stall still counts: 3 s more without heartbeats is a death (3 s timeout).
+    events = sim.events(Tick(), at=NOW + 12.2)
+    assert {e.node_id for e in events if isinstance(e, NodeDeclaredDead)} == {"n1", "n2", "n3", "s1"}
