@@ -16,6 +16,7 @@ import grpc
 
 from ftsup.v1 import operator_pb2
 from supervisor import codec, logs
+from supervisor.core.config import CoreConfig
 from supervisor.core.events import GenerationStarted
 from supervisor.core.goodput import GoodputReport
 from supervisor.core.inputs import OperatorRequest
@@ -31,6 +32,14 @@ NO_CHECKPOINT_STORE = (
     " nothing was recorded"
 )
 INTERVAL_NOT_CONFIGURED = "not configured (the supervisor has no checkpoint interval policy yet)"
+
+
+def _cadence_text(config: CoreConfig) -> str:
+    if not config.checkpoint_location:
+        return INTERVAL_NOT_CONFIGURED
+    if config.checkpoint_every_steps <= 0:
+        return f"store {config.checkpoint_location} configured, no cadence (--checkpoint-every-steps 0)"
+    return f"every {config.checkpoint_every_steps} steps (--checkpoint-every-steps) to {config.checkpoint_location}"
 
 
 def goodput_to_proto(report: GoodputReport) -> operator_pb2.GetGoodputResponse:
@@ -98,7 +107,7 @@ class JobMethods:
     ) -> operator_pb2.ListCheckpointsResponse:
         await self._digest.catch_up(self._runtime.event_log)
         state = self._runtime.state
-        response = operator_pb2.ListCheckpointsResponse(interval_reason=INTERVAL_NOT_CONFIGURED)
+        response = operator_pb2.ListCheckpointsResponse(interval_reason=_cadence_text(self._runtime.config))
         if state.snapshot is not None:
             response.snapshot_step = state.snapshot.step
             response.snapshot_generation = state.snapshot.generation
@@ -125,8 +134,14 @@ class JobMethods:
     ) -> operator_pb2.CommandResponse:
         if not request.reason.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a reason is required (it is recorded in the event log)")
-        # Honest refusal until the supervisor coordinates checkpoints (a directive trainers obey).
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_CHECKPOINT_STORE)
+        # Honest refusal: checkpoints follow the step cadence every rank knows; an ad-hoc step needs
+        # the ranks to agree on it (a directive field and an agreement collective), not built yet.
+        config = self._runtime.config
+        if not config.checkpoint_location:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_CHECKPOINT_STORE)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
+            f"checkpoints to {config.checkpoint_location} run on the step cadence ({_cadence_text(config)});"
+            " an ad-hoc checkpoint now is not supported yet; nothing was recorded"))
         raise AssertionError("unreachable: abort raises")
 
     async def Restart(

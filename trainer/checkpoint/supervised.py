@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainer.checkpoint.manifest import Sharding, ShardReport, Topology, Versions
 from trainer.checkpoint.location import open_location
+from trainer.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
 from trainer.checkpoint.store import ObjectStore
-from trainer.checkpoint.manifest import Layout
 
 JOB_VERSIONS = Versions(data_version="ftsup-job", tokenizer_version="ftsup-job")
 

@@ -1,0 +1,102 @@
+"""The supervisor shell's part of object-store checkpoints: commit, abort and retention.
+
+The core decides (start, shards written, committed or aborted); this shell does the store I/O
+those decisions call for, off the event loop (asyncio.to_thread: a commit reads every shard
+index back and HEADs every object), and posts each commit's outcome back as an input, so the
+decision to record CheckpointCommitted or CheckpointAborted is the core's. After a commit the
+newest `keep` checkpoints are kept (catalog.gc); an aborted attempt's objects are deleted.
+Credentials never pass through here: the store gets them from the environment (boto3's chain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from supervisor import logs
+from supervisor.config import CheckpointSettings
+from supervisor.core.events import CheckpointAborted, CheckpointCommitted, Record
+from supervisor.core.inputs import CheckpointCommitResult, Input
+from supervisor.core.state import ClusterState, PendingCheckpoint
+
+log = logs.get("supervisor.checkpointer")
+
+
+class Checkpointer:
+    def __init__(self, settings: CheckpointSettings, post: Callable[[Input], None]) -> None:
+        from trainer.checkpoint.location import open_location
+
+        self._settings = settings
+        self._post = post
+        self._store, self._layout = open_location(
+            settings.location, endpoint_url=settings.endpoint_url or None, region=settings.region or None
+        )
+        self._committing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def after(self, state: ClusterState, records: Iterable[Record]) -> None:
+        """Called by the runtime after it applied `records` (leader only)."""
+        for record in records:
+            event = record.event
+            if isinstance(event, CheckpointAborted):
+                self._spawn(self._abort(event.checkpoint_id))
+            elif isinstance(event, CheckpointCommitted):
+                self._committing.discard(event.checkpoint_id)
+                self._spawn(self._gc(event.checkpoint_id))
+        pending = state.pending_checkpoint
+        if pending is not None and pending.is_complete and pending.checkpoint_id not in self._committing:
+            self._committing.add(pending.checkpoint_id)
+            self._spawn(self._commit(pending))
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _commit(self, pending: PendingCheckpoint) -> None:
+        from trainer.checkpoint import catalog
+        from trainer.checkpoint.errors import CheckpointError
+        from trainer.checkpoint.manifest import ShardReport
+        from trainer.checkpoint.supervised import JOB_VERSIONS, job_topology
+
+        reports = [ShardReport(r.shard, r.key, r.sha256, r.size_bytes) for r in pending.records]
+        try:
+            manifest = await asyncio.to_thread(
+                catalog.commit, self._store, self._layout, pending.checkpoint_id, pending.step, reports,
+                job_topology(pending.shards), JOB_VERSIONS,
+            )
+        except (CheckpointError, ValueError, OSError) as exc:
+            self._committing.discard(pending.checkpoint_id)
+            log.warning("checkpoint commit failed", checkpoint_id=pending.checkpoint_id, error=str(exc))
+            self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, "", f"{type(exc).__name__}: {exc}"))
+            return
+        key = self._layout.manifest_key(manifest.checkpoint_id)
+        self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, key))
+
+    async def _abort(self, checkpoint_id: str) -> None:
+        from trainer.checkpoint import catalog
+        from trainer.checkpoint.errors import CheckpointError
+
+        self._committing.discard(checkpoint_id)
+        try:
+            deleted = await asyncio.to_thread(catalog.abort, self._store, self._layout, checkpoint_id)
+        except (CheckpointError, OSError) as exc:  # gc removes it later
+            log.warning("checkpoint abort failed", checkpoint_id=checkpoint_id, error=str(exc))
+            return
+        log.info("checkpoint attempt deleted", checkpoint_id=checkpoint_id, objects=deleted)
+
+    async def _gc(self, checkpoint_id: str) -> None:
+        from trainer.checkpoint import catalog
+        from trainer.checkpoint.errors import CheckpointError
+
+        try:
+            plan = await asyncio.to_thread(catalog.gc, self._store, self._layout, self._settings.keep)
+        except (CheckpointError, OSError) as exc:
+            log.warning("checkpoint gc failed", after=checkpoint_id, error=str(exc))
+            return
+        log.info("checkpoint retention", kept=list(plan.kept), deleted=list(plan.delete_committed))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
