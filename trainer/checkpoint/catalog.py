@@ -89,10 +89,25 @@ def commit(store: ObjectStore, layout: Layout, checkpoint_id: str, step: int, re
     try:
         store.put_if_absent(key, body)
     except ObjectExists as exc:
-        # A retried put whose first answer was lost finds its own manifest: that is our commit.
-        if bytes(store.get(key)) != body:
-            raise ManifestExists(f"checkpoint {checkpoint_id!r} is already committed ({key!r} exists on"
-                                 f" {store.describe()}); manifests are never overwritten") from exc
+        # A retried put whose first answer was lost finds its own manifest, or a new leader after a
+        # failover commits again what its predecessor already committed: when the manifest there
+        # names exactly these shards, that is this commit (never overwritten either way).
+        existing_body = bytes(store.get(key))
+        if existing_body != body:
+            try:
+                existing = decode_manifest(existing_body)
+            except ValueError:
+                existing = None
+            if existing is None or (existing.checkpoint_id, existing.step, existing.shards) != (
+                manifest.checkpoint_id, manifest.step, manifest.shards
+            ):
+                raise ManifestExists(
+                    f"checkpoint {checkpoint_id!r} is already committed ({key!r} exists on {store.describe()})"
+                    " for another step or other shards; manifests are never overwritten"
+                ) from exc
+            log.info("checkpoint %s was already committed with these shards (a retry or a new leader)",
+                     checkpoint_id)
+            return existing
     log.info("committed checkpoint %s at step %d: %d objects, %d bytes, %s", checkpoint_id, step,
              len(objects), sum(o.size_bytes for o in objects), topology.describe())
     return manifest

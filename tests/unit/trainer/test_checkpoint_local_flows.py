@@ -55,12 +55,17 @@ def test_save_then_load_is_bit_exact_and_direct(store):
             assert loaded[key] == value, key
 
 
-def test_a_second_commit_of_the_same_checkpoint_is_refused(store):
+def test_a_second_commit_is_the_first_one_when_it_names_the_same_shards_and_refused_otherwise(store):
+    # A new leader after a failover commits again what its predecessor committed: that must be
+    # recognised as the same commit (else it would be recorded as aborted while its manifest
+    # stands); a commit naming other shards is refused. The manifest is never rewritten.
     cid = checkpoint_id_for(4, "a")
     manifest = flows.save(state(4), store, L, cid, 4, ONE, V)
-    with pytest.raises(ManifestExists, match="never overwritten"):
-        catalog.commit(store, L, cid, 4, list(manifest.shards), ONE, V)
-    assert catalog.read_manifest(store, L, cid) == manifest
+    body = store.get(L.manifest_key(cid))
+    assert catalog.commit(store, L, cid, 4, list(manifest.shards), ONE, V) == manifest
+    with pytest.raises(ManifestExists, match="never overwritten"):  # another commit under this id
+        catalog.commit(store, L, cid, 5, list(manifest.shards), ONE, V)
+    assert store.get(L.manifest_key(cid)) == body and catalog.read_manifest(store, L, cid) == manifest
 
 
 def test_a_corrupted_object_is_caught_on_load(store):
