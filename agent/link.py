@@ -55,16 +55,42 @@ def _priority(message: agent_pb2.AgentMessage) -> Priority:
     return Priority.REPORT
 
 
+MAX_STICKY = 4096  # facts kept for re-sending; far above ranks per node x checkpoints in flight
+
+
 class Reports:
-    """The outgoing report queue: anyone may `send`; the link drains it while connected."""
+    """The outgoing report queue: anyone may `send`; the link drains it while connected.
+
+    A write that succeeded only means the bytes left: a supervisor that dies before handling them
+    (a leader SIGKILLed mid-failover) loses them, and its successor rebuilds soft state from what
+    agents send. Facts that happen once and that the job cannot finish without (a rank finished,
+    a checkpoint shard written) are therefore kept as `sticky` and sent again at the start of
+    every new session; the supervisor treats a repeat as a no-op.
+    """
 
     def __init__(self, capacity: int = OUTBOX_CAPACITY) -> None:
         self._outbox: Outbox[agent_pb2.AgentMessage] = Outbox(capacity)
         self._ready = asyncio.Event()
+        self._sticky: dict[tuple[str, int, int, str], agent_pb2.AgentMessage] = {}
 
-    def send(self, message: agent_pb2.AgentMessage) -> None:
+    def send(self, message: agent_pb2.AgentMessage, *, sticky: bool = False) -> None:
         self._outbox.push(message, _priority(message))
         self._ready.set()
+        if sticky:
+            key = _sticky_key(message)
+            self._sticky.pop(key, None)
+            self._sticky[key] = message
+            while len(self._sticky) > MAX_STICKY:
+                del self._sticky[next(iter(self._sticky))]
+
+    def sticky(self) -> list[agent_pb2.AgentMessage]:
+        """The facts to send again to a supervisor this agent just (re)connected to, oldest first."""
+        return list(self._sticky.values())
+
+    def forget_sticky_before(self, generation: int) -> None:
+        """Facts about generations before `generation` can no longer matter."""
+        for key in [k for k in self._sticky if k[1] < generation]:
+            del self._sticky[key]
 
     def __len__(self) -> int:
         return len(self._outbox)
@@ -89,6 +115,13 @@ class Reports:
             pass
 
 
+def _sticky_key(message: agent_pb2.AgentMessage) -> tuple[str, int, int, str]:
+    kind = message.WhichOneof("kind") or ""
+    body = getattr(message, kind)
+    return (kind, int(getattr(body, "generation", 0)), int(getattr(body, "rank", 0)),
+            str(getattr(body, "checkpoint_id", "")))
+
+
 class SupervisorLink:
     def __init__(
         self,
@@ -102,7 +135,9 @@ class SupervisorLink:
         log: Logger,
         rng: random.Random,
         backoff: Backoff = RECONNECT_BACKOFF,
+        resync: Callable[[], list[agent_pb2.AgentMessage]] = list,
     ) -> None:
+        self._resync = resync  # state reports (e.g. snapshots held) a new session starts with
         self._config = config
         self._incarnation = incarnation
         self._peer_port = peer_port
@@ -187,6 +222,10 @@ class SupervisorLink:
 
     async def _write(self, call: StreamCall, state: _SessionState) -> None:
         await call.write(self._hello())
+        # A new session may be a new leader whose soft state is empty: tell it what we hold and
+        # the once-only facts it may have missed before anything new.
+        for message in [*self._resync(), *self._reports.sticky()]:
+            await call.write(message)
         loop = asyncio.get_running_loop()
         seq = 0
         next_beat = loop.time()

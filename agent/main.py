@@ -23,6 +23,7 @@ from supervisor import logs, tls
 from supervisor.metrics_http import serve_metrics
 from supervisor.sdnotify import Notifier, pet_watchdog
 
+from agent.codec import holding_report
 from agent.config import AgentConfig, ConfigError, parse_config
 from agent.grpc_options import MESSAGE_OPTIONS
 from agent.launcher import STOP_GRACE_S, Launcher
@@ -109,8 +110,15 @@ async def run_agent(config: AgentConfig) -> int:
             directive = await directives.get()
             try:
                 await launcher.apply(directive)
+                reports.forget_sticky_before(directive.generation)
             except Exception:  # noqa: BLE001 - a bad directive must not take the agent down
                 log.exception("directive_failed", generation=directive.generation)
+
+    def holdings() -> list[agent_pb2.AgentMessage]:
+        """Every snapshot of the running generation this node holds, for a (new) supervisor."""
+        generation = launcher.running_generation()
+        blobs = (store.get(rank, step) for rank, step in store.keys())
+        return [holding_report(b, config.node_id) for b in blobs if b is not None and b.generation == generation]
 
     link = SupervisorLink(
         config,
@@ -121,6 +129,7 @@ async def run_agent(config: AgentConfig) -> int:
         running_generation=launcher.running_generation,
         log=log.bind(part="link"),
         rng=random.Random(rng.getrandbits(64)),
+        resync=holdings,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -80,14 +80,14 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         await self._check_rank(context, "ReportFinished", request.generation, request.rank)
         self._launcher.mark_finished(request.generation, request.rank)
         self._log.info("rank_finished", generation=request.generation, rank=request.rank, step=request.step)
-        self._reports.send(agent_pb2.AgentMessage(rank_finished=request))
+        self._reports.send(agent_pb2.AgentMessage(rank_finished=request), sticky=True)
         return peer_pb2.LinkAck()
 
     async def ReportCheckpointShard(self, request: agent_pb2.CheckpointShard, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportCheckpointShard", request.generation, request.rank)
         self._log.info("checkpoint_shard_written", generation=request.generation, rank=request.rank,
                        checkpoint_id=request.checkpoint_id, step=request.step, error=request.error or None)
-        self._reports.send(agent_pb2.AgentMessage(checkpoint_shard=request))
+        self._reports.send(agent_pb2.AgentMessage(checkpoint_shard=request), sticky=True)
         return peer_pb2.LinkAck()
 
     async def PutSnapshot(self, request: peer_pb2.PutSnapshotRequest, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
