@@ -52,7 +52,9 @@ def offline_digest(key: ReferenceKey, workdir: pathlib.Path, timeout_s: float = 
                 p.wait()
     codes = [p.returncode for p in procs]
     match = re.search(r"final digest ([0-9a-f]+)", outputs[0]) if outputs else None
-    if codes != [0] * key.world or match is None:
+    # Completion is what rank 0 printed, not exit codes: a gloo rank sometimes aborts in teardown
+    # after training finished ("terminate called without an active exception", SIGABRT).
+    if match is None:
         raise ClusterError(f"the offline reference run failed (exit codes {codes}); logs in {workdir}")
     return match.group(1)
 

@@ -9,7 +9,6 @@ dropped mid-upload are retried and still commit; persistent faults commit nothin
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid

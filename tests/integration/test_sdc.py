@@ -10,16 +10,15 @@ launched without ftsup (`--offline`), so one cluster run suffices.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import re
 import subprocess
 import sys
 
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.cluster import ClusterSpec, LocalCluster, free_port
+from harness.chaos.reference import ReferenceKey, offline_digest
+from harness.cluster import ClusterSpec, LocalCluster
 from harness.demo import trainer_argv
 
 pytestmark = pytest.mark.integration
@@ -36,19 +35,7 @@ def of_kind(records: list[events_pb2.Record], kind: str) -> list:
 
 def offline_reference(tmp_path: pathlib.Path) -> str:
     """The uninterrupted run's final digest: the same trainer, four gloo ranks, no agent."""
-    port = str(free_port())
-    procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port}
-        log = (tmp_path / f"offline-{rank}.err").open("wb")
-        procs.append(subprocess.Popen([*trainer_argv(sys.executable, STEPS, seed=5), "--offline"], env=env,
-                                      stdout=subprocess.PIPE, stderr=log))
-    outputs = [p.communicate(timeout=240)[0].decode() for p in procs]
-    assert [p.returncode for p in procs] == [0] * WORLD, outputs
-    match = re.search(r"final digest ([0-9a-f]{32})", outputs[0])
-    assert match, outputs[0]
-    return match.group(1)
+    return offline_digest(ReferenceKey(steps=STEPS, seed=5, world=WORLD), tmp_path / "offline")
 
 
 def test_a_flipped_parameter_bit_is_caught_the_same_step_and_the_culprit_replaced(tmp_path: pathlib.Path) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
-    LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItem, WriteItemType,
+    LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItem,
 )
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from harness.sim.fleet import DIGEST, CoreDriver, build_fleet, registered_state
-from supervisor.core.config import DetectorConfig, JobSpec
+from supervisor.core.config import DetectorConfig
 from supervisor.core.events import (
     GenerationEnded,
     GenerationStarted,
