@@ -299,12 +299,20 @@ def _on_xid(state: ClusterState, soft: SoftState, report: XidReport, now: float,
 
 
 def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Event]:
-    """The hung node's ranks are treated as lost: its node is swapped for a free spare (its RAM
-    copies still serve the restore); with no spare the same gang restarts from the snapshot."""
+    """A hung rank ends the generation. Its node is swapped for a free spare only when the rank is
+    the culprit: behind a step the others completed. In a synchronous job one frozen rank stalls
+    every rank in the next collective at the same last step, and whichever agent's watcher fires
+    first reports; blaming it would swap a healthy node. Then the same gang restarts (from the
+    snapshot), which replaces the frozen process wherever it is."""
+    progress = soft.progress
+    newest = progress.max_step if progress is not None and progress.generation == hung.generation else hung.last_step
+    is_culprit = hung.last_step < newest
     detail = (f"rank {hung.rank} made no step progress for {hung.silent_for_s:.0f}s"
               f" (limit {hung.limit_s:.0f}s) after step {hung.last_step}")
+    if not is_culprit:
+        detail += f"; every rank stopped at step {newest}, so the culprit is unknown: restarting the same gang"
     ended = _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail, silent_for_s=hung.silent_for_s)
-    if ended and _has_free_spare(state, soft) and not state.nodes[hung.node_id].is_quarantined:
+    if ended and is_culprit and _has_free_spare(state, soft) and not state.nodes[hung.node_id].is_quarantined:
         ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1))
     return ended
 

@@ -367,17 +367,35 @@ def test_an_idle_node_is_drained_at_once():
     assert [type(e) for e in events] == [OperatorCommand, NodeDrained]
 
 
-def test_a_hung_rank_is_treated_as_lost_its_node_swapped_for_a_spare():
+def test_a_hung_rank_behind_the_others_is_treated_as_lost_its_node_swapped_for_a_spare():
     from supervisor.core.inputs import TrainerHung
 
     sim = running_cluster()
     step(sim, 1, 3)
+    for member in sim.state.generation.members:  # every rank but 2 completed step 4
+        for rank in member.ranks:
+            if rank != 2:
+                sim.events(StepReport(member.node_id, 1, rank, 4, 0.1, 0.08, 2.0, "d"), at=NOW + 4.0)
     alive(sim, NOW + 5.0)
     events = sim.events(TrainerHung("n2", 1, 2, 3, 120.0, 60.0), at=NOW + 5.0)
     assert [type(e) for e in events] == [GenerationEnded, NodeQuarantined, GenerationStarted]
     assert events[0].reason is EndReason.HUNG and "no step progress for 120s" in events[0].detail
     assert events[2].restore_step == 3 and "n2" not in {m.node_id for m in events[2].members}
     assert {r.rank: r.kind for r in events[2].restores}[2] is RestoreKind.PEER_SNAPSHOT
+
+
+def test_a_hang_where_every_rank_stopped_at_the_same_step_blames_nobody_and_restarts_the_gang():
+    # One frozen rank stalls all others in the next collective: the reporting node is not the
+    # culprit (chaos hung_trainer: a healthy node was swapped out). Nobody is quarantined.
+    from supervisor.core.inputs import TrainerHung
+
+    sim = running_cluster()
+    step(sim, 1, 3)
+    alive(sim, NOW + 5.0)
+    events = sim.events(TrainerHung("n3", 1, 4, 3, 120.0, 60.0), at=NOW + 5.0)
+    assert [type(e) for e in events] == [GenerationEnded, GenerationStarted]
+    assert "culprit is unknown" in events[0].detail
+    assert {m.node_id for m in events[1].members} == {"n1", "n2", "n3"} and events[1].restore_step == 3
 
 
 def test_without_a_spare_a_hang_restarts_the_same_gang():
