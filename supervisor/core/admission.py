@@ -49,13 +49,17 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
         case SnapshotReport():
             return _check_sender(state, soft, inp.node_id) or _check_holder(state, inp)
         case RankFinished():
-            return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
-        case Heartbeat() | TrainerExit():
+            return (_check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
+                    or _check_not_finished(soft, inp))
+        case Heartbeat():
             return _check_sender(state, soft, inp.node_id)
+        case TrainerExit():
+            return _check_sender(state, soft, inp.node_id) or _check_exit(state, inp)
         case XidReport():
             return _check_sender(state, soft, inp.node_id) or _check_xid(inp)
         case TrainerHung():
-            return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
+            return (_check_sender(state, soft, inp.node_id) or _check_hung_times(inp)
+                    or _check_rank(state, inp.node_id, inp.generation, inp.rank))
         case OperatorRequest():
             return _check_operator(state, inp)
         case CheckpointShardReport():
@@ -100,6 +104,42 @@ def _check_rank(state: ClusterState, node_id: str, generation: int, rank: int) -
     return None
 
 
+def _check_exit(state: ClusterState, exit_: TrainerExit) -> str | None:
+    """An exit of an older generation is the normal tail of a restart (accepted, changes nothing);
+    one of a generation never started, or of a rank the sender does not run, would end the
+    generation in force on someone else's behalf (found by the issue-8 fuzz test)."""
+    if exit_.generation > state.last_generation:
+        return f"generation {exit_.generation} was never started (the newest is {state.last_generation})"
+    current = state.generation
+    if current is not None and current.number == exit_.generation:
+        return _check_rank(state, exit_.node_id, exit_.generation, exit_.rank)
+    return None
+
+
+MAX_HUNG_S = 1e9  # about 31 years: a larger silence or limit is a corrupt report
+
+
+def _check_hung_times(hung: TrainerHung) -> str | None:
+    for name in ("silent_for_s", "limit_s"):
+        value = getattr(hung, name)
+        if not (math.isfinite(value) and 0.0 <= value <= MAX_HUNG_S):
+            return f"{name}={value!r} is not a finite number of seconds within [0, {MAX_HUNG_S:g}]"
+    return None
+
+
+def _check_not_finished(soft: SoftState, report: RankFinished) -> str | None:
+    """A rank finishes once. Agents re-send RankFinished after a reconnect (a no-op, accepted), but a
+    repeat with another digest would rewrite the job's final digest: refused."""
+    progress = soft.progress
+    if progress is None or progress.generation != report.generation:
+        return None
+    earlier = progress.finished.get(report.rank)
+    if earlier is not None and earlier != report.param_digest:
+        return (f"rank {report.rank} already finished generation {report.generation} with digest {earlier!r};"
+                f" a repeat with digest {report.param_digest!r} is refused")
+    return None
+
+
 def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
     """A rank's snapshot is held by the node running the rank and by that node's buddy."""
     current = state.generation
@@ -120,8 +160,10 @@ MAX_TEXT = 4096
 def _check_xid(report: XidReport) -> str | None:
     if not 0 < report.code <= MAX_XID_CODE:
         return f"Xid code {report.code} is outside 1..{MAX_XID_CODE}"
-    if len(report.message) > MAX_TEXT or len(report.pci) > 64:
+    if len(report.message) > MAX_TEXT:
         return f"Xid report of {len(report.message)} characters is longer than {MAX_TEXT}"
+    if len(report.pci) > 64:
+        return f"Xid PCI bus id of {len(report.pci)} characters is longer than 64"
     return None
 
 

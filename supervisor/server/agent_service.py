@@ -13,6 +13,7 @@ import math
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from supervisor import logs
@@ -77,6 +78,10 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             first = await anext(aiter(request_iterator), None)
         except grpc.aio.AioRpcError:
             first = None
+        except DecodeError as exc:  # bytes that are no AgentMessage: say so, not a bare UNKNOWN
+            self._runtime.close_stream(stream_id, None, 0)
+            yield _refusal(f"undecodable message: {exc}", "undecodable")
+            return
         if first is None or first.WhichOneof("kind") != "hello":
             self._runtime.close_stream(stream_id, None, 0)
             got = first.WhichOneof("kind") if first is not None else "nothing"
@@ -142,6 +147,8 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                 reply.add_done_callback(_refuse_on(outbox, type(inp).__name__))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
+        except DecodeError as exc:  # the stream cannot go on after corrupt bytes: end it, saying why
+            outbox.put_nowait(_refusal(f"undecodable message: {exc}; closing the stream", "undecodable"))
         finally:
             outbox.put_nowait(None)
 

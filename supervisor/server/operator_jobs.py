@@ -17,6 +17,7 @@ import grpc
 from ftsup.v1 import operator_pb2
 from supervisor import codec, logs
 from supervisor.core.config import CoreConfig
+from supervisor.core.admission import MAX_TEXT
 from supervisor.core.events import GenerationStarted
 from supervisor.core.goodput import GoodputReport
 from supervisor.core.inputs import OperatorRequest
@@ -66,6 +67,15 @@ def goodput_to_proto(report: GoodputReport) -> operator_pb2.GetGoodputResponse:
     if report.since_unix_s is not None:
         response.since_unix_s = report.since_unix_s
     return response
+
+
+async def require_reason(reason: str, context: grpc.aio.ServicerContext) -> None:
+    """A blank or overlong reason is a bad argument (INVALID_ARGUMENT), not a state the cluster is in."""
+    if not reason.strip():
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a reason is required (it is recorded in the event log)")
+    if len(reason) > MAX_TEXT:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the reason has {len(reason)} characters; at most {MAX_TEXT} are recorded")
 
 
 class JobMethods:
@@ -147,6 +157,7 @@ class JobMethods:
     async def Restart(
         self, request: operator_pb2.JobCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
+        await require_reason(request.reason, context)
         outcome = await self._runtime.submit(OperatorRequest("restart", "", request.reason, request.operator or "unknown"))
         if outcome.refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)

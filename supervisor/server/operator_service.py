@@ -20,7 +20,7 @@ from supervisor.core.state import Liveness
 from supervisor.core.views import JobPhase
 from supervisor.runtime import Runtime
 from supervisor.server.log_digest import LogDigest
-from supervisor.server.operator_jobs import JobMethods
+from supervisor.server.operator_jobs import JobMethods, require_reason
 
 _PHASE = {
     JobPhase.WAITING: operator_pb2.JOB_PHASE_WAITING,
@@ -135,6 +135,7 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
         self, command: str, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
         # Authorization happened before this method ran: supervisor/server/operator_guard.py.
+        await require_reason(request.reason, context)
         outcome = await self._runtime.submit(
             OperatorRequest(command, request.node_id, request.reason, request.operator or "unknown")
         )

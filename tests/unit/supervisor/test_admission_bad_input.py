@@ -1,0 +1,56 @@
+"""Refusals added after the issue-8 wire fuzz test found these messages accepted (pure core)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from supervisor.core.inputs import RankFinished, TrainerExit, TrainerHung, XidReport
+from tests.support.builders import NOW, Sim, hello
+
+
+def running() -> Sim:
+    sim = Sim()  # 3 nodes x 2 ranks: n1 holds 0-1, n2 holds 2-3, n3 holds 4-5
+    for i in (1, 2, 3):
+        sim.events(hello(f"n{i}", stream_id=i))
+    sim.events(hello("s1", spare=True, stream_id=10))
+    assert sim.state.generation is not None and sim.state.generation.number == 1
+    return sim
+
+
+def test_a_trainer_exit_for_a_rank_the_sender_does_not_run_is_refused_and_ends_nothing() -> None:
+    sim = running()
+    assert "does not hold rank 0" in sim.feed(TrainerExit("n2", 1, 0, -9, False))
+    assert "does not hold rank 0" in sim.feed(TrainerExit("s1", 1, 0, -9, False))
+    assert sim.state.generation is not None and sim.state.generation.number == 1
+
+
+def test_a_trainer_exit_for_a_generation_never_started_is_refused() -> None:
+    sim = running()
+    assert "generation 7 was never started (the newest is 1)" in sim.feed(TrainerExit("n1", 7, 0, 1, False))
+
+
+def test_a_trainer_exit_of_an_older_generation_is_still_accepted_as_a_no_op() -> None:
+    sim = running()
+    assert sim.feed(TrainerExit("n1", 0, 0, 1, False)) == []
+
+
+@pytest.mark.parametrize("times", [(math.nan, 60.0), (-1.0, 60.0), (120.0, math.inf), (120.0, -5.0), (1e18, 60.0)])
+def test_a_hang_report_with_impossible_times_is_refused(times: tuple[float, float]) -> None:
+    sim = running()
+    assert "is not a finite number of seconds" in sim.feed(TrainerHung("n2", 1, 2, 3, *times), at=NOW + 5.0)
+    assert sim.state.generation is not None and sim.state.generation.number == 1
+
+
+def test_rank_finished_again_with_another_digest_is_refused_the_same_one_is_a_no_op() -> None:
+    sim = running()
+    assert sim.feed(RankFinished("n1", 1, 0, 10, "abc")) == []
+    assert sim.feed(RankFinished("n1", 1, 0, 10, "abc")) == []  # agents re-send after a reconnect
+    assert "already finished generation 1 with digest 'abc'" in sim.feed(RankFinished("n1", 1, 0, 10, "evil"))
+    assert sim.soft.progress is not None and sim.soft.progress.finished[0] == "abc"
+
+
+def test_an_overlong_pci_id_is_named_as_such() -> None:
+    sim = running()
+    assert "PCI bus id of 65 characters" in sim.feed(XidReport("n1", "0" * 65, None, 79, "fell off the bus"))
