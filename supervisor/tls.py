@@ -1,6 +1,6 @@
 """mTLS for every ftsup gRPC endpoint: credentials from PEM files and who the peer is.
 
-Identity lives in one SAN URI per certificate (written by `ftsup certs`, see docs/readme/ops.md):
+Identity lives in one SAN URI per certificate (written by `ftsup certs`, see docs/ops.md):
   spiffe://ftsup/node/<node-id>                 an agent; must equal the node id in its Hello
   spiffe://ftsup/supervisor/<id>                a supervisor replica
   spiffe://ftsup/operator/<name>/<admin|read>   a person or script using supervisorctl

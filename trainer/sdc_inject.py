@@ -6,7 +6,7 @@ on one rank at one step:
   this rank's replica changes, so the cross-replica digest vote catches it the same step.
 - `grad`: the rank's local gradient before the gradient all-reduce (a bad backward). The
   all-reduce averages it into every replica: all digests still agree. Only a recompute of the
-  rank's step on another node can catch it (docs/readme/sdc.md).
+  rank's step on another node can catch it (docs/sdc.md).
 - `compute`: an activation in the forward pass (a bad matmul). Same as `grad`: it reaches every
   replica through the averaged gradient.
 The flip is exact (an integer view of the element's bits), so tests know which bit changed.

@@ -114,7 +114,7 @@ class Scenario:
     same_world: bool = True  # the world size survives: the final digest must match the reference
     seed: int = 7
     # Known ftsup gaps this scenario exposes: reported under "gaps" when they show, never failing
-    # the scenario (each is written up in docs/readme/chaos.md until it is fixed).
+    # the scenario (each is written up in docs/chaos.md until it is fixed).
     gaps: Callable[[Outcome], list[str]] = lambda _o: []
 
     def __post_init__(self) -> None:

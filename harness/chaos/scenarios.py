@@ -4,7 +4,7 @@ Shape of every run unless a scenario says otherwise: 3 active nodes with one ran
 spare, one supervisor, 14 steps of the example GPT, the fault after step 4. Node ids: node-1..3
 hold ranks 0..2; a rank's buddy (its snapshot's second copy) is the next node (node-3 -> node-1).
 Expectations state what ftsup does *today*; where that falls short of the goal the scenario's
-docs/readme/chaos.md entry says so.
+docs/chaos.md entry says so.
 """
 
 from __future__ import annotations
