@@ -165,7 +165,14 @@ def _on_registered(state: ClusterState, event: NodeRegistered) -> ClusterState:
         is_quarantined=previous.is_quarantined if previous else False,
         quarantine_reason=previous.quarantine_reason if previous else "",
     )
-    return frozen.replace(_with_node(state, node), registrations=state.registrations + 1)
+    state = frozen.replace(_with_node(state, node), registrations=state.registrations + 1)
+    snapshot = state.snapshot
+    if previous is not None and previous.incarnation != event.incarnation and snapshot is not None:
+        # A restarted agent is a new process: the copies its predecessor held are gone.
+        if any(event.node_id in (m.node_id, m.buddy_node_id) for m in snapshot.members):
+            lost = tuple(sorted({*snapshot.lost_holders, event.node_id}))
+            state = frozen.replace(state, snapshot=frozen.replace(snapshot, lost_holders=lost))
+    return state
 
 
 def _set_liveness(

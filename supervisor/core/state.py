@@ -104,6 +104,8 @@ class CommittedSnapshot:
     generation: int
     step: int
     members: tuple[RankAssignment, ...]
+    # Holders whose agent restarted since (a new incarnation): their RAM copies are gone.
+    lost_holders: tuple[str, ...] = ()
 
     def holders(self, rank: int) -> tuple[str, ...]:
         for assignment in self.members:

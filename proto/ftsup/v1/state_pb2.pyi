@@ -188,20 +188,26 @@ class CommittedSnapshot(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    LOST_HOLDERS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     step: _builtins.int
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.RankAssignment]: ...
+    @_builtins.property
+    def lost_holders(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """holders whose agent restarted since: their copies are gone"""
+
     def __init__(
         self,
         *,
         generation: _builtins.int = ...,
         step: _builtins.int = ...,
         members: _abc.Iterable[_events_pb2.RankAssignment] | None = ...,
+        lost_holders: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "members", b"members", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "lost_holders", b"lost_holders", "members", b"members", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

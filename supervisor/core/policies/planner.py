@@ -157,7 +157,7 @@ def restore_world(
         for member in snapshot.members
         for rank in member.ranks
         for node_id in (member.node_id, member.buddy_node_id)
-        if node_id
+        if node_id and node_id not in snapshot.lost_holders
     )
     return restore.RestoreWorld(
         placement=members,

@@ -104,3 +104,18 @@ def test_a_generation_restored_from_older_state_forgets_the_newer_snapshot_so_it
     ended = evolve(evolve(fresh, SnapshotCommitted(2, 3)), GenerationEnded(2, EndReason.NODE_LOST, "b", 4, ""))
     from_it = dataclasses.replace(started(3, {"a": (0,), "c": (1,)}), restore_step=3, restore_generation=2)
     assert evolve(ended, from_it).snapshot.step == 3, "restoring from the snapshot keeps it"
+
+
+def test_a_holder_whose_agent_restarted_no_longer_holds_the_snapshot():
+    # chaos agent_crash: the planner sent rank 1 to fetch from a restarted (empty) agent, forever.
+    ran = evolve_all(BASE, [started(1, {"a": (0,), "b": (1,), "c": (2,)}), SnapshotCommitted(1, 3),
+                            GenerationEnded(1, EndReason.NODE_LOST, "b", 4, "agent crashed")])
+    same = evolve(ran, registered("b"))  # the same incarnation: a reconnect, copies intact
+    assert same.snapshot.lost_holders == ()
+    restarted = evolve(ran, NodeRegistered("b", 2, NodeRole.ACTIVE, "127.0.0.1", 9000, 8))
+    assert restarted.snapshot.lost_holders == ("b",)
+    from supervisor.core.policies.planner import restore_world
+    from supervisor.core.state import SoftState
+
+    world = restore_world(restarted, SoftState(started_at_s=0.0), restarted.snapshot.members)
+    assert {h.node_id for h in world.holdings} == {"a", "c"}, "b's copies (its own and a's) are gone"
