@@ -161,8 +161,11 @@ def test_a_checkpoint_is_invisible_until_its_manifest_and_a_manifest_is_never_ov
     manifest = catalog.commit(store, layout, cid, 3, [report], ONE, VERSIONS)
     assert [m.checkpoint_id for m in catalog.list_committed(store, layout)] == [cid]
     before = bytes(store.get(layout.manifest_key(cid)))
+    # The same shards again (a new leader re-committing after a failover) is that commit; anything
+    # else under this id is refused. The manifest is never rewritten either way.
+    assert catalog.commit(store, layout, cid, 3, [report], ONE, VERSIONS) == manifest
     with pytest.raises(ManifestExists):
-        catalog.commit(store, layout, cid, 3, [report], ONE, VERSIONS)
+        catalog.commit(store, layout, cid, 4, [report], ONE, VERSIONS)
     assert bytes(store.get(layout.manifest_key(cid))) == before
     assert {o.key for o in manifest.objects} == {layout.data_key(cid, ".metadata"), layout.data_key(cid, "__0_0.distcp")}
     loaded = zeros_like(state(3))
