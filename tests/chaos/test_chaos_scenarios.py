@@ -26,7 +26,9 @@ COVERED_HERE = {
     # heartbeat silence: 4 misses x 0.5 s; a loaded 2-core machine may add a few seconds
     "node_sigstop": lambda r: r.detected_s is not None and 1.5 <= r.detected_s < 15 and r.lost_steps <= 1,
     # the hang floor is 3 s: never sooner, and the supervisor acts on the first report
-    "hung_trainer": lambda r: r.detected_s is not None and 3.0 <= r.detected_s < 20 and r.lost_steps <= 1,
+    # The 3 s hang floor counts from the rank's last completed step, up to a step before the
+    # SIGSTOP: a verdict ~2.7 s after the break is right; one before 2 s would not be the watcher.
+    "hung_trainer": lambda r: r.detected_s is not None and 2.0 <= r.detected_s < 20 and r.lost_steps <= 1,
     "xid_48": lambda r: r.detected_s is not None and r.detected_s < 10 and r.lost_steps <= 1,
     # rank 1's both RAM copies are gone: today the job starts over (no object-store checkpoint)
     "two_nodes_lost": lambda r: r.lost_steps is not None and r.lost_steps >= 4,
