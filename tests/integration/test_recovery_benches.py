@@ -1,0 +1,44 @@
+"""`ftsup bench snapshot --quick` and `ftsup bench recovery --quick` on real processes: the JSON a
+user reads, its required keys, and figures that hold on any machine (a loaded one included)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import cli
+
+pytestmark = pytest.mark.integration
+
+
+# No --dir: pytest's tmp_path is too deep for the agents' unix socket paths (107 bytes); the
+# benches make (and remove) a short temporary directory of their own.
+
+
+def test_snapshot_bench_reports_the_pause_against_torch_save(capsys):
+    assert cli.main(["bench", "snapshot", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"pause_s", "torch_save_s", "pause_ratio", "held_s", "committed_s", "sync_copy", "baseline"} <= set(result)
+    assert result["pause_ratio"] == round(result["pause_s"] / result["torch_save_s"], 4)
+    # The training thread only collects references; the copy, encoding and hand-off come after.
+    assert 0 < result["pause_s"] < result["torch_save_s"]
+    assert result["held_s"] >= result["background_copy_s"] > 0
+    assert result["committed_s"] is not None and result["committed_s"] > 0
+    assert len(result["pause_samples_s"]) == 2  # rank 0's 2 snapshots in the background mode
+
+
+def test_recovery_bench_compares_a_node_kill_with_torchrun_restarts(capsys):
+    assert cli.main(["bench", "recovery", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    required = {"ftsup_recovery_s", "torchrun_recovery_s", "recovery_ratio", "ftsup_lost_steps",
+                "torchrun_lost_steps", "ftsup_regain_s", "torchrun_regain_s"}
+    assert required <= set(result)
+    assert result["recovery_ratio"] == round(result["ftsup_regain_s"] / result["torchrun_regain_s"], 3)
+    ours, theirs = result["ftsup_kills"][0], result["torchrun_kills"][0]
+    assert ours["restored_from"] == "peer_snapshot" and ours["lost_steps"] <= 1  # the snapshot barrier's bound
+    # torchrun restarts from its last checkpoint (every 10 steps), written at most a step after the
+    # last step rank 0 printed
+    assert (theirs["first_step"] - 1) % 10 == 0 and theirs["first_step"] - 1 <= theirs["at_step"] + 1
+    for kill in (ours, theirs):
+        assert 0 < kill["recovery_s"] <= kill["regain_s"]
