@@ -29,7 +29,7 @@ from typing import Any, IO
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from harness.cluster import ClusterError, free_port
+from harness.cluster import ClusterError, free_port, terminate_group
 
 GOAL_P99_MS = 50.0
 GOAL_DETECT_S = 2.5
@@ -296,8 +296,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             except (BrokenPipeError, OSError):
                 pass
         for proc in procs:
-            _stop(proc.process)
-        _stop(supervisor)
+            terminate_group(proc.process, grace_s=10.0)
+        terminate_group(supervisor, grace_s=10.0)
 
 
 def _firsts(procs: list[LoadProcess]) -> list[int]:
@@ -313,19 +313,6 @@ def _wait_optional(check, timeout_s: float):  # type: ignore[no-untyped-def]
     while (value := check()) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     return value
-
-
-def _stop(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=grace_s)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=grace_s)
 
 
 def _profile_top(path: pathlib.Path, limit: int = 15) -> list[dict[str, Any]]:

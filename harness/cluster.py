@@ -264,9 +264,9 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
         for node in self.agents.values():
-            _terminate_group(node.process)
+            terminate_group(node.process)
         for process in self.replicas.values():
-            _terminate_group(process)
+            terminate_group(process)
         if self._channel is not None:
             self._channel.close()
 
@@ -333,7 +333,8 @@ class LocalCluster:
             )
 
 
-def _terminate_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+def terminate_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM a process group, SIGKILL it after `grace_s`; quiet when it is already gone."""
     if process.poll() is not None:
         return
     try:

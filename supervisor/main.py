@@ -91,7 +91,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen),
                             read_token=config.operator_read_token, is_tls=is_tls)
     operator_pb2_grpc.add_OperatorServicer_to_server(
-        guarded(OperatorService(runtime, config.advertise), authorizer), server)
+        guarded(OperatorService(runtime, config.advertise, runtime.metrics.goodput if runtime.metrics else None),
+                authorizer), server)
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     await checker.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -14,7 +14,6 @@ import grpc
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
 from supervisor import codec, logs
 from supervisor.core.inputs import OperatorRequest
-from supervisor.server.authz import Authorizer
 from supervisor.core.events import NodeRole
 from supervisor.core.state import Liveness
 from supervisor.core.views import JobPhase
@@ -39,13 +38,12 @@ _ROLE = {NodeRole.ACTIVE: events_pb2.NODE_ROLE_ACTIVE, NodeRole.SPARE: events_pb
 
 
 class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
-    def __init__(self, runtime: Runtime, address: str, authorizer: Authorizer | None = None) -> None:
-        # Callers are authorized by operator_guard.guarded(), which wraps this servicer; the
-        # authorizer is kept only for callers that still pass it.
+    def __init__(self, runtime: Runtime, address: str, digest: LogDigest | None = None) -> None:
+        # Callers are authorized by operator_guard.guarded(), which wraps this servicer.
         self._runtime = runtime
         self._address = address
-        self._authorizer = authorizer
-        self._digest = LogDigest()  # goodput and recent detections, read from the log once
+        # Goodput and recent detections, read from the log once: shared with /metrics when served.
+        self._digest = digest if digest is not None else LogDigest()
 
     async def GetStatus(
         self, request: operator_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
