@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+import time
 import uuid
 from collections.abc import Callable
 
@@ -66,8 +67,12 @@ def run_and_check(workdir: pathlib.Path, reference: str, location: str, extra: t
         cluster.kill_node("node-2")  # rank 1's node
         cluster.kill_node("node-3")  # its buddy, which holds rank 1's other RAM copy
         status = wait_completed(cluster)
+        # The last step's checkpoint may still be committing when the job completes: its outcome
+        # (and the retention after it) comes as its own record. Read the log once nothing is in flight.
+        listed = cluster.wait_for(
+            lambda: (c := cluster._stub().ListCheckpoints(operator_pb2.ListCheckpointsRequest(), timeout=10))
+            and not c.pending_checkpoint_id and c, 60, "no checkpoint in flight")
         records = cluster.events()
-        listed = cluster._stub().ListCheckpoints(operator_pb2.ListCheckpointsRequest(), timeout=10)
     assert status.final_digest == reference
     started = of_kind(records, "checkpoint_started")
     committed = of_kind(records, "checkpoint_committed")
@@ -88,7 +93,12 @@ def run_and_check(workdir: pathlib.Path, reference: str, location: str, extra: t
     assert (listed.checkpoint_id, listed.checkpoint_step) == (committed[-1].checkpoint_id, committed[-1].step)
     assert listed.checkpoint_manifest == committed[-1].manifest_key and "every 4 steps" in listed.interval_reason
     # Retention kept the newest KEEP commits, each with its manifest naming every rank's shard index.
-    assert sorted(manifests()) == sorted(c.manifest_key for c in committed[-KEEP:])
+    # Retention runs after each commit's record, off the supervisor's loop: wait for it, then assert.
+    kept = sorted(c.manifest_key for c in committed[-KEEP:])
+    deadline = time.monotonic() + 30
+    while sorted(manifests()) != kept and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a condition under a deadline
+    assert sorted(manifests()) == kept
     for c in committed[-KEEP:]:
         assert c.manifest_key == f"{prefix}{c.checkpoint_id}/MANIFEST.json"
         manifest = json.loads(read(c.manifest_key))
