@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from supervisor.core import checkpoints
 from supervisor.core.config import CoreConfig
 from supervisor.core.inputs import (
     AgentHello,
@@ -33,10 +34,18 @@ from supervisor.core.state import ClusterState, SoftState
 NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MAX_STEP_TIME_S = 86_400.0
 MAX_TOKENS_PER_STEP = 1 << 40  # far above any real batch; larger is a corrupt report
+# Steps are counted one optimizer step at a time: 2^53 - 1 is ~285 million years of 1 ms steps,
+# and the largest count that stays exact as a float (JSON, Prometheus). Larger is a corrupt report.
+MAX_STEP = (1 << 53) - 1
 
 
 def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig) -> str | None:
     """Returns why `inp` must be refused, or None to accept it."""
+    step = getattr(inp, "step", None)
+    if step is None:
+        step = getattr(inp, "last_step", None)
+    if isinstance(step, int) and not 0 <= step <= MAX_STEP:
+        return f"step {step} is outside [0, {MAX_STEP}]: not a step count"
     match inp:
         case AgentHello():
             return _check_hello(soft, inp, config)
@@ -61,7 +70,7 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return (_check_sender(state, soft, inp.node_id) or _check_hung_times(inp)
                     or _check_rank(state, inp.node_id, inp.generation, inp.rank))
         case OperatorRequest():
-            return _check_operator(state, inp)
+            return _check_operator(state, soft, inp, config)
         case CheckpointShardReport():
             return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
         case CheckpointCommitResult():
@@ -167,14 +176,20 @@ def _check_xid(report: XidReport) -> str | None:
     return None
 
 
-OPERATOR_COMMANDS = ("quarantine", "unquarantine", "drain", "restart")
+OPERATOR_COMMANDS = ("quarantine", "unquarantine", "drain", "restart", "checkpoint")
 
 
-def _check_operator(state: ClusterState, request: OperatorRequest) -> str | None:
+def _check_operator(state: ClusterState, soft: SoftState, request: OperatorRequest, config: CoreConfig) -> str | None:
     if request.command not in OPERATOR_COMMANDS:
         return f"unknown command {request.command!r}; one of {', '.join(OPERATOR_COMMANDS)}"
     if request.command == "restart":
         return _check_restart(state, request)
+    if request.command == "checkpoint":
+        if not request.reason.strip() or len(request.reason) > MAX_TEXT:
+            return "a reason is required (it is recorded in the event log), at most 4096 characters"
+        if request.node_id:
+            return f"a checkpoint covers the whole job, not node {request.node_id!r}"
+        return checkpoints.request_refusal(state, soft, config)
     node = state.node(request.node_id)
     if node is None:
         known = ", ".join(sorted(state.nodes)) or "none"

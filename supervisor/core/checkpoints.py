@@ -7,26 +7,52 @@ supervisor agree on which steps are saved without a round trip: trainers save at
 under `checkpoint_id_for(step, generation)`, the core starts the attempt on the first step report
 of that step (a rank's step report precedes its shard report on the same stream), counts the
 shards, and the shell commits (catalog.commit, off the event loop) and reports the result back.
+
+Off the cadence (an operator's `checkpoint now`, or `auto`: the Young/Daly interval has passed)
+the core records CheckpointRequested for a step ahead of every rank (`lead_step`); directives
+carry it to the agents, agents hand it to their ranks with the answer to each step report, and
+ranks agree on it with one tiny collective per step (trainer.session.checkpoint_due), so a rank
+that heard late still saves with the others. A request whose step passes without a start, and an
+attempt not committed within its timeout, are aborted: nothing waits forever on a missing shard.
 Kept apart from evolve.py so the object-store work (issue 6) grows here, not in the dispatcher.
 """
 
 from __future__ import annotations
 
 
+import math
+
 from supervisor.core import frozen
+from supervisor.core.config import CoreConfig
 from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import (
-    CheckpointAborted, CheckpointCommitted, CheckpointShardWritten, CheckpointStarted, Event,
+    CheckpointAborted, CheckpointCommitted, CheckpointRequested, CheckpointShardWritten, CheckpointStarted, Event,
 )
 from supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
-from supervisor.core.state import ClusterState, CommittedCheckpoint, PendingCheckpoint, ShardRecord
+from supervisor.core.policies import interval as interval_policy
+from supervisor.core.state import (
+    ClusterState, CommittedCheckpoint, PendingCheckpoint, RequestedCheckpoint, ShardRecord, SoftState,
+)
 
-CheckpointEvent = CheckpointStarted | CheckpointShardWritten | CheckpointCommitted | CheckpointAborted
+CheckpointEvent = (
+    CheckpointRequested | CheckpointStarted | CheckpointShardWritten | CheckpointCommitted | CheckpointAborted
+)
+MAX_REASON = 1000  # characters of a request's reason kept in the log
 
 
 def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterState:
     pending = state.pending_checkpoint
     match event:
+        case CheckpointRequested():
+            if state.requested_checkpoint is not None:
+                raise InvalidEvent(f"checkpoint {state.requested_checkpoint.checkpoint_id!r} is already requested")
+            if state.generation is None or state.generation.number != event.generation:
+                raise InvalidEvent(f"checkpoint {event.checkpoint_id!r} requested for generation {event.generation},"
+                                   " which is not in force")
+            if event.step < 1:
+                raise InvalidEvent(f"checkpoint {event.checkpoint_id!r} requested for step {event.step}")
+            request = RequestedCheckpoint(event.checkpoint_id, event.generation, event.step, event.reason)
+            return frozen.replace(state, requested_checkpoint=request)
         case CheckpointStarted():
             if pending is not None:
                 raise InvalidEvent(f"checkpoint {pending.checkpoint_id!r} is still in flight")
@@ -34,7 +60,10 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
                 raise InvalidEvent(f"checkpoint {event.checkpoint_id!r} needs at least one shard")
             fresh = PendingCheckpoint(event.checkpoint_id, event.generation, event.step, event.shards,
                                       location=event.location)
-            return frozen.replace(state, pending_checkpoint=fresh)
+            request = state.requested_checkpoint
+            if request is not None and event.step >= request.step:
+                request = None  # started (its own step, or a cadence step at or after it)
+            return frozen.replace(state, pending_checkpoint=fresh, requested_checkpoint=request)
         case CheckpointShardWritten():
             pending = _require_pending(state, event.checkpoint_id)
             if not 0 <= event.shard < pending.shards or event.shard in pending.written:
@@ -57,6 +86,10 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
             committed = CommittedCheckpoint(event.checkpoint_id, event.step, event.manifest_key)
             return frozen.replace(state, checkpoint=committed, pending_checkpoint=None)
         case CheckpointAborted():
+            request = state.requested_checkpoint
+            if pending is None or pending.checkpoint_id != event.checkpoint_id:
+                if request is not None and request.checkpoint_id == event.checkpoint_id:
+                    return frozen.replace(state, requested_checkpoint=None)  # withdrawn before it started
             _require_pending(state, event.checkpoint_id)
             return frozen.replace(state, pending_checkpoint=None)
 
@@ -84,13 +117,26 @@ def _is_tainted(state: ClusterState, step: int) -> bool:
     return state.sdc_tainted_from_step is not None and step >= state.sdc_tainted_from_step
 
 
+def _is_requested(state: ClusterState, step: int, generation: int) -> bool:
+    request = state.requested_checkpoint
+    return request is not None and request.generation == generation and request.step == step
+
+
 def on_step_report(state: ClusterState, report: StepReport, location: str, every_steps: int) -> list[Event]:
     """The first report of a due step starts its checkpoint, unless one is still in flight (that
-    step is then skipped: the trainers' shards for it are ignored and gc removes them)."""
+    step is then skipped: the trainers' shards for it are ignored and gc removes them). A request
+    whose step went by without starting (one was in flight then) is withdrawn."""
     generation = state.generation
-    if not location or not is_due(report.step, every_steps) or generation is None:
+    if not location or generation is None or generation.number != report.generation:
         return []
-    if generation.number != report.generation or state.pending_checkpoint is not None:
+    request = state.requested_checkpoint
+    if request is not None and request.generation == generation.number and report.step > request.step:
+        return [CheckpointAborted(request.checkpoint_id,
+                                  f"step {request.step} went by without the requested checkpoint starting"
+                                  f" ({_in_flight_text(state)})")]
+    if not (is_due(report.step, every_steps) or _is_requested(state, report.step, generation.number)):
+        return []
+    if state.pending_checkpoint is not None:
         return []
     if state.checkpoint is not None and report.step <= state.checkpoint.step:
         return []
@@ -126,14 +172,117 @@ def on_commit_result(state: ClusterState, result: CheckpointCommitResult) -> lis
 
 
 def abandoned(state: ClusterState) -> list[Event]:
-    """An incomplete attempt of a generation no longer in force can never complete: abort it.
-    (A complete one is left to its commit, which needs no trainer.)"""
-    pending = state.pending_checkpoint
+    """An incomplete attempt (or a request) of a generation no longer in force can never
+    complete: abort it. (A complete one is left to its commit, which needs no trainer.)"""
     generation = state.generation
-    if pending is None or pending.is_complete:
+    number = generation.number if generation is not None else None
+    events: list[Event] = []
+    request = state.requested_checkpoint
+    if request is not None and request.generation != number:
+        events.append(CheckpointAborted(request.checkpoint_id,
+                                        f"generation {request.generation} ended before step {request.step}"))
+    pending = state.pending_checkpoint
+    if pending is not None and not pending.is_complete and pending.generation != number:
+        events.append(CheckpointAborted(pending.checkpoint_id,
+                                        f"generation {pending.generation} ended with {len(pending.written)} of"
+                                        f" {pending.shards} shards written"))
+    return events
+
+
+def _in_flight_text(state: ClusterState) -> str:
+    pending = state.pending_checkpoint
+    if pending is None:
+        return "no checkpoint in flight"
+    return (f"checkpoint {pending.checkpoint_id} at step {pending.step} is in flight:"
+            f" {len(pending.written)} of {pending.shards} shards written")
+
+
+# -- off the cadence -------------------------------------------------------------------------
+
+def note_clocks(soft: SoftState, state: ClusterState, now: float) -> None:
+    """Soft bookkeeping before each decision: when this supervisor first saw the attempt in
+    flight and the newest commit (or, before any, when it started deciding)."""
+    pending = state.pending_checkpoint
+    if pending is None:
+        soft.checkpoint_seen = None
+    elif soft.checkpoint_seen is None or soft.checkpoint_seen[0] != pending.checkpoint_id:
+        soft.checkpoint_seen = (pending.checkpoint_id, now)
+    committed = state.checkpoint.checkpoint_id if state.checkpoint is not None else ""
+    if soft.checkpoint_clock is None:
+        soft.checkpoint_clock = (committed, max(now, soft.started_at_s))
+    elif soft.checkpoint_clock[0] != committed:
+        soft.checkpoint_clock = (committed, now)
+
+
+def lead_step(state: ClusterState, soft: SoftState, config: CoreConfig) -> int:
+    """The nearest step every rank hears of in time: `lead_steps` and `lead_s` past the newest
+    reported step (at the newest step time; lead_steps alone before any is known)."""
+    progress = soft.progress
+    generation = state.generation
+    newest = progress.max_step if progress is not None and generation is not None and \
+        progress.generation == generation.number else 0
+    timing = config.checkpoint_timing
+    lead = timing.lead_steps
+    step_time = progress.step_time_s if progress is not None else None
+    if step_time is not None and step_time > 0:
+        lead = max(lead, math.ceil(timing.lead_s / step_time))
+    restored = generation.restore_step or 0 if generation is not None else 0
+    return max(newest, restored) + lead
+
+
+def request_refusal(state: ClusterState, soft: SoftState, config: CoreConfig) -> str | None:
+    """Why a checkpoint cannot be requested now, in words an operator can act on; None: it can."""
+    if not config.checkpoint_location:
+        return ("no checkpoint store is configured on this supervisor (--checkpoint-location): it does not"
+                " coordinate object-store checkpoints; nothing was recorded")
+    generation = state.generation
+    if state.completion is not None:
+        return "the job has completed: there is nothing left to checkpoint"
+    if generation is None or not generation.is_running:
+        return "no generation is running (see `supervisorctl status`); ask again once training runs"
+    if state.requested_checkpoint is not None:
+        request = state.requested_checkpoint
+        return (f"checkpoint {request.checkpoint_id} is already requested at step {request.step}"
+                f" ({request.reason}); wait for it (`supervisorctl checkpoints`)")
+    if state.pending_checkpoint is not None:
+        return f"{_in_flight_text(state)}; wait for it to commit or abort, then ask again"
+    if _is_tainted(state, lead_step(state, soft, config)):
+        return f"steps from {state.sdc_tainted_from_step} are SDC-tainted: no checkpoint can commit until a restore"
+    return None
+
+
+def request(state: ClusterState, soft: SoftState, config: CoreConfig, reason: str) -> list[Event]:
+    """CheckpointRequested at the lead step, or nothing when `request_refusal` says why not."""
+    if request_refusal(state, soft, config) is not None:
         return []
-    if generation is not None and generation.number == pending.generation:
+    assert state.generation is not None  # request_refusal checked
+    step = lead_step(state, soft, config)
+    checkpoint_id = checkpoint_id_for(step, state.generation.number)
+    return [CheckpointRequested(checkpoint_id, state.generation.number, step, reason[:MAX_REASON])]
+
+
+def on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:
+    """The timeout of the attempt in flight, then the Young/Daly cadence (`auto`)."""
+    pending = state.pending_checkpoint
+    timing = config.checkpoint_timing
+    seen = soft.checkpoint_seen
+    if pending is not None and seen is not None and seen[0] == pending.checkpoint_id:
+        waited = now - max(seen[1], soft.started_at_s)
+        if waited >= timing.timeout_s and not pending.is_complete:
+            missing = sorted(set(range(pending.shards)) - set(pending.written))
+            shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+            return [CheckpointAborted(pending.checkpoint_id,
+                                      f"timed out after {waited:.0f}s (--checkpoint-timeout-s {timing.timeout_s:g}):"
+                                      f" {len(pending.written)} of {pending.shards} shards written; missing ranks {shown}")]
+    if not timing.is_auto or soft.checkpoint_clock is None:
         return []
-    return [CheckpointAborted(pending.checkpoint_id,
-                              f"generation {pending.generation} ended with {len(pending.written)} of"
-                              f" {pending.shards} shards written")]
+    advice = interval_policy.advise(soft.interval_obs, timing.interval, now)
+    since = now - soft.checkpoint_clock[1]
+    if since < advice.interval_s or request_refusal(state, soft, config) is not None:
+        return []
+    progress = soft.progress
+    if progress is None or state.generation is None or progress.generation != state.generation.number \
+            or progress.step_reports == 0:
+        return []  # the generation has not stepped yet: nothing new to save
+    return request(state, soft, config,
+                   f"auto: {since:.0f}s since the last checkpoint >= the {advice.interval_s:.0f}s interval; {advice.reason}")

@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from supervisor.core.policies.interval import IntervalConfig
 from supervisor.core.policies.sdc import SdcConfig
 from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidPolicyConfig
@@ -98,6 +99,30 @@ class DetectorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointTiming:
+    """When checkpoints off the step cadence happen and how long one may take.
+
+    `is_auto`: request one whenever the Young/Daly interval (`interval`, from the measured cost and
+    the observed MTBF) has passed since the last commit. A requested step lies at least
+    `lead_steps` and `lead_s` ahead of the newest reported step, so the request reaches every
+    rank (directive, then the agent's answer to a step report) before any of them gets there.
+    `timeout_s`: an attempt not committed this long after it started is aborted (a rank that
+    never writes its shard must not block every later checkpoint)."""
+
+    is_auto: bool = False
+    interval: IntervalConfig = IntervalConfig()
+    lead_steps: int = 3
+    lead_s: float = 2.0
+    timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.lead_steps <= 100_000:
+            raise ValueError(f"lead_steps must be within [1, 100000], got {self.lead_steps}")
+        _positive("lead_s", self.lead_s, 3600.0)
+        _positive("timeout_s", self.timeout_s, 7 * 86400.0)
+
+
+@dataclass(frozen=True, slots=True)
 class CoreConfig:
     job: JobSpec
     detector: DetectorConfig = DetectorConfig()
@@ -116,3 +141,4 @@ class CoreConfig:
     # writes nothing itself, trainers write shards and the shell commits.
     checkpoint_location: str = ""
     checkpoint_every_steps: int = 0
+    checkpoint_timing: CheckpointTiming = CheckpointTiming()

@@ -82,12 +82,13 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_trainer_exit(state, soft, inp)
         case Tick():
             events = _on_tick(state, soft, now, config)
+            events += checkpoints.on_tick(evolve_all(state, events), soft, now, config)
         case XidReport():
             events = _on_xid(state, soft, inp, now, config)
         case TrainerHung():
             events = _on_hung(state, soft, inp)
         case OperatorRequest():
-            events = _on_operator(state, soft, inp)
+            events = _on_operator(state, soft, inp, config)
         case LeadershipAcquired():
             events = [LeaderElected(inp.term, inp.address, state.applied_seq)]
         case CheckpointShardReport():
@@ -317,7 +318,7 @@ def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Ev
     return ended
 
 
-def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest) -> list[Event]:
+def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest, config: CoreConfig) -> list[Event]:
     record = OperatorCommand(request.command, (request.node_id,) if request.node_id else (), request.operator,
                              request.reason)
     seq = state.applied_seq + 1
@@ -328,6 +329,8 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest)
             return [record, *ended, NodeQuarantined(request.node_id, reason, seq)]
         case "unquarantine":
             return [record, NodeUnquarantined(request.node_id, request.reason, request.operator)]
+        case "checkpoint":  # ranks save at the lead step; the reply names it
+            return [record, *checkpoints.request(state, soft, config, reason)]
         case "restart":  # the planner starts the next generation from the newest committed snapshot
             generation = state.generation
             if generation is None:

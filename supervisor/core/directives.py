@@ -50,6 +50,7 @@ class Directive:
     buddy_address: str = ""
     retain_from_step: int = 0
     reason: str = ""
+    checkpoint_steps: tuple[int, ...] = ()
 
 
 def project_directives(state: ClusterState, job: JobSpec, waiting_reason: str) -> Mapping[str, Directive]:
@@ -116,7 +117,15 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
         # The restore step is the committed one, so it is kept until a newer step commits.
         retain_from_step=retain,
         reason=f"generation {generation.number}",
+        checkpoint_steps=_requested_steps(state, generation),
     )
+
+
+def _requested_steps(state: ClusterState, generation: Generation) -> tuple[int, ...]:
+    request = state.requested_checkpoint
+    if request is None or request.generation != generation.number:
+        return ()
+    return (request.step,)
 
 
 def _address(state: ClusterState, node_id: str) -> str:

@@ -194,6 +194,19 @@ class CheckpointStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointRequested:
+    """A checkpoint off the step cadence (an operator's `checkpoint now`, or the Young/Daly
+    advice): ranks save at `step`, chosen far enough ahead that every rank hears of it first.
+    Started like any checkpoint when the first report of `step` arrives; CheckpointAborted with
+    the same id withdraws a request whose step passed without a start."""
+
+    checkpoint_id: str
+    generation: int
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointShardWritten:
     checkpoint_id: str
     shard: int
@@ -282,6 +295,7 @@ Event = (
     | SdcSuspected
     | OperatorCommand
     | LeaderElected
+    | CheckpointRequested
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import (
     CheckpointAborted,
     CheckpointCommitted,
+    CheckpointRequested,
     CheckpointShardWritten,
     CheckpointStarted,
     NodeDrained,
@@ -84,7 +85,8 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
         case StragglerDetected():
             node = _require_node(state, event.node_id)
             return _with_node(state, frozen.replace(node, straggler_score=event.score))
-        case CheckpointStarted() | CheckpointShardWritten() | CheckpointCommitted() | CheckpointAborted():
+        case (CheckpointRequested() | CheckpointStarted() | CheckpointShardWritten() | CheckpointCommitted()
+              | CheckpointAborted()):
             if isinstance(event, (CheckpointStarted, CheckpointCommitted)):
                 taint.require_untainted(state, event.step, f"checkpoint {event.checkpoint_id!r}")
             return checkpoints.evolve_checkpoint(state, event)
@@ -101,9 +103,9 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
             _require_node(state, event.node_id)
             return taint.on_suspected(state, event)  # the verdict that acts is NodeQuarantined
         case OperatorCommand():
-            return state
+            return state  # the audit record; what the command changed follows as its own events
         case LeaderElected():
-            return state  # the term boundary, for readers; every record carries its term anyway  # the audit record; what the command changed follows as its own events
+            return state  # the term boundary, for readers; every record carries its term anyway
     raise InvalidEvent(f"unknown event type {type(event).__name__}")
 
 

@@ -23,6 +23,7 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
+from supervisor.core import checkpoints
 from supervisor.core.policies import sdc as sdc_policy
 from supervisor.core.policies import straggler as straggler_policy
 from supervisor.core.policies.sdc import SdcConfig
@@ -45,6 +46,8 @@ def observe(
         soft.progress.new_sdc_vote = None
     if soft.pending_drains:
         soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
+    if not isinstance(inp, Heartbeat):  # the hot path decides nothing about checkpoints
+        checkpoints.note_clocks(soft, state, now)
     match inp:
         case Tick() if inp.stalled_s > 0:
             _forgive_stall(soft, inp.stalled_s)
@@ -78,6 +81,7 @@ def observe(
                 progress.step_reports += 1
                 if inp.step >= progress.max_step:
                     progress.max_step = inp.step
+                    progress.step_time_s = inp.step_time_s
                     if math.isfinite(inp.loss):
                         progress.last_loss = inp.loss
                 _score_compute_time(progress, state, inp, straggler)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+from supervisor.core.policies.interval import IntervalObservations
 from supervisor.core.policies.sdc import StepVote
 from supervisor.core.policies.straggler import StragglerState, StragglerVerdict
 from supervisor.core.policies.xid import XidSighting
@@ -162,6 +163,16 @@ class PendingCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestedCheckpoint:
+    """A checkpoint asked for off the cadence, not started yet (its step not reached)."""
+
+    checkpoint_id: str
+    generation: int
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterState:
     nodes: Mapping[str, NodeRecord] = field(default_factory=lambda: MappingProxyType({}))
     generation: Generation | None = None  # the generation in force, None between generations
@@ -177,6 +188,7 @@ class ClusterState:
     # First step whose replicas disagreed (SdcSuspected), until a generation restores from before
     # it: no snapshot or checkpoint from this step on may be committed or restored.
     sdc_tainted_from_step: int | None = None
+    requested_checkpoint: RequestedCheckpoint | None = None
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)
@@ -197,6 +209,7 @@ class GenerationProgress:
     generation: int
     max_step: int = 0
     last_loss: float = math.nan
+    step_time_s: float | None = None  # the newest step's wall time (sizes checkpoint lead times)
     # step -> rank -> nodes holding that rank's snapshot
     holdings: dict[int, dict[int, frozenset[str]]] = field(default_factory=dict)
     finished: dict[int, str] = field(default_factory=dict)  # rank -> final digest
@@ -225,3 +238,11 @@ class SoftState:
     xids: dict[str, list[XidSighting]] = field(default_factory=dict)
     # nodes an operator asked to drain while they train: drained at the next committed step
     pending_drains: set[str] = field(default_factory=set)
+    # Checkpoint clocks (monotonic, this supervisor's): when the checkpoint in flight was first
+    # seen (its timeout counts from here) and when the newest commit was seen (the Young/Daly
+    # cadence counts from here); a new leader starts both at its own start.
+    checkpoint_seen: tuple[str, float] | None = None
+    checkpoint_clock: tuple[str, float] | None = None
+    # Young/Daly inputs from the log (costs, failures), record times shifted to the monotonic
+    # clock by the runtime as it applies records; the core only reads them.
+    interval_obs: IntervalObservations = field(default_factory=IntervalObservations)

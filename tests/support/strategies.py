@@ -37,6 +37,7 @@ STRATEGIES = {
     ev.CheckpointShardWritten: st.builds(ev.CheckpointShardWritten, text, u32, text, text, u64),
     ev.CheckpointCommitted: st.builds(ev.CheckpointCommitted, text, u64, text),
     ev.CheckpointAborted: st.builds(ev.CheckpointAborted, text, text),
+    ev.CheckpointRequested: st.builds(ev.CheckpointRequested, text, u64, u64, text),
     ev.SdcCheckStarted: st.builds(ev.SdcCheckStarted, text, u64, u32, text, text),
     ev.SdcCheckFinished: st.builds(ev.SdcCheckFinished, text, st.sampled_from(ev.SdcVerdict), text, text),
     ev.SdcSuspected: st.builds(ev.SdcSuspected, text, u32, u64, text, text),

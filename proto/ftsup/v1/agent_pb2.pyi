@@ -562,6 +562,7 @@ class Directive(_message.Message):
     BUDDY_ADDRESS_FIELD_NUMBER: _builtins.int
     RETAIN_FROM_STEP_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEPS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     action: Global___Action.ValueType
     world_size: _builtins.int
@@ -588,6 +589,10 @@ class Directive(_message.Message):
     def env(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnvVar]: ...
     @_builtins.property
     def restores(self) -> _containers.RepeatedCompositeFieldContainer[Global___RestoreFrom]: ...
+    @_builtins.property
+    def checkpoint_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Steps of this generation to checkpoint off the cadence (requested; ranks agree on them)."""
+
     def __init__(
         self,
         *,
@@ -605,10 +610,11 @@ class Directive(_message.Message):
         buddy_address: _builtins.str = ...,
         retain_from_step: _builtins.int = ...,
         reason: _builtins.str = ...,
+        checkpoint_steps: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "restore_step", b"restore_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "env", b"env", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "ranks", b"ranks", "reason", b"reason", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "env", b"env", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "ranks", b"ranks", "reason", b"reason", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__restore_step: _TypeAlias = _typing.Literal["restore_step"]  # noqa: Y015
     _WhichOneofArgType__restore_step: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step"]  # noqa: Y015

@@ -815,6 +815,40 @@ class CheckpointCommitted(_message.Message):
 Global___CheckpointCommitted: _TypeAlias = CheckpointCommitted  # noqa: Y015
 
 @_typing.final
+class CheckpointRequested(_message.Message):
+    """A checkpoint off the step cadence (operator `checkpoint now`, or the Young/Daly cadence):
+    ranks save at `step`, far enough ahead that every rank hears of it before getting there.
+    CheckpointAborted with the same id withdraws it when its step passes without a start.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    generation: _builtins.int
+    step: _builtins.int
+    reason: _builtins.str
+    """who or what asked, and why (the interval reasoning for auto)"""
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "generation", b"generation", "reason", b"reason", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointRequested: _TypeAlias = CheckpointRequested  # noqa: Y015
+
+@_typing.final
 class CheckpointAborted(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1029,6 +1063,7 @@ class Event(_message.Message):
     SDC_SUSPECTED_FIELD_NUMBER: _builtins.int
     OPERATOR_COMMAND_FIELD_NUMBER: _builtins.int
     LEADER_ELECTED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_REQUESTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def node_registered(self) -> Global___NodeRegistered: ...
     @_builtins.property
@@ -1075,6 +1110,8 @@ class Event(_message.Message):
     def operator_command(self) -> Global___OperatorCommand: ...
     @_builtins.property
     def leader_elected(self) -> Global___LeaderElected: ...
+    @_builtins.property
+    def checkpoint_requested(self) -> Global___CheckpointRequested: ...
     def __init__(
         self,
         *,
@@ -1101,12 +1138,13 @@ class Event(_message.Message):
         sdc_suspected: Global___SdcSuspected | None = ...,
         operator_command: Global___OperatorCommand | None = ...,
         leader_elected: Global___LeaderElected | None = ...,
+        checkpoint_requested: Global___CheckpointRequested | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_requested", b"checkpoint_requested", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_requested", b"checkpoint_requested", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command", "leader_elected"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command", "leader_elected", "checkpoint_requested"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -5,8 +5,10 @@ Agent <-> agent (snapshot replication and restore) and trainer <-> its local age
 Snapshots are opaque bytes to agents; the trainer owns their format.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -204,14 +206,23 @@ Global___PutSnapshotRequest: _TypeAlias = PutSnapshotRequest  # noqa: Y015
 
 @_typing.final
 class LinkAck(_message.Message):
+    """The agent's answer; to a step report it carries what the rank must know for the next steps."""
+
     DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_STEPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def checkpoint_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """requested checkpoint steps of the rank's generation"""
 
     def __init__(
         self,
+        *,
+        checkpoint_steps: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_steps", b"checkpoint_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -333,6 +333,34 @@ class PendingCheckpoint(_message.Message):
 Global___PendingCheckpoint: _TypeAlias = PendingCheckpoint  # noqa: Y015
 
 @_typing.final
+class RequestedCheckpoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    checkpoint_id: _builtins.str
+    generation: _builtins.int
+    step: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        checkpoint_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "generation", b"generation", "reason", b"reason", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestedCheckpoint: _TypeAlias = RequestedCheckpoint  # noqa: Y015
+
+@_typing.final
 class ClusterState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -348,6 +376,7 @@ class ClusterState(_message.Message):
     OPEN_SDC_CHECKS_FIELD_NUMBER: _builtins.int
     REGISTRATIONS_FIELD_NUMBER: _builtins.int
     SDC_TAINTED_FROM_STEP_FIELD_NUMBER: _builtins.int
+    REQUESTED_CHECKPOINT_FIELD_NUMBER: _builtins.int
     last_generation: _builtins.int
     applied_seq: _builtins.int
     registrations: _builtins.int
@@ -368,6 +397,8 @@ class ClusterState(_message.Message):
     def pending_checkpoint(self) -> Global___PendingCheckpoint: ...
     @_builtins.property
     def open_sdc_checks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def requested_checkpoint(self) -> Global___RequestedCheckpoint: ...
     def __init__(
         self,
         *,
@@ -383,10 +414,11 @@ class ClusterState(_message.Message):
         open_sdc_checks: _abc.Iterable[_builtins.str] | None = ...,
         registrations: _builtins.int = ...,
         sdc_tainted_from_step: _builtins.int | None = ...,
+        requested_checkpoint: Global___RequestedCheckpoint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["sdc_tainted_from_step"]  # noqa: Y015
     _WhichOneofArgType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step"]  # noqa: Y015
