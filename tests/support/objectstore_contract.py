@@ -1,7 +1,9 @@
 """The ObjectStore contract: one suite every store must pass (LocalDirStore, S3Store).
 
 A test module subclasses `ObjectStoreContract` and provides a `store` fixture whose keys live
-under `prefix` (a fresh one per test, so a shared S3 bucket needs no cleanup between tests). The
+under `prefix` (a fresh one per test, so a shared S3 bucket needs no cleanup between tests), and an
+`abandon` fixture: a function that leaves an unfinished write of a key behind, as a writer killed
+mid-put does (an S3 multipart upload with a part stored, a local temp file). The
 chunking is small (5 MiB parts) so multipart behaviour is exercised with ~11 MiB objects.
 """
 
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -93,3 +97,19 @@ class ObjectStoreContract:
     def test_invalid_keys_are_rejected_naming_the_key(self, store: ObjectStore, key: str):
         with pytest.raises(ValueError, match="invalid object key"):
             store.put(key, b"x")
+
+    def test_an_abandoned_write_is_an_upload_not_an_object_and_aborting_it_leaves_objects_alone(
+            self, store: ObjectStore, prefix: str, abandon: Callable[[str], None]):
+        store.put(f"{prefix}/ck/kept", b"stored")
+        abandon(f"{prefix}/ck/big")
+        abandon(f"{prefix}-other/ck/big")
+        assert store.list(f"{prefix}/") == (f"{prefix}/ck/kept",)  # never visible as an object
+        [upload] = store.list_uploads(f"{prefix}/")
+        assert upload.key.startswith(f"{prefix}/ck/")
+        assert abs(upload.initiated_unix_s - time.time()) < 600  # the server's clock, roughly ours
+        store.abort_upload(upload)
+        store.abort_upload(upload)  # already gone: fine
+        assert store.list_uploads(f"{prefix}/") == ()
+        assert bytes(store.get(f"{prefix}/ck/kept")) == b"stored"
+        [other] = store.list_uploads(f"{prefix}-other/")
+        store.abort_upload(other)

@@ -1,4 +1,5 @@
-"""The commit protocol and the catalog of checkpoints in a store: commit, abort, list, gc.
+"""The commit protocol and the catalog of checkpoints in a store: commit, abort, list, gc (with the
+stale unfinished uploads of crashed writers).
 
 A checkpoint becomes visible in exactly one step: its manifest is written last, with a put that
 never overwrites (S3 `If-None-Match: *`, link(2) locally), and only after every rank's shard index
@@ -11,8 +12,10 @@ every CheckpointShardWritten; the decisions (which reports, when) stay in the su
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +29,7 @@ from trainer.checkpoint.manifest import (
     Layout, Manifest, ShardIndex, ShardReport, Topology, Versions, check_shard_indexes, check_shard_reports,
     decode_manifest, decode_shard_index, encode_manifest, encode_shard_index, mismatch,
 )
-from trainer.checkpoint.policy import GcPlan, plan_gc
+from trainer.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict, plan_gc, plan_stale_uploads
 from trainer.checkpoint.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -176,21 +179,50 @@ def abort(store: ObjectStore, layout: Layout, checkpoint_id: str) -> int:
     return len(keys)
 
 
-def gc(store: ObjectStore, layout: Layout, keep_last: int, in_flight: frozenset[str] = frozenset()) -> GcPlan:
-    """Retention: keep the newest `keep_last` commits; delete older ones and abandoned attempts.
+def abort_stale_uploads(store: ObjectStore, layout: Layout, older_than_s: float = DEFAULT_UPLOAD_MAX_AGE_S,
+                        in_flight: frozenset[str] = frozenset(), *, now_unix_s: float | None = None,
+                        dry_run: bool = False) -> tuple[UploadVerdict, ...]:
+    """Abort the unfinished uploads crashed writers left under the layout (policy.plan_stale_uploads).
+
+    S3 keeps the parts of a multipart upload that was never completed or aborted, and bills them,
+    forever; a local writer that died leaves its temp file. Returns every upload seen, with its verdict.
+    """
+    now = time.time() if now_unix_s is None else now_unix_s
+    verdicts = plan_stale_uploads(store.list_uploads(layout.root()), layout, older_than_s, now, in_flight)
+    stale = [v for v in verdicts if v.is_stale]
+    if not dry_run:
+        for verdict in stale:
+            store.abort_upload(verdict.upload)
+    if stale:
+        log.info("%s %d stale uploads under %r on %s: %s", "would abort" if dry_run else "aborted", len(stale),
+                 layout.prefix, store.describe(), "; ".join(f"{v.upload.key} ({v.reason})" for v in stale))
+    return verdicts
+
+
+def gc(store: ObjectStore, layout: Layout, keep_last: int, in_flight: frozenset[str] = frozenset(), *,
+       uploads_older_than_s: float | None = DEFAULT_UPLOAD_MAX_AGE_S, now_unix_s: float | None = None,
+       dry_run: bool = False) -> GcPlan:
+    """Retention: keep the newest `keep_last` commits; delete older ones and abandoned attempts, and
+    abort stale unfinished uploads (`uploads_older_than_s`; None leaves uploads alone).
 
     A committed checkpoint loses its manifest first, so a concurrent reader sees it either whole
-    or gone, never a manifest pointing at deleted objects.
+    or gone, never a manifest pointing at deleted objects. `dry_run` plans without deleting.
     """
     catalog = scan(store, layout)
     plan = plan_gc([(m.checkpoint_id, m.step) for m in catalog.committed], catalog.incomplete, keep_last, in_flight)
-    for cid in plan.delete_committed:
-        manifest_key = layout.manifest_key(cid)
-        store.delete([manifest_key])
-        store.delete([k for k in catalog.keys[cid] if k != manifest_key])
-    for cid in plan.delete_incomplete:
-        store.delete(catalog.keys[cid])
+    if not dry_run:
+        for cid in plan.delete_committed:
+            manifest_key = layout.manifest_key(cid)
+            store.delete([manifest_key])
+            store.delete([k for k in catalog.keys[cid] if k != manifest_key])
+        for cid in plan.delete_incomplete:
+            store.delete(catalog.keys[cid])
     if plan.delete_committed or plan.delete_incomplete:
-        log.info("gc under %r: deleted committed %s, incomplete %s; kept %s", layout.prefix,
-                 list(plan.delete_committed), list(plan.delete_incomplete), list(plan.kept))
-    return plan
+        log.info("gc under %r: %s committed %s, incomplete %s; kept %s", layout.prefix,
+                 "would delete" if dry_run else "deleted", list(plan.delete_committed),
+                 list(plan.delete_incomplete), list(plan.kept))
+    if uploads_older_than_s is None:
+        return plan
+    uploads = abort_stale_uploads(store, layout, uploads_older_than_s, in_flight, now_unix_s=now_unix_s,
+                                  dry_run=dry_run)
+    return dataclasses.replace(plan, uploads=uploads)

@@ -4,6 +4,8 @@ Atomic puts by write-to-temp + fsync + rename (+ fsync of the directory, so a cr
 the rename unrecorded); `put_if_absent` by link(2), which fails with EEXIST instead of replacing,
 the file-system twin of S3's `If-None-Match: *`. `head` re-reads and hashes the file: a directory
 keeps no checksum, and the commit protocol wants the digest of the bytes actually stored.
+A writer that dies before its rename leaves its `.ftsup-tmp-*` file behind: never listed as an
+object, it is this store's pending upload (`list_uploads`, `abort_upload`), aged by its mtime.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainer.checkpoint import digest
 from trainer.checkpoint.errors import ObjectExists, ObjectNotFound, StoreError
-from trainer.checkpoint.store import Buffer, ObjectInfo, validate_key
+from trainer.checkpoint.store import Buffer, ObjectInfo, PendingUpload, validate_key
 
 _TMP_PREFIX = ".ftsup-tmp-"
 
@@ -137,15 +139,42 @@ class LocalDirStore:
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
-            path = self._path(key)
+            self._remove(self._path(key), key)
+
+    def _remove(self, path: pathlib.Path, key: str) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {key!r} under {self.root}: {exc}") from exc
+        parent = path.parent
+        while parent != self.root:  # prune directories the deletes emptied
             try:
-                path.unlink(missing_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot delete {key!r} under {self.root}: {exc}") from exc
-            parent = path.parent
-            while parent != self.root:  # prune directories the deletes emptied
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def list_uploads(self, prefix: str) -> tuple[PendingUpload, ...]:
+        """Temp files of writes that have not been renamed into place (yet, or ever)."""
+        found = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            rel_dir = pathlib.Path(dirpath).relative_to(self.root)
+            for name in files:
+                key = (rel_dir / name).as_posix()
+                if not name.startswith(_TMP_PREFIX) or not key.startswith(prefix):
+                    continue
                 try:
-                    parent.rmdir()
-                except OSError:
-                    break
-                parent = parent.parent
+                    mtime = os.stat(pathlib.Path(dirpath) / name).st_mtime
+                except FileNotFoundError:
+                    continue  # renamed into place or removed while we looked
+                found.append(PendingUpload(key, name, mtime))
+        return tuple(sorted(found, key=lambda u: u.key))
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        """Removes a temp file; refuses any other key, so an abort can never delete an object. A
+        writer still running then fails its rename (FileNotFoundError): its put raises, nothing is
+        half-written."""
+        name = upload.key.rpartition("/")[2]
+        if not name.startswith(_TMP_PREFIX) or name != upload.upload_id:
+            raise ValueError(f"{upload.key!r} is not a pending upload of this store (temp files are {_TMP_PREFIX}*)")
+        self._remove(self._path(upload.key), upload.key)

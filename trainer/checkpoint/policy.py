@@ -3,6 +3,9 @@
 Retention keeps the newest K committed checkpoints and deletes incomplete attempts only when they
 are provably abandoned: older (by step) than the newest commit and not the attempt in flight. An
 attempt newer than every commit may be another writer's, still running: it is left alone.
+Unfinished uploads (S3 multipart uploads, local temp files) of crashed writers are aborted once
+older than a threshold, inside a checkpoint directory, and not of a checkpoint in flight: the store
+cannot tell a live upload from an abandoned one, so age is the evidence (`plan_stale_uploads`).
 
 Restore rules, in order: the data and tokenizer versions must match (a data cursor or a
 vocabulary from another data set would silently corrupt training); the same topology loads
@@ -18,7 +21,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainer.checkpoint.errors import ReshardRefused
-from trainer.checkpoint.manifest import Manifest, Sharding, Topology, Versions, step_of
+from trainer.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, step_of
+from trainer.checkpoint.store import PendingUpload
+
+DEFAULT_UPLOAD_MAX_AGE_S = 3600.0  # an upload this old is a crashed writer's, not a slow one's
+
+
+@dataclass(frozen=True, slots=True)
+class UploadVerdict:
+    """What retention does with one unfinished upload, and why."""
+
+    upload: PendingUpload
+    is_stale: bool  # True: abort it
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +41,11 @@ class GcPlan:
     delete_committed: tuple[str, ...]
     delete_incomplete: tuple[str, ...]
     kept: tuple[str, ...]
+    uploads: tuple[UploadVerdict, ...] = ()  # filled by catalog.gc from plan_stale_uploads
+
+    @property
+    def aborted_uploads(self) -> tuple[PendingUpload, ...]:
+        return tuple(v.upload for v in self.uploads if v.is_stale)
 
 
 def plan_gc(committed: Sequence[tuple[str, int]], attempts: Sequence[str], keep_last: int,
@@ -45,6 +65,31 @@ def plan_gc(committed: Sequence[tuple[str, int]], attempts: Sequence[str], keep_
         if step <= newest_step:
             incomplete.append(cid)
     return GcPlan(tuple(doomed), tuple(sorted(incomplete)), tuple(cid for cid, _ in kept))
+
+
+def plan_stale_uploads(uploads: Sequence[PendingUpload], layout: Layout, older_than_s: float, now_unix_s: float,
+                       in_flight: frozenset[str] = frozenset()) -> tuple[UploadVerdict, ...]:
+    """Which unfinished uploads under `layout` to abort: inside a checkpoint's directory (never
+    someone else's keys sharing the bucket), not of a checkpoint in flight, and started at least
+    `older_than_s` before `now_unix_s`. Aborting never touches a stored object, so the worst a
+    wrong guess does is fail a live writer's put, which aborts its attempt: never a half commit."""
+    if not older_than_s >= 0:
+        raise ValueError(f"older_than_s must be >= 0, got {older_than_s!r}")
+    verdicts = []
+    for upload in uploads:
+        cid = layout.checkpoint_of(upload.key)
+        age_s = now_unix_s - upload.initiated_unix_s
+        if cid is None:
+            verdicts.append(UploadVerdict(upload, False, f"{upload.key!r} is not inside a checkpoint directory"
+                                                         f" under {layout.root()!r}"))
+        elif cid in in_flight:
+            verdicts.append(UploadVerdict(upload, False, f"checkpoint {cid!r} is in flight"))
+        elif age_s < older_than_s:
+            verdicts.append(UploadVerdict(upload, False, f"started {age_s:.0f}s ago, younger than {older_than_s:g}s"))
+        else:
+            verdicts.append(UploadVerdict(upload, True, f"started {age_s:.0f}s ago (>= {older_than_s:g}s), checkpoint"
+                                                        f" {cid!r} not in flight"))
+    return tuple(verdicts)
 
 
 class RestoreMode(enum.Enum):

@@ -28,7 +28,7 @@ from supervisor.core.backoff import Backoff
 from trainer.checkpoint import digest
 from trainer.checkpoint.errors import ObjectExists, ObjectNotFound, StoreError, StoreUnavailable
 from trainer.checkpoint.retry import DEFAULT_BACKOFF, Retrier
-from trainer.checkpoint.store import Buffer, ObjectInfo, validate_key
+from trainer.checkpoint.store import Buffer, ObjectInfo, PendingUpload, validate_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -277,15 +277,36 @@ class S3Store:
             if errors:
                 raise StoreError(f"delete on {self.describe()} failed for {len(errors)} objects, first: {errors[0]}")
 
-    def abort_stale_uploads(self, prefix: str) -> int:
-        """Abort multipart uploads left under `prefix` by crashed writers; returns how many."""
-        response = self._call(f"list multipart uploads {prefix!r}", lambda: self._client.list_multipart_uploads(
-            Bucket=self.config.bucket, Prefix=prefix))
-        uploads = response.get("Uploads", ())
-        for upload in uploads:
-            self._call(f"abort upload {upload['Key']!r}", lambda u=upload: self._client.abort_multipart_upload(
-                Bucket=self.config.bucket, Key=u["Key"], UploadId=u["UploadId"]))
-        return len(uploads)
+    def list_uploads(self, prefix: str) -> tuple[PendingUpload, ...]:
+        """Multipart uploads under `prefix` that were neither completed nor aborted."""
+
+        def attempt() -> tuple[PendingUpload, ...]:
+            found: dict[tuple[str, str], PendingUpload] = {}
+            markers: dict[str, str] = {}
+            while True:
+                page = self._client.list_multipart_uploads(Bucket=self.config.bucket, Prefix=prefix, **markers)
+                before = len(found)
+                for item in page.get("Uploads", ()):
+                    upload = PendingUpload(item["Key"], item["UploadId"], item["Initiated"].timestamp())
+                    found[(upload.key, upload.upload_id)] = upload
+                # SeaweedFS 4.48 sends no NextKeyMarker and its markers skip uploads: stop on a page
+                # that adds nothing; a gc pass aborts what it saw and the next pass sees the rest.
+                if not page.get("IsTruncated") or len(found) == before:
+                    return tuple(sorted(found.values(), key=lambda u: (u.key, u.upload_id)))
+                last = page["Uploads"][-1]
+                markers = {"KeyMarker": page.get("NextKeyMarker") or last["Key"],
+                           "UploadIdMarker": page.get("NextUploadIdMarker") or last["UploadId"]}
+
+        return self._call(f"list multipart uploads {prefix!r}", attempt)
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        """AbortMultipartUpload; NoSuchUpload (completed or aborted meanwhile) counts as done."""
+        try:
+            self._call(f"abort multipart upload {upload.key!r} ({upload.upload_id})",
+                       lambda: self._client.abort_multipart_upload(
+                           Bucket=self.config.bucket, Key=upload.key, UploadId=upload.upload_id))
+        except ObjectNotFound:
+            pass
 
 
 @dataclass(eq=False)

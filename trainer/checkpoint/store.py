@@ -4,7 +4,9 @@
 tests/support/objectstore_contract.py. Rules every implementation keeps: `put` is atomic (a reader
 sees the old object, no object, or the whole new one, never a prefix); `put_if_absent` never
 overwrites (the commit protocol relies on it); `head` reports the digest of the stored bytes in the
-form of trainer.checkpoint.digest; keys are '/'-separated relative names.
+form of trainer.checkpoint.digest; keys are '/'-separated relative names. A writer that dies mid-put
+leaves a `PendingUpload` (an S3 multipart upload, a local temp file) that no listing of objects
+shows; `list_uploads`/`abort_upload` let retention find and remove them (catalog.gc).
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ class ObjectInfo:
     key: str
     size_bytes: int
     sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class PendingUpload:
+    """An unfinished write the store keeps paying for: an S3 multipart upload, a local temp file."""
+
+    key: str  # S3: the object it would become; local: the temp file's own key
+    upload_id: str  # S3: the UploadId; local: the temp file's name
+    initiated_unix_s: float  # S3: when the upload was created (server clock); local: last write (mtime)
 
 
 @runtime_checkable
@@ -65,6 +76,14 @@ class ObjectStore(Protocol):
 
     def delete(self, keys: Sequence[str]) -> None:
         """Remove the objects; keys already absent are fine."""
+        ...
+
+    def list_uploads(self, prefix: str) -> tuple[PendingUpload, ...]:
+        """Unfinished writes under `prefix`, live or abandoned (the store cannot tell), sorted by key."""
+        ...
+
+    def abort_upload(self, upload: PendingUpload) -> None:
+        """Discard an unfinished write (never a stored object); one already gone is fine."""
         ...
 
 

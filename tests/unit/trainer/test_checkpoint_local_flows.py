@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 
 import pytest
@@ -100,3 +102,52 @@ def test_gc_keeps_the_last_k(store):
     assert plan.delete_committed == tuple(ids[:2])
     assert [m.checkpoint_id for m in catalog.list_committed(store, L)] == [ids[2]]
     assert {L.checkpoint_of(k) for k in store.list(L.root())} == {ids[2]}
+
+
+def test_gc_removes_temp_files_of_crashed_writers_once_old_and_not_of_a_checkpoint_in_flight(store):
+    cid = checkpoint_id_for(3, "a")
+    flows.save(state(3), store, L, cid, 3, ONE, V)
+    crashed, flying = checkpoint_id_for(2, "crashed"), checkpoint_id_for(5, "flying")
+    leftovers = {}
+    for attempt in (crashed, flying):
+        directory = store.root / L.directory(attempt)
+        directory.mkdir(parents=True)
+        leftovers[attempt] = directory / ".ftsup-tmp-0123abcd"  # what a writer killed before its rename leaves
+        leftovers[attempt].write_bytes(b"half")
+    hour_ago = time.time() - 3601
+    for path in leftovers.values():
+        os.utime(path, (hour_ago, hour_ago))
+    assert store.list(L.root()) == tuple(sorted(store.list(L.directory(cid))))  # temp files are not objects
+
+    dry = catalog.gc(store, L, keep_last=1, in_flight=frozenset({flying}), dry_run=True)
+    assert [u.key for u in dry.aborted_uploads] == [L.directory(crashed) + ".ftsup-tmp-0123abcd"]
+    assert all(p.exists() for p in leftovers.values())
+
+    plan = catalog.gc(store, L, keep_last=1, in_flight=frozenset({flying}))
+    assert [u.key for u in plan.aborted_uploads] == [L.directory(crashed) + ".ftsup-tmp-0123abcd"]
+    assert not leftovers[crashed].exists() and not leftovers[crashed].parent.exists()
+    assert leftovers[flying].exists()  # in flight: its writer may still rename it into place
+    landed = catalog.gc(store, L, keep_last=1)  # its attempt no longer in flight: an hour old, stale
+    assert [u.key for u in landed.aborted_uploads] == [L.directory(flying) + ".ftsup-tmp-0123abcd"]
+    assert [m.checkpoint_id for m in catalog.list_committed(store, L)] == [cid]
+
+
+def test_gc_leaves_a_young_temp_file_alone(store):
+    directory = store.root / L.directory(checkpoint_id_for(4, "writing"))
+    directory.mkdir(parents=True)
+    (directory / ".ftsup-tmp-live").write_bytes(b"being written")
+    plan = catalog.gc(store, L, keep_last=1)
+    assert plan.aborted_uploads == ()
+    assert [v.is_stale for v in plan.uploads] == [False] and "younger than 3600s" in plan.uploads[0].reason
+    assert (directory / ".ftsup-tmp-live").exists()
+    later = catalog.gc(store, L, keep_last=1, now_unix_s=time.time() + 3600)
+    assert len(later.aborted_uploads) == 1 and not directory.exists()
+
+
+def test_abort_upload_refuses_a_key_that_is_an_object(store):
+    from trainer.checkpoint.store import PendingUpload
+
+    store.put("ck/obj", b"x")
+    with pytest.raises(ValueError, match="not a pending upload"):
+        store.abort_upload(PendingUpload("ck/obj", "obj", 0.0))
+    assert bytes(store.get("ck/obj")) == b"x"

@@ -20,6 +20,26 @@ class TestLocalDirStoreContract(ObjectStoreContract):
         yield store
         store.close()
 
+    @pytest.fixture
+    def abandon(self, store: LocalDirStore):
+        return lambda key: _die_mid_put(store, key)
+
+
+def _die_mid_put(store: LocalDirStore, key: str) -> None:
+    """What a writer killed between writing its temp file and the rename leaves behind."""
+    real_replace = os.replace
+
+    def killed(src, dst):
+        raise KeyboardInterrupt("killed before the rename")
+
+    os.replace = killed
+    try:
+        store.put(key, b"x" * 1000)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        os.replace = real_replace
+
 
 def test_a_failed_put_leaves_neither_a_partial_object_nor_a_temp_file(tmp_path, monkeypatch):
     store = LocalDirStore(tmp_path)

@@ -9,8 +9,9 @@ import pytest
 from supervisor.core.backoff import Backoff
 from trainer.checkpoint import digest
 from trainer.checkpoint.errors import ReshardRefused, StoreUnavailable
-from trainer.checkpoint.manifest import Manifest, Sharding, Topology, Versions, checkpoint_id_for
-from trainer.checkpoint.policy import RestoreMode, plan_gc, plan_restore
+from trainer.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, checkpoint_id_for
+from trainer.checkpoint.policy import RestoreMode, plan_gc, plan_restore, plan_stale_uploads
+from trainer.checkpoint.store import PendingUpload
 from trainer.checkpoint.retry import Retrier
 
 V = Versions("data-1", "tok-1")
@@ -40,6 +41,43 @@ def test_gc_without_any_commit_deletes_no_attempt():
 def test_gc_refuses_to_keep_nothing():
     with pytest.raises(ValueError, match="keep_last must be >= 1.*got 0"):
         plan_gc([], [], keep_last=0)
+
+
+NOW = 1_800_000_000.0
+JOB = Layout("jobs/gpt")
+
+
+def upload(key: str, age_s: float) -> PendingUpload:
+    return PendingUpload(key, f"id-{key}", NOW - age_s)
+
+
+def test_stale_uploads_are_old_inside_a_checkpoint_directory_and_not_in_flight():
+    uploads = [
+        upload(f"jobs/gpt/{cid(2, 'crashed')}/__1_0.distcp", 7200),  # a crashed writer's: abort
+        upload(f"jobs/gpt/{cid(9, 'live')}/__0_0.distcp", 30),  # young: may be uploading now
+        upload(f"jobs/gpt/{cid(8, 'flying')}/__2_0.distcp", 7200),  # old but its checkpoint is in flight
+        upload("jobs/gpt/notes.bin", 7200),  # under the prefix, in no checkpoint directory
+        upload(f"jobs/gpt/{cid(3, 'edge')}/x", 3600),  # exactly the threshold: old enough
+        upload(f"jobs/gpt/{cid(4, 'skew')}/x", -120),  # "started" in the future (clock skew): young
+    ]
+    verdicts = plan_stale_uploads(uploads, JOB, 3600, NOW, in_flight=frozenset({cid(8, "flying")}))
+    assert [v.upload for v in verdicts] == uploads
+    assert [v.is_stale for v in verdicts] == [True, False, False, False, True, False]
+    reasons = [v.reason for v in verdicts]
+    assert "started 7200s ago (>= 3600s)" in reasons[0]
+    assert "younger than 3600s" in reasons[1]
+    assert "in flight" in reasons[2] and cid(8, "flying") in reasons[2]
+    assert "not inside a checkpoint directory" in reasons[3]
+
+
+def test_an_upload_of_another_prefix_is_never_stale():
+    other = upload(f"jobs/other/{cid(1, 'x')}/__0_0.distcp", 10**6)
+    assert [v.is_stale for v in plan_stale_uploads([other], JOB, 0, NOW)] == [False]
+
+
+def test_stale_uploads_refuse_a_negative_age():
+    with pytest.raises(ValueError, match="older_than_s must be >= 0, got -1"):
+        plan_stale_uploads([], JOB, -1, NOW)
 
 
 def saved(topology: Topology, versions: Versions = V) -> Manifest:
