@@ -1,4 +1,4 @@
-"""`ftsup`: one entry point for the daemons and the tools (supervisor, agent, demo, xid, log, bench)."""
+"""`ftsup`: one entry point for the daemons and the tools (supervisor, agent, demo, xid, log, bench, checkpoints)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,12 @@ def _log(argv: list[str]) -> int:
     return main(argv)
 
 
+def _checkpoints(argv: list[str]) -> int:
+    from trainer.checkpoint.cli import main
+
+    return main(argv)
+
+
 def _certs(argv: list[str]) -> int:
     from harness.certs import main
 
@@ -95,6 +101,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "log": (_log, "inspect (verify every CRC) or compact a supervisor's embedded event log"),
     "bench": (_bench, "run a benchmark (`ftsup bench --help` lists them)"),
     "sim": (_sim, "simulate a fleet's failures in virtual time through the real core: MTBF, Young/Daly, ETTR"),
+    "checkpoints": (_checkpoints, "list a checkpoint store; gc: abort stale multipart uploads, retention (--keep)"),
     "certs": (_certs, "create a lab CA and node/supervisor/operator certificates for mTLS"),
 }
 

@@ -9,6 +9,9 @@ dropped mid-upload are retried and still commit; persistent faults commit nothin
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -60,6 +63,17 @@ class TestS3StoreContract(ObjectStoreContract):
         store = make_store(s3_env)
         yield store
         store.close()
+
+    @pytest.fixture
+    def abandon(self, s3_env: S3Server):
+        def leave_multipart_upload(key: str) -> None:  # what a writer killed after its first part leaves
+            client = s3_env.client()
+            upload_id = client.create_multipart_upload(Bucket=s3_env.bucket, Key=key,
+                                                       ChecksumAlgorithm="SHA256")["UploadId"]
+            client.upload_part(Bucket=s3_env.bucket, Key=key, UploadId=upload_id, PartNumber=1,
+                               Body=b"p" * (5 << 20), ChecksumAlgorithm="SHA256")
+
+        return leave_multipart_upload
 
 
 @pytest.fixture
@@ -203,6 +217,72 @@ def test_gc_keeps_the_last_k_commits_and_removes_abandoned_attempts_but_not_newe
     remaining = {layout.checkpoint_of(k) for k in store.list(layout.root())}
     assert remaining == {checkpoint_id_for(2, "c"), checkpoint_id_for(3, "c"), checkpoint_id_for(9, "live")}
     store.close()
+
+
+# A writer process that uploads one 12 MiB object (three 5 MiB-chunked parts) through `endpoint`.
+_WRITER = """
+import sys
+from tests.support.objectstore_contract import SMALL_CHUNKING
+from trainer.checkpoint.s3 import S3Config, S3Store
+endpoint, bucket, key = sys.argv[1:]
+store = S3Store(S3Config(bucket=bucket, endpoint_url=endpoint, region="us-east-1", chunking=SMALL_CHUNKING))
+store.put(key, bytes(12 << 20))
+"""
+
+
+def test_gc_aborts_the_multipart_upload_of_a_writer_killed_mid_upload_once_it_is_old(s3_env, layout, proxy):
+    store = make_store(s3_env)
+    committed = checkpoint_id_for(1, "c")
+    flows.save(state(1), store, layout, committed, 1, ONE, VERSIONS)
+    crashed = checkpoint_id_for(2, "crashed")
+    key = layout.data_key(crashed, "__0_0.distcp")
+    proxy.add(FaultRule(Fault.DELAY, "PUT", r"partNumber=3", delay_s=30.0))  # the writer dies on its last part
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, proxy.endpoint_url, s3_env.bucket, key],
+                              env={**os.environ, **s3_env.env()})
+    try:
+        wait_for(lambda: {"1", "2"} <= {p.rsplit("partNumber=", 1)[-1].split("&")[0] for _, p, o in proxy.requests
+                                        if "partNumber=" in p and o == "200"}
+                 and any("partNumber=3" in p for _, p in proxy.arrived), "parts 1-2 stored and part 3 sent")
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)
+    [upload] = store.list_uploads(layout.root())
+    assert upload.key == key
+    parts = s3_env.client().list_parts(Bucket=s3_env.bucket, Key=key, UploadId=upload.upload_id)["Parts"]
+    assert len(parts) == 2  # stored, invisible to every object listing, billed until aborted
+    assert store.list(layout.directory(crashed)) == ()
+
+    young = catalog.gc(store, layout, keep_last=1)  # default threshold 1 h: it may be a slow live writer
+    assert young.aborted_uploads == () and store.list_uploads(layout.root()) == (upload,)
+    flying = catalog.gc(store, layout, keep_last=1, in_flight=frozenset({crashed}), now_unix_s=time.time() + 3601)
+    assert flying.aborted_uploads == () and "in flight" in flying.uploads[0].reason
+    plan = catalog.gc(store, layout, keep_last=1, now_unix_s=time.time() + 3601)
+    assert plan.aborted_uploads == (upload,)
+    assert store.list_uploads(layout.root()) == ()
+    assert [m.checkpoint_id for m in catalog.list_committed(store, layout)] == [committed]
+    store.close()
+
+
+def test_ftsup_checkpoints_gc_aborts_stale_multipart_uploads_and_reports_them_as_json(s3_env, layout, capsys):
+    from trainer.checkpoint.cli import main
+
+    client = s3_env.client()
+    for n in (1, 2):
+        key = layout.data_key(checkpoint_id_for(n, "crashed"), "__0_0.distcp")
+        client.create_multipart_upload(Bucket=s3_env.bucket, Key=key, ChecksumAlgorithm="SHA256")
+    client.create_multipart_upload(Bucket=s3_env.bucket, Key=f"{layout.prefix}-neighbour/x", ChecksumAlgorithm="SHA256")
+    location = f"s3://{s3_env.bucket}/{layout.prefix}"
+    argv = ["gc", location, "--endpoint", s3_env.endpoint_url, "--region", "us-east-1", "--json"]
+    assert main(argv) == 0
+    young = json.loads(capsys.readouterr().out)
+    assert (young["uploads_aborted"], young["uploads_kept"]) == (0, 2)  # seconds old, the default is 1 h
+    assert main([*argv, "--multipart-older-than", "0s"]) == 0
+    aborted = json.loads(capsys.readouterr().out)
+    assert (aborted["uploads_aborted"], aborted["uploads_kept"]) == (2, 0)
+    assert client.list_multipart_uploads(Bucket=s3_env.bucket, Prefix=f"{layout.prefix}/").get("Uploads", []) == []
+    left = client.list_multipart_uploads(Bucket=s3_env.bucket, Prefix=f"{layout.prefix}-neighbour/")["Uploads"]
+    assert len(left) == 1  # another prefix's upload is not this job's to abort
+    client.abort_multipart_upload(Bucket=s3_env.bucket, Key=left[0]["Key"], UploadId=left[0]["UploadId"])
 
 
 # -- injected S3 faults --------------------------------------------------------------------------
