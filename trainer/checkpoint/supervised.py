@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from typing import Any
+
+from trainer.checkpoint.errors import CheckpointError
 from trainer.checkpoint.location import open_location
 from trainer.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
 from trainer.checkpoint.store import ObjectStore
@@ -71,19 +74,35 @@ class CheckpointEnv:
         return open_location(self.location, endpoint_url=self.endpoint_url or None, region=self.region or None)
 
 
+def _dcp_error(what: str, exc: Any) -> CheckpointError:
+    """DCP's CheckpointException (a BaseException wrapping each rank's error) as one CheckpointError: the first cause when it is
+    ours (StoreUnavailable stays StoreUnavailable), naming every failed rank."""
+    causes = sorted(exc.failures.items())
+    described = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _tb) in causes)
+    first = causes[0][1][0] if causes else None
+    kind = type(first) if isinstance(first, CheckpointError) else CheckpointError
+    return kind(f"{what} failed: {described or exc}")
+
+
 def save_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, payload: bytes,
               sha256: str) -> ShardReport:
     """Collective (every rank of the default process group): write this rank's shard and its
     shard index; returns the report for the supervisor. Nothing is committed here."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from trainer.checkpoint.catalog import write_shard_index
     from trainer.checkpoint.dcp import ObjectStoreWriter
 
     writer = ObjectStoreWriter(store, layout, checkpoint_id)
     state = {_payload_key(rank): payload, _sha_key(rank): sha256}
-    dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+    try:
+        dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+    except CheckpointException as exc:
+        # DCP raises a BaseException on every rank when any rank's write failed: as is, it would
+        # escape callers' `except Exception` and kill a trainer whose write should just be reported.
+        raise _dcp_error(f"writing checkpoint {checkpoint_id!r}", exc) from exc
     return write_shard_index(store, layout, writer.shard_index())
 
 
@@ -92,6 +111,7 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     whose RAM copies survived restore from RAM meanwhile. The manifest is checked first (the
     topology and versions must allow the restore) and every object against it before use."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from trainer.checkpoint.catalog import read_manifest
     from trainer.checkpoint.dcp import ObjectStoreReader
@@ -100,7 +120,10 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     manifest = read_manifest(store, layout, checkpoint_id)
     plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
     state: dict[str, object] = {_payload_key(rank): b"", _sha_key(rank): ""}
-    dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
+    try:
+        dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
+    except CheckpointException as exc:
+        raise _dcp_error(f"reading rank {rank} of checkpoint {checkpoint_id!r}", exc) from exc
     payload, sha = state[_payload_key(rank)], state[_sha_key(rank)]
     if not isinstance(payload, bytes) or not isinstance(sha, str) or not payload:
         raise ValueError(f"checkpoint {checkpoint_id!r} holds no payload for rank {rank}")
