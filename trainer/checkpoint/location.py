@@ -38,14 +38,29 @@ def parse_location(url: str) -> Location:
 
 
 def open_location(url: str, *, endpoint_url: str | None = None, region: str | None = None,
-                  max_concurrency: int = 8) -> tuple[ObjectStore, Layout]:
-    """The store and the layout of checkpoints under `url` (local directories hold them at the root)."""
+                  max_concurrency: int = 8, read_timeout_s: float | None = None,
+                  retry_deadline_s: float | None = None) -> tuple[ObjectStore, Layout]:
+    """The store and the layout of checkpoints under `url` (local directories hold them at the root).
+
+    `read_timeout_s` and `retry_deadline_s` (S3 only; None: S3Config's and DEFAULT_BACKOFF's) bound
+    how long one answer and one operation with its retries may take before the write fails.
+    """
     location = parse_location(url)
     if location.scheme == "s3":
+        import dataclasses
+
+        from trainer.checkpoint.retry import DEFAULT_BACKOFF
         from trainer.checkpoint.s3 import S3Config, S3Store
 
         config = S3Config(bucket=location.bucket_or_dir, endpoint_url=endpoint_url, region=region,
                           max_concurrency=max_concurrency)
+        if read_timeout_s is not None:
+            config = dataclasses.replace(config, read_timeout_s=read_timeout_s)
+        if retry_deadline_s is not None:
+            if not retry_deadline_s > 0:
+                raise ValueError(f"retry_deadline_s must be > 0, got {retry_deadline_s!r}")
+            config = dataclasses.replace(config, backoff=dataclasses.replace(DEFAULT_BACKOFF,
+                                                                             deadline_s=retry_deadline_s))
         return S3Store(config), Layout(location.prefix)
     from trainer.checkpoint.local import LocalDirStore
 

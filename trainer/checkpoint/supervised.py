@@ -48,13 +48,26 @@ def _sha_key(rank: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointEnv:
-    """FTSUP_CHECKPOINT_* as set by the supervisor (location empty: checkpoints are off)."""
+    """FTSUP_CHECKPOINT_* as set by the supervisor (location empty: checkpoints are off).
+
+    `read_timeout_s` and `retry_deadline_s` are the trainer's own store settings (None: the
+    store's defaults, 60 s and 120 s); a training script sets them from its flags (the example
+    trainer's --checkpoint-read-timeout-s / --checkpoint-retry-deadline-s), never the environment.
+    """
 
     location: str
     every_steps: int
     endpoint_url: str
     region: str
     restore_checkpoint_id: str  # FTSUP_RESTORE_CHECKPOINT: restore from this committed checkpoint
+    read_timeout_s: float | None = None
+    retry_deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("read_timeout_s", "retry_deadline_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"CheckpointEnv.{name} must be > 0, got {value!r}")
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str]) -> CheckpointEnv:
@@ -71,7 +84,8 @@ class CheckpointEnv:
     def open(self) -> tuple[ObjectStore, Layout]:
         if not self.location:
             raise ValueError("FTSUP_CHECKPOINT_LOCATION is not set: no checkpoint store configured")
-        return open_location(self.location, endpoint_url=self.endpoint_url or None, region=self.region or None)
+        return open_location(self.location, endpoint_url=self.endpoint_url or None, region=self.region or None,
+                             read_timeout_s=self.read_timeout_s, retry_deadline_s=self.retry_deadline_s)
 
 
 def _dcp_error(what: str, exc: Any) -> CheckpointError:

@@ -16,6 +16,7 @@ import time
 _STARTED = time.monotonic()  # restart cost is mostly start-up: measure its phases
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -116,6 +117,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--crash-generation", type=int, default=1)
     sdc_inject.add_flags(p.add_argument)
+    # Object-store checkpoints are configured by the supervisor (FTSUP_CHECKPOINT_*); these bound
+    # how long this rank's checkpoint write may take before it fails and the attempt is aborted.
+    p.add_argument("--checkpoint-read-timeout-s", type=float, default=None,
+                   help="object-store checkpoints: longest wait for one S3 answer before retrying (default 60)")
+    p.add_argument("--checkpoint-retry-deadline-s", type=float, default=None,
+                   help="object-store checkpoints: how long one store operation keeps retrying before this"
+                        " rank's write fails and the supervisor aborts the attempt (default 120)")
     p.add_argument("--offline", action="store_true",
                    help="run without an agent (torchrun-style env only) and print the final digest: a reference run")
     args = p.parse_args(argv)
@@ -124,12 +132,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.snapshot_every < 0:
         p.error(f"--snapshot-every must be >= 0, got {args.snapshot_every}")
+    for name in ("checkpoint_read_timeout_s", "checkpoint_retry_deadline_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     session = offline.offline_session(os.environ) if args.offline else Session.from_env()
+    if args.checkpoint_read_timeout_s is not None or args.checkpoint_retry_deadline_s is not None:
+        session.checkpoints = dataclasses.replace(session.checkpoints, read_timeout_s=args.checkpoint_read_timeout_s,
+                                                  retry_deadline_s=args.checkpoint_retry_deadline_s)
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         device = torch.device("cuda", session.local_rank)
