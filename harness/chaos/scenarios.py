@@ -16,7 +16,10 @@ import time
 from ftsup.v1 import events_pb2
 from harness.chaos import checks
 from harness.chaos.checks import after, kind, of_kind
+from harness.chaos.s3_proxy import Fault, FaultRule
 from harness.chaos.scenario import Break, Chaos, Outcome, Scenario, wait_until
+from harness.cluster import ClusterError
+from trainer.checkpoint.supervised import checkpoint_id_for
 
 # -- expectation helpers (each returns problems; [] when the log shows what was expected) ---------
 
@@ -338,8 +341,80 @@ def _partition_cost(o: Outcome) -> list[str]:
             "agent's reports, though its buddy holds newer copies"] if lost > 1 else []
 
 
-def _s3_errors(chaos: Chaos) -> Break:  # registered for its needs; runs once checkpoints exist
-    raise NotImplementedError("s3_errors needs object-store checkpoints in the example trainer")
+# s3_errors: checkpoints every 3 steps to SeaweedFS, every request of the job (trainers and
+# supervisor) through the fault proxy. Checkpoint 3 meets one transient fault per operation kind
+# and must commit. Then the persistent window opens: every upload of rank 1's shard fails, so the
+# next checkpoint the trainers write fails once rank 1's retries run out, and the attempt must be
+# aborted and cleaned up; the window closes and a later checkpoint must commit. The window is not
+# tied to a step: a due checkpoint is skipped while the previous one still commits (the core runs
+# one at a time), so the window breaks whichever attempt comes next.
+_S3_EVERY = 3
+_S3_TRANSIENT = checkpoint_id_for(_S3_EVERY, 1)
+_S3_READ_TIMEOUT_S = 2.0  # the trainers' (--checkpoint-read-timeout-s)
+_S3_RETRY_DEADLINE_S = 4.0  # the trainers' (--checkpoint-retry-deadline-s): the window outlasts it
+
+
+def _step_of(checkpoint_id: str) -> int:
+    return int(checkpoint_id.split("-")[1])  # step-<10 digits>-g<generation>
+
+
+def _s3_faults(chaos: Chaos) -> None:
+    assert chaos.checkpoints is not None and chaos.checkpoints.faults is not None
+    faults, cid = chaos.checkpoints.faults, _S3_TRANSIENT
+    for rule in (
+        FaultRule(Fault.STATUS_503, "PUT", rf"/{cid}/__1_0\.distcp$"),  # rank 1's shard: 503 once
+        FaultRule(Fault.DROP, "PUT", rf"/{cid}/__2_0\.distcp$", drop_after_bytes=256 * 1024),  # mid-upload
+        FaultRule(Fault.DELAY, "PUT", rf"/{cid}/\.metadata$", delay_s=_S3_READ_TIMEOUT_S + 1.5),  # too slow
+        FaultRule(Fault.STATUS_503, "GET", rf"/{cid}/shards/rank-00000\.json$"),  # the commit's read-back
+        FaultRule(Fault.STATUS_500, "HEAD", rf"/{cid}/__0_0\.distcp$"),  # the commit's verification
+        FaultRule(Fault.STATUS_500, "PUT", rf"/{cid}/MANIFEST\.json$"),  # the commit itself
+    ):
+        faults.add(rule)
+
+
+def _s3_errors(chaos: Chaos) -> Break:
+    assert chaos.checkpoints is not None and chaos.checkpoints.faults is not None
+    faults, store, layout = chaos.checkpoints.faults, chaos.checkpoints.store, chaos.checkpoints.layout
+    transient = list(faults.rules)
+    chaos.wait_checkpoint_outcome(_S3_TRANSIENT)
+    problems = [f"transient fault {r.fault.name} on {r.method} {r.path} fired {r.hits} times, not once"
+                for r in transient if r.hits != 1]
+    opened = time.time()
+    window = faults.add(FaultRule(Fault.STATUS_503, "PUT", r"/step-\d{10}-g1/__1_0\.distcp$", times=None))
+    aborted = chaos.wait_record("checkpoint_aborted", opened, lambda a: "could not write its shard" in a.reason)
+    faults.remove(window)  # the window closes with the attempt it broke
+    cid = aborted.event.checkpoint_aborted.checkpoint_id
+    try:
+        wait_until(lambda: not store.list(layout.directory(cid)), 10, f"the aborted attempt {cid} to be deleted")
+    except ClusterError as exc:
+        problems.append(f"{exc}: {len(store.list(layout.directory(cid)))} objects left")
+    if window.first_hit_at is None:
+        problems.append("the persistent fault window never fired")
+    return Break(window.first_hit_at or opened, _step_of(cid), "", f"transient S3 faults in {_S3_TRANSIENT} (503,"
+                 f" a connection dropped mid-upload, an answer slower than the read timeout, 503/500 on the commit's"
+                 f" read-back, verification and manifest); then {window.hits} uploads of rank 1's shard answered 503"
+                 f" until {cid} was aborted", tuple(problems))
+
+
+def _expect_s3_errors(o: Outcome) -> list[str]:
+    """Transient faults are retried and that checkpoint commits; the persistent window aborts its
+    attempt (no manifest; its objects deleted, checked right after the abort) and a later one commits."""
+    problems = []
+    committed = {c.checkpoint_id: c for c in of_kind(o.records, "checkpoint_committed")}
+    aborted = [(a.checkpoint_id, a.reason) for a in of_kind(after(o.records, o.brk.at), "checkpoint_aborted")]
+    if _S3_TRANSIENT not in committed:
+        reasons = [a.reason for a in of_kind(o.records, "checkpoint_aborted") if a.checkpoint_id == _S3_TRANSIENT]
+        problems.append(f"{_S3_TRANSIENT} did not commit through transient faults: {reasons or 'no outcome'}")
+    broken = [c for c, reason in aborted if "could not write its shard" in reason]
+    if not broken:
+        return problems + [f"no attempt was aborted for rank 1's failed write after the window opened: {aborted}"]
+    if broken[0] in committed:
+        problems.append(f"{broken[0]} is both aborted and committed")
+    if not [c for c in committed.values() if c.step > _step_of(broken[0])]:
+        problems.append(f"no checkpoint committed after the aborted {broken[0]}")
+    if o.store is not None and o.store.uploads:
+        problems.append(f"{len(o.store.uploads)} unfinished uploads left, e.g. {o.store.uploads[0].key}")
+    return problems
 
 
 _HANG_FLAGS = ("--hang-multiple", "10", "--hang-floor-s", "3", "--hang-startup-s", "120")
@@ -382,8 +457,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("network_partition", "black-hole node-3's link to the supervisor (sockets stay open), heal later",
              _network_partition, lambda o: _replaced(o, "node-3", dead=True) + _stays_out(o),
              ("node_declared_dead",), proxied_node="node-3", gaps=_partition_cost),
-    Scenario("s3_errors", "S3 errors while a checkpoint is written: the commit retries or aborts, never half-visible",
-             _s3_errors, lambda o: [], ("checkpoint_aborted",), needs=("s3_checkpoints",)),
+    Scenario("s3_errors", "S3 errors while checkpoints are written: transient ones are retried and commit, a"
+             " persistent one aborts that attempt, never half-visible", _s3_errors, _expect_s3_errors,
+             ("checkpoint_aborted",), spares=0, break_at_step=1, checkpoint_every_steps=_S3_EVERY, uses_s3=True,
+             prepare=_s3_faults, needs=("s3_checkpoints",),
+             trainer_args=("--checkpoint-read-timeout-s", f"{_S3_READ_TIMEOUT_S:g}",
+                           "--checkpoint-retry-deadline-s", f"{_S3_RETRY_DEADLINE_S:g}")),
 )
 
 BY_NAME = {s.name: s for s in SCENARIOS}

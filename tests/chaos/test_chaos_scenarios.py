@@ -1,8 +1,9 @@
 """Chaos scenarios as tests: the same registry `ftsup chaos` runs, on real processes.
 
 Only failure kinds that tests/integration does not already stage run here (node SIGKILL, rank
-crash, Xid 79, straggler, SDC, leader kill and etcd loss have their own integration tests), so
-every kind is covered once and the suite stays fast. Each test asserts the generic invariants
+crash, Xid 79, straggler, SDC, leader kill and etcd loss have their own integration tests; S3
+faults there hit one process's store, here a running job's checkpoints), so every kind is covered
+once and the suite stays fast. Each test asserts the generic invariants
 (job completed, nothing acknowledged lost, gapless, no checkpoint lost, bit-identical to the
 offline reference run) through `passed`, and the figures its failure kind must show.
 """
@@ -35,6 +36,10 @@ COVERED_HERE = {
     "failure_during_recovery": lambda r: r.lost_steps is not None and r.lost_steps <= 1,
     # the cut-off rank trains on until the verdict, uncommitted: that window is lost (a known gap)
     "network_partition": lambda r: r.detected_s is not None and 1.5 <= r.detected_s < 15 and r.lost_steps is not None,
+    # S3 faults in checkpoints (a SeaweedFS started by the run): the persistent window is judged once
+    # rank 1's retries run out (--checkpoint-retry-deadline-s 4, the backoff's last sleep counts
+    # against it) and costs the job no step; test_s3_checkpoint covers the store layer's faults
+    "s3_errors": lambda r: r.detected_s is not None and 2.0 <= r.detected_s < 30 and r.lost_steps == 0,
 }
 
 
