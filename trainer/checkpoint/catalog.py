@@ -137,6 +137,7 @@ class Catalog:
     committed: tuple[Manifest, ...]  # valid manifests, oldest step first
     incomplete: tuple[str, ...]  # attempt ids with objects but no valid manifest
     keys: dict[str, tuple[str, ...]]  # checkpoint id -> its keys; built here, never shared mutably
+    unreadable: tuple[str, ...] = ()  # of `incomplete`: a manifest is there but this version cannot read it
 
 
 def scan(store: ObjectStore, layout: Layout) -> Catalog:
@@ -145,7 +146,7 @@ def scan(store: ObjectStore, layout: Layout) -> Catalog:
         cid = layout.checkpoint_of(key)
         if cid is not None:
             keys.setdefault(cid, []).append(key)
-    committed, incomplete = [], []
+    committed, incomplete, unreadable = [], [], []
     for cid, cid_keys in sorted(keys.items()):
         if layout.manifest_key(cid) not in cid_keys:
             incomplete.append(cid)
@@ -155,8 +156,9 @@ def scan(store: ObjectStore, layout: Layout) -> Catalog:
         except CheckpointNotCommitted as exc:
             log.warning("ignoring checkpoint %s: %s", cid, exc)
             incomplete.append(cid)
+            unreadable.append(cid)
     committed.sort(key=lambda m: (m.step, m.checkpoint_id))
-    return Catalog(tuple(committed), tuple(incomplete), {k: tuple(v) for k, v in keys.items()})
+    return Catalog(tuple(committed), tuple(incomplete), {k: tuple(v) for k, v in keys.items()}, tuple(unreadable))
 
 
 def list_committed(store: ObjectStore, layout: Layout) -> tuple[Manifest, ...]:
@@ -170,11 +172,23 @@ def latest_committed(store: ObjectStore, layout: Layout) -> Manifest | None:
 
 
 def abort(store: ObjectStore, layout: Layout, checkpoint_id: str) -> int:
-    """Delete an uncommitted attempt's objects; refuses a committed checkpoint. Returns how many."""
+    """Delete an attempt that will not be committed; returns how many objects.
+
+    A manifest found there is retracted first (readers then see the checkpoint whole or gone): it
+    is a commit the caller decided against after it was written (the supervisor's core refuses an
+    SDC-tainted step, or one no newer than the last commit, once the commit returned), or one whose
+    answer was lost until the retries ran out, so the caller was told it failed. Either way the
+    caller's record says "not committed", and the store must agree with it. Never call this for a
+    checkpoint the caller recorded as committed: retention (gc) deletes those. Abort and commit of
+    one attempt must not run concurrently (the commit could write its manifest after the delete).
+    """
     keys = store.list(layout.directory(checkpoint_id))
-    if layout.manifest_key(checkpoint_id) in keys:
-        raise ManifestExists(f"checkpoint {checkpoint_id!r} is committed; abort deletes only attempts (use gc)")
-    store.delete(keys)
+    manifest_key = layout.manifest_key(checkpoint_id)
+    if manifest_key in keys:
+        log.warning("retracting the manifest of checkpoint %s: its commit was decided against or not"
+                    " acknowledged, so it must not stay visible", checkpoint_id)
+        store.delete([manifest_key])
+    store.delete([k for k in keys if k != manifest_key])
     log.info("aborted checkpoint attempt %s: deleted %d objects", checkpoint_id, len(keys))
     return len(keys)
 
@@ -209,7 +223,11 @@ def gc(store: ObjectStore, layout: Layout, keep_last: int, in_flight: frozenset[
     or gone, never a manifest pointing at deleted objects. `dry_run` plans without deleting.
     """
     catalog = scan(store, layout)
-    plan = plan_gc([(m.checkpoint_id, m.step) for m in catalog.committed], catalog.incomplete, keep_last, in_flight)
+    # A manifest this version cannot read (a newer format, damage) is no proof of an abandoned attempt.
+    attempts = [cid for cid in catalog.incomplete if cid not in catalog.unreadable]
+    if catalog.unreadable:
+        log.warning("gc under %r keeps %s: their manifests cannot be read here", layout.prefix, list(catalog.unreadable))
+    plan = plan_gc([(m.checkpoint_id, m.step) for m in catalog.committed], attempts, keep_last, in_flight)
     if not dry_run:
         for cid in plan.delete_committed:
             manifest_key = layout.manifest_key(cid)

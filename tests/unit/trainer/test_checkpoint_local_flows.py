@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from trainer.checkpoint import catalog, flows
-from trainer.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ObjectCorrupt
+from trainer.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ObjectCorrupt, StoreUnavailable
 from trainer.checkpoint.local import LocalDirStore
 from trainer.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
 from trainer.checkpoint.policy import RestoreMode
@@ -81,17 +82,51 @@ def test_a_corrupted_object_is_caught_on_load(store):
         flows.load(store, L, cid, blank(state(5)), ONE, V)
 
 
-def test_abort_removes_an_attempt_and_refuses_a_committed_checkpoint(store):
+def test_abort_removes_an_attempt_and_retracts_a_manifest_written_for_it(store):
     attempt = checkpoint_id_for(6, "x")
     store.put(L.data_key(attempt, "__0_0.distcp"), b"partial")
     assert catalog.abort(store, L, attempt) == 1
     assert store.list(L.directory(attempt)) == ()
     with pytest.raises(CheckpointNotCommitted):
         catalog.read_manifest(store, L, attempt)
+    # The supervisor decided against a commit whose manifest was already written (an SDC-tainted
+    # step, a step no newer than the last commit): the log says aborted, so the store must not show it.
     cid = checkpoint_id_for(7, "a")
     flows.save(state(7), store, L, cid, 7, ONE, V)
-    with pytest.raises(ManifestExists):
-        catalog.abort(store, L, cid)
+    assert catalog.abort(store, L, cid) == 4  # manifest, DCP metadata, the rank's object, its shard index
+    assert catalog.list_committed(store, L) == () and store.list(L.root()) == ()
+
+
+class LostManifestAnswer(LocalDirStore):
+    """The manifest lands, but its answer never comes back within the retry deadline."""
+
+    def put_if_absent(self, key, data):
+        super().put_if_absent(key, data)
+        raise StoreUnavailable(f"put {key!r}: gave up after 9 attempts in 120.0s (deadline 120.0s): read timeout")
+
+
+def test_a_save_whose_manifest_landed_after_its_answer_was_lost_fails_with_no_manifest_left(tmp_path):
+    store = LostManifestAnswer(tmp_path)
+    cid = checkpoint_id_for(8, "lost")
+    with pytest.raises(flows.CheckpointWriteFailed, match="not committed, attempt aborted"):
+        flows.save(state(8), store, L, cid, 8, ONE, V)
+    assert catalog.list_committed(store, L) == ()  # the caller was told "not committed": readers agree
+    assert store.list(L.root()) == ()
+    store.close()
+
+
+def test_gc_never_deletes_a_checkpoint_whose_manifest_it_cannot_read(store):
+    """A manifest of a newer format (or one damaged in place) is not proof of an abandoned attempt."""
+    old, new = checkpoint_id_for(1, "v2"), checkpoint_id_for(5, "a")
+    flows.save(state(1), store, L, old, 1, ONE, V)
+    body = json.loads(bytes(store.get(L.manifest_key(old))))
+    store.delete([L.manifest_key(old)])
+    store.put_if_absent(L.manifest_key(old), json.dumps({**body, "format_version": 2}).encode())
+    flows.save(state(5), store, L, new, 5, ONE, V)
+    plan = catalog.gc(store, L, keep_last=1)
+    assert plan.delete_incomplete == ()
+    assert store.list(L.manifest_key(old)) == (L.manifest_key(old),)
+    assert [m.checkpoint_id for m in catalog.list_committed(store, L)] == [new]
 
 
 def test_gc_keeps_the_last_k(store):
