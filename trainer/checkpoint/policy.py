@@ -69,8 +69,8 @@ def plan_gc(committed: Sequence[tuple[str, int]], attempts: Sequence[str], keep_
 
 def plan_stale_uploads(uploads: Sequence[PendingUpload], layout: Layout, older_than_s: float, now_unix_s: float,
                        in_flight: frozenset[str] = frozenset()) -> tuple[UploadVerdict, ...]:
-    """Which unfinished uploads under `layout` to abort: inside a checkpoint's directory (never
-    someone else's keys sharing the bucket), not of a checkpoint in flight, and started at least
+    """Which unfinished uploads under `layout` to abort: inside a checkpoint's directory, named as
+    ours are (never someone else's keys sharing the bucket), not of a checkpoint in flight, and started at least
     `older_than_s` before `now_unix_s`. Aborting never touches a stored object, so the worst a
     wrong guess does is fail a live writer's put, which aborts its attempt: never a half commit."""
     if not older_than_s >= 0:
@@ -79,9 +79,9 @@ def plan_stale_uploads(uploads: Sequence[PendingUpload], layout: Layout, older_t
     for upload in uploads:
         cid = layout.checkpoint_of(upload.key)
         age_s = now_unix_s - upload.initiated_unix_s
-        if cid is None:
+        if cid is None or step_of(cid) is None:  # ids we write start step-NNNNNNNNNN-: a shared bucket's
             verdicts.append(UploadVerdict(upload, False, f"{upload.key!r} is not inside a checkpoint directory"
-                                                         f" under {layout.root()!r}"))
+                                                         f" (step-NNNNNNNNNN-*) under {layout.root()!r}"))
         elif cid in in_flight:
             verdicts.append(UploadVerdict(upload, False, f"checkpoint {cid!r} is in flight"))
         elif age_s < older_than_s:

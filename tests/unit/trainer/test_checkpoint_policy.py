@@ -57,17 +57,18 @@ def test_stale_uploads_are_old_inside_a_checkpoint_directory_and_not_in_flight()
         upload(f"jobs/gpt/{cid(9, 'live')}/__0_0.distcp", 30),  # young: may be uploading now
         upload(f"jobs/gpt/{cid(8, 'flying')}/__2_0.distcp", 7200),  # old but its checkpoint is in flight
         upload("jobs/gpt/notes.bin", 7200),  # under the prefix, in no checkpoint directory
+        upload("jobs/gpt/images/cat.png", 7200),  # another application's key sharing the prefix
         upload(f"jobs/gpt/{cid(3, 'edge')}/x", 3600),  # exactly the threshold: old enough
         upload(f"jobs/gpt/{cid(4, 'skew')}/x", -120),  # "started" in the future (clock skew): young
     ]
     verdicts = plan_stale_uploads(uploads, JOB, 3600, NOW, in_flight=frozenset({cid(8, "flying")}))
     assert [v.upload for v in verdicts] == uploads
-    assert [v.is_stale for v in verdicts] == [True, False, False, False, True, False]
+    assert [v.is_stale for v in verdicts] == [True, False, False, False, False, True, False]
     reasons = [v.reason for v in verdicts]
     assert "started 7200s ago (>= 3600s)" in reasons[0]
     assert "younger than 3600s" in reasons[1]
     assert "in flight" in reasons[2] and cid(8, "flying") in reasons[2]
-    assert "not inside a checkpoint directory" in reasons[3]
+    assert "not inside a checkpoint directory" in reasons[3] and "not inside a checkpoint directory" in reasons[4]
 
 
 def test_an_upload_of_another_prefix_is_never_stale():
