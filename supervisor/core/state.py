@@ -12,6 +12,8 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import attrgetter
 from types import MappingProxyType
 
 from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
@@ -70,32 +72,46 @@ class Generation:
         return self.first_step is not None
 
     def member(self, node_id: str) -> RankAssignment | None:
-        return _member_index(self.members)[0].get(node_id)
+        return _node_index(self.members).get(node_id)
 
     def node_of_rank(self, rank: int) -> str | None:
-        return _member_index(self.members)[1].get(rank)
+        return _rank_index(self.members).get(rank)
 
 
-_INDEXES: dict[int, tuple[tuple[RankAssignment, ...], dict[str, RankAssignment], dict[int, str]]] = {}
+_BY_NODE: dict[int, tuple[tuple[RankAssignment, ...], dict[str, RankAssignment]]] = {}
+_BY_RANK: dict[int, tuple[tuple[RankAssignment, ...], dict[int, str]]] = {}
 
 
-def _member_index(members: tuple[RankAssignment, ...]) -> tuple[dict[str, RankAssignment], dict[int, str]]:
-    """node -> assignment and rank -> node of one members tuple, built once per tuple (memoized by
-    identity; the tuple is kept alive with its index). A linear scan per StepReport costs 12.5k
-    comparisons at 100k GPUs. First match wins, as the scan did."""
-    hit = _INDEXES.get(id(members))
+def _node_index(members: tuple[RankAssignment, ...]) -> dict[str, RankAssignment]:
+    """node -> assignment of one members tuple, built once per tuple (memoized by identity; the
+    tuple is kept alive with its index). A linear scan per StepReport costs 12.5k comparisons at
+    100k GPUs. First match wins, as the scan did (built in C-level passes)."""
+    hit = _BY_NODE.get(id(members))
     if hit is not None and hit[0] is members:
-        return hit[1], hit[2]
-    by_node: dict[str, RankAssignment] = {}
-    by_rank: dict[int, str] = {}
-    for assignment in members:
-        by_node.setdefault(assignment.node_id, assignment)
-        for rank in assignment.ranks:
-            by_rank.setdefault(rank, assignment.node_id)
-    if len(_INDEXES) >= 16:
-        _INDEXES.clear()
-    _INDEXES[id(members)] = (members, by_node, by_rank)
-    return by_node, by_rank
+        return hit[1]
+    by_node = dict(zip(map(attrgetter("node_id"), members), members))
+    if len(by_node) != len(members):  # a node listed twice: keep its first assignment
+        by_node = dict(zip(reversed(list(map(attrgetter("node_id"), members))), reversed(members)))
+    if len(_BY_NODE) >= 16:
+        _BY_NODE.clear()
+    _BY_NODE[id(members)] = (members, by_node)
+    return by_node
+
+
+def _rank_index(members: tuple[RankAssignment, ...]) -> dict[int, str]:
+    """rank -> node of one members tuple, memoized as `_node_index` (and built only when asked:
+    most generations never look a rank up)."""
+    hit = _BY_RANK.get(id(members))
+    if hit is not None and hit[0] is members:
+        return hit[1]
+    node_ids = list(map(attrgetter("node_id"), members))
+    ranks = list(map(attrgetter("ranks"), members))
+    owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
+    by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
+    if len(_BY_RANK) >= 16:
+        _BY_RANK.clear()
+    _BY_RANK[id(members)] = (members, by_rank)
+    return by_rank
 
 
 @dataclass(frozen=True, slots=True)

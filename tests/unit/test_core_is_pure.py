@@ -9,7 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORES = ["supervisor/core", "agent/core", "trainer/core"]
 ALLOWED_STDLIB = {
     "__future__", "dataclasses", "enum", "typing", "math", "statistics", "collections", "collections.abc",
-    "types", "functools", "itertools", "re", "random", "hashlib", "struct", "bisect", "heapq", "string",
+    "types", "functools", "itertools", "operator", "re", "random", "hashlib", "struct", "bisect", "heapq", "string",
 }
 FORBIDDEN_CALLS = {("time", "time"), ("time", "monotonic"), ("datetime", "now")}
 
