@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.core.config import DetectorConfig
-from supervisor.core.state import ClusterState, Liveness, SoftState
+from supervisor.core.state import ClusterState, Liveness, NodeSoft, SoftState
 
 
 STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason
@@ -28,44 +28,61 @@ class Verdict:
 
 def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: float) -> list[Verdict]:
     verdicts: list[Verdict] = []
-    for node in state.nodes.values():
-        if node.liveness is Liveness.DEAD:
+    # One pass over every node on every Tick (12,500 at 100k GPUs): the common case, a connected
+    # node heard from recently, is decided in a few operations, with the limits computed once.
+    dead_after, suspect_after = config.dead_after_s, 1.5 * config.heartbeat_interval_s
+    started, infos = soft.started_at_s, soft.nodes
+    alive, suspect, dead = Liveness.ALIVE, Liveness.SUSPECT, Liveness.DEAD
+    for node_id, node in state.nodes.items():
+        liveness = node.liveness
+        if liveness is dead:
             continue
-        info = soft.nodes.get(node.node_id)
+        info = infos.get(node_id)
+        if info is None or info.stream_id is None:
+            verdict = _judge_unconnected(node_id, liveness, info, soft, config, now)
+            if verdict is not None:
+                verdicts.append(verdict)
+            continue
         # Nodes not heard since this supervisor started count from its start (the grace).
-        last_heard = info.last_heard_s if info is not None else soft.started_at_s
-        last_heard = max(last_heard, soft.started_at_s)
+        last_heard = info.last_heard_s
+        if started > last_heard:  # max(last_heard, started)
+            last_heard = started
         silent_for = now - last_heard
-        connected = info is not None and info.stream_id is not None
-        if info is None:
-            # Not heard since this supervisor started: no verdict until the grace is over.
-            if silent_for >= config.dead_after_s:
-                verdicts.append(
-                    Verdict(node.node_id, Liveness.DEAD, f"{NEVER_HEARD} {config.dead_after_s:g}s", silent_for)
-                )
-            continue
-        if not connected:
-            closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
-            if now - closed_at >= config.reconnect_grace_s:
-                reason = f"{STREAM_LOSS} within {config.reconnect_grace_s:g}s"
-                verdicts.append(Verdict(node.node_id, Liveness.DEAD, reason, silent_for))
-            elif silent_for >= config.dead_after_s:  # silence is silence, connected or not
-                reason = f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)"
-                verdicts.append(Verdict(node.node_id, Liveness.DEAD, reason, silent_for))
-            elif node.liveness is Liveness.ALIVE:
-                verdicts.append(Verdict(node.node_id, Liveness.SUSPECT, "stream closed", silent_for))
-            continue
-        if silent_for >= config.dead_after_s:
+        if silent_for >= dead_after:
             verdicts.append(
                 Verdict(
-                    node.node_id,
+                    node_id,
                     Liveness.DEAD,
                     f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)",
                     silent_for,
                 )
             )
-        elif silent_for >= 1.5 * config.heartbeat_interval_s and node.liveness is Liveness.ALIVE:
-            verdicts.append(Verdict(node.node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
-        elif silent_for < config.heartbeat_interval_s * 1.5 and node.liveness is Liveness.SUSPECT:
-            verdicts.append(Verdict(node.node_id, Liveness.ALIVE, "heard from again", silent_for))
+        elif silent_for >= suspect_after:
+            if liveness is alive:
+                verdicts.append(Verdict(node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
+        elif silent_for < suspect_after and liveness is suspect:  # (not NaN)
+            verdicts.append(Verdict(node_id, Liveness.ALIVE, "heard from again", silent_for))
     return verdicts
+
+
+def _judge_unconnected(
+    node_id: str, liveness: Liveness, info: NodeSoft | None, soft: SoftState, config: DetectorConfig, now: float
+) -> Verdict | None:
+    """A node never heard by this supervisor (`info` None), or whose stream is closed."""
+    last_heard = info.last_heard_s if info is not None else soft.started_at_s
+    last_heard = max(last_heard, soft.started_at_s)
+    silent_for = now - last_heard
+    if info is None:
+        # Not heard since this supervisor started: no verdict until the grace is over.
+        if silent_for >= config.dead_after_s:
+            return Verdict(node_id, Liveness.DEAD, f"{NEVER_HEARD} {config.dead_after_s:g}s", silent_for)
+        return None
+    closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
+    if now - closed_at >= config.reconnect_grace_s:
+        return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS} within {config.reconnect_grace_s:g}s", silent_for)
+    if silent_for >= config.dead_after_s:  # silence is silence, connected or not
+        return Verdict(node_id, Liveness.DEAD, f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)",
+                       silent_for)
+    if liveness is Liveness.ALIVE:
+        return Verdict(node_id, Liveness.SUSPECT, "stream closed", silent_for)
+    return None
