@@ -1,0 +1,300 @@
+"""The planner's fast paths (issue 9: 12,500 nodes per failure) give exactly the plans of the
+straightforward planner they replaced, kept here as the reference: same members, buddies,
+restore sources, restore step and reason, over random fleets, failures, repairs, quarantines,
+lost holders, checkpoints and SDC taints, generation after generation (so that the incremental
+path, which starts from the layout the planner returned last, is exercised as well as the
+general one)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from types import MappingProxyType
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.core import frozen
+from supervisor.core.config import JobSpec
+from supervisor.core.events import (
+    EndReason,
+    GenerationEnded,
+    GenerationStarted,
+    NodeRole,
+    RankAssignment,
+    RankRestore,
+    RestoreKind,
+    SnapshotCommitted,
+)
+from supervisor.core.evolve import evolve
+from supervisor.core.policies import planner, restore
+from supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
+from supervisor.core.state import (
+    ClusterState,
+    CommittedCheckpoint,
+    Liveness,
+    NodeRecord,
+    NodeSoft,
+    SoftState,
+)
+
+# ---- the reference: the planner and restore planner as they were before the fast paths ----
+
+
+def ref_plan(state: ClusterState, soft: SoftState, job: JobSpec, now: float, spare_grace_s: float) -> planner.Plan:
+    if state.completion is not None:
+        return planner.Plan(None, "job completed")
+    if state.generation is not None:
+        return planner.Plan(None, "")
+    previous = [m.node_id for m in state.snapshot.members] if state.snapshot else []
+    suspects = [n for n in previous if (state.node(n) and state.nodes[n].liveness) is Liveness.SUSPECT]
+    if suspects:
+        return planner.Plan(None, f"waiting for a verdict on suspect node(s) {', '.join(sorted(suspects))}")
+    healthy = [n for n in state.nodes.values() if _usable(n, soft)]
+    actives = [n for n in healthy if n.role is NodeRole.ACTIVE]
+    if len(actives) < job.nodes and now - soft.started_at_s < spare_grace_s:
+        return planner.Plan(None, f"waiting for {job.nodes} active nodes ({len(actives)} ready) before using"
+                                  f" spares, for up to {spare_grace_s:g}s after start")
+    if len(healthy) < job.nodes:
+        quarantined = sum(1 for n in state.nodes.values() if n.is_quarantined)
+        return planner.Plan(None, f"need {job.nodes} healthy nodes, have {len(healthy)}"
+                                  f" ({len(state.nodes)} registered, {quarantined} quarantined)")
+    members = ref_assign(state, healthy, job)
+    snapshot = state.snapshot
+    holdings = () if snapshot is None else tuple(
+        Holding(node_id, rank, snapshot.step)
+        for member in snapshot.members for rank in member.ranks
+        for node_id in (member.node_id, member.buddy_node_id)
+        if node_id and node_id not in snapshot.lost_holders
+    )
+    reachable = frozenset(n for n, node in state.nodes.items() if node.liveness is Liveness.ALIVE
+                          and soft.nodes.get(n) is not None and soft.nodes[n].stream_id is not None)
+    world = RestoreWorld(members, holdings, reachable, state.checkpoint.step if state.checkpoint else None,
+                         state.sdc_tainted_from_step, True)
+    step, restores, reason = ref_plan_restore(world)
+    from_ram = step is not None and any(r.kind in (RestoreKind.LOCAL_SNAPSHOT, RestoreKind.PEER_SNAPSHOT)
+                                        for r in restores)
+    number = state.last_generation + 1
+    where = f"restoring {reason}" if step is not None else reason
+    ended = state.last_ended
+    if ended is None:
+        why = f"first generation, {where}"
+    else:
+        culprit = f" ({ended.node_id})" if ended.node_id else ""
+        why = f"generation {ended.number} ended: {ended.reason.value}{culprit}; {where}"
+    return planner.Plan(GenerationStarted(
+        generation=number, members=members, world_size=job.world_size,
+        master_addr=state.nodes[members[0].node_id].host,
+        master_port=job.master_port_base + number % job.master_port_span, restore_step=step,
+        restore_generation=snapshot.generation if (snapshot and from_ram) else 0, restores=restores,
+        reason=why, config_hash=job.config_hash, code_version=job.code_version, data_version=job.data_version,
+    ), "")
+
+
+def _usable(node: NodeRecord, soft: SoftState) -> bool:
+    info = soft.nodes.get(node.node_id)
+    return node.liveness is Liveness.ALIVE and node.is_in_service and info is not None and info.stream_id is not None
+
+
+def ref_assign(state: ClusterState, healthy: list[NodeRecord], job: JobSpec) -> tuple[RankAssignment, ...]:
+    usable = {n.node_id for n in healthy}
+    blocks: dict[int, str | None] = {b: None for b in range(job.nodes)}
+    last = state.snapshot.members if state.snapshot is not None else ()
+    for member in last:
+        block = min(member.ranks) // job.ranks_per_node
+        if member.node_id in usable and block in blocks and len(member.ranks) == job.ranks_per_node:
+            blocks[block] = member.node_id
+    taken = {n for n in blocks.values() if n is not None}
+    previous = {min(m.ranks) // job.ranks_per_node: m.node_id for m in last}
+    for block in sorted(b for b, n in blocks.items() if n is None):
+        lost = state.node(previous.get(block, ""))
+        domain = lost.failure_domain if lost is not None else ""
+        order = sorted(healthy, key=lambda n: (n.role is NodeRole.SPARE, bool(domain) and n.failure_domain == domain,
+                                               n.registered_order if n.role is NodeRole.SPARE else 0, n.node_id))
+        pick = next(n.node_id for n in order if n.node_id not in taken)
+        blocks[block] = pick
+        taken.add(pick)
+    order_ids = [blocks[b] for b in range(job.nodes)]
+    return tuple(
+        RankAssignment(node_id, tuple(range(i * job.ranks_per_node, (i + 1) * job.ranks_per_node)),
+                       order_ids[(i + 1) % len(order_ids)] if len(order_ids) > 1 else "")
+        for i, node_id in enumerate(order_ids)  # type: ignore[misc]
+    )
+
+
+def ref_plan_restore(world: RestoreWorld) -> tuple[int | None, tuple[RankRestore, ...], str]:
+    node_of = {rank: m.node_id for m in world.placement for rank in m.ranks}
+    ranks = sorted(node_of)
+    by_step: dict[int, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for h in world.holdings:
+        if h.node_id in world.reachable and not (world.tainted_from_step is not None and h.step >= world.tainted_from_step):
+            by_step[h.step][h.rank].add(h.node_id)
+    held = {s: {r: tuple(sorted(n)) for r, n in rs.items()} for s, rs in by_step.items()}
+    checkpoint = world.checkpoint_step
+    if checkpoint is not None and world.tainted_from_step is not None and checkpoint >= world.tainted_from_step:
+        checkpoint = None
+    skipped: list[str] = []
+    for step in sorted({*held, *(() if checkpoint is None else (checkpoint,))}, reverse=True):
+        holders = held.get(step, {})
+        missing = [r for r in ranks if not holders.get(r) and step != checkpoint]
+        if missing:
+            skipped.append(f"step {step} lacks rank(s) {_text(missing)}")
+            continue
+        restores = []
+        for rank in ranks:
+            hs = holders.get(rank, ())
+            if node_of[rank] in hs:
+                restores.append(RankRestore(rank, RestoreKind.LOCAL_SNAPSHOT, node_of[rank]))
+            elif hs:
+                restores.append(RankRestore(rank, RestoreKind.PEER_SNAPSHOT, hs[0]))
+            else:
+                restores.append(RankRestore(rank, RestoreKind.CHECKPOINT, ""))
+        return step, tuple(restores), _ref_reason(step, restores, skipped)
+    return None, tuple(RankRestore(r, RestoreKind.FRESH, "") for r in ranks), "starting from step 0: " + \
+        _ref_why(world, ranks, checkpoint, skipped)
+
+
+def _ref_reason(step: int, restores: list[RankRestore], skipped: list[str]) -> str:
+    by_kind: dict[RestoreKind, list[int]] = defaultdict(list)
+    peers = sorted({r.source_node_id for r in restores if r.kind is RestoreKind.PEER_SNAPSHOT})
+    for r in restores:
+        by_kind[r.kind].append(r.rank)
+    parts = []
+    if by_kind[RestoreKind.LOCAL_SNAPSHOT]:
+        parts.append(f"rank(s) {_text(by_kind[RestoreKind.LOCAL_SNAPSHOT])} from their own node's RAM")
+    if by_kind[RestoreKind.PEER_SNAPSHOT]:
+        parts.append(f"rank(s) {_text(by_kind[RestoreKind.PEER_SNAPSHOT])} from a peer's RAM ({', '.join(peers)})")
+    if by_kind[RestoreKind.CHECKPOINT]:
+        parts.append(f"rank(s) {_text(by_kind[RestoreKind.CHECKPOINT])} from the object-store checkpoint")
+    text = f"step {step}: " + "; ".join(parts)
+    if skipped:
+        text += f" (newer: {'; '.join(skipped[:3])}{'; ...' if len(skipped) > 3 else ''})"
+    return text
+
+
+def _ref_why(world: RestoreWorld, ranks: list[int], checkpoint: int | None, skipped: list[str]) -> str:
+    holdings = list(world.holdings)
+    if not holdings and world.checkpoint_step is None:
+        return "no RAM snapshot or checkpoint exists yet"
+    lost: dict[int, set[str]] = defaultdict(set)
+    for h in holdings:
+        lost[h.rank].add(h.node_id)
+    gone = [r for r in ranks if not (lost[r] & world.reachable)]
+    if gone:
+        holders = sorted({n for r in gone for n in lost[r]})
+        where = f" (held only by {', '.join(holders)}, unreachable)" if holders else " (never held)"
+        text = f"every RAM copy of rank(s) {_text(gone)} is gone{where}"
+    elif skipped:
+        text = "no step is held for every rank: " + "; ".join(skipped[:3])
+    else:
+        text = "no RAM snapshot is held"
+    if world.tainted_from_step is not None:
+        text += f"; steps from {world.tainted_from_step} on are SDC-tainted"
+    if checkpoint is None and world.checkpoint_step is not None:
+        text += f"; the checkpoint at step {world.checkpoint_step} is tainted"
+    return text
+
+
+def _text(ranks: Iterable[int]) -> str:
+    ordered = sorted(ranks)
+    runs, start = [], 0
+    for i, r in enumerate(ordered):
+        if i == 0 or r != ordered[i - 1] + 1:
+            if i:
+                runs.append(f"{start}-{ordered[i - 1]}" if ordered[i - 1] > start else str(start))
+            start = r
+    if ordered:
+        runs.append(f"{start}-{ordered[-1]}" if ordered[-1] > start else str(start))
+    return ", ".join(runs)
+
+
+# ---- random fleets and what happens to them between generations ----
+
+DOMAINS = ("", "rack-a", "rack-b")
+node_change = st.sampled_from(["dead", "dead", "dead", "quarantined", "drained", "disconnected", "suspect", "lost_holder",
+                               "back", "back"])
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[JobSpec, ClusterState, SoftState]:
+    job_nodes = draw(st.integers(1, 6))
+    rpn = draw(st.integers(1, 3))
+    spares = draw(st.integers(0, 6))
+    extra_actives = draw(st.integers(0, 2))
+    ids = [(f"n{i}", NodeRole.ACTIVE) for i in range(job_nodes + extra_actives)]
+    ids += [(f"s{i}", NodeRole.SPARE) for i in range(spares)]
+    order = draw(st.permutations(range(1, len(ids) + 1)))
+    records = {
+        node_id: NodeRecord(node_id, 1, role, "h", 9000, 8, failure_domain=draw(st.sampled_from(DOMAINS)),
+                            registered_order=order[i])
+        for i, (node_id, role) in enumerate(ids)
+    }
+    state = ClusterState(nodes=MappingProxyType(records), registrations=len(ids))
+    soft = SoftState(started_at_s=0.0, nodes={n: NodeSoft(0.0, i + 1, 1) for i, n in enumerate(records)})
+    return JobSpec(name="eq", nodes=job_nodes, ranks_per_node=rpn, argv=("t",)), state, soft
+
+
+def _change(state: ClusterState, soft: SoftState, node_id: str, how: str) -> ClusterState:
+    node = state.nodes[node_id]
+    if how == "dead":
+        node = frozen.replace(node, liveness=Liveness.DEAD)
+    elif how == "quarantined":
+        node = frozen.replace(node, is_quarantined=True, quarantine_reason="x")
+    elif how == "drained":
+        node = frozen.replace(node, is_drained=True)
+    elif how == "suspect":
+        node = frozen.replace(node, liveness=Liveness.SUSPECT)
+    elif how == "disconnected":
+        soft.nodes[node_id].stream_id = None
+    elif how == "back":  # repaired: alive, in service, connected again, a spare
+        node = frozen.replace(node, liveness=Liveness.ALIVE, is_quarantined=False, is_drained=False,
+                              quarantine_reason="", role=NodeRole.SPARE, registered_order=state.registrations + 1)
+        state = frozen.replace(state, registrations=state.registrations + 1)
+        soft.nodes[node_id].stream_id = 99
+    elif how == "lost_holder" and state.snapshot is not None:
+        lost = tuple(sorted({*state.snapshot.lost_holders, node_id}))
+        state = frozen.replace(state, snapshot=frozen.replace(state.snapshot, lost_holders=lost))
+    return frozen.replace(state, nodes=MappingProxyType({**state.nodes, node_id: node}))
+
+
+@settings(max_examples=400, deadline=None)
+@given(fleets(), st.lists(st.tuples(
+    st.booleans(),  # commit a snapshot in the generation
+    st.lists(st.tuples(st.integers(0, 20), node_change), max_size=4),
+    st.sampled_from([None, "old", "same", "newer"]),  # the committed checkpoint against the snapshot
+    st.sampled_from([None, "before", "at"]),  # an SDC taint
+    st.booleans(),  # forget the memos first (the general path)
+), min_size=1, max_size=6))
+def test_plans_equal_the_reference_planners_generation_after_generation(fleet, rounds):
+    job, state, soft = fleet
+    step = 0
+    for commit, changes, checkpoint, taint, forget in rounds:
+        if forget:
+            planner._layouts = planner._Layouts()
+            restore._blocks = restore._BlockLayouts()
+            restore._last_plan = restore._LastPlan()
+        plan = planner.plan_generation(state, soft, job, 100.0, 0.0)
+        assert plan == ref_plan(state, soft, job, 100.0, 0.0)
+        if plan.started is None:
+            return
+        state = evolve(state, plan.started)  # the planner's own objects: its next plan may start from them
+        step += 10
+        if commit:
+            state = evolve(state, SnapshotCommitted(state.last_generation, step))
+        state = evolve(state, GenerationEnded(state.last_generation, EndReason.NODE_LOST, "", step, ""))
+        ids = list(state.nodes)
+        for pick, how in changes:
+            state = _change(state, soft, ids[pick % len(ids)], how)
+        snapshot_step = state.snapshot.step if state.snapshot else step
+        if checkpoint is not None:
+            at = {"old": snapshot_step - 5, "same": snapshot_step, "newer": snapshot_step + 5}[checkpoint]
+            state = frozen.replace(state, checkpoint=CommittedCheckpoint("c", max(at, 1), "k"))
+        if taint is not None:
+            state = frozen.replace(state, sdc_tainted_from_step=snapshot_step - (0 if taint == "at" else 3))
+
+
+def test_snapshot_copies_iterate_as_the_holdings_they_stand_for():
+    members = (RankAssignment("a", (0, 1), "b"), RankAssignment("b", (2, 3), "a"))
+    copies = SnapshotCopies(7, members, frozenset({"b"}))
+    assert list(copies) == [Holding("a", 0, 7), Holding("a", 1, 7), Holding("a", 2, 7), Holding("a", 3, 7)]
+    assert copies and not SnapshotCopies(7, (RankAssignment("b", (0,), ""),), frozenset({"b"}))
