@@ -97,3 +97,30 @@ def test_a_repaired_node_returns_as_an_unquarantined_spare():
     assert isinstance(events[-1], GenerationStarted)
     node = driver.state.nodes["n00001"]
     assert (node.role, node.incarnation, node.is_quarantined) == (NodeRole.SPARE, 2, False)
+
+
+def _after_a_replacement() -> CoreDriver:
+    driver = _running()
+    driver.commit_snapshot(3, 30.0, 10.0)  # the bulk holdings of generation 1
+    driver.tick(driver.fail("n00002", 100.0))
+    driver.start_running(200.0, 10.0)
+    return driver
+
+
+def test_a_bulk_commit_in_a_later_generation_equals_every_rank_reporting_its_step_and_its_copies():
+    # Generation 2 differs from 1 in two members (the replacement and its ring predecessor): the
+    # bulk path patches its holdings from generation 1's rather than walking every member.
+    bulk, fed = _after_a_replacement(), _after_a_replacement()
+    generation = fed.state.generation
+    assert generation is not None and generation.number == 2
+    assert bulk.commit_snapshot(9, 290.0, 10.0) == (SnapshotCommitted(generation=2, step=9),)
+    events = []
+    for member in generation.members:
+        for rank in member.ranks:
+            for holder in (member.node_id, member.buddy_node_id):
+                events += fed.feed(SnapshotReport(holder, 2, rank, 9, (holder,), 1), 290.0)
+    for member in generation.members:
+        for rank in member.ranks:
+            events += fed.feed(StepReport(member.node_id, 2, rank, 9, 10.0, 10.0, 1.0, DIGEST), 290.0)
+    assert events == [SnapshotCommitted(generation=2, step=9)]
+    assert bulk.state == fed.state
