@@ -34,6 +34,7 @@ from supervisor.core.state import (
     Generation,
     Liveness,
     NodeRecord,
+    node_index,
 )
 from supervisor.core import checkpoints, frozen, taint
 from supervisor.core.errors import InvalidEvent
@@ -271,9 +272,11 @@ def _is_valid_gang(state: ClusterState, event: GenerationStarted) -> bool:
     """Every member registered, alive and in service, no node twice, ranks exactly 0..world-1:
     checked in C-level passes (12,500 members at 100k GPUs); `_reject_gang` names what is wrong."""
     members = event.members
-    node_ids = list(map(attrgetter("node_id"), members))
+    by_node = node_index(members)  # built here once, then serves the generation's member lookups
+    if len(by_node) != len(members):  # a node twice
+        return False
     try:
-        records = list(map(state.nodes.__getitem__, node_ids))
+        records = list(map(state.nodes.__getitem__, by_node))
     except KeyError:
         return False
     if not all(map(is_, map(attrgetter("liveness"), records), repeat(Liveness.ALIVE))):
@@ -282,7 +285,7 @@ def _is_valid_gang(state: ClusterState, event: GenerationStarted) -> bool:
         return False
     ranks = list(chain.from_iterable(map(attrgetter("ranks"), members)))
     world = list(range(event.world_size))
-    return len(set(node_ids)) == len(node_ids) and sorted(ranks) == world
+    return sorted(ranks) == world
 
 
 def _reject_gang(state: ClusterState, event: GenerationStarted) -> None:

@@ -72,7 +72,7 @@ class Generation:
         return self.first_step is not None
 
     def member(self, node_id: str) -> RankAssignment | None:
-        return _node_index(self.members).get(node_id)
+        return node_index(self.members).get(node_id)
 
     def node_of_rank(self, rank: int) -> str | None:
         return _rank_index(self.members).get(rank)
@@ -82,10 +82,10 @@ _BY_NODE: dict[int, tuple[tuple[RankAssignment, ...], dict[str, RankAssignment]]
 _BY_RANK: dict[int, tuple[tuple[RankAssignment, ...], dict[int, str]]] = {}
 
 
-def _node_index(members: tuple[RankAssignment, ...]) -> dict[str, RankAssignment]:
+def node_index(members: tuple[RankAssignment, ...]) -> Mapping[str, RankAssignment]:
     """node -> assignment of one members tuple, built once per tuple (memoized by identity; the
-    tuple is kept alive with its index). A linear scan per StepReport costs 12.5k comparisons at
-    100k GPUs. First match wins, as the scan did (built in C-level passes)."""
+    tuple is kept alive with its index; read-only). A linear scan per StepReport costs 12.5k
+    comparisons at 100k GPUs. First match wins, as the scan did (built in C-level passes)."""
     hit = _BY_NODE.get(id(members))
     if hit is not None and hit[0] is members:
         return hit[1]
@@ -99,7 +99,7 @@ def _node_index(members: tuple[RankAssignment, ...]) -> dict[str, RankAssignment
 
 
 def _rank_index(members: tuple[RankAssignment, ...]) -> dict[int, str]:
-    """rank -> node of one members tuple, memoized as `_node_index` (and built only when asked:
+    """rank -> node of one members tuple, memoized as `node_index` (and built only when asked:
     most generations never look a rank up)."""
     hit = _BY_RANK.get(id(members))
     if hit is not None and hit[0] is members:

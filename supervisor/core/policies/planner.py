@@ -282,7 +282,8 @@ class _Layouts:
             return index
         return hit[2]
 
-    def remember(self, members: tuple[RankAssignment, ...], job: JobSpec, block_of: dict[str, int] | None = None) -> None:
+    def remember(self, members: tuple[RankAssignment, ...], job: JobSpec,
+                 block_of: dict[str, int] | None = None) -> None:
         if len(self._recent) >= 4:
             del self._recent[next(iter(self._recent))]
         self._recent[id(members)] = (members, (job.nodes, job.ranks_per_node), block_of)
@@ -328,12 +329,16 @@ def restore_world(
     holdings: tuple[restore.Holding, ...] | restore.SnapshotCopies = () if snapshot is None else (
         restore.SnapshotCopies(snapshot.step, snapshot.members, frozenset(snapshot.lost_holders))
     )
-    if unreadable is None:
-        unreadable = [n for n in state.nodes if not _holds_ram(state, soft, n)]
+    if snapshot is None:
+        reachable: frozenset[str] = frozenset()  # read only against holdings, and there are none
+    else:
+        if unreadable is None:
+            unreadable = [n for n in state.nodes if not _holds_ram(state, soft, n)]
+        reachable = frozenset(state.nodes).difference(unreadable)
     return restore.RestoreWorld(
         placement=members,
         holdings=holdings,
-        reachable=frozenset(state.nodes).difference(unreadable),
+        reachable=reachable,
         checkpoint_step=state.checkpoint.step if state.checkpoint is not None else None,
         tainted_from_step=state.sdc_tainted_from_step,
         # Nothing left anywhere: start over rather than stall (the reason says what was lost).

@@ -285,7 +285,9 @@ def _reason_text(step: int, texts: dict[RestoreKind, str], peers: set[str], skip
     parts = []
     for kind in (RestoreKind.LOCAL_SNAPSHOT, RestoreKind.PEER_SNAPSHOT, RestoreKind.CHECKPOINT):
         if kind in texts:
-            where = f"{_PARTS[kind]} ({', '.join(sorted(peers))})" if kind is RestoreKind.PEER_SNAPSHOT else _PARTS[kind]
+            where = _PARTS[kind]
+            if kind is RestoreKind.PEER_SNAPSHOT:
+                where += f" ({', '.join(sorted(peers))})"
             parts.append(f"rank(s) {texts[kind]} {where}")
     text = f"step {step}: " + "; ".join(parts)
     if skipped:

@@ -127,7 +127,8 @@ def ref_plan_restore(world: RestoreWorld) -> tuple[int | None, tuple[RankRestore
     ranks = sorted(node_of)
     by_step: dict[int, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     for h in world.holdings:
-        if h.node_id in world.reachable and not (world.tainted_from_step is not None and h.step >= world.tainted_from_step):
+        is_tainted = world.tainted_from_step is not None and h.step >= world.tainted_from_step
+        if h.node_id in world.reachable and not is_tainted:
             by_step[h.step][h.rank].add(h.node_id)
     held = {s: {r: tuple(sorted(n)) for r, n in rs.items()} for s, rs in by_step.items()}
     checkpoint = world.checkpoint_step
@@ -211,8 +212,8 @@ def _text(ranks: Iterable[int]) -> str:
 # ---- random fleets and what happens to them between generations ----
 
 DOMAINS = ("", "rack-a", "rack-b")
-node_change = st.sampled_from(["dead", "dead", "dead", "quarantined", "drained", "disconnected", "suspect", "lost_holder",
-                               "back", "back"])
+node_change = st.sampled_from(["dead", "dead", "dead", "quarantined", "drained", "disconnected", "suspect",
+                               "lost_holder", "back", "back"])
 
 
 @st.composite
