@@ -31,6 +31,7 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
     # One pass over every node on every Tick (12,500 at 100k GPUs): the common case, a connected
     # node heard from recently, is decided in a few operations, with the limits computed once.
     dead_after, suspect_after = config.dead_after_s, 1.5 * config.heartbeat_interval_s
+    quiet_below = min(dead_after, suspect_after)  # (one miss: dead before suspect)
     started, infos = soft.started_at_s, soft.nodes
     alive, suspect, dead = Liveness.ALIVE, Liveness.SUSPECT, Liveness.DEAD
     for node_id, node in state.nodes.items():
@@ -48,7 +49,10 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
         if started > last_heard:  # max(last_heard, started)
             last_heard = started
         silent_for = now - last_heard
-        if silent_for >= dead_after:
+        if silent_for < quiet_below:  # the common case first: heard from lately
+            if liveness is suspect:
+                verdicts.append(Verdict(node_id, Liveness.ALIVE, "heard from again", silent_for))
+        elif silent_for >= dead_after:
             verdicts.append(
                 Verdict(
                     node_id,
@@ -57,11 +61,8 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
                     silent_for,
                 )
             )
-        elif silent_for >= suspect_after:
-            if liveness is alive:
-                verdicts.append(Verdict(node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
-        elif silent_for < suspect_after and liveness is suspect:  # (not NaN)
-            verdicts.append(Verdict(node_id, Liveness.ALIVE, "heard from again", silent_for))
+        elif silent_for >= suspect_after and liveness is alive:  # (not NaN)
+            verdicts.append(Verdict(node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
     return verdicts
 
 

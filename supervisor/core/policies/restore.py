@@ -79,7 +79,9 @@ def plan_restore(world: RestoreWorld) -> RestorePlan:
     quick = _plan_from_snapshot(world) if isinstance(world.holdings, SnapshotCopies) else None
     if quick is not None:
         return quick
-    ranks = sorted({*chain.from_iterable(map(attrgetter("ranks"), world.placement))})
+    ranks = list(chain.from_iterable(map(attrgetter("ranks"), world.placement)))
+    if ranks != list(range(len(ranks))):  # (a block layout is sorted and distinct already)
+        ranks = sorted(set(ranks))
     held = _usable_holders(world)
     checkpoint = _untainted_checkpoint(world)
     candidates = sorted({*held, *(() if checkpoint is None else (checkpoint,))}, reverse=True)
