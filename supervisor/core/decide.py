@@ -263,12 +263,8 @@ def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Eve
         return []
     if not soft_state.is_committable(progress, step):
         return []
-    held = progress.holdings.get(step, {})
-    for member in generation.members:
-        required = {member.node_id, member.buddy_node_id} - {""}
-        for rank in member.ranks:
-            if not required <= held.get(rank, frozenset()):
-                return []
+    if not soft_state.is_held_twice(progress.holdings.get(step, {}), generation.members):
+        return []
     committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=step)]
     # A step boundary with every rank held twice: the moment to hand a drained node's ranks over.
     for node_id in sorted(soft.pending_drains):

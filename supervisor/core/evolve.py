@@ -178,7 +178,9 @@ def _on_registered(state: ClusterState, event: NodeRegistered) -> ClusterState:
     snapshot = state.snapshot
     if previous is not None and previous.incarnation != event.incarnation and snapshot is not None:
         # A restarted agent is a new process: the copies its predecessor held are gone.
-        if any(event.node_id in (m.node_id, m.buddy_node_id) for m in snapshot.members):
+        members = snapshot.members  # (scanned in C: 12,500 of them at 100k GPUs, on every restart)
+        if event.node_id in map(attrgetter("node_id"), members) or event.node_id in map(
+                attrgetter("buddy_node_id"), members):
             lost = tuple(sorted({*snapshot.lost_holders, event.node_id}))
             state = frozen.replace(state, snapshot=frozen.replace(snapshot, lost_holders=lost))
     return state

@@ -8,6 +8,9 @@ owns: soft state is rebuilt from inputs, never logged, so copying it per heartbe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from itertools import chain, repeat
+from operator import attrgetter, contains
 
 from supervisor.core.inputs import (
     AgentHello,
@@ -29,6 +32,7 @@ from supervisor.core.policies import straggler as straggler_policy
 from supervisor.core.policies.sdc import SdcConfig
 from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidSighting
+from supervisor.core.events import RankAssignment
 from supervisor.core.state import ClusterState, GenerationProgress, NodeSoft, SoftState
 
 
@@ -149,6 +153,40 @@ def is_committable(progress: GenerationProgress, step: int) -> bool:
     """A snapshot of `step` may be committed: its digests agreed and none before it diverged."""
     diverged = progress.sdc_diverged_step
     return step in progress.sdc_clear_steps and (diverged is None or step < diverged)
+
+
+def is_held_twice(held: Mapping[int, frozenset[str]], members: tuple[RankAssignment, ...]) -> bool:
+    """Every rank of `members` is held by its node and by its node's buddy, where it has one
+    (`held`: rank -> holders, from one step's SnapshotReports). Checked in C-level passes over
+    per-rank lists kept per layout: at 12,500 nodes a commit is otherwise ~3 ms of Python."""
+    lists = _holder_lists(members)
+    if lists is None:  # a node or buddy id is empty (a world of one node): the plain loop
+        return all(
+            {m.node_id, m.buddy_node_id} - {""} <= held.get(rank, frozenset()) for m in members for rank in m.ranks
+        )
+    ranks, owners, buddies = lists
+    holders = list(map(held.get, ranks, repeat(frozenset())))
+    return all(map(contains, holders, owners)) and all(map(contains, holders, buddies))
+
+
+_HOLDER_LISTS: dict[int, tuple[tuple[RankAssignment, ...], tuple[list[int], list[str], list[str]] | None]] = {}
+
+
+def _holder_lists(members: tuple[RankAssignment, ...]) -> tuple[list[int], list[str], list[str]] | None:
+    """Per rank of `members`, in order: the rank, its node and its node's buddy; None when an id
+    is empty. Memoized by identity (the tuple kept alive with its lists), like the node index."""
+    hit = _HOLDER_LISTS.get(id(members))
+    if hit is not None and hit[0] is members:
+        return hit[1]
+    counts = list(map(len, map(attrgetter("ranks"), members)))
+    ranks = list(chain.from_iterable(map(attrgetter("ranks"), members)))
+    owners = list(chain.from_iterable(map(repeat, map(attrgetter("node_id"), members), counts)))
+    buddies = list(chain.from_iterable(map(repeat, map(attrgetter("buddy_node_id"), members), counts)))
+    lists = None if "" in owners or "" in buddies else (ranks, owners, buddies)
+    if len(_HOLDER_LISTS) >= 4:
+        _HOLDER_LISTS.clear()
+    _HOLDER_LISTS[id(members)] = (members, lists)
+    return lists
 
 
 def forget_committed(soft: SoftState, up_to_step: int) -> None:

@@ -254,8 +254,8 @@ def _candidate_order(pool: list[NodeRecord], lost_domain: str) -> list[str]:
     groups = [pool] if not lost_domain else [
         [n for n in pool if n.failure_domain != lost_domain], [n for n in pool if n.failure_domain == lost_domain]
     ]
-    actives = [sorted(n.node_id for n in group if n.role is not spare) for group in groups]
-    spares = [sorted((n.registered_order, n.node_id) for n in group if n.role is spare) for group in groups]
+    actives = [sorted([n.node_id for n in group if n.role is not spare]) for group in groups]
+    spares = [sorted([(n.registered_order, n.node_id) for n in group if n.role is spare]) for group in groups]
     return [*chain.from_iterable(actives), *(node_id for group in spares for _, node_id in group)]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import compress
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,14 @@ def vote_step(step: int, digests: Mapping[int, str], world_size: int, config: Sd
         missing = sorted(set(range(world_size)) - set(digests))
         return StepVote(step, False, (), (), f"step {step}: waiting for ranks {missing[:8]}")
     groups: dict[int, dict[int, str]] = {}
-    for rank, digest in digests.items():
-        if digest:
-            groups.setdefault(config.shard_group(rank), {})[rank] = digest
+    if config.model_parallel_size == 1:  # one group: every reported digest (12,500 at 100k GPUs, in C)
+        reported = dict(compress(digests.items(), digests.values()))
+        if reported:
+            groups[0] = reported
+    else:
+        for rank, digest in digests.items():
+            if digest:
+                groups.setdefault(config.shard_group(rank), {})[rank] = digest
     minorities: list[Dissent] = []
     split: list[Dissent] = []
     for group, by_rank in sorted(groups.items()):
