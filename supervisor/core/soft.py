@@ -178,10 +178,13 @@ def _holder_lists(members: tuple[RankAssignment, ...]) -> tuple[list[int], list[
     hit = _HOLDER_LISTS.get(id(members))
     if hit is not None and hit[0] is members:
         return hit[1]
-    counts = list(map(len, map(attrgetter("ranks"), members)))
-    ranks = list(chain.from_iterable(map(attrgetter("ranks"), members)))
-    owners = list(chain.from_iterable(map(repeat, map(attrgetter("node_id"), members), counts)))
-    buddies = list(chain.from_iterable(map(repeat, map(attrgetter("buddy_node_id"), members), counts)))
+    per_member = list(map(attrgetter("ranks"), members))
+    ranks = list(chain.from_iterable(per_member))
+    owners = list(map(attrgetter("node_id"), members))
+    buddies = list(map(attrgetter("buddy_node_id"), members))
+    if members and not (len(ranks) == len(members) and min(map(len, per_member)) == 1):  # repeat ids per rank
+        owners = [node for node, its in zip(owners, per_member) for _ in its]
+        buddies = [buddy for buddy, its in zip(buddies, per_member) for _ in its]
     lists = None if "" in owners or "" in buddies else (ranks, owners, buddies)
     if len(_HOLDER_LISTS) >= 4:
         _HOLDER_LISTS.clear()

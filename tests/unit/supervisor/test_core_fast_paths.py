@@ -358,8 +358,8 @@ def test_the_detector_gives_the_reference_verdicts_in_order(nodes, interval, mis
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", ""]), st.sampled_from(["a", "b", "c", ""]),
-                          st.integers(1, 2)), min_size=1, max_size=4),
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "", "a", "b"]),
+                          st.sampled_from(["a", "b", "c", "", "b", "c"]), st.integers(0, 2)), min_size=1, max_size=4),
        st.dictionaries(st.integers(0, 8), st.frozensets(st.sampled_from(["a", "b", "c", "d"]))))
 def test_the_commit_holding_check_equals_the_plain_loop(layout, held):
     members, rank = [], 0
