@@ -11,14 +11,17 @@ import argparse
 import contextlib
 import gc
 import json
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from harness.sim.engine import BUCKETS, NoProgress, RunResult, simulate
-from harness.sim.fleet import build_fleet
+from harness.sim.fleet import Fleet, build_fleet
 from harness.sim.model import (
     DEFAULT_COMPONENTS,
     HOUR_S,
@@ -74,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     a("--runs", type=int, default=None,
       help="replications per strategy (default: 10 up to 1,000 nodes, 3 up to 5,000, else 1)")
     a("--seed", type=int, default=0)
+    a("--jobs", type=int, default=None,
+      help="processes running replications side by side; results do not depend on it"
+      " (default: 1 below 5,000 nodes, else one per CPU, at most one per replication)")
     a("--sweep", default=None, metavar="GPUS,GPUS,...", help="simulate each GPU count (e.g. 1000,10000,100000)")
     a("--json", action="store_true", help="print one JSON object")
     return p
@@ -151,18 +157,95 @@ def _rare_collections() -> Iterator[None]:
         gc.set_threshold(*threshold)
 
 
-def simulate_fleet(spec: SimSpec, strategies: tuple[str, ...], runs: int, seed: int) -> dict[str, Any]:
-    """Everything `--json` prints for one GPU count."""
+@dataclass(frozen=True, slots=True)
+class _Task:
+    """One replication: a strategy on a fleet with a seed."""
+
+    spec: SimSpec
+    strategy: str
+    run: int
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    result: RunResult | None
+    error: str  # NoProgress's message, when the run could not finish
+    cpu_s: float
+
+
+_FLEETS: dict[tuple[int, int, int], Fleet] = {}  # built once per process and fleet shape
+
+
+def _fleet_for(spec: SimSpec) -> Fleet:
+    key = (spec.nodes, spec.spare_count, spec.gpus_per_node)
+    if key not in _FLEETS:
+        _FLEETS[key] = build_fleet(*key)
+    return _FLEETS[key]
+
+
+def _run_task(task: _Task) -> _Done:
     started = time.process_time()
-    reports: dict[str, Any] = {}
+    try:
+        result = simulate(task.spec, task.strategy, _fleet_for(task.spec), task.seed)
+        return _Done(result, "", time.process_time() - started)
+    except NoProgress as exc:
+        return _Done(None, str(exc), time.process_time() - started)
+
+
+def default_jobs(specs: list[SimSpec], tasks: int) -> int:
+    """One process below 5,000 nodes (a run takes seconds), else one per CPU this process may use."""
+    if max(s.nodes for s in specs) < 5000:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, tasks))
+
+
+def _run_all(tasks: list[_Task], jobs: int) -> list[_Done]:
+    """Every replication, in `tasks` order. Replications are independent (each has its own seed
+    and its own core state), so `jobs` processes may run them side by side: the same results."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [_run_task(t) for t in tasks]
+    try:
+        context = multiprocessing.get_context("fork")  # workers inherit the fleets built here
+    except ValueError:
+        context = multiprocessing.get_context()
+    order = sorted(range(len(tasks)), key=lambda i: -tasks[i].spec.nodes)  # the longest first
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
+        futures = {i: pool.submit(_run_task, tasks[i]) for i in order}
+        return [futures[i].result() for i in range(len(tasks))]
+
+
+def simulate_fleets(specs: list[SimSpec], strategies: tuple[str, ...], runs: list[int], seed: int,
+                    jobs: int | None = None) -> list[dict[str, Any]]:
+    """Everything `--json` prints, one object per GPU count (`runs`: replications of each)."""
+    tasks = [_Task(spec, name, i, seed * 1_000_003 + i) for spec, n in zip(specs, runs) for name in strategies
+             for i in range(n)]
+    jobs = default_jobs(specs, len(tasks)) if jobs is None else jobs
     with _rare_collections():
-        fleet = build_fleet(spec.nodes, spec.spare_count, spec.gpus_per_node)
+        build_s = []
+        for spec in specs:
+            started = time.process_time()
+            _fleet_for(spec)
+            build_s.append(time.process_time() - started)
+        try:
+            done = _run_all(tasks, jobs)
+        finally:
+            _FLEETS.clear()
+    results = []
+    for spec, built_s in zip(specs, build_s):
+        mine = [(t, d) for t, d in zip(tasks, done) if t.spec is spec]
+        reports: dict[str, Any] = {}
         for name in strategies:
-            try:
-                results = tuple(simulate(spec, name, fleet, seed * 1_000_003 + i) for i in range(runs))
-                reports[name] = strategy_json(spec, StrategyReport(name, results))
-            except NoProgress as exc:
-                reports[name] = strategy_json(spec, StrategyReport(name, (), str(exc)))
+            runs_of = [d for t, d in mine if t.strategy == name]
+            error = next((d.error for d in runs_of if d.error), "")  # the first run that could not finish
+            finished = () if error else tuple(d.result for d in runs_of if d.result is not None)
+            reports[name] = strategy_json(spec, StrategyReport(name, finished, error))
+        results.append(_fleet_json(spec, seed, reports, built_s + sum(d.cpu_s for _, d in mine), jobs))
+    return results
+
+
+def _fleet_json(spec: SimSpec, seed: int, reports: dict[str, Any], cpu_s: float, jobs: int) -> dict[str, Any]:
     return {
         "gpus": spec.gpus,
         "gpus_per_node": spec.gpus_per_node,
@@ -179,7 +262,8 @@ def simulate_fleet(spec: SimSpec, strategies: tuple[str, ...], runs: int, seed: 
         "checkpoint_interval_h": spec.checkpoint_interval_s / HOUR_S,
         "seed": seed,
         "strategies": reports,
-        "cpu_s": time.process_time() - started,
+        "cpu_s": cpu_s,  # every process's CPU time for this GPU count (see "jobs")
+        "jobs": jobs,
     }
 
 
@@ -215,7 +299,8 @@ def render(result: dict[str, Any]) -> str:
         )
     runs = {s.get("runs") for s in result["strategies"].values() if s.get("runs")}
     lines.append(f"  (breakdown: share of wall time; model: renewal expectation for exponential failures;"
-                 f" runs {', '.join(map(str, sorted(runs))) or '-'}, seed {result['seed']}, {result['cpu_s']:.1f} s CPU)")
+                 f" runs {', '.join(map(str, sorted(runs))) or '-'}, seed {result['seed']}, {result['cpu_s']:.1f} s CPU"
+                 f" in {result['jobs']} process{'es' if result['jobs'] > 1 else ''})")
     return "\n".join(lines)
 
 
@@ -247,10 +332,13 @@ def main(argv: list[str]) -> int:
         specs = [spec_from(args, gpus) for gpus in gpu_counts]  # every flag checked before any work
         if args.runs is not None and not 1 <= args.runs <= 10_000:
             raise ValueError(f"--runs must be within [1, 10000], got {args.runs}")
+        if args.jobs is not None and not 1 <= args.jobs <= 256:
+            raise ValueError(f"--jobs must be within [1, 256], got {args.jobs}")
     except ValueError as exc:
         print(f"ftsup sim: error: {exc}", file=sys.stderr)
         return 2
-    results = [simulate_fleet(s, strategies, args.runs or default_runs(s.nodes), args.seed) for s in specs]
+    runs = [args.runs or default_runs(s.nodes) for s in specs]
+    results = simulate_fleets(specs, strategies, runs, args.seed, args.jobs)
     if args.json:
         print(json.dumps({"sweep": results} if args.sweep is not None else results[0], indent=2))
     else:

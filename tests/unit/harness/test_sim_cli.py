@@ -68,6 +68,7 @@ def test_human_output_shows_the_numbers_and_a_row_per_strategy(capsys):
         (["--sweep", "8,x"], "--sweep '8,x' is not a comma-separated list"),
         (["--runs", "0"], "--runs must be within [1, 10000], got 0"),
         (["--job-days", "-1"], "--job-days must be within"),
+        (["--jobs", "0"], "--jobs must be within [1, 256], got 0"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_value(capsys, argv, message):
@@ -86,3 +87,12 @@ def test_ftsup_lists_sim_and_dispatches_to_it(capsys):
     assert "sim" in ftsup_cli.SUBCOMMANDS
     assert ftsup_cli.main(["sim", "--gpus", "0"]) == 2
     assert "--gpus must be >= 1" in capsys.readouterr().err
+
+
+def test_replications_in_several_processes_give_the_same_numbers(capsys):
+    one = _json(capsys, SMALL + ["--sweep", "16,64", "--jobs", "1"])
+    two = _json(capsys, SMALL + ["--sweep", "16,64", "--jobs", "2"])
+    for fleet in (*one["sweep"], *two["sweep"]):
+        fleet.pop("cpu_s")
+    assert [f.pop("jobs") for f in one["sweep"]] == [1, 1] and [f.pop("jobs") for f in two["sweep"]] == [2, 2]
+    assert one == two
