@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -26,6 +26,7 @@ from agent.snapshots import SnapshotStore
 Logger = structlog.typing.FilteringBoundLogger
 
 STOP_GRACE_S = 3.0
+MAX_CHECKPOINT_STEPS = 8  # requested checkpoint steps remembered per generation
 SPAWN_FAILED_EXIT_CODE = 127  # as a shell reports a command it could not run
 
 Report = Callable[[agent_pb2.AgentMessage], None]
@@ -50,11 +51,19 @@ class Run:
     buddy_node_id: str
     buddy_address: str
     retain_from_step: int
+    checkpoint_steps: tuple[int, ...] = ()  # requested off the cadence; ranks learn them from step acks
     trainers: dict[int, Trainer] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
 
     def live(self) -> list[Trainer]:
         return [t for t in self.trainers.values() if t.exit_code is None]
+
+
+def _merged(known: tuple[int, ...], sent: Iterable[int]) -> tuple[int, ...]:
+    """Requested steps are only ever added while a generation runs (a request that started drops
+    out of the directive, but a rank that has not reached it yet must still be told); the newest
+    few are kept."""
+    return tuple(sorted(set(known) | set(sent)))[-MAX_CHECKPOINT_STEPS:]
 
 
 def _action(value: int) -> Action | None:
@@ -126,6 +135,7 @@ class Launcher:
                 self.run.retain_from_step = directive.retain_from_step
                 self.run.buddy_node_id = directive.buddy_node_id
                 self.run.buddy_address = directive.buddy_address
+                self.run.checkpoint_steps = _merged(self.run.checkpoint_steps, directive.checkpoint_steps)
                 self._store.set_retain_from_step(directive.retain_from_step)
             case Step.STOP:
                 self._applied = Applied(directive.generation, Action.STANDBY)
@@ -143,6 +153,7 @@ class Launcher:
             buddy_node_id=d.buddy_node_id,
             buddy_address=d.buddy_address,
             retain_from_step=d.retain_from_step,
+            checkpoint_steps=_merged((), d.checkpoint_steps),
         )
         self.run = run
         self._store.set_retain_from_step(d.retain_from_step)

@@ -74,7 +74,9 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
         self._progress.record_step(request.generation, request.rank, request.step, request.step_time_s)
         self._reports.send(agent_pb2.AgentMessage(step_report=request))
-        return peer_pb2.LinkAck()
+        run = self._launcher.run
+        ahead = [s for s in run.checkpoint_steps if s > request.step] if run is not None else []
+        return peer_pb2.LinkAck(checkpoint_steps=ahead)
 
     async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportFinished", request.generation, request.rank)

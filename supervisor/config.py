@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from supervisor import tls
 from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
-from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
+from supervisor.core.policies.interval import IntervalConfig
 from supervisor.metrics import ThroughputConfig
 from supervisor.metrics_http import split_listen
 from supervisor.server.authz import AuthzConfigError, load_token
@@ -63,17 +64,33 @@ class CheckpointSettings:
     keep: int = 3
     endpoint_url: str = ""
     region: str = ""
+    is_auto: bool = False  # --checkpoint-every-steps auto: the Young/Daly interval decides
+
+
+def every_steps_value(text: str) -> int | str:
+    """--checkpoint-every-steps: a step count, or "auto" (the Young/Daly interval)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a step count or 'auto', got {text!r}") from None
+
+
+every_steps_value.takes_int = True  # type: ignore[attr-defined]  # a TOML integer is a count
 
 
 def checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
-    settings = CheckpointSettings(args.checkpoint_location, args.checkpoint_every_steps, args.checkpoint_keep,
-                                  args.checkpoint_endpoint, args.checkpoint_region)
+    raw = args.checkpoint_every_steps
+    is_auto = raw == "auto"
+    settings = CheckpointSettings(args.checkpoint_location, 0 if is_auto else int(raw), args.checkpoint_keep,
+                                  args.checkpoint_endpoint, args.checkpoint_region, is_auto)
     if not 0 <= settings.every_steps <= 10_000_000:
-        raise ValueError(f"--checkpoint-every-steps must be within [0, 10000000], got {settings.every_steps}")
+        raise ValueError(f"--checkpoint-every-steps must be within [0, 10000000] or 'auto', got {settings.every_steps}")
     if not 1 <= settings.keep <= 10_000:
         raise ValueError(f"--checkpoint-keep must be within [1, 10000], got {settings.keep}")
-    if settings.every_steps and not settings.location:
-        raise ValueError(f"--checkpoint-every-steps {settings.every_steps} needs --checkpoint-location")
+    if (settings.every_steps or is_auto) and not settings.location:
+        raise ValueError(f"--checkpoint-every-steps {raw} needs --checkpoint-location")
     if settings.location:
         from trainer.checkpoint.location import parse_location
 
@@ -188,8 +205,21 @@ def parser() -> argparse.ArgumentParser:
                    help="export per-rank step/compute gauges only up to this many ranks")
     p.add_argument("--checkpoint-location", default="",
                    help="object-store checkpoints: s3://bucket/prefix or a directory; empty: off")
-    p.add_argument("--checkpoint-every-steps", type=int, default=0,
-                   help="checkpoint every N optimizer steps (0: never); needs --checkpoint-location")
+    p.add_argument("--checkpoint-every-steps", type=every_steps_value, default=0, metavar="N|auto",
+                   help="checkpoint every N optimizer steps (0: only on request); 'auto': at the Young/Daly"
+                   " interval from the measured checkpoint cost and the observed MTBF; needs --checkpoint-location")
+    p.add_argument("--checkpoint-timeout-s", type=float, default=1800.0,
+                   help="abort a checkpoint attempt not committed this long after it started (a shard never written)")
+    p.add_argument("--checkpoint-lead-steps", type=int, default=3,
+                   help="a requested checkpoint (checkpoint now, auto) is at least this many steps ahead")
+    p.add_argument("--checkpoint-lead-s", type=float, default=2.0,
+                   help="... and at least this many seconds of steps ahead, so every rank hears of it in time")
+    p.add_argument("--checkpoint-prior-mtbf-h", type=float, default=24.0,
+                   help="Young/Daly: the job's MTBF assumed until 3 failures are seen")
+    p.add_argument("--checkpoint-prior-cost-s", type=float, default=60.0,
+                   help="Young/Daly: the checkpoint cost assumed until one has committed")
+    p.add_argument("--checkpoint-min-interval-s", type=float, default=60.0,
+                   help="Young/Daly: never checkpoint more often than this")
     p.add_argument("--checkpoint-keep", type=int, default=3, help="committed checkpoints kept (older are deleted)")
     p.add_argument("--checkpoint-endpoint", default="",
                    help="S3 endpoint URL (MinIO, SeaweedFS, ...); empty: AWS. Credentials: the AWS_* environment")
@@ -218,6 +248,16 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             job=with_checkpoint_env(load_job(args.job), checkpoints),
             checkpoint_location=checkpoints.location,
             checkpoint_every_steps=checkpoints.every_steps,
+            checkpoint_timing=CheckpointTiming(
+                is_auto=checkpoints.is_auto,
+                interval=IntervalConfig(prior_mtbf_s=args.checkpoint_prior_mtbf_h * 3600.0,
+                                        checkpoint_cost_s=args.checkpoint_prior_cost_s,
+                                        min_interval_s=args.checkpoint_min_interval_s,
+                                        max_interval_s=max(24 * 3600.0, args.checkpoint_min_interval_s)),
+                lead_steps=args.checkpoint_lead_steps,
+                lead_s=args.checkpoint_lead_s,
+                timeout_s=args.checkpoint_timeout_s,
+            ),
             detector=detector,
             allowed_nodes=frozenset(n for n in args.allowed_nodes.split(",") if n),
             spare_grace_s=args.spare_grace_s,

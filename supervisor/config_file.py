@@ -72,6 +72,8 @@ def from_toml_value(action: argparse.Action, value: Any) -> Any:
         if not isinstance(value, (int, float)):
             raise wrong
         return _checked(action, float(value))
+    if isinstance(value, int) and getattr(action.type, "takes_int", False):
+        return action.type(str(value))  # e.g. --checkpoint-every-steps: a count or "auto"
     # String-valued flags; a list of strings stands for a comma-separated flag value.
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         value = ",".join(value)

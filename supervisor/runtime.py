@@ -8,6 +8,7 @@ replaying the log reaches exactly the state this one acted on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -21,7 +22,13 @@ from supervisor.core.config import CoreConfig
 from supervisor.core.decide import decide
 from supervisor.core.directives import Directive, directives_for
 from supervisor.core.events import (
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointStarted,
     Event,
+    GenerationEnded,
+    GenerationStarted,
+    JobCompleted,
     NodeCleared,
     NodeDeclaredDead,
     NodeDrained,
@@ -36,6 +43,8 @@ from supervisor.core.events import (
     XidReported,
 )
 from supervisor.core.evolve import apply_record
+from supervisor.core.policies import interval as interval_policy
+from supervisor.core.policies.interval import IntervalObservations
 from supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
 from supervisor.core.state import ClusterState, SoftState
 from supervisor.core.views import NodeView, StatusView, node_views, status_view
@@ -51,6 +60,8 @@ Outbox = asyncio.Queue[agent_pb2.SupervisorMessage | None]
 # Events that can change no directive but the named node's own (a registration of a generation's
 # member may change its peers' buddy and restore addresses: see _affected). Any other event may
 # change every node's directive.
+_INTERVAL_EVENTS = (GenerationStarted, GenerationEnded, JobCompleted, CheckpointStarted, CheckpointCommitted,
+                    CheckpointAborted)
 _NODE_LOCAL = (NodeRegistered, NodeSuspected, NodeCleared, NodeDeclaredDead, NodeQuarantined, XidReported,
                NodeUnquarantined, NodeDrained, StragglerDetected, OperatorCommand)
 
@@ -93,10 +104,12 @@ class Runtime:
         self._snapshot_every = snapshot_every
         self.state = event_log.load_snapshot() or ClusterState()
         self._snapshot_seq = self.state.applied_seq
-        for record in event_log.read(self.state.applied_seq + 1):
-            self.state = apply_record(self.state, record)
-        self.degraded_reason = ""  # set while the event log cannot be written: nothing is decided
+        # The Young/Daly inputs (checkpoint costs, failures) as far as the log still shows them.
+        self._interval_obs = IntervalObservations()
         self.soft = SoftState(started_at_s=clock())
+        for record in event_log.read(self.state.applied_seq + 1):
+            self._fold(record)
+        self.degraded_reason = ""  # set while the event log cannot be written: nothing is decided
         # Replication: only the leader decides. An embedded (single) supervisor always leads.
         self.is_leader = True
         self.leader_address = ""  # who leads, for NotLeader answers (empty: unknown or us)
@@ -157,7 +170,7 @@ class Runtime:
     def apply_followed(self, record: Record) -> None:
         """A follower folds the leader's records as they appear (its hot copy of the state)."""
         if not self.is_leader and record.seq == self.state.applied_seq + 1:
-            self.state = apply_record(self.state, record)
+            self._fold(record)
 
     def become_leader(self, term: int, address: str = "") -> None:
         """Catch up to the head, then decide with fresh soft state: every node gets one full
@@ -166,10 +179,11 @@ class Runtime:
         A replicated leader's first decision is LeaderElected (see run()): it marks the term's
         first record, before anything queued while following is decided at this term."""
         for record in self.event_log.read(self.state.applied_seq + 1):
-            self.state = apply_record(self.state, record)
+            self._fold(record)
         self.term = term
         # Grace counts from a moment in the future: agents need the failover grace to find us.
-        self.soft = SoftState(started_at_s=self._clock() + self.config.detector.failover_grace_s)
+        self.soft = SoftState(started_at_s=self._clock() + self.config.detector.failover_grace_s,
+                              interval_obs=self._interval_obs)
         self.degraded_reason = ""
         self.deposed = asyncio.Event()
         self.leader_address = ""
@@ -286,7 +300,7 @@ class Runtime:
         if sync is not None:
             await sync()
         for record in self.event_log.read(self.state.applied_seq + 1):
-            self.state = apply_record(self.state, record)
+            self._fold(record)
 
     async def _maybe_snapshot(self) -> None:
         if self.state.applied_seq - self._snapshot_seq < self._snapshot_every:
@@ -300,8 +314,21 @@ class Runtime:
         self._snapshot_seq = self.state.applied_seq
         log.info("state snapshot written", seq=self._snapshot_seq, records_compacted=removed)
 
-    def _apply(self, record: Record) -> None:
+    def checkpoint_advice(self) -> interval_policy.IntervalAdvice:
+        """The Young/Daly interval now, from the costs and failures the log shows (and why)."""
+        return interval_policy.advise(self._interval_obs, self.config.checkpoint_timing.interval, self._clock())
+
+    def _fold(self, record: Record) -> None:
+        """The state, and the interval policy's observations with the record's wall time moved
+        onto the monotonic clock the core decides with."""
         self.state = apply_record(self.state, record)
+        if isinstance(record.event, _INTERVAL_EVENTS):
+            shifted = dataclasses.replace(record, time_unix_s=record.time_unix_s - self._wall() + self._clock())
+            self._interval_obs = interval_policy.observe(self._interval_obs, shifted)
+            self.soft.interval_obs = self._interval_obs
+
+    def _apply(self, record: Record) -> None:
+        self._fold(record)
         if self.metrics is not None:
             self.metrics.on_record(record)
         event = record.event

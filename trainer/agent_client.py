@@ -53,8 +53,9 @@ class AgentClient:
         request = peer_pb2.GetRestoreRequest(rank=rank, generation=generation)
         return self._call("GetRestore", self._stub.GetRestore, request, RESTORE_DEADLINE_S)
 
-    def report_step(self, report: agent_pb2.StepReport) -> None:
-        self._call("ReportStep", self._stub.ReportStep, report, REPORT_DEADLINE_S)
+    def report_step(self, report: agent_pb2.StepReport) -> peer_pb2.LinkAck:
+        """The agent's answer carries the checkpoint steps requested off the cadence."""
+        return self._call("ReportStep", self._stub.ReportStep, report, REPORT_DEADLINE_S)
 
     def put_snapshot(self, blob: peer_pb2.SnapshotBlob) -> None:
         request = peer_pb2.PutSnapshotRequest(blob=blob)

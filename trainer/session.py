@@ -131,6 +131,7 @@ class Session:
         self._guarded: list[tuple[torch.optim.Optimizer, Any]] = []  # (optimizer, hook handle)
         self._side_stream: Any = None  # CUDA stream for device-to-host copies, made on first use
         self._lock = threading.Lock()
+        self._requested_steps: set[int] = set()  # checkpoints asked for off the cadence (from step acks)
         self._closed = False
         self.stats = SnapshotStats()
         self.restored_extra: Any = None
@@ -223,11 +224,32 @@ class Session:
     # -- object-store checkpoints ------------------------------------------------------------
 
     def checkpoint_due(self, step: int) -> bool:
-        """Is `step` a checkpoint step (FTSUP_CHECKPOINT_EVERY_STEPS)? The same rule as the
-        supervisor's, so every rank and the supervisor agree without asking."""
+        """Is `step` a checkpoint step? Call it on every rank after every step (collective when a
+        checkpoint store is configured and the world has more than one rank).
+
+        Two sources: the cadence (FTSUP_CHECKPOINT_EVERY_STEPS, the same rule as the
+        supervisor's, known everywhere without asking) and steps requested off the cadence
+        (`supervisorctl checkpoint now`, the supervisor's `auto` interval), which reach each rank
+        with its agent's answers to step reports. Ranks may hear of a request a step apart, and
+        saving is collective, so they agree with one all-reduce (MIN) of the next requested step
+        each knows: if any rank heard of it in time, all save at it; if none did, none does (the
+        supervisor then withdraws the request)."""
         from trainer.checkpoint.supervised import is_due
 
-        return bool(self.checkpoints.location) and is_due(step, self.checkpoints.every_steps)
+        if not self.checkpoints.location:
+            return False
+        with self._lock:
+            self._requested_steps = {s for s in self._requested_steps if s >= step}
+            known = min(self._requested_steps, default=_NO_REQUEST)
+        agreed = _agree_on_min(known)
+        return is_due(step, self.checkpoints.every_steps) or agreed == step
+
+    def _send_step_report(self, report: agent_pb2.StepReport) -> None:
+        ack = self._client.report_step(report)
+        steps = list(getattr(ack, "checkpoint_steps", ()) or ())
+        if steps:
+            with self._lock:
+                self._requested_steps.update(s for s in steps if s > report.step)
 
     def save_checkpoint(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         extra: Any = None) -> None:
@@ -302,7 +324,7 @@ class Session:
         if len(self._pending_reports) >= MAX_PENDING_REPORTS:
             self._pending_reports.popleft().result()
         # One worker thread, FIFO queue: reports reach the agent in the order they were made.
-        self._pending_reports.append(self._reports.submit(self._client.report_step, report))
+        self._pending_reports.append(self._reports.submit(self._send_step_report, report))
 
     def snapshot(
         self,
@@ -468,6 +490,21 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("session is closed")
+
+
+_NO_REQUEST = (1 << 62)  # "no requested step known": larger than any step, exact in an int64
+
+
+def _agree_on_min(value: int) -> int:
+    """The smallest `value` over the default process group (the value itself outside one)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
 
 
 @dataclass(frozen=True, slots=True)

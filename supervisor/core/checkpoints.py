@@ -63,7 +63,8 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
             request = state.requested_checkpoint
             if request is not None and event.step >= request.step:
                 request = None  # started (its own step, or a cadence step at or after it)
-            return frozen.replace(state, pending_checkpoint=fresh, requested_checkpoint=request)
+            return frozen.replace(state, pending_checkpoint=fresh, requested_checkpoint=request,
+                                  last_checkpoint_attempt=event.checkpoint_id)
         case CheckpointShardWritten():
             pending = _require_pending(state, event.checkpoint_id)
             if not 0 <= event.shard < pending.shards or event.shard in pending.written:
@@ -143,6 +144,8 @@ def on_step_report(state: ClusterState, report: StepReport, location: str, every
     if _is_tainted(state, report.step):
         return []
     checkpoint_id = checkpoint_id_for(report.step, generation.number)
+    if checkpoint_id == state.last_checkpoint_attempt:
+        return []  # attempted already (and aborted): its shards were consumed by that attempt
     return [CheckpointStarted(checkpoint_id, generation.number, report.step, generation.world_size, location)]
 
 

@@ -205,6 +205,10 @@ class ClusterState:
     # it: no snapshot or checkpoint from this step on may be committed or restored.
     sdc_tainted_from_step: int | None = None
     requested_checkpoint: RequestedCheckpoint | None = None
+    # The newest attempt started (committed, aborted or in flight): never started twice, so a
+    # late rank's report of an aborted attempt's step cannot restart it without the shards the
+    # first attempt already consumed.
+    last_checkpoint_attempt: str = ""
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)

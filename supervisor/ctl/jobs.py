@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from supervisor.ctl import render_jobs
 
 EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 Stub = operator_pb2_grpc.OperatorStub
@@ -58,11 +60,41 @@ def cmd_job_command(stub: Stub, args: argparse.Namespace) -> int:
     name = "restart" if args.command == "restart" else "checkpoint now"
     call = stub.Restart if args.command == "restart" else stub.CheckpointNow
     response = call(operator_pb2.JobCommandRequest(reason=args.reason, operator=args.operator), timeout=args.timeout)
+    result: dict[str, Any] = {"command": name, "seq": response.seq, "detail": response.detail}
+    if response.checkpoint_id:
+        result.update(checkpoint_id=response.checkpoint_id, step=response.checkpoint_step)
+    if not args.json:
+        print(f"{name}: {response.detail} (event seq {response.seq})", flush=True)
+    code = EXIT_OK
+    if response.checkpoint_id and getattr(args, "wait", False):
+        outcome, why = _wait_for_checkpoint(stub, args, response.checkpoint_id, response.seq)
+        result.update(outcome=outcome, outcome_detail=why)
+        code = EXIT_OK if outcome == "committed" else EXIT_FAILED
+        if not args.json:
+            print(f"checkpoint {response.checkpoint_id}: {outcome}" + (f": {why}" if why else ""))
     if args.json:
-        _print_json({"command": name, "seq": response.seq, "detail": response.detail})
-    else:
-        print(f"{name}: {response.detail} (event seq {response.seq})")
-    return EXIT_OK
+        _print_json(result)
+    return code
+
+
+def _wait_for_checkpoint(stub: Stub, args: argparse.Namespace, checkpoint_id: str, since_seq: int) -> tuple[str, str]:
+    """Polls until the requested checkpoint commits ("committed"), is aborted or withdrawn
+    ("aborted", with the logged reason) or --wait-timeout passes ("timeout")."""
+    deadline = time.monotonic() + args.wait_timeout
+    while True:
+        reply = stub.ListCheckpoints(operator_pb2.ListCheckpointsRequest(), timeout=args.timeout)
+        if reply.checkpoint_id == checkpoint_id:
+            return "committed", f"manifest {reply.checkpoint_manifest}"
+        if checkpoint_id not in (reply.requested_checkpoint_id, reply.pending_checkpoint_id):
+            request = operator_pb2.ListEventsRequest(since_seq=since_seq)
+            reasons = [r.event.checkpoint_aborted.reason for r in stub.ListEvents(request, timeout=args.timeout)
+                       if r.event.WhichOneof("kind") == "checkpoint_aborted"
+                       and r.event.checkpoint_aborted.checkpoint_id == checkpoint_id]
+            if reasons or reply.checkpoint_id > checkpoint_id:
+                return "aborted", reasons[-1] if reasons else "a newer checkpoint committed instead"
+        if time.monotonic() >= deadline:
+            return "timeout", f"not committed within --wait-timeout {args.wait_timeout:g}s (still in flight)"
+        time.sleep(0.5)
 
 
 def cmd_at_step(stub: Stub, args: argparse.Namespace) -> int:

@@ -195,6 +195,10 @@ def parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, parents=[common], help=text)
         if name == "checkpoint":
             command.add_argument("what", choices=["now"], help="now")
+            command.add_argument("--wait", action="store_true",
+                                 help="wait until it commits (exit 0) or is aborted / times out (exit 1)")
+            command.add_argument("--wait-timeout", type=float, default=900.0, metavar="S",
+                                 help="give up waiting after S seconds (default 900)")
         command.add_argument("--reason", required=True, help="why (recorded in the event log)")
         command.add_argument("--operator", default=os.environ.get("USER", ""), help="who asks (default $USER)")
     shells = sub.add_parser("completion", help="print a shell completion script: bash or zsh")

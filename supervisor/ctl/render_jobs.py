@@ -144,6 +144,10 @@ def checkpoints_dict(reply: operator_pb2.ListCheckpointsResponse) -> dict[str, A
         "pending": None if not reply.pending_checkpoint_id else {
             "checkpoint_id": reply.pending_checkpoint_id, "step": reply.pending_step,
             "shards": reply.pending_shards, "written": reply.pending_written},
+        "requested": None if not reply.requested_checkpoint_id else {
+            "checkpoint_id": reply.requested_checkpoint_id, "step": reply.requested_step,
+            "reason": reply.requested_reason},
+        "cadence": reply.cadence,
         "interval": {"seconds": opt("interval_s"), "reason": reply.interval_reason},
     }
 
@@ -151,6 +155,7 @@ def checkpoints_dict(reply: operator_pb2.ListCheckpointsResponse) -> dict[str, A
 def checkpoints_text(reply: operator_pb2.ListCheckpointsResponse) -> str:
     d = checkpoints_dict(reply)
     snap, ckpt, pending, interval = d["snapshot"], d["checkpoint"], d["pending"], d["interval"]
+    requested = d["requested"]
     at = lambda unix_s: f" at {_when(unix_s)}" if unix_s is not None else ""  # noqa: E731
     lines = [
         "RAM snapshot   " + (f"step {snap['step']} (generation {snap['generation']}){at(snap['committed_unix_s'])}"
@@ -159,6 +164,9 @@ def checkpoints_text(reply: operator_pb2.ListCheckpointsResponse) -> str:
                              f" manifest {ckpt['manifest_key']}" if ckpt else "none committed"),
         "in flight      " + (f"{pending['checkpoint_id']} step {pending['step']}: {pending['written']}"
                              f" of {pending['shards']} shards written" if pending else "none"),
+        "requested      " + (f"{requested['checkpoint_id']} at step {requested['step']}: {requested['reason']}"
+                             if requested else "none"),
+        "cadence        " + (d["cadence"] or "-"),
         "interval       " + (f"{interval['seconds']:.0f}s: {interval['reason']}" if interval["seconds"] is not None
                              else interval["reason"]),
     ]

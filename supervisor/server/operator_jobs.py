@@ -18,7 +18,7 @@ from ftsup.v1 import operator_pb2
 from supervisor import codec, logs
 from supervisor.core.config import CoreConfig
 from supervisor.core.admission import MAX_TEXT
-from supervisor.core.events import GenerationStarted
+from supervisor.core.events import CheckpointRequested, GenerationStarted
 from supervisor.core.goodput import GoodputReport
 from supervisor.core.inputs import OperatorRequest
 from supervisor.core.views import straggler_views
@@ -32,15 +32,20 @@ NO_CHECKPOINT_STORE = (
     " (trainers save them themselves with trainer.checkpoint), so there is nothing to ask for now;"
     " nothing was recorded"
 )
-INTERVAL_NOT_CONFIGURED = "not configured (the supervisor has no checkpoint interval policy yet)"
+NO_STORE_CADENCE = "no checkpoint store configured (--checkpoint-location): trainers save on their own, if at all"
 
 
 def _cadence_text(config: CoreConfig) -> str:
     if not config.checkpoint_location:
-        return INTERVAL_NOT_CONFIGURED
-    if config.checkpoint_every_steps <= 0:
-        return f"store {config.checkpoint_location} configured, no cadence (--checkpoint-every-steps 0)"
-    return f"every {config.checkpoint_every_steps} steps (--checkpoint-every-steps) to {config.checkpoint_location}"
+        return NO_STORE_CADENCE
+    parts = []
+    if config.checkpoint_every_steps > 0:
+        parts.append(f"every {config.checkpoint_every_steps} steps")
+    if config.checkpoint_timing.is_auto:
+        parts.append("at the Young/Daly interval (auto)")
+    how = " and ".join(parts) if parts else "only on request (`supervisorctl checkpoint now`)"
+    return (f"{how} to {config.checkpoint_location}; an attempt not committed within"
+            f" {config.checkpoint_timing.timeout_s:g}s is aborted")
 
 
 def goodput_to_proto(report: GoodputReport) -> operator_pb2.GetGoodputResponse:
@@ -117,7 +122,20 @@ class JobMethods:
     ) -> operator_pb2.ListCheckpointsResponse:
         await self._digest.catch_up(self._runtime.event_log)
         state = self._runtime.state
-        response = operator_pb2.ListCheckpointsResponse(interval_reason=_cadence_text(self._runtime.config))
+        config = self._runtime.config
+        response = operator_pb2.ListCheckpointsResponse(cadence=_cadence_text(config))
+        if config.checkpoint_location:
+            advice = self._runtime.checkpoint_advice()
+            response.interval_s = advice.interval_s
+            use = "used (auto)" if config.checkpoint_timing.is_auto else "advice only (the cadence is not auto)"
+            response.interval_reason = f"{use}: {advice.reason}"
+        else:
+            response.interval_reason = NO_STORE_CADENCE
+        requested = state.requested_checkpoint
+        if requested is not None:
+            response.requested_checkpoint_id = requested.checkpoint_id
+            response.requested_step = requested.step
+            response.requested_reason = requested.reason
         if state.snapshot is not None:
             response.snapshot_step = state.snapshot.step
             response.snapshot_generation = state.snapshot.generation
@@ -142,17 +160,23 @@ class JobMethods:
     async def CheckpointNow(
         self, request: operator_pb2.JobCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
-        if not request.reason.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a reason is required (it is recorded in the event log)")
-        # Honest refusal: checkpoints follow the step cadence every rank knows; an ad-hoc step needs
-        # the ranks to agree on it (a directive field and an agreement collective), not built yet.
-        config = self._runtime.config
-        if not config.checkpoint_location:
+        await require_reason(request.reason, context)
+        if not self._runtime.config.checkpoint_location:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_CHECKPOINT_STORE)
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, (
-            f"checkpoints to {config.checkpoint_location} run on the step cadence ({_cadence_text(config)});"
-            " an ad-hoc checkpoint now is not supported yet; nothing was recorded"))
-        raise AssertionError("unreachable: abort raises")
+        outcome = await self._runtime.submit(
+            OperatorRequest("checkpoint", "", request.reason, request.operator or "unknown"))
+        if outcome.refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)
+        asked = next((r.event for r in outcome.records if isinstance(r.event, CheckpointRequested)), None)
+        if asked is None:  # admission and decide agree; this is the guard if they ever do not
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no checkpoint was requested; nothing changed")
+        assert asked is not None
+        detail = (f"checkpoint {asked.checkpoint_id} requested: every rank saves at step {asked.step} of"
+                  f" generation {asked.generation}; `supervisorctl checkpoints` shows its progress")
+        log.info("operator command", command="checkpoint now", operator=request.operator, reason=request.reason,
+                 checkpoint_id=asked.checkpoint_id, step=asked.step, generation=asked.generation)
+        return operator_pb2.CommandResponse(detail=detail, seq=outcome.records[0].seq,
+                                            checkpoint_id=asked.checkpoint_id, checkpoint_step=asked.step)
 
     async def Restart(
         self, request: operator_pb2.JobCommandRequest, context: grpc.aio.ServicerContext

@@ -138,7 +138,10 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
             OperatorRequest(command, request.node_id, request.reason, request.operator or "unknown")
         )
         if outcome.refusal is not None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)
+            # A node nobody registered is a wrong name, not a state the cluster is in.
+            unknown = self._runtime.state.node(request.node_id) is None
+            await context.abort(grpc.StatusCode.NOT_FOUND if unknown else grpc.StatusCode.FAILED_PRECONDITION,
+                                outcome.refusal)
         first = outcome.records[0] if outcome.records else None
         detail = ", ".join(type(r.event).__name__ for r in outcome.records) or "nothing to do"
         if command == "drain" and not any(type(r.event).__name__ == "NodeDrained" for r in outcome.records):

@@ -91,7 +91,7 @@ def run_and_check(workdir: pathlib.Path, reference: str, location: str, extra: t
     assert "from the object-store checkpoint" in restored.reason
     # `supervisorctl checkpoints` answers from the state: the newest commit and the cadence.
     assert (listed.checkpoint_id, listed.checkpoint_step) == (committed[-1].checkpoint_id, committed[-1].step)
-    assert listed.checkpoint_manifest == committed[-1].manifest_key and "every 4 steps" in listed.interval_reason
+    assert listed.checkpoint_manifest == committed[-1].manifest_key and "every 4 steps" in listed.cadence
     # Retention kept the newest KEEP commits, each with its manifest naming every rank's shard index.
     # Retention runs after each commit's record, off the supervisor's loop: wait for it, then assert.
     kept = sorted(c.manifest_key for c in committed[-KEEP:])

@@ -174,7 +174,7 @@ class Supervisor:
         held = tuple(self.snapshots_sent) if generation is not None else ()
         return WireContext(generation.number if generation else None, state.last_generation,
                            CONFIG.job.world_size, ranks_of, NODES, dict(INCARNATIONS), finished, held,
-                           MAX_MESSAGE_BYTES)
+                           MAX_MESSAGE_BYTES, registered=tuple(state.nodes))
 
     async def alive(self) -> None:
         """The input loop still runs and the operator service answers."""
@@ -367,8 +367,8 @@ async def send_batch(sup: Supervisor | RealSupervisor, batch: list[Bad], calls: 
         try:
             await getattr(sup.operator, call.method)(request, metadata=_metadata(call.token), timeout=DEADLINE_S)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != call.code:
-                WRONGLY_ACCEPTED.append(f"{call.category} {call.method}: got {exc.code()}, want {call.code}:"
+            if exc.code() != call.expected(ctx):
+                WRONGLY_ACCEPTED.append(f"{call.category} {call.method}: got {exc.code()}, want {call.expected(ctx)}:"
                                         f" {exc.details()}")
             continue
         WRONGLY_ACCEPTED.append(f"{call.category} {call.method} accepted: {_short(request)}")
@@ -480,7 +480,7 @@ class RealSupervisor:
                                               timeout=DEADLINE_S)
         ranks_of = {n.node_id: tuple(n.ranks) for n in nodes.nodes}
         return WireContext(status.generation or None, status.generation, 2, ranks_of, NODES, dict(INCARNATIONS),
-                           {}, (), MAX_MESSAGE_BYTES)
+                           {}, (), MAX_MESSAGE_BYTES, registered=tuple(ranks_of))
 
     async def observed(self) -> tuple[operator_pb2.GetStatusResponse, list[events_pb2.Record]]:
         status = await self.operator.GetStatus(operator_pb2.GetStatusRequest(), metadata=_metadata("read"),

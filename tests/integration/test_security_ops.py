@@ -197,9 +197,9 @@ def test_read_only_credentials_read_but_get_exit_4_on_a_command(lab: Lab) -> Non
     bob = lab.ctl("drain", "nobody", "--reason", "x", cert="operator-bob")
     assert bob.returncode == 4 and "admin role" in bob.stderr
     alice = lab.ctl("drain", "nobody", "--reason", "x", cert="operator-alice")
-    assert alice.returncode == 1 and "unknown node 'nobody'" in alice.stderr, alice.stderr
+    assert alice.returncode == 2 and "unknown node 'nobody'" in alice.stderr, alice.stderr
     admin_token = lab.ctl("drain", "nobody", "--reason", "x", cert="node-node-1", token=lab.admin_token)
-    assert admin_token.returncode == 1 and "unknown node" in admin_token.stderr
+    assert admin_token.returncode == 2 and "unknown node" in admin_token.stderr
 
 
 def test_the_supervisor_reaches_etcd_over_tls_with_a_client_certificate(tmp_path: pathlib.Path) -> None:

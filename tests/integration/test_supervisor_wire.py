@@ -178,7 +178,7 @@ def test_operator_quarantine_and_unquarantine_over_the_wire(cluster: LocalCluste
     again = ctl(cluster.address, "quarantine", "op-target", "--reason", "again")
     assert again.returncode == 1 and "already quarantined" in again.stderr
     unknown = ctl(cluster.address, "drain", "nope", "--reason", "x")
-    assert unknown.returncode == 1 and "unknown node 'nope'" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown node 'nope'" in unknown.stderr
     back = ctl(cluster.address, "unquarantine", "op-target", "--reason", "DIMM replaced")
     assert back.returncode == 0 and "NodeUnquarantined" in back.stdout
     agent.close()

@@ -37,6 +37,7 @@ class WireContext:
     finished: dict[int, str]  # rank -> digest of RankFinished accepted in the generation in force
     held: tuple[tuple[int, int, str], ...]  # (step, rank, holder) snapshot copies reported in it
     max_message_bytes: int
+    registered: tuple[str, ...] = ()  # nodes the supervisor's state knows (operator commands name them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,10 @@ class BadCall:
     method: str
     request: Callable[[WireContext], object]
     token: str  # "admin", "read", "wrong" or "none"
-    code: grpc.StatusCode
+    code: grpc.StatusCode | Callable[[WireContext], grpc.StatusCode]  # a function: it depends on the state
+
+    def expected(self, ctx: WireContext) -> grpc.StatusCode:
+        return self.code(ctx) if callable(self.code) else self.code
 
 
 u32 = st.integers(0, 2**32 - 1)
@@ -451,7 +455,7 @@ def bad_operator_call(nodes: tuple[str, ...], never_quarantined: tuple[str, ...]
             node_method = d(st.sampled_from(NODE_METHODS))
             return BadCall("operator_unknown_node", node_method,
                            lambda ctx: _admin_request(node_method, unknown, reason), "admin",
-                           code.FAILED_PRECONDITION)
+                           code.NOT_FOUND)
         if kind in ("blank_reason", "long_reason"):
             bad_reason = d(_BLANK) if kind == "blank_reason" else "r" * d(st.integers(4097, 50_000))
             job_method = method if method != "CheckpointNow" else "Restart"
@@ -460,9 +464,10 @@ def bad_operator_call(nodes: tuple[str, ...], never_quarantined: tuple[str, ...]
                            code.INVALID_ARGUMENT)
         if kind == "unquarantine_in_service":
             active = d(st.sampled_from(never_quarantined))
+            # Refused as in service once the node registered; before, its id is unknown (NOT_FOUND).
             return BadCall("operator_unquarantine_in_service", "Unquarantine",
                            lambda ctx: _admin_request("Unquarantine", active, reason), "admin",
-                           code.FAILED_PRECONDITION)
+                           lambda ctx: code.FAILED_PRECONDITION if active in ctx.registered else code.NOT_FOUND)
         return BadCall("operator_checkpoint_now_without_store", "CheckpointNow",
                        lambda ctx: _admin_request("CheckpointNow", "", reason), "admin", code.FAILED_PRECONDITION)
 

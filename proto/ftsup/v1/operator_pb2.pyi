@@ -160,19 +160,27 @@ class CommandResponse(_message.Message):
 
     DETAIL_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     detail: _builtins.str
     """what happened, in words"""
     seq: _builtins.int
     """the OperatorCommand record"""
+    checkpoint_id: _builtins.str
+    """checkpoint now: the requested checkpoint"""
+    checkpoint_step: _builtins.int
+    """checkpoint now: the step ranks save at"""
     def __init__(
         self,
         *,
         detail: _builtins.str = ...,
         seq: _builtins.int = ...,
+        checkpoint_id: _builtins.str = ...,
+        checkpoint_step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "checkpoint_step", b"checkpoint_step", "detail", b"detail", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -661,6 +669,10 @@ class ListCheckpointsResponse(_message.Message):
     PENDING_WRITTEN_FIELD_NUMBER: _builtins.int
     INTERVAL_S_FIELD_NUMBER: _builtins.int
     INTERVAL_REASON_FIELD_NUMBER: _builtins.int
+    REQUESTED_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    REQUESTED_STEP_FIELD_NUMBER: _builtins.int
+    REQUESTED_REASON_FIELD_NUMBER: _builtins.int
+    CADENCE_FIELD_NUMBER: _builtins.int
     snapshot_step: _builtins.int
     """newest step every rank holds in RAM twice"""
     snapshot_generation: _builtins.int
@@ -680,6 +692,12 @@ class ListCheckpointsResponse(_message.Message):
     """the checkpoint interval policy's current answer"""
     interval_reason: _builtins.str
     """why that interval, or why none ("not configured")"""
+    requested_checkpoint_id: _builtins.str
+    """asked for off the cadence, not started yet ("" none)"""
+    requested_step: _builtins.int
+    requested_reason: _builtins.str
+    cadence: _builtins.str
+    """how checkpoints are scheduled, in words"""
     def __init__(
         self,
         *,
@@ -696,10 +714,14 @@ class ListCheckpointsResponse(_message.Message):
         pending_written: _builtins.int = ...,
         interval_s: _builtins.float | None = ...,
         interval_reason: _builtins.str = ...,
+        requested_checkpoint_id: _builtins.str = ...,
+        requested_step: _builtins.int = ...,
+        requested_reason: _builtins.str = ...,
+        cadence: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_checkpoint_unix_s", b"_checkpoint_unix_s", "_interval_s", b"_interval_s", "_snapshot_step", b"_snapshot_step", "_snapshot_unix_s", b"_snapshot_unix_s", "checkpoint_step", b"checkpoint_step", "checkpoint_unix_s", b"checkpoint_unix_s", "interval_s", b"interval_s", "snapshot_step", b"snapshot_step", "snapshot_unix_s", b"snapshot_unix_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_checkpoint_unix_s", b"_checkpoint_unix_s", "_interval_s", b"_interval_s", "_snapshot_step", b"_snapshot_step", "_snapshot_unix_s", b"_snapshot_unix_s", "checkpoint_id", b"checkpoint_id", "checkpoint_manifest", b"checkpoint_manifest", "checkpoint_step", b"checkpoint_step", "checkpoint_unix_s", b"checkpoint_unix_s", "interval_reason", b"interval_reason", "interval_s", b"interval_s", "pending_checkpoint_id", b"pending_checkpoint_id", "pending_shards", b"pending_shards", "pending_step", b"pending_step", "pending_written", b"pending_written", "snapshot_generation", b"snapshot_generation", "snapshot_step", b"snapshot_step", "snapshot_unix_s", b"snapshot_unix_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_checkpoint_unix_s", b"_checkpoint_unix_s", "_interval_s", b"_interval_s", "_snapshot_step", b"_snapshot_step", "_snapshot_unix_s", b"_snapshot_unix_s", "cadence", b"cadence", "checkpoint_id", b"checkpoint_id", "checkpoint_manifest", b"checkpoint_manifest", "checkpoint_step", b"checkpoint_step", "checkpoint_unix_s", b"checkpoint_unix_s", "interval_reason", b"interval_reason", "interval_s", b"interval_s", "pending_checkpoint_id", b"pending_checkpoint_id", "pending_shards", b"pending_shards", "pending_step", b"pending_step", "pending_written", b"pending_written", "requested_checkpoint_id", b"requested_checkpoint_id", "requested_reason", b"requested_reason", "requested_step", b"requested_step", "snapshot_generation", b"snapshot_generation", "snapshot_step", b"snapshot_step", "snapshot_unix_s", b"snapshot_unix_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__checkpoint_step: _TypeAlias = _typing.Literal["checkpoint_step"]  # noqa: Y015
     _WhichOneofArgType__checkpoint_step: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step"]  # noqa: Y015

@@ -377,10 +377,13 @@ class ClusterState(_message.Message):
     REGISTRATIONS_FIELD_NUMBER: _builtins.int
     SDC_TAINTED_FROM_STEP_FIELD_NUMBER: _builtins.int
     REQUESTED_CHECKPOINT_FIELD_NUMBER: _builtins.int
+    LAST_CHECKPOINT_ATTEMPT_FIELD_NUMBER: _builtins.int
     last_generation: _builtins.int
     applied_seq: _builtins.int
     registrations: _builtins.int
     sdc_tainted_from_step: _builtins.int
+    last_checkpoint_attempt: _builtins.str
+    """the newest checkpoint id started (never started twice)"""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeRecord]: ...
     @_builtins.property
@@ -415,10 +418,11 @@ class ClusterState(_message.Message):
         registrations: _builtins.int = ...,
         sdc_tainted_from_step: _builtins.int | None = ...,
         requested_checkpoint: Global___RequestedCheckpoint | None = ...,
+        last_checkpoint_attempt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_checkpoint_attempt", b"last_checkpoint_attempt", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["sdc_tainted_from_step"]  # noqa: Y015
     _WhichOneofArgType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step"]  # noqa: Y015

@@ -215,16 +215,18 @@ async def test_stragglers_of_a_running_generation_list_each_ranks_window(history
     assert "RANK  NODE" in out and "2/2" in out
 
 
-async def test_checkpoints_list_the_snapshot_and_say_the_interval_is_not_configured(history: Cluster) -> None:
+async def test_checkpoints_list_the_snapshot_and_say_no_store_is_configured(history: Cluster) -> None:
     code, out, _ = await history.ctl("checkpoints", "--json", "--token-file", token_file(READ))
     assert code == 0
     view = json.loads(out)
     assert view["snapshot"] == {"step": 4, "generation": 1, "committed_unix_s": 1060.0}
     assert view["checkpoint"] is None and view["pending"] is None
-    assert view["interval"]["seconds"] is None and "not configured" in view["interval"]["reason"]
+    assert view["interval"]["seconds"] is None and "no checkpoint store configured" in view["interval"]["reason"]
+    assert view["requested"] is None and "no checkpoint store configured" in view["cadence"]
     code, out, _ = await history.ctl("checkpoints", "--token-file", token_file(READ))
     assert "RAM snapshot   step 4 (generation 1) at 1970-01-01 00:17:40 UTC" in out
-    assert "checkpoint     none committed" in out and "interval       not configured" in out
+    assert "checkpoint     none committed" in out and "interval       no checkpoint store configured" in out
+    assert "requested      none" in out
 
 
 async def test_events_at_step_names_the_generations_that_ran_it_with_their_record(history: Cluster) -> None:

@@ -200,3 +200,14 @@ def test_a_requested_checkpoint_survives_a_state_snapshot():
     state = evolve_all(_state(), [CheckpointRequested("step-0000000014-g1", 1, 14, "why")])
     restored = codec.state_from_proto(codec.state_to_proto(state))
     assert restored.requested_checkpoint == state.requested_checkpoint
+
+
+def test_an_aborted_attempt_is_not_restarted_by_a_late_ranks_report():
+    state = evolve_all(_state(), cp.on_step_report(_state(), _step(14), LOC, 7))
+    from supervisor.core.inputs import CheckpointShardReport
+    failed = CheckpointShardReport("n1", 1, 0, "step-0000000014-g1", 14, "", "", 0, "disk full")
+    aborted = evolve_all(state, cp.on_shard_report(state, failed))
+    assert aborted.pending_checkpoint is None and aborted.last_checkpoint_attempt == "step-0000000014-g1"
+    assert cp.on_step_report(aborted, _step(14, rank=1), LOC, 7) == []  # rank 1 reports step 14 late
+    assert cp.on_step_report(aborted, _step(21), LOC, 7) != []  # the next due step starts as usual
+    assert codec.state_from_proto(codec.state_to_proto(aborted)).last_checkpoint_attempt == "step-0000000014-g1"
