@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from supervisor.core.policies.recompute import RecomputeConfig
 from supervisor.core.policies.sdc import SdcConfig
 from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidPolicyConfig
@@ -104,6 +105,7 @@ class CoreConfig:
     xid: XidPolicyConfig = XidPolicyConfig()
     straggler: StragglerConfig = StragglerConfig()
     sdc: SdcConfig = SdcConfig()
+    recompute: RecomputeConfig = RecomputeConfig()  # SDC recompute checks (policies/recompute.py)
     # A confirmed straggler is swapped for a free spare; with no spare it is only reported (a
     # slow node beats a smaller world). False: always only report.
     is_straggler_swap_enabled: bool = True

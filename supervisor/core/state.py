@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
 from supervisor.core.policies.sdc import StepVote
 from supervisor.core.policies.straggler import StragglerState, StragglerVerdict
 from supervisor.core.policies.xid import XidSighting
@@ -172,11 +172,14 @@ class ClusterState:
     applied_seq: int = 0  # the seq of the last record folded in
     checkpoint: CommittedCheckpoint | None = None  # the newest committed object-store checkpoint
     pending_checkpoint: PendingCheckpoint | None = None
-    open_sdc_checks: tuple[str, ...] = ()
     registrations: int = 0  # NodeRegistered events folded so far
-    # First step whose replicas disagreed (SdcSuspected), until a generation restores from before
-    # it: no snapshot or checkpoint from this step on may be committed or restored.
+    # First step whose replicas disagreed (SdcSuspected) or a confirmed recompute convicted, until
+    # a generation restores from before it: no snapshot or checkpoint from this step on may be
+    # committed or restored.
     sdc_tainted_from_step: int | None = None
+    # The open SDC recompute checks (oldest first). While one is open on step S, no step >= S is
+    # committed (snapshot, checkpoint, job completion): a recompute may still prove S corrupt.
+    sdc_checks: tuple[SdcCheckStarted, ...] = ()
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)
@@ -211,6 +214,10 @@ class GenerationProgress:
     sdc_clear_steps: set[int] = field(default_factory=set)  # voted and agreed: committable
     sdc_diverged_step: int | None = None  # the first step whose vote disagreed
     new_sdc_vote: StepVote | None = None  # the vote completed by the input being observed now
+    # step -> rank -> the rank's local-gradient digest, until the step is voted on
+    grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
+    # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
+    new_vote_reports: tuple[SdcRankDigests, ...] = ()
 
 
 @dataclass(slots=True)
@@ -225,3 +232,6 @@ class SoftState:
     xids: dict[str, list[XidSighting]] = field(default_factory=dict)
     # nodes an operator asked to drain while they train: drained at the next committed step
     pending_drains: set[str] = field(default_factory=set)
+    # open SDC check id -> when this supervisor first saw it open: its answer is due within the
+    # recompute timeout from then (a new leader gives every open check a full timeout)
+    sdc_check_seen_s: dict[str, float] = field(default_factory=dict)
