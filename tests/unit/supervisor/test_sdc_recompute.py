@@ -336,3 +336,56 @@ def test_the_schedule_and_the_replayed_ranks():
     with pytest.raises(ValueError, match="timeout_s"):
         RecomputeConfig(timeout_s=0.0)
     assert isinstance(CoreConfig(job=config().job).recompute, RecomputeConfig)
+
+
+# -- properties ---------------------------------------------------------------------------------------
+
+
+def _script_inputs():
+    from hypothesis import strategies as st
+
+    nodes = st.sampled_from(list(NODES[:2]) + ["s1", "s2"])
+    return st.one_of(
+        st.tuples(st.just("step"), st.integers(1, 8), st.dictionaries(st.integers(0, 1), st.sampled_from(["x", "y"]))),
+        st.tuples(st.just("answer"), st.sampled_from(["same", "grad", "param", "error"]), st.integers(0, 3)),
+        st.tuples(st.just("tick"), st.floats(0.0, 40.0)),
+        st.tuples(st.just("finish"), st.integers(0, 1)),
+        st.tuples(st.just("hello"), nodes, st.integers(1, 2)),
+    )
+
+
+def test_checks_in_any_order_of_steps_answers_timeouts_and_restarts_always_fold_and_hold_commits():
+    """Whatever the verifiers answer and whenever: every decision folds (Sim raises otherwise; evolve
+    refuses a commit at or after an open check's step), and the log replays to the same state."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from supervisor.core.evolve import evolve_all
+    from supervisor.core.state import ClusterState
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(_script_inputs(), max_size=40))
+    def run(script):
+        sim = cluster(nodes=2, spares=2, every=2, timeout_s=30.0)
+        for item in script:
+            generation = sim.state.generation
+            if item[0] == "step" and generation is not None:
+                step(sim, item[1], grads=item[2]) if generation.world_size == 2 else None
+            elif item[0] == "answer" and sim.state.sdc_checks:
+                check = sim.state.sdc_checks[item[2] % len(sim.state.sdc_checks)]
+                kind = item[1]
+                answer(sim, check, grads={0: "bad"} if kind == "grad" else None,
+                       params={1: "bad"} if kind == "param" else None, error="boom" if kind == "error" else "")
+            elif item[0] == "tick":
+                tick(sim, item[1])
+            elif item[0] == "finish" and generation is not None:
+                sim.feed(RankFinished(generation.node_of_rank(item[1]), generation.number, item[1], 8, "f"))
+            elif item[0] == "hello":
+                sim.feed(hello(item[1], spare=item[1].startswith("s"), incarnation=item[2],
+                               stream_id=hash(item[1:]) % 97 + 1))
+            # (A commit at or after an open check's step would not fold: evolve refuses it.)
+        replayed = evolve_all(ClusterState(), sim.log)
+        assert replayed.sdc_checks == sim.state.sdc_checks
+        assert replayed.sdc_tainted_from_step == sim.state.sdc_tainted_from_step
+
+    run()
