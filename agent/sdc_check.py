@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -111,9 +112,9 @@ class SdcChecker:
         where.mkdir(parents=True, exist_ok=True)
         snapshot_path, request_path, out_path = where / "snapshot.bin", where / "request.json", where / "answer.json"
         await asyncio.to_thread(snapshot_path.write_bytes, blob.payload)
-        request_path.write_text(sdc_replay.request_body(
+        request_path.write_text(json.dumps(sdc_replay.request_body(
             order.check_id, order.step, order.rank, order.world_size, list(order.replay_ranks),
-            str(snapshot_path), blob.sha256, str(out_path)))
+            str(snapshot_path), blob.sha256, str(out_path))))
         env = sdc_replay.replay_env(self._base_env, [(e.name, e.value) for e in order.env], str(request_path))
         log_path = self._workdir / f"{order.check_id}.log"
         try:
@@ -122,7 +123,11 @@ class SdcChecker:
                 return sdc_replay.failed(f"the replay exited with code {code} on {self._node_id} (log {log_path})")
             if not out_path.exists():
                 return sdc_replay.failed(f"the replay wrote no answer on {self._node_id} (log {log_path})")
-            return sdc_replay.parse_answer(out_path.read_text(), order.check_id, list(order.replay_ranks))
+            try:
+                raw = json.loads(out_path.read_text())
+            except ValueError as exc:
+                return sdc_replay.failed(f"unreadable replay answer: {exc}")
+            return sdc_replay.parse_answer(raw, order.check_id, list(order.replay_ranks))
         finally:
             shutil.rmtree(where, ignore_errors=True)  # the snapshot is model-sized; the log stays
 

@@ -1,14 +1,14 @@
 """What a verifier's agent does for an SDC recompute order, as data: which orders to start or
 stop, the replay process's request and environment, and what its answer file means.
 
-Pure (stdlib only). The orders are a projection of the supervisor's open checks, sent in every
-directive: a check that disappears from it was answered or timed out, and its replay stops.
-The request file and FTSUP_SDC_REPLAY are the contract with trainer/replay.py.
+Pure (stdlib only; the shell reads and writes the JSON). The orders are a projection of the
+supervisor's open checks, sent in every directive: a check that disappears from it was answered
+or timed out, and its replay stops. The request file and FTSUP_SDC_REPLAY are the contract with
+trainer/replay.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,10 +31,10 @@ def reconcile(ordered: Iterable[str], running: Iterable[str], answered: Iterable
 
 
 def request_body(check_id: str, step: int, rank: int, world_size: int, ranks: Sequence[int],
-                 snapshot_path: str, sha256: str, out_path: str) -> str:
-    return json.dumps({"check_id": check_id, "step": step, "rank": rank, "world_size": world_size,
-                       "ranks": list(ranks), "snapshot_path": snapshot_path, "sha256": sha256,
-                       "out_path": out_path})
+                 snapshot_path: str, sha256: str, out_path: str) -> dict[str, object]:
+    """The request file's content (trainer.replay.ReplayRequest), to be written as JSON."""
+    return {"check_id": check_id, "step": step, "rank": rank, "world_size": world_size,
+            "ranks": list(ranks), "snapshot_path": snapshot_path, "sha256": sha256, "out_path": out_path}
 
 
 def replay_env(base: Mapping[str, str], job_env: Iterable[tuple[str, str]], request_path: str) -> dict[str, str]:
@@ -62,10 +62,11 @@ class Answer:
     replay_s: float = 0.0
 
 
-def parse_answer(text: str, check_id: str, asked: Sequence[int]) -> Answer:
-    """The replay's answer file, checked: the same check, exactly the asked ranks, digests as text."""
+def parse_answer(raw: object, check_id: str, asked: Sequence[int]) -> Answer:
+    """The replay's answer file (decoded JSON), checked: the same check, exactly the asked ranks."""
+    if not isinstance(raw, dict):
+        return failed(f"unreadable replay answer: {type(raw).__name__}, not an object")
     try:
-        raw = json.loads(text)
         if raw["check_id"] != check_id:
             return failed(f"the answer is for check {raw['check_id']!r}, not {check_id!r}")
         digests = tuple(RankDigest(int(d["rank"]), str(d["grad_digest"]), str(d.get("param_digest", "")))

@@ -152,6 +152,10 @@ async def test_an_order_withdrawn_by_the_supervisor_kills_its_replay_and_answers
 def test_reconcile_is_idempotent_by_check_id():
     assert sdc_replay.reconcile(["a", "b"], ["a"], []) == sdc_replay.Reconcile(("b",), ())
     assert sdc_replay.reconcile(["b"], ["a"], ["b"]) == sdc_replay.Reconcile((), ("a",))
-    assert sdc_replay.parse_answer("{", "c", [0]).error.startswith("unreadable replay answer")
-    other = json.dumps({"check_id": "d", "recomputed": []})
-    assert "not 'c'" in sdc_replay.parse_answer(other, "c", [0]).error
+    assert sdc_replay.parse_answer([], "c", [0]).error.startswith("unreadable replay answer")
+    assert sdc_replay.parse_answer({"check_id": "c"}, "c", [0]).error.startswith("unreadable replay answer")
+    assert "not 'c'" in sdc_replay.parse_answer({"check_id": "d", "recomputed": []}, "c", [0]).error
+    ok = sdc_replay.parse_answer({"check_id": "c", "recomputed": [{"rank": 0, "grad_digest": "g"}]}, "c", [0])
+    assert ok == sdc_replay.Answer((sdc_replay.RankDigest(0, "g", ""),), "")
+    env = sdc_replay.replay_env({"PATH": "/bin", "MASTER_PORT": "1"}, [("A", "b"), ("RANK", "3")], "/r.json")
+    assert env == {"PATH": "/bin", "A": "b", sdc_replay.REPLAY_ENV: "/r.json", "PYTHONUNBUFFERED": "1"}
