@@ -94,18 +94,33 @@ def on_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, seq: in
     reported = tuple(d for d in progress.new_vote_reports if d.rank in replayed)
     if not any(d.rank == rank and d.grad_digest for d in reported):
         return []  # the trainer reports no local-gradient digest: unknown, skip
-    member = generation.member(suspect)
-    holders = [member.buddy_node_id] if member is not None and member.buddy_node_id else []
-    holders.append(suspect)
-    if state.snapshot is not None and state.snapshot.step == vote.step - 1:
-        holders += [h for h in state.snapshot.holders(rank) if h and h not in state.snapshot.lost_holders]
+    holders = _holders(state, soft, rank, vote.step - 1)
+    if not holders:
+        return []  # no copy of the step before is known (snapshots every k steps, a fresh start): skip
     check = SdcCheckStarted(
         check_id=f"sdc-{seq}", step=vote.step, rank=rank, suspect_node_id=suspect, verifier_node_id="",
         generation=generation.number, reason=reason, reported=reported,
-        snapshot_holders=tuple(dict.fromkeys(holders)), world_size=generation.world_size,
+        snapshot_holders=holders, world_size=generation.world_size,
     )
     started = _with_verifier(state, soft, check, frozenset({suspect}))
     return [started] if started is not None else []
+
+
+def _holders(state: ClusterState, soft: SoftState, rank: int, step: int) -> tuple[str, ...]:
+    """Nodes known to hold `rank`'s snapshot of `step`: reported holdings of the generation in force
+    (while uncommitted) and the committed snapshot's holders, the rank's buddy and node first."""
+    known: set[str] = set()
+    progress = soft.progress
+    if progress is not None:
+        known |= progress.holdings.get(step, {}).get(rank, frozenset())
+    snapshot = state.snapshot
+    if snapshot is not None and snapshot.step == step:
+        known |= {h for h in snapshot.holders(rank) if h and h not in snapshot.lost_holders}
+    generation = state.generation
+    node = generation.node_of_rank(rank) if generation is not None else None
+    member = generation.member(node) if generation is not None and node is not None else None
+    first = [member.buddy_node_id, member.node_id] if member is not None else []
+    return tuple(n for n in dict.fromkeys([*first, *sorted(known)]) if n in known)
 
 
 def _with_verifier(state: ClusterState, soft: SoftState, check: SdcCheckStarted,
