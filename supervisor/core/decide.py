@@ -217,22 +217,26 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, of
 def _on_sdc_check_result(state: ClusterState, soft: SoftState, result: SdcCheckResult) -> list[Event]:
     """A verifier answered: the check finishes (maybe a second opinion starts); a confirmed
     mismatch quarantines the culprit's node with the finished record as evidence, and a verdict
-    that taints the step ends its generation so the job restores from before it."""
+    that taints the step ends its generation so the job restores from before it. A clean step
+    (also one whose first verifier is convicted) commits what the check held back first."""
     verdict = sdc_checks.on_result(state, soft, result, seq=state.applied_seq + 1)
     events = list(verdict.events)
     folded = evolve_all(state, events)
+    is_tainted = folded.sdc_tainted_from_step is not None and folded.generation is not None
+    if not is_tainted:
+        resumed = _after_checks_closed(folded, soft)
+        events += resumed
+        folded = evolve_all(folded, resumed)
     for node_id in verdict.convicted:
         ended = _end_if_member(folded, soft, node_id, EndReason.NODE_QUARANTINED, verdict.reason)
         quarantined = [] if folded.nodes[node_id].is_quarantined else [
             NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq)]
         events += ended + quarantined
         folded = evolve_all(folded, ended + quarantined)
-    if folded.sdc_tainted_from_step is not None and folded.generation is not None:
+    if is_tainted and folded.generation is not None:
         # Tainted while training on: the generation holds corrupt state whoever computed it.
-        ended = _end_if_member_any(folded, soft, EndReason.SDC, verdict.reason or "SDC: tainted by a recompute")
-        events += ended
-        folded = evolve_all(folded, ended)
-    return events + _after_checks_closed(folded, soft)
+        events += _end_if_member_any(folded, soft, EndReason.SDC, verdict.reason or "SDC: tainted by a recompute")
+    return events
 
 
 def _after_checks_closed(state: ClusterState, soft: SoftState) -> list[Event]:

@@ -203,8 +203,8 @@ def test_a_second_opinion_that_agrees_with_the_rank_quarantines_the_first_verifi
     assert first.verifier_node_id == "s1"
     (_, second) = answer(sim, first, grads={1: "wrong"})
     assert second.verifier_node_id == "s2"
-    done, quarantined, committed = answer(sim, second)
-    assert committed == SnapshotCommitted(1, EVERY)  # released: step 5 was computed right
+    done, committed, quarantined = answer(sim, second)
+    assert committed == SnapshotCommitted(1, EVERY)  # released first: step 5 was computed right
     assert done.verdict is SdcVerdict.MATCH and done.culprit_node_ids == ("s1",) and done.tainted_from_step is None
     assert quarantined.node_id == "s1" and "verifier s1 recomputed step 5 wrongly" in quarantined.reason
     assert sim.state.generation is not None and sim.state.generation.number == 1  # training was right: it goes on
