@@ -50,7 +50,7 @@ def _priority(message: agent_pb2.AgentMessage) -> Priority:
     kind = message.WhichOneof("kind")
     if kind == "step_report":
         return Priority.STEP
-    if kind in ("trainer_exit", "rank_finished", "checkpoint_shard"):
+    if kind in ("trainer_exit", "rank_finished", "checkpoint_shard", "sdc_check_result"):
         return Priority.ESSENTIAL
     return Priority.REPORT
 

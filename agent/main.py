@@ -33,6 +33,7 @@ from agent.peer_service import PeerService
 from agent.peers import PeerClient
 from agent.process import AsyncioProcessRunner, default_base_env
 from agent.restore import RestoreBook
+from agent.sdc_check import SdcChecker
 from agent.snapshots import SnapshotStore
 from agent.trainer_api import TrainerLinkService
 from agent.progress import ProgressTracker
@@ -74,6 +75,9 @@ async def run_agent(config: AgentConfig) -> int:
     launcher = Launcher(
         config, runner, store, restores, reports.send, default_base_env(), log.bind(part="launcher")
     )
+    # SDC recomputes this node runs as a verifier: the plain runner (a replay is not a warm trainer).
+    sdc = SdcChecker(config.node_id, config.workdir, store, peers, AsyncioProcessRunner(nice=config.trainer_nice),
+                         default_base_env(), reports.send, log.bind(part="sdc"))
 
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
     peer_pb2_grpc.add_AgentPeerServicer_to_server(
@@ -109,6 +113,7 @@ async def run_agent(config: AgentConfig) -> int:
         while True:
             directive = await directives.get()
             try:
+                sdc.apply(directive.sdc_checks)
                 await launcher.apply(directive)
                 reports.forget_sticky_before(directive.generation)
             except Exception:  # noqa: BLE001 - a bad directive must not take the agent down
@@ -118,7 +123,8 @@ async def run_agent(config: AgentConfig) -> int:
         """Every snapshot of the running generation this node holds, for a (new) supervisor."""
         generation = launcher.running_generation()
         blobs = (store.get(rank, step) for rank, step in store.keys())
-        return [holding_report(b, config.node_id) for b in blobs if b is not None and b.generation == generation]
+        held = [holding_report(b, config.node_id) for b in blobs if b is not None and b.generation == generation]
+        return held + sdc.resync()  # answers to SDC checks still open
 
     link = SupervisorLink(
         config,
@@ -176,6 +182,7 @@ async def run_agent(config: AgentConfig) -> int:
             task.cancel()
         await asyncio.gather(applier, *watchers, return_exceptions=True)
         await launcher.stop(STOP_GRACE_S)
+        await sdc.close()
         if isinstance(runner, WarmPoolRunner):
             await runner.close()
         link_task.cancel()

@@ -11,7 +11,18 @@ all flips and >= `--clean-steps` clean steps. Every step's digests go through th
 policy (`supervisor.core.policies.sdc.vote_step`): a flip is detected when a vote names its rank.
 `median_steps_to_detect` counts steps from the flip to the vote that names it (0 = the same
 step's reports). Overhead: the default example model, digest time over step time (median), with
-the old host-side blake2b digest measured in the same run as the baseline. Prints one JSON object.
+the old host-side blake2b digest measured in the same run as the baseline.
+
+The recompute check (docs/sdc.md) is measured on the same run: every rank also digests its local
+gradients before the all-reduce (`trainer.digest.GradDigester`, as the example trainer reports
+them), and rank 0 keeps the state before every gradient-flip step and before `--recompute-checks`
+clean steps. Each such step is replayed in this process with `trainer.replay.replay_step` (every
+rank, then the update: what a verifier's trainer computes) and judged by the real policy
+(`supervisor.core.policies.recompute`): a grad flip counts as detected when the recompute names
+its rank, a clean step with any mismatch as a false positive. The replay is deterministic, so a
+third node's second opinion repeats it; the confirmation is the policy's `judge` over two
+replays. Cost: the replay's compute on the example model (all ranks, and one rank) against one
+training step, and the local-gradient digest's share of a step. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -33,10 +45,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from supervisor.core.events import SdcRankDigests
+from supervisor.core.policies import recompute
 from supervisor.core.policies.sdc import SdcConfig, vote_step
+from trainer import replay
+from trainer import snapshot as snap
 from trainer.core import data
 from trainer.ddp import DeterministicGradSync
-from trainer.digest import Digester
+from trainer.digest import Digester, GradDigester
 from trainer.examples.gpt import GPT
 from trainer.sdc_inject import flip_bit_
 
@@ -87,7 +103,7 @@ def build(shape: Shape, device: torch.device) -> tuple[GPT, torch.optim.Optimize
 
 
 def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: list[Flip], out_dir: str,
-           time_digests: bool) -> None:
+           time_digests: bool, keep_before: frozenset[int] = frozenset()) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -95,7 +111,8 @@ def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: li
     model, optimizer = build(shape, device)
     params = [p for _, p in model.named_parameters()]
     ddp = DistributedDataParallel(model)
-    DeterministicGradSync.attach(ddp)
+    local = _TimedGradDigester(model)
+    DeterministicGradSync.attach(ddp, grad_digester=local)  # type: ignore[arg-type]
     digest = Digester.of(model)
     mine = {f.step: f for f in flips if f.rank == rank}
     pending: list[Flip] = []
@@ -110,11 +127,17 @@ def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: li
     tokens = torch.tensor(data.encode(data.generate_corpus(0)), dtype=torch.long)
     window = torch.arange(shape.seq_len + 1)
     digests: list[str] = []
+    grad_digests: list[str] = []
+    grad_digest_s: list[float] = []
     step_s: list[float] = []
     digest_s: list[float] = []
     blake_s: list[float] = []
     for step in range(1, steps + 1):
         pending[:] = [mine[step]] if step in mine else []
+        if rank == 0 and step in keep_before:  # the snapshot of step - 1 a verifier would fetch
+            payload, _ = snap.encode(snap.build_state(step - 1, model, optimizer))
+            with open(os.path.join(out_dir, f"before-{step}.pt"), "wb") as f:
+                f.write(payload)
         started = time.perf_counter()
         offsets = data.batch_offsets(0, step, rank, shape.batch, shape.seq_len, len(tokens))
         batch = tokens[torch.tensor(offsets)[:, None] + window]
@@ -129,6 +152,9 @@ def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: li
             flip_bit_(params[flip.tensor].data, flip.index, flip.bit)
         digests.append(digest())
         digested = time.perf_counter()
+        grad_digests.append(local())
+        grad_digest_s.append(local.take_s + time.perf_counter() - digested)
+        local.take_s = 0.0
         if flip is not None:
             flip_bit_(params[flip.tensor].data, flip.index, flip.bit)  # undone: the restore to before it
         step_s.append(stepped - started)
@@ -138,8 +164,20 @@ def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: li
             _blake2b_digest(model)
             blake_s.append(time.perf_counter() - before)
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump({"digests": digests, "step_s": step_s, "digest_s": digest_s, "blake_s": blake_s}, f)
+        json.dump({"digests": digests, "grad_digests": grad_digests, "step_s": step_s, "digest_s": digest_s,
+                   "blake_s": blake_s, "grad_digest_s": grad_digest_s}, f)
     dist.destroy_process_group()
+
+
+class _TimedGradDigester(GradDigester):
+    """Counts the time the sync hook spends copying gradients out (part of the digest's cost)."""
+
+    take_s = 0.0
+
+    def take_bucket(self, bucket: object) -> None:
+        started = time.perf_counter()
+        super().take_bucket(bucket)
+        self.take_s += time.perf_counter() - started
 
 
 def _blake2b_digest(model: torch.nn.Module) -> str:
@@ -151,15 +189,95 @@ def _blake2b_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def run(world: int, shape: Shape, steps: int, flips: list[Flip], time_digests: bool) -> list[dict]:
+def run(world: int, shape: Shape, steps: int, flips: list[Flip], time_digests: bool,
+        keep_before: frozenset[int] = frozenset()) -> tuple[list[dict], dict[int, bytes]]:
+    """Every rank's digests and timings, and rank 0's state before each step in `keep_before`."""
     with tempfile.TemporaryDirectory() as out_dir:
         port = _free_port()
-        mp.spawn(worker, args=(world, port, shape, steps, flips, out_dir, time_digests), nprocs=world, join=True)
+        mp.spawn(worker, args=(world, port, shape, steps, flips, out_dir, time_digests, keep_before), nprocs=world,
+                 join=True)
         results = []
         for rank in range(world):
             with open(os.path.join(out_dir, f"{rank}.json")) as f:
                 results.append(json.load(f))
-        return results
+        before = {}
+        for step in keep_before:
+            with open(os.path.join(out_dir, f"before-{step}.pt"), "rb") as f:
+                before[step] = f.read()
+        return results, before
+
+
+def replayer(shape: Shape, world: int) -> Callable[[int, bytes, tuple[int, ...]], tuple[list[SdcRankDigests], float]]:
+    """Replays one step from a kept state, as a verifier's trainer does: (digests per rank, seconds)."""
+    torch.set_num_threads(1)
+    tokens = torch.tensor(data.encode(data.generate_corpus(0)), dtype=torch.long)
+    window = torch.arange(shape.seq_len + 1)
+
+    def replay_one(step: int, payload: bytes, ranks: tuple[int, ...]) -> tuple[list[SdcRankDigests], float]:
+        model, optimizer = build(shape, torch.device("cpu"))
+        state = snap.decode(payload, hashlib.sha256(payload).hexdigest())
+        request = replay.ReplayRequest("bench", step, 0, world, ranks, "", "", "")
+
+        def loss_of(rank: int) -> torch.Tensor:
+            offsets = data.batch_offsets(0, step, rank, shape.batch, shape.seq_len, len(tokens))
+            batch = tokens[torch.tensor(offsets)[:, None] + window]
+            logits = model(batch[:, :-1])
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+
+        started = time.perf_counter()
+        done = replay.replay_step(request, state, model, optimizer, loss_of)
+        took = time.perf_counter() - started
+        return [SdcRankDigests(r.rank, "verifier", r.grad_digest, r.param_digest) for r in done], took
+
+    return replay_one
+
+
+def score_recompute(results: list[dict], before: dict[int, bytes], flips: list[Flip], world: int,
+                    shape: Shape) -> dict:
+    """Replays each kept step and judges it with the real policy (see the module docstring)."""
+    replay_one = replayer(shape, world)
+    by_step = {f.step: f for f in flips}
+    grad_flips = [f for f in flips if f.target == "grad"]
+    detected = named = confirmed = false_positives = clean = 0
+    for step, payload in sorted(before.items()):
+        reported = [SdcRankDigests(r, f"node-{r}", results[r]["grad_digests"][step - 1], results[r]["digests"][step - 1])
+                    for r in range(world)]
+        first, _ = replay_one(step, payload, tuple(range(world)))
+        second, _ = replay_one(step, payload, tuple(range(world)))  # the third node's second opinion
+        comparison = recompute.compare(reported, first)
+        judgement = recompute.judge(tuple(reported), tuple(first), tuple(second))
+        flip = by_step.get(step)
+        if flip is not None and flip.target == "grad":
+            detected += not comparison.is_match
+            named += comparison.culprits == (flip.rank,)
+            confirmed += judgement.outcome is recompute.Outcome.CONVICTED and comparison.culprits == (flip.rank,)
+        elif flip is None:
+            clean += 1
+            false_positives += not comparison.is_match
+    return {
+        "grad_flips_detected_fraction": detected / len(grad_flips) if grad_flips else None,
+        "grad_flip_culprit_correct_fraction": named / len(grad_flips) if grad_flips else None,
+        "grad_flips_confirmed_fraction": confirmed / len(grad_flips) if grad_flips else None,
+        "recompute_clean_checks": clean,
+        "recompute_false_positives": false_positives,
+    }
+
+
+def recompute_cost(world: int, steps: int) -> dict:
+    """The replay's compute on the example model against a training step (same process, one thread)."""
+    results, before = run(world, EXAMPLE, steps, [], time_digests=False, keep_before=frozenset({steps}))
+    replay_one = replayer(EXAMPLE, world)
+    full = statistics.median(replay_one(steps, before[steps], tuple(range(world)))[1] for _ in range(3))
+    one = statistics.median(replay_one(steps, before[steps], (0,))[1] for _ in range(3))
+    step = statistics.median(s for r in results for s in r["step_s"][2:])
+    grad_digest = statistics.median(s for r in results for s in r["grad_digest_s"][2:])
+    return {
+        "recompute_full_step_ms": full * 1e3,
+        "recompute_one_rank_ms": one * 1e3,
+        "recompute_full_step_cost_steps": full / step,
+        "grad_digest_ms": grad_digest * 1e3,
+        "grad_digest_overhead_fraction": grad_digest / step,
+    }
 
 
 def _free_port() -> int:
@@ -264,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grad-flips", type=int, default=10)
     p.add_argument("--clean-steps", type=int, default=10_000)
     p.add_argument("--overhead-steps", type=int, default=60)
+    p.add_argument("--recompute-checks", type=int, default=50,
+                   help="clean steps also replayed by the recompute check (its false positives)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.ranks < 3:
@@ -274,11 +394,19 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [t.numel() for _, t in model.named_parameters()]
     steps = args.clean_steps + args.flips + args.grad_flips
     flips = plan_flips(random.Random(args.seed), steps, world, sizes, args.flips, args.grad_flips)
-    detection = score(run(world, SMALL, steps, flips, time_digests=False), flips, world)
-    cost = overhead(run(world, EXAMPLE, args.overhead_steps, [], time_digests=True))
+    flip_steps = {f.step for f in flips}
+    clean = random.Random(args.seed + 1).sample([s for s in range(2, steps + 1) if s not in flip_steps],
+                                                min(args.recompute_checks, steps - len(flip_steps) - 1))
+    keep = frozenset({f.step for f in flips if f.target == "grad"} | set(clean))
+    results, before = run(world, SMALL, steps, flips, time_digests=False, keep_before=keep)
+    detection = score(results, flips, world)
+    checks = score_recompute(results, before, flips, world, SMALL)
+    cost = overhead(run(world, EXAMPLE, args.overhead_steps, [], time_digests=True)[0])
     result = {
         **detection,
+        **checks,
         **cost,
+        **recompute_cost(world, args.overhead_steps),
         **cuda_overhead(args.overhead_steps),
         "ranks": world,
         "detection_model_params": sum(sizes),

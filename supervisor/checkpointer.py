@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 from supervisor import logs
 from supervisor.config import CheckpointSettings
+from supervisor.core import checkpoints
 from supervisor.core.events import CheckpointAborted, CheckpointCommitted, Record
 from supervisor.core.inputs import CheckpointCommitResult, Input
 from supervisor.core.state import ClusterState, PendingCheckpoint
@@ -44,7 +45,8 @@ class Checkpointer:
                 self._committing.discard(event.checkpoint_id)
                 self._spawn(self._gc(event.checkpoint_id))
         pending = state.pending_checkpoint
-        if pending is not None and pending.is_complete and pending.checkpoint_id not in self._committing:
+        if (pending is not None and pending.is_complete and pending.checkpoint_id not in self._committing
+                and not checkpoints.is_commit_held(state)):  # an SDC check of its step may still fail it
             self._committing.add(pending.checkpoint_id)
             self._spawn(self._commit(pending))
 

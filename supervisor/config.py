@@ -21,6 +21,7 @@ from supervisor import tls
 from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
 from supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
 from supervisor.core.policies.interval import IntervalConfig
+from supervisor.core.policies.recompute import RecomputeConfig
 from supervisor.metrics import ThroughputConfig
 from supervisor.metrics_http import split_listen
 from supervisor.server.authz import AuthzConfigError, load_token
@@ -224,6 +225,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-endpoint", default="",
                    help="S3 endpoint URL (MinIO, SeaweedFS, ...); empty: AWS. Credentials: the AWS_* environment")
     p.add_argument("--checkpoint-region", default="", help="S3 region; empty: boto3's default")
+    p.add_argument("--sdc-recompute-every-steps", type=int, default=0,
+                   help="SDC recompute check: replay one step every N steps on another node (0: only on split votes)")
+    p.add_argument("--sdc-recompute-timeout-s", type=float, default=300.0,
+                   help="a recompute check without an answer this long is inconclusive (commits resume)")
+    p.add_argument("--sdc-recompute-on-split", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute a step whose digest vote split without a majority")
+    p.add_argument("--sdc-full-replay-max-world", type=int, default=16,
+                   help="replay every rank of a checked step (and its update) up to this world size")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -261,6 +270,10 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             detector=detector,
             allowed_nodes=frozenset(n for n in args.allowed_nodes.split(",") if n),
             spare_grace_s=args.spare_grace_s,
+            recompute=RecomputeConfig(every_steps=args.sdc_recompute_every_steps,
+                                      timeout_s=args.sdc_recompute_timeout_s,
+                                      full_replay_max_world=args.sdc_full_replay_max_world,
+                                      is_on_split=args.sdc_recompute_on_split),
         )
         if not 0 <= args.spare_grace_s <= 3600:
             raise ValueError(f"--spare-grace-s must be within [0, 3600], got {args.spare_grace_s}")

@@ -14,7 +14,9 @@ so all replicas and all restarts agree bit for bit. Cost: all-gather moves world
 bucket instead of ~2x; acceptable for the data-parallel sizes this example runs.
 
 The hook also records when the last bucket became ready: the end of this rank's own compute
-in the step, before it waits on the synchronisation (what the straggler detector needs).
+in the step, before it waits on the synchronisation (what the straggler detector needs), and
+hands the rank's local gradients to a `GradDigester` before they are communicated: the digest an
+SDC recompute on another node is compared with (docs/sdc.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.digest import GradDigester
+
 
 class DeterministicGradSync:
     """A DDP comm hook: layout-independent gradient averaging plus a ready-time stamp.
@@ -35,19 +39,22 @@ class DeterministicGradSync:
     """
 
     def __init__(
-        self, group: dist.ProcessGroup | None = None, layout_independent: bool = True
+        self, group: dist.ProcessGroup | None = None, layout_independent: bool = True,
+        grad_digester: GradDigester | None = None,
     ) -> None:
         self._group = group
         self._layout_independent = layout_independent
+        self.grad_digester = grad_digester  # takes each bucket's local gradients before the sync
         self._gather: dict[int, list[torch.Tensor]] = {}  # reused receive buffers per bucket
         self.last_ready_s: float | None = None  # time.monotonic() of the latest bucket ready
 
     @classmethod
     def attach(
-        cls, ddp: DistributedDataParallel, layout_independent: bool = True
+        cls, ddp: DistributedDataParallel, layout_independent: bool = True,
+        grad_digester: GradDigester | None = None,
     ) -> DeterministicGradSync:
         """Register a new hook on `ddp` (before its first forward) and return it."""
-        hook = cls(ddp.process_group, layout_independent)
+        hook = cls(ddp.process_group, layout_independent, grad_digester)
         ddp.register_comm_hook(None, hook.hook)
         return hook
 
@@ -60,6 +67,8 @@ class DeterministicGradSync:
     def hook(self, state, bucket):  # noqa: ANN001, ANN201
         """The comm hook: average `bucket` across ranks, independent of its layout."""
         self.last_ready_s = time.monotonic()
+        if self.grad_digester is not None:
+            self.grad_digester.take_bucket(bucket)  # this rank's own gradients, not yet averaged
         if not self._layout_independent:
             return allreduce_hook(self._group, bucket)
         buffer = bucket.buffer()

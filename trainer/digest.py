@@ -183,3 +183,49 @@ def _signed(value: int) -> int:
 
 def _signed_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor([_signed(v) for v in values], dtype=torch.int64, device=device)
+
+
+class GradDigester:
+    """The digest of a model's local gradients, per parameter, in the model's parameter order.
+
+    The gradient-sync hook copies each bucket's gradients here *before* the all-reduce
+    (`take_bucket`): the rank's own gradients, which every replica then averages, so a corrupt
+    one cannot be seen in any parameter digest. A recompute on another node fills it from `.grad`
+    after a plain backward (`take_grads`). Same names, shapes and bits give the same digest, so
+    the two are comparable bit for bit, whatever DDP's bucket layout (it changes after the first
+    step). A parameter without a gradient in a step counts as zeros.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._by_param = {id(p): n for n, p in named}
+        self._buffers = {n: torch.zeros(p.shape, dtype=p.dtype, device=p.device) for n, p in named}
+        self._filled: set[str] = set()
+        self._digest = Digester(self._buffers.items())
+
+    def take(self, param: torch.Tensor, grad: torch.Tensor) -> None:
+        name = self._by_param.get(id(param))
+        if name is not None:
+            buffer = self._buffers[name]
+            with torch.no_grad():
+                buffer.copy_(grad.detach().reshape(buffer.shape))
+            self._filled.add(name)
+
+    def take_bucket(self, bucket: object) -> None:
+        """From a DDP GradBucket, in a comm hook before any communication."""
+        for param, grad in zip(bucket.parameters(), bucket.gradients()):  # type: ignore[attr-defined]
+            self.take(param, grad)
+
+    def take_grads(self, module: torch.nn.Module) -> None:
+        """From `.grad` of every parameter of `module` (the same module the digester was built on)."""
+        for param in module.parameters():
+            if param.grad is not None:
+                self.take(param, param.grad)
+
+    def __call__(self) -> str:
+        """The digest of the gradients taken since the last call; then starts over."""
+        with torch.no_grad():
+            for name in self._buffers.keys() - self._filled:
+                self._buffers[name].zero_()
+        self._filled.clear()
+        return self._digest()

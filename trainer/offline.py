@@ -4,31 +4,47 @@ Owns nothing but the `AgentClient` surface `Session` uses: step reports and snap
 nothing is ever restored. Launched like torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), an
 example run with `--offline` trains the same bits as under the supervisor, so a fault-injection
 test can compare a recovered run's final digest with an uninterrupted one in a single cluster run.
+With FTSUP_OFFLINE_DIR set, it keeps what an agent would have received in that directory (each
+snapshot's payload and SHA-256, every step report as a JSON line): the material a replay test
+compares an SDC recompute with.
 """
 
 from __future__ import annotations
 
+import json
+import pathlib
 from collections.abc import Mapping
+
+from google.protobuf import json_format
 
 from ftsup.v1 import agent_pb2, peer_pb2
 from trainer.session import LaunchEnv, Session
+
+KEEP_DIR_ENV = "FTSUP_OFFLINE_DIR"
 
 
 class OfflineClient:
     address = "offline"
 
-    def __init__(self) -> None:
+    def __init__(self, keep_dir: pathlib.Path | None = None) -> None:
         self.steps: list[agent_pb2.StepReport] = []  # kept so an in-process caller can read digests
         self.finished: agent_pb2.RankFinished | None = None
+        self._keep_dir = keep_dir
 
     def get_restore(self, rank: int, generation: int) -> peer_pb2.GetRestoreResponse:
         return peer_pb2.GetRestoreResponse()
 
     def report_step(self, report: agent_pb2.StepReport) -> None:
         self.steps.append(report)
+        if self._keep_dir is not None:
+            with open(self._keep_dir / f"rank-{report.rank}.steps.jsonl", "a") as out:
+                out.write(json.dumps(json_format.MessageToDict(report, preserving_proto_field_name=True)) + "\n")
 
     def put_snapshot(self, blob: peer_pb2.SnapshotBlob) -> None:
-        return None
+        if self._keep_dir is not None:
+            stem = f"rank-{blob.rank}.step-{blob.step}"
+            (self._keep_dir / f"{stem}.snap").write_bytes(blob.payload)
+            (self._keep_dir / f"{stem}.sha256").write_text(blob.sha256)
 
     def report_finished(self, finished: agent_pb2.RankFinished) -> None:
         self.finished = finished
@@ -42,4 +58,6 @@ def offline_session(environ: Mapping[str, str]) -> Session:
     env = {"LOCAL_RANK": environ.get("RANK", "0"), "LOCAL_WORLD_SIZE": environ.get("WORLD_SIZE", "1"),
            "FTSUP_GENERATION": "1", "FTSUP_NODE_ID": "offline", "FTSUP_AGENT_ADDRESS": "offline", **environ}
     env["FTSUP_RESTORE_STEP"] = ""
-    return Session(LaunchEnv.from_mapping(env), client=OfflineClient())  # type: ignore[arg-type]
+    keep = environ.get(KEEP_DIR_ENV, "")
+    client = OfflineClient(pathlib.Path(keep) if keep else None)
+    return Session(LaunchEnv.from_mapping(env), client=client)  # type: ignore[arg-type]

@@ -292,11 +292,14 @@ class Session:
         param_digest: str,
         grad_norm: float | None = None,
         tokens: int = 0,
+        local_grad_digest: str = "",
     ) -> None:
         """Queue a StepReport for the agent; returns without waiting for the send.
 
         `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
-        (gradient norm, tokens/s, MFU); leave them out when unknown.
+        (gradient norm, tokens/s, MFU); leave them out when unknown. `local_grad_digest` (a
+        `trainer.digest.GradDigester` of this rank's gradients before the all-reduce) lets the
+        supervisor's SDC recompute check replay this step elsewhere and compare.
         Raises ValueError for a negative step, a negative/non-finite time, a negative norm or
         token count (the loss and the norm are reported as given, NaN included), and
         AgentLinkError if an earlier send failed.
@@ -319,6 +322,7 @@ class Session:
             param_digest=str(param_digest),
             grad_norm=None if grad_norm is None else float(grad_norm),
             tokens=int(tokens),
+            local_grad_digest=str(local_grad_digest),
         )
         self._raise_report_errors()
         if len(self._pending_reports) >= MAX_PENDING_REPORTS:

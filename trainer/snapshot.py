@@ -130,6 +130,11 @@ def apply_state(
     return RestoredState(step=state["step"], data_cursor=state["data_cursor"], extra=state["extra"])
 
 
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the process RNGs to those of a decoded snapshot `state` (again, e.g. per replayed rank)."""
+    _set_rng_state(state["rng"])
+
+
 def _rng_state() -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
     return {

@@ -22,6 +22,7 @@ from supervisor.core.inputs import (
     Heartbeat,
     Input,
     RankFinished,
+    SdcCheckResult,
     SnapshotReport,
     StepReport,
     StreamClosed,
@@ -75,6 +76,8 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return _check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
         case CheckpointCommitResult():
             return None  # the shell's own result
+        case SdcCheckResult():
+            return _check_sender(state, soft, inp.node_id) or _check_sdc_result(state, inp)
     return f"unsupported input {type(inp).__name__}"
 
 
@@ -217,6 +220,33 @@ def _check_restart(state: ClusterState, request: OperatorRequest) -> str | None:
     return None
 
 
+MAX_DIGEST = 128  # characters of a hex digest; far above the 32 of trainer.digest
+
+
+def _check_sdc_result(state: ClusterState, result: SdcCheckResult) -> str | None:
+    """Only the check's verifier answers it, once, for the ranks it was asked to replay."""
+    check = next((c for c in state.sdc_checks if c.check_id == result.check_id), None)
+    if check is None:
+        return f"SDC check {result.check_id!r} is not open (finished, timed out, or never started)"
+    if result.node_id != check.verifier_node_id:
+        return f"SDC check {result.check_id!r} was given to {check.verifier_node_id!r}, not {result.node_id!r}"
+    if (result.step, result.rank) != (check.step, check.rank):
+        return (f"SDC check {result.check_id!r} replays rank {check.rank} step {check.step},"
+                f" not rank {result.rank} step {result.step}")
+    asked = {d.rank for d in check.reported}
+    ranks = [d.rank for d in result.recomputed]
+    if len(set(ranks)) != len(ranks) or not set(ranks) <= asked:
+        return f"SDC check {result.check_id!r} asked for ranks {sorted(asked)}, got {ranks}"
+    for d in result.recomputed:
+        if len(d.grad_digest) > MAX_DIGEST or len(d.param_digest) > MAX_DIGEST or d.node_id != result.node_id:
+            return f"SDC check {result.check_id!r}: rank {d.rank}'s digests are malformed or not the verifier's own"
+    if len(result.error) > MAX_TEXT:
+        return f"SDC check error of {len(result.error)} characters is longer than {MAX_TEXT}"
+    if not result.error and not ranks:
+        return f"SDC check {result.check_id!r}: an answer needs digests or an error"
+    return None
+
+
 def _check_step_report(state: ClusterState, report: StepReport) -> str | None:
     for name in ("step_time_s", "compute_time_s"):
         value = getattr(report, name)
@@ -228,4 +258,6 @@ def _check_step_report(state: ClusterState, report: StepReport) -> str | None:
         return f"grad_norm={report.grad_norm!r} is negative: a norm cannot be"
     if not 0 <= report.tokens <= MAX_TOKENS_PER_STEP:
         return f"tokens={report.tokens} is outside [0, {MAX_TOKENS_PER_STEP}]"
+    if len(report.local_grad_digest) > MAX_DIGEST:
+        return f"local_grad_digest of {len(report.local_grad_digest)} characters is longer than {MAX_DIGEST}"
     return _check_rank(state, report.node_id, report.generation, report.rank)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from supervisor.core import frozen
+from supervisor.core import frozen, sdc_checks
 from supervisor.core.config import CoreConfig
 from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import (
@@ -149,6 +149,13 @@ def on_step_report(state: ClusterState, report: StepReport, location: str, every
     return [CheckpointStarted(checkpoint_id, generation.number, report.step, generation.world_size, location)]
 
 
+def is_commit_held(state: ClusterState) -> bool:
+    """The shell must not commit the complete attempt yet: a recompute check of its step or an
+    earlier one is open (issue 7: checkpoints only from steps whose digests agreed)."""
+    pending = state.pending_checkpoint
+    return pending is not None and sdc_checks.is_held(state, pending.step)
+
+
 def on_shard_report(state: ClusterState, report: CheckpointShardReport) -> list[Event]:
     """A written shard counts once; a failed one aborts the attempt; others' shards are ignored."""
     pending = state.pending_checkpoint
@@ -169,6 +176,10 @@ def on_commit_result(state: ClusterState, result: CheckpointCommitResult) -> lis
         return [CheckpointAborted(pending.checkpoint_id, f"commit failed: {result.error}")]
     if _is_tainted(state, pending.step):
         return [CheckpointAborted(pending.checkpoint_id, f"step {pending.step} is SDC-tainted")]
+    if sdc_checks.is_held(state, pending.step):
+        # The shell holds commits back while a check is open (is_commit_held); this result was
+        # already under way when the check opened.
+        return [CheckpointAborted(pending.checkpoint_id, f"step {pending.step} awaits an SDC recompute check")]
     if state.checkpoint is not None and pending.step <= state.checkpoint.step:
         return [CheckpointAborted(pending.checkpoint_id, f"not newer than step {state.checkpoint.step}")]
     return [CheckpointCommitted(pending.checkpoint_id, pending.step, result.manifest_key)]
@@ -176,7 +187,11 @@ def on_commit_result(state: ClusterState, result: CheckpointCommitResult) -> lis
 
 def abandoned(state: ClusterState) -> list[Event]:
     """An incomplete attempt (or a request) of a generation no longer in force can never
-    complete: abort it. (A complete one is left to its commit, which needs no trainer.)"""
+    complete: abort it. (A complete one is left to its commit, which needs no trainer.) A
+    tainted one never commits."""
+    pending = state.pending_checkpoint
+    if pending is not None and _is_tainted(state, pending.step):
+        return [CheckpointAborted(pending.checkpoint_id, f"step {pending.step} is SDC-tainted")]
     generation = state.generation
     number = generation.number if generation is not None else None
     events: list[Event] = []

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from supervisor.core.policies.interval import IntervalConfig
+from supervisor.core.policies.recompute import RecomputeConfig
 from supervisor.core.policies.sdc import SdcConfig
 from supervisor.core.policies.straggler import StragglerConfig
 from supervisor.core.policies.xid import XidPolicyConfig
@@ -129,6 +130,7 @@ class CoreConfig:
     xid: XidPolicyConfig = XidPolicyConfig()
     straggler: StragglerConfig = StragglerConfig()
     sdc: SdcConfig = SdcConfig()
+    recompute: RecomputeConfig = RecomputeConfig()  # SDC recompute checks (policies/recompute.py)
     # A confirmed straggler is swapped for a free spare; with no spare it is only reported (a
     # slow node beats a smaller world). False: always only report.
     is_straggler_swap_enabled: bool = True

@@ -44,6 +44,7 @@ from supervisor.core.inputs import (
     Input,
     LeadershipAcquired,
     RankFinished,
+    SdcCheckResult,
     SnapshotReport,
     StepReport,
     StreamClosed,
@@ -51,7 +52,7 @@ from supervisor.core.inputs import (
     TrainerExit,
 )
 from supervisor.core import soft as soft_state
-from supervisor.core import checkpoints
+from supervisor.core import checkpoints, sdc_checks, taint
 from supervisor.core.policies import failure, planner
 from supervisor.core.policies import sdc as sdc_policy
 from supervisor.core.policies import xid as xid_policy
@@ -95,6 +96,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = checkpoints.on_shard_report(state, inp)
         case CheckpointCommitResult():
             events = checkpoints.on_commit_result(state, inp)
+        case SdcCheckResult():
+            events = _on_sdc_check_result(state, soft, inp)
         case Heartbeat() | StreamClosed():
             events = []  # liveness changes from these are judged on the next Tick
         case _:
@@ -185,7 +188,9 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, of
     if vote is None or generation is None or progress is None or progress.generation != generation.number:
         return []
     if vote.is_clear:
-        return _commit_if_held(state, soft, vote.step)
+        # A scheduled recompute of the step opens first: it holds the step's commit back.
+        checks = sdc_checks.on_vote(state, soft, config, seq=state.applied_seq + offset + 1)
+        return checks + _commit_if_held(evolve_all(state, checks), soft, vote.step)
     events: list[Event] = []
     first_seq: dict[str, int] = {}
     for dissent in (*vote.minorities, *vote.split):
@@ -197,6 +202,10 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, of
         if sdc_policy.is_convicting(dissent, config.sdc):
             first_seq.setdefault(node_id, state.applied_seq + offset + len(events))
     if not first_seq:
+        # A split: a recompute of the step (on a node outside the job when one is free) can name
+        # the side that computed wrongly; the job restarts meanwhile, nobody is quarantined yet.
+        events += sdc_checks.on_vote(evolve_all(state, events), soft, config,
+                                     seq=state.applied_seq + offset + len(events) + 1)
         detail = f"SDC: {vote.reason}; no majority names a culprit, restarting from the last agreed step"
         return events + _end_if_member_any(state, soft, EndReason.SDC, detail)
     culprits = sorted(first_seq)
@@ -204,6 +213,46 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, of
     events += _end_if_member(state, soft, culprits[0], EndReason.NODE_QUARANTINED, reason)
     events += [NodeQuarantined(n, reason, first_seq[n]) for n in culprits if not state.nodes[n].is_quarantined]
     return events
+
+
+def _on_sdc_check_result(state: ClusterState, soft: SoftState, result: SdcCheckResult) -> list[Event]:
+    """A verifier answered: the check finishes (maybe a second opinion starts); a confirmed
+    mismatch quarantines the culprit's node with the finished record as evidence, and a verdict
+    that taints the step ends its generation so the job restores from before it. A clean step
+    (also one whose first verifier is convicted) commits what the check held back first."""
+    verdict = sdc_checks.on_result(state, soft, result, seq=state.applied_seq + 1)
+    events = list(verdict.events)
+    folded = evolve_all(state, events)
+    is_tainted = folded.sdc_tainted_from_step is not None and folded.generation is not None
+    if not is_tainted:
+        resumed = _after_checks_closed(folded, soft)
+        events += resumed
+        folded = evolve_all(folded, resumed)
+    for node_id in verdict.convicted:
+        ended = _end_if_member(folded, soft, node_id, EndReason.NODE_QUARANTINED, verdict.reason)
+        quarantined = [] if folded.nodes[node_id].is_quarantined else [
+            NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq)]
+        events += ended + quarantined
+        folded = evolve_all(folded, ended + quarantined)
+    if is_tainted and folded.generation is not None:
+        # Tainted while training on: the generation holds corrupt state whoever computed it.
+        events += _end_if_member_any(folded, soft, EndReason.SDC, verdict.reason or "SDC: tainted by a recompute")
+    return events
+
+
+def _after_checks_closed(state: ClusterState, soft: SoftState) -> list[Event]:
+    """Checks closed: the newest step no longer held back commits, and a job whose ranks all
+    finished completes once no check is open."""
+    progress = soft.progress
+    generation = state.generation
+    if generation is None or progress is None or progress.generation != generation.number:
+        return []
+    events: list[Event] = []
+    for step in sorted(progress.holdings, reverse=True):
+        events = _commit_if_held(state, soft, step)
+        if events:
+            break
+    return events + _complete_if_finished(evolve_all(state, events), soft)
 
 
 def _end_if_member_any(state: ClusterState, soft: SoftState, reason: EndReason, detail: str) -> list[Event]:
@@ -263,6 +312,8 @@ def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Eve
         return []
     if not soft_state.is_committable(progress, step):
         return []
+    if sdc_checks.is_held(state, step) or taint.is_tainted(state, step):
+        return []  # an open recompute check may still prove it corrupt, or one did
     if not soft_state.is_held_twice(progress.holdings.get(step, {}), generation.members):
         return []
     committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=step)]
@@ -363,11 +414,17 @@ def _end_if_member(state: ClusterState, soft: SoftState, node_id: str, reason: E
 
 
 def _on_rank_finished(state: ClusterState, soft: SoftState, report: RankFinished) -> list[Event]:
+    return _complete_if_finished(state, soft)
+
+
+def _complete_if_finished(state: ClusterState, soft: SoftState) -> list[Event]:
+    """Every rank finished: the job completes, unless a recompute check may still prove one of
+    its steps corrupt (then it completes when the last check closes clean)."""
     generation = state.generation
     progress = soft.progress
     if generation is None or progress is None or progress.generation != generation.number:
         return []
-    if len(progress.finished) < generation.world_size:
+    if len(progress.finished) < generation.world_size or state.sdc_checks:
         return []
     digests = sorted(set(progress.finished.values()))
     detail = "every rank finished" if len(digests) == 1 else f"ranks disagree on the final digest: {digests}"
@@ -396,7 +453,12 @@ def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -
 
 
 def _on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:
-    events: list[Event] = []
+    events: list[Event] = sdc_checks.on_tick(state, soft, now, config)
+    if events:
+        state = evolve_all(state, events)
+        resumed = _after_checks_closed(state, soft)
+        events += resumed
+        state = evolve_all(state, resumed)
     for verdict in failure.judge(state, soft, config.detector, now):
         if verdict.liveness is Liveness.SUSPECT:
             new: list[Event] = [NodeSuspected(verdict.node_id, verdict.reason, verdict.silent_for_s)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from supervisor.core.config import JobSpec
 from supervisor.core.events import RankRestore, RestoreKind
@@ -35,6 +35,27 @@ class RestoreFrom:
 
 
 @dataclass(frozen=True, slots=True)
+class SdcSnapshotSource:
+    node_id: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class SdcCheckOrder:
+    """A recompute this node runs as a check's verifier (proto SdcCheckOrder)."""
+
+    check_id: str
+    generation: int
+    step: int
+    rank: int
+    world_size: int
+    replay_ranks: tuple[int, ...]
+    sources: tuple[SdcSnapshotSource, ...]
+    argv: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Directive:
     generation: int
     action: Action
@@ -51,6 +72,7 @@ class Directive:
     retain_from_step: int = 0
     reason: str = ""
     checkpoint_steps: tuple[int, ...] = ()
+    sdc_checks: tuple[SdcCheckOrder, ...] = ()
 
 
 def project_directives(state: ClusterState, job: JobSpec, waiting_reason: str) -> Mapping[str, Directive]:
@@ -73,13 +95,29 @@ def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reaso
                   restores_by_rank: Mapping[int, list[RankRestore]] | None = None) -> Directive:
     generation = state.generation
     retain = state.snapshot.step if state.snapshot is not None else 0
+    checks = _sdc_orders(state, job, node_id) if state.sdc_checks else ()
     if generation is not None:
         member = generation.member(node_id)
         if member is not None:
-            return _run(state, job, generation, node_id, retain, restores_by_rank)
+            run = _run(state, job, generation, node_id, retain, restores_by_rank)
+            return replace(run, sdc_checks=checks) if checks else run
     number = generation.number if generation else state.last_generation
     return Directive(generation=number, action=Action.STANDBY, retain_from_step=retain,
-                     reason=_standby_reason(state, node_id, waiting_reason))
+                     reason=_standby_reason(state, node_id, waiting_reason), sdc_checks=checks)
+
+
+def _sdc_orders(state: ClusterState, job: JobSpec, node_id: str) -> tuple[SdcCheckOrder, ...]:
+    """The open recompute checks this node verifies; the snapshot's holders with their addresses."""
+    return tuple(
+        SdcCheckOrder(
+            check_id=c.check_id, generation=c.generation, step=c.step, rank=c.rank, world_size=c.world_size,
+            replay_ranks=tuple(d.rank for d in c.reported),
+            sources=tuple(SdcSnapshotSource(h, _address(state, h)) for h in c.snapshot_holders if state.node(h)),
+            argv=job.argv, env=tuple(EnvVar(k, v) for k, v in job.env),
+        )
+        for c in state.sdc_checks
+        if c.verifier_node_id == node_id
+    )
 
 
 def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str, retain: int,

@@ -229,12 +229,32 @@ class CheckpointAborted:
 
 
 @dataclass(frozen=True, slots=True)
+class SdcRankDigests:
+    """One rank's digests at one step, as `node_id` computed them (the rank's node or a verifier)."""
+
+    rank: int
+    node_id: str
+    grad_digest: str  # the rank's local gradients before the all-reduce
+    param_digest: str = ""  # the parameters after the step; "" = not (re)computed
+
+
+@dataclass(frozen=True, slots=True)
 class SdcCheckStarted:
+    """A recompute check: the verifier replays `step` of the ranks in `reported` from rank `rank`'s
+    snapshot of step - 1; a confirmation (`confirms_check_id`) is a third node's second opinion."""
+
     check_id: str
     step: int
     rank: int
     suspect_node_id: str
     verifier_node_id: str
+    generation: int = 0
+    reason: str = ""
+    confirms_check_id: str = ""
+    reported: tuple[SdcRankDigests, ...] = ()
+    first_recompute: tuple[SdcRankDigests, ...] = ()
+    snapshot_holders: tuple[str, ...] = ()
+    world_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +263,10 @@ class SdcCheckFinished:
     verdict: SdcVerdict
     reported_digest: str
     recomputed_digest: str
+    recomputed: tuple[SdcRankDigests, ...] = ()
+    culprit_node_ids: tuple[str, ...] = ()  # quarantined right after this record
+    detail: str = ""
+    tainted_from_step: int | None = None  # set: this verdict taints steps from here on
 
 
 @dataclass(frozen=True, slots=True)

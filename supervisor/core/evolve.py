@@ -36,7 +36,7 @@ from supervisor.core.state import (
     NodeRecord,
     node_index,
 )
-from supervisor.core import checkpoints, frozen, taint
+from supervisor.core import checkpoints, frozen, sdc_checks, taint
 from supervisor.core.errors import InvalidEvent
 from supervisor.core.events import (
     CheckpointAborted,
@@ -92,16 +92,11 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
               | CheckpointAborted()):
             if isinstance(event, (CheckpointStarted, CheckpointCommitted)):
                 taint.require_untainted(state, event.step, f"checkpoint {event.checkpoint_id!r}")
+            if isinstance(event, CheckpointCommitted):
+                sdc_checks.require_unheld(state, event.step, f"checkpoint {event.checkpoint_id!r}")
             return checkpoints.evolve_checkpoint(state, event)
-        case SdcCheckStarted():
-            if event.check_id in state.open_sdc_checks:
-                raise InvalidEvent(f"SDC check {event.check_id!r} is already open")
-            return frozen.replace(state, open_sdc_checks=(*state.open_sdc_checks, event.check_id))
-        case SdcCheckFinished():
-            if event.check_id not in state.open_sdc_checks:
-                raise InvalidEvent(f"SDC check {event.check_id!r} is not open")
-            remaining = tuple(c for c in state.open_sdc_checks if c != event.check_id)
-            return frozen.replace(state, open_sdc_checks=remaining)
+        case SdcCheckStarted() | SdcCheckFinished():
+            return sdc_checks.evolve_check(state, event)  # a convicting verdict taints its step
         case SdcSuspected():
             _require_node(state, event.node_id)
             return taint.on_suspected(state, event)  # the verdict that acts is NodeQuarantined
@@ -337,6 +332,7 @@ def _on_generation_ended(state: ClusterState, event: GenerationEnded) -> Cluster
 def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> ClusterState:
     generation = _require_current(state, event.generation, "SnapshotCommitted")
     taint.require_untainted(state, event.step, "SnapshotCommitted")
+    sdc_checks.require_unheld(state, event.step, "SnapshotCommitted")
     if state.snapshot is not None and event.step <= state.snapshot.step:
         raise InvalidEvent(
             f"snapshot step {event.step} is not newer than committed step {state.snapshot.step}"
@@ -350,5 +346,7 @@ def _on_job_completed(state: ClusterState, event: JobCompleted) -> ClusterState:
         raise InvalidEvent("the job has already completed")
     if state.generation is not None:
         raise InvalidEvent("JobCompleted must follow the end of the last generation")
+    if state.sdc_checks:
+        raise InvalidEvent(f"JobCompleted while SDC recompute check(s) {[c.check_id for c in state.sdc_checks]} are open")
     completion = Completion(event.generation, event.step, event.param_digest)
     return frozen.replace(state, completion=completion)

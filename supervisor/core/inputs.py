@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.core.events import NodeRole
+from supervisor.core.events import NodeRole, SdcRankDigests
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,7 @@ class StepReport:
     param_digest: str
     grad_norm: float = float("nan")  # NaN: not reported
     tokens: int = 0  # this rank's tokens in the step; 0: not reported
+    local_grad_digest: str = ""  # its local gradients before the all-reduce; "": not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,19 @@ class CheckpointCommitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SdcCheckResult:
+    """A verifier's answer to an SDC recompute check: its digests per replayed rank, or an error."""
+
+    node_id: str
+    check_id: str
+    step: int
+    rank: int
+    recomputed: tuple[SdcRankDigests, ...]
+    error: str = ""
+    replay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed; lets the detectors and the planner act without a message.
 
@@ -168,4 +182,5 @@ Input = (
     | LeadershipAcquired
     | CheckpointShardReport
     | CheckpointCommitResult
+    | SdcCheckResult
 )

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from itertools import chain, repeat
 from operator import attrgetter, contains
 
+from supervisor.core.events import SdcRankDigests
 from supervisor.core.inputs import (
     AgentHello,
     OperatorRequest,
@@ -48,6 +49,9 @@ def observe(
     if soft.progress is not None:
         soft.progress.new_straggler_verdicts = []
         soft.progress.new_sdc_vote = None
+        soft.progress.new_vote_reports = ()
+    if soft.sdc_check_seen_s or state.sdc_checks:
+        _see_sdc_checks(soft, state, now)
     if soft.pending_drains:
         soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
     if not isinstance(inp, Heartbeat):  # the hot path decides nothing about checkpoints
@@ -126,18 +130,28 @@ def _score_compute_time(
 
 
 def _vote_digests(progress: GenerationProgress, state: ClusterState, report: StepReport, config: SdcConfig) -> None:
-    """Once every rank reported a step, its digests are voted on (policies/sdc.py)."""
-    assert state.generation is not None
+    """Once every rank reported a step, its digests are voted on (policies/sdc.py); what every
+    rank reported is kept with the vote for a recompute check of the step."""
+    generation = state.generation
+    assert generation is not None
     digests = progress.digests.setdefault(report.step, {})
     digests[report.rank] = report.param_digest
-    world = state.generation.world_size
+    grads = progress.grad_digests.setdefault(report.step, {})
+    grads[report.rank] = report.local_grad_digest
+    world = generation.world_size
     if len(digests) < world:
         for stale in sorted(progress.digests)[:-MAX_OPEN_STEPS]:
             del progress.digests[stale]
+            progress.grad_digests.pop(stale, None)
         return
     del progress.digests[report.step]
+    progress.grad_digests.pop(report.step, None)
     vote = sdc_policy.vote_step(report.step, digests, world, config)
     progress.new_sdc_vote = vote
+    progress.new_vote_reports = tuple(
+        SdcRankDigests(rank, generation.node_of_rank(rank) or "", grads.get(rank, ""), digest)
+        for rank, digest in sorted(digests.items())
+    )
     if vote.is_clear:
         progress.sdc_clear_steps.add(report.step)
         for old in sorted(progress.sdc_clear_steps)[:-MAX_CLEAR_STEPS]:
@@ -200,12 +214,23 @@ def forget_committed(soft: SoftState, up_to_step: int) -> None:
         soft.progress.sdc_clear_steps = {s for s in soft.progress.sdc_clear_steps if s > up_to_step}
 
 
+def _see_sdc_checks(soft: SoftState, state: ClusterState, now: float) -> None:
+    """Open checks' answers are due a timeout after this supervisor first saw them open."""
+    open_ids = {c.check_id for c in state.sdc_checks}
+    for check_id in [c for c in soft.sdc_check_seen_s if c not in open_ids]:
+        del soft.sdc_check_seen_s[check_id]
+    for check_id in open_ids:
+        soft.sdc_check_seen_s.setdefault(check_id, now)
+
+
 def _forgive_stall(soft: SoftState, stalled_s: float) -> None:
     """Moves every node's clocks forward by our own stall: silence we could not hear is not theirs."""
     for node in soft.nodes.values():
         node.last_heard_s += stalled_s
         if node.disconnected_at_s is not None:
             node.disconnected_at_s += stalled_s
+    for check_id in soft.sdc_check_seen_s:
+        soft.sdc_check_seen_s[check_id] += stalled_s
 
 
 def _heard(soft: SoftState, node_id: str, now: float) -> None:

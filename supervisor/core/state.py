@@ -16,7 +16,7 @@ from itertools import chain, repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore
+from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
 from supervisor.core.policies.interval import IntervalObservations
 from supervisor.core.policies.sdc import StepVote
 from supervisor.core.policies.straggler import StragglerState, StragglerVerdict
@@ -199,16 +199,19 @@ class ClusterState:
     applied_seq: int = 0  # the seq of the last record folded in
     checkpoint: CommittedCheckpoint | None = None  # the newest committed object-store checkpoint
     pending_checkpoint: PendingCheckpoint | None = None
-    open_sdc_checks: tuple[str, ...] = ()
     registrations: int = 0  # NodeRegistered events folded so far
-    # First step whose replicas disagreed (SdcSuspected), until a generation restores from before
-    # it: no snapshot or checkpoint from this step on may be committed or restored.
+    # First step whose replicas disagreed (SdcSuspected) or a confirmed recompute convicted, until
+    # a generation restores from before it: no snapshot or checkpoint from this step on may be
+    # committed or restored.
     sdc_tainted_from_step: int | None = None
     requested_checkpoint: RequestedCheckpoint | None = None
     # The newest attempt started (committed, aborted or in flight): never started twice, so a
     # late rank's report of an aborted attempt's step cannot restart it without the shards the
     # first attempt already consumed.
     last_checkpoint_attempt: str = ""
+    # The open SDC recompute checks (oldest first). While one is open on step S, no step >= S is
+    # committed (snapshot, checkpoint, job completion): a recompute may still prove S corrupt.
+    sdc_checks: tuple[SdcCheckStarted, ...] = ()
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)
@@ -244,6 +247,10 @@ class GenerationProgress:
     sdc_clear_steps: set[int] = field(default_factory=set)  # voted and agreed: committable
     sdc_diverged_step: int | None = None  # the first step whose vote disagreed
     new_sdc_vote: StepVote | None = None  # the vote completed by the input being observed now
+    # step -> rank -> the rank's local-gradient digest, until the step is voted on
+    grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
+    # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
+    new_vote_reports: tuple[SdcRankDigests, ...] = ()
 
 
 @dataclass(slots=True)
@@ -266,3 +273,6 @@ class SoftState:
     # Young/Daly inputs from the log (costs, failures), record times shifted to the monotonic
     # clock by the runtime as it applies records; the core only reads them.
     interval_obs: IntervalObservations = field(default_factory=IntervalObservations)
+    # open SDC check id -> when this supervisor first saw it open: its answer is due within the
+    # recompute timeout from then (a new leader gives every open check a full timeout)
+    sdc_check_seen_s: dict[str, float] = field(default_factory=dict)

@@ -1,6 +1,7 @@
 """Tainted steps: how SDC evidence constrains what the state may commit and restore.
 
-Owns one invariant (issue 7): once replicas disagreed at step S (an `SdcSuspected`), no snapshot
+Owns one invariant (issue 7): once replicas disagreed at step S (an `SdcSuspected`), or two
+recomputes convicted a rank's step S (an `SdcCheckFinished` with `tainted_from_step`), no snapshot
 or checkpoint of a step >= S is committed, and no generation restores one. The taint lifts when a
 generation restores from before S (or starts fresh): it recomputes those steps on healthy nodes.
 Pure; evolve.py calls these so the rules hold on every replica replaying the log.
@@ -15,10 +16,20 @@ from supervisor.core.state import ClusterState
 
 
 def on_suspected(state: ClusterState, event: SdcSuspected) -> ClusterState:
+    return taint_from(state, event.step)
+
+
+def taint_from(state: ClusterState, step: int) -> ClusterState:
+    """Steps from `step` on are tainted; the first divergent step counts."""
     tainted = state.sdc_tainted_from_step
-    if tainted is not None and tainted <= event.step:
+    if tainted is not None and tainted <= step:
         return state
-    return frozen.replace(state, sdc_tainted_from_step=event.step)
+    return frozen.replace(state, sdc_tainted_from_step=step)
+
+
+def is_tainted(state: ClusterState, step: int) -> bool:
+    tainted = state.sdc_tainted_from_step
+    return tainted is not None and step >= tainted
 
 
 def require_untainted(state: ClusterState, step: int, what: str) -> None:

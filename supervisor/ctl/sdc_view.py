@@ -33,11 +33,19 @@ def sdc_dict(records: Iterable[events_pb2.Record]) -> dict[str, Any]:
                 "check_id": body.check_id, "seq": record.seq, "step": body.step, "rank": body.rank,
                 "suspect_node_id": body.suspect_node_id, "verifier_node_id": body.verifier_node_id,
                 "verdict": "running", "reported_digest": "", "recomputed_digest": "",
+                "generation": body.generation, "reason": body.reason, "confirms_check_id": body.confirms_check_id,
+                "finished_seq": 0, "culprit_node_ids": [], "detail": "", "tainted_from_step": None,
+                "ranks": [_rank(d, None) for d in body.reported],
             }
         elif kind == "sdc_check_finished" and body.check_id in checks:
+            check = checks[body.check_id]
             verdict = events_pb2.SdcVerdict.Name(body.verdict).removeprefix("SDC_VERDICT_").lower()
-            checks[body.check_id].update(verdict=verdict, reported_digest=body.reported_digest,
-                                         recomputed_digest=body.recomputed_digest)
+            recomputed = {d.rank: d for d in body.recomputed}
+            check.update(verdict=verdict, reported_digest=body.reported_digest,
+                         recomputed_digest=body.recomputed_digest, finished_seq=record.seq,
+                         culprit_node_ids=list(body.culprit_node_ids), detail=body.detail,
+                         tainted_from_step=body.tainted_from_step if body.HasField("tainted_from_step") else None,
+                         ranks=[_rank(r, recomputed.get(r["rank"])) for r in check["ranks"]])
         elif kind == "node_quarantined" and body.reason.startswith(SDC_PREFIX):
             verdicts.append({"seq": record.seq, "action": "quarantined", "node_id": body.node_id,
                              "evidence_seq": body.evidence_seq, "reason": body.reason})
@@ -47,11 +55,39 @@ def sdc_dict(records: Iterable[events_pb2.Record]) -> dict[str, Any]:
     return {"checks": list(checks.values()), "suspects": suspects, "verdicts": verdicts}
 
 
+def _rank(reported: Any, recomputed: Any) -> dict[str, Any]:
+    """One replayed rank's evidence: what it reported against what the verifier recomputed."""
+    if isinstance(reported, dict):  # a started check's entry, now with its recompute
+        row = dict(reported)
+    else:
+        row = {"rank": reported.rank, "node_id": reported.node_id, "reported_grad_digest": reported.grad_digest,
+               "reported_param_digest": reported.param_digest, "recomputed_grad_digest": "",
+               "recomputed_param_digest": "", "matches": None}
+    if recomputed is not None:
+        row.update(recomputed_grad_digest=recomputed.grad_digest, recomputed_param_digest=recomputed.param_digest)
+        row["matches"] = all(not (a and b) or a == b for a, b in (
+            (row["reported_grad_digest"], recomputed.grad_digest), (row["reported_param_digest"], recomputed.param_digest)))
+    return row
+
+
 def sdc_text(view: dict[str, Any]) -> str:
     lines = [f"checks    {len(view['checks'])} recompute check(s)"]
     for c in view["checks"]:
-        lines.append(f"  #{c['seq']:<6} step {c['step']} rank {c['rank']} of {c['suspect_node_id']}"
-                     f" replayed on {c['verifier_node_id']}: {c['verdict']}")
+        why = f"second opinion on {c['confirms_check_id']}" if c["confirms_check_id"] else c["reason"]
+        outcome = c["verdict"] + (f" (#{c['finished_seq']})" if c["finished_seq"] else "")
+        if c["culprit_node_ids"]:
+            outcome += f", convicts {', '.join(c['culprit_node_ids'])}"
+        if c["tainted_from_step"] is not None:
+            outcome += f", taints steps from {c['tainted_from_step']}"
+        lines.append(f"  #{c['seq']:<6} {c['check_id']} gen {c['generation']} step {c['step']} rank {c['rank']} of"
+                     f" {c['suspect_node_id']} replayed on {c['verifier_node_id']}{f' ({why})' if why else ''}: {outcome}")
+        for r in c["ranks"]:
+            if r["matches"] is False:
+                lines.append(f"           rank {r['rank']} on {r['node_id']}: reported gradient {r['reported_grad_digest']}"
+                             f" parameters {r['reported_param_digest']}, recomputed {r['recomputed_grad_digest']}"
+                             f" {r['recomputed_param_digest']}")
+        if c["detail"]:
+            lines.append(f"           {c['detail']}")
     lines.append(f"suspects  {len(view['suspects'])}")
     for s in view["suspects"]:
         against = f"majority {s['majority_digest']}" if s["majority_digest"] else f"no majority in {s['group_size']}"

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from supervisor import logs
 from supervisor.core import inputs
-from supervisor.core.events import NodeRole
+from supervisor.core.events import NodeRole, SdcRankDigests
 from supervisor.runtime import Outbox, Outcome, Runtime
 from supervisor.tls import PeerKind, peer_identity
 
@@ -40,7 +40,7 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         r = message.step_report
         return inputs.StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s,
                                  r.loss, r.param_digest,
-                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens)
+                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest)
     if kind == "snapshot_report":
         s = message.snapshot_report
         return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes)
@@ -60,6 +60,11 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         c = message.checkpoint_shard
         return inputs.CheckpointShardReport(node_id, c.generation, c.rank, c.checkpoint_id, c.step, c.key, c.sha256,
                                             c.size_bytes, c.error)
+    if kind == "sdc_check_result":
+        c = message.sdc_check_result
+        # Every recomputed digest is the sender's own: the node id comes from the stream, never the message.
+        recomputed = tuple(SdcRankDigests(d.rank, node_id, d.grad_digest, d.param_digest) for d in c.recomputed)
+        return inputs.SdcCheckResult(node_id, c.check_id, c.step, c.rank, recomputed, c.error, c.replay_s)
     return None
 
 

@@ -13,6 +13,7 @@ finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
 assignment = st.builds(ev.RankAssignment, text, st.lists(u32, max_size=4).map(tuple), text)
 restore = st.builds(ev.RankRestore, u32, st.sampled_from(ev.RestoreKind), text)
+rank_digests = st.lists(st.builds(ev.SdcRankDigests, u32, text, text, text), max_size=3).map(tuple)
 
 STRATEGIES = {
     ev.NodeRegistered: st.builds(ev.NodeRegistered, text, u64, st.sampled_from(ev.NodeRole), text, u32, u32, text),
@@ -38,8 +39,10 @@ STRATEGIES = {
     ev.CheckpointCommitted: st.builds(ev.CheckpointCommitted, text, u64, text),
     ev.CheckpointAborted: st.builds(ev.CheckpointAborted, text, text),
     ev.CheckpointRequested: st.builds(ev.CheckpointRequested, text, u64, u64, text),
-    ev.SdcCheckStarted: st.builds(ev.SdcCheckStarted, text, u64, u32, text, text),
-    ev.SdcCheckFinished: st.builds(ev.SdcCheckFinished, text, st.sampled_from(ev.SdcVerdict), text, text),
+    ev.SdcCheckStarted: st.builds(ev.SdcCheckStarted, text, u64, u32, text, text, u64, text, text, rank_digests,
+                                  rank_digests, st.lists(text, max_size=3).map(tuple), u32),
+    ev.SdcCheckFinished: st.builds(ev.SdcCheckFinished, text, st.sampled_from(ev.SdcVerdict), text, text, rank_digests,
+                                   st.lists(text, max_size=3).map(tuple), text, st.none() | u64),
     ev.SdcSuspected: st.builds(ev.SdcSuspected, text, u32, u64, text, text),
     ev.OperatorCommand: st.builds(ev.OperatorCommand, text, st.lists(text, max_size=3).map(tuple), text, text),
     ev.LeaderElected: st.builds(ev.LeaderElected, u64, text, u64),

@@ -6,7 +6,9 @@ every step (loss, step and compute time, parameter digest), hands off a snapshot
 `--snapshot-every` steps and reports completion with the final digest. Bit-exact restarts rest
 on deterministic data (`trainer.core.data`) and layout-independent gradient averaging
 (`trainer.ddp`). The --crash-* flags make one rank die after a step, and the --sdc-flip-* flags
-flip one bit on one rank (trainer/sdc_inject.py), for fault-injection tests.
+flip one bit on one rank (trainer/sdc_inject.py), for fault-injection tests. Started with
+FTSUP_SDC_REPLAY (by a verifier's agent), it trains nothing: it replays one step of a snapshot
+for an SDC recompute check (trainer/replay.py) and exits.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from trainer.core import data  # noqa: E402
 from trainer.ddp import DeterministicGradSync  # noqa: E402
-from trainer.digest import Digester, param_digest  # noqa: E402
-from trainer import offline, sdc_inject  # noqa: E402
+from trainer.digest import Digester, GradDigester, param_digest  # noqa: E402
+from trainer import offline, replay, sdc_inject  # noqa: E402
 from trainer.session import Session  # noqa: E402
 
 _IMPORTED = time.monotonic()
@@ -139,8 +141,50 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, GPT, torch.optim.Optimizer]:
+    """The corpus, the model (same initial parameters on every rank) and its optimizer."""
+    tokens = torch.tensor(data.encode(data.generate_corpus(args.seed)), dtype=torch.long)
+    torch.manual_seed(args.seed)
+    model = GPT(data.VOCAB_SIZE, args.seq_len, args.layers, args.d_model, args.heads).to(device)
+    return tokens, model, torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
+def batch_of(args: argparse.Namespace, tokens: torch.Tensor, step: int, rank: int, device: torch.device) -> torch.Tensor:
+    """Rank `rank`'s sequences of step `step` (inputs and targets): a pure function of both."""
+    offsets = data.batch_offsets(args.seed, step, rank, args.batch_size, args.seq_len, len(tokens))
+    window = torch.arange(args.seq_len + 1)
+    return tokens[torch.tensor(offsets)[:, None] + window].to(device)
+
+
+def loss_on(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+
+
+def replay_main(args: argparse.Namespace, request: replay.ReplayRequest) -> int:
+    """SDC recompute: step `request.step` of the asked ranks from the snapshot of the step before."""
+    started = time.monotonic()
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as in training: the reduction order of the CPU kernels
+    tokens, model, optimizer = build(args, device)
+    state = request.load()
+
+    def loss_of(rank: int) -> torch.Tensor:
+        batch = batch_of(args, tokens, request.step, rank, device)
+        return loss_on(model(batch[:, :-1]), batch)
+
+    replayed = replay.replay_step(request, state, model, optimizer, loss_of)
+    replay.write_result(request, replayed, started)
+    print(f"replayed step {request.step} of rank(s) {list(request.ranks)}: "
+          + " ".join(f"{r.rank}:{r.grad_digest[:12]}" for r in replayed), file=sys.stderr, flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    request = replay.ReplayRequest.from_env()
+    if request is not None:
+        return replay_main(args, request)
     session = offline.offline_session(os.environ) if args.offline else Session.from_env()
     if args.checkpoint_read_timeout_s is not None or args.checkpoint_retry_deadline_s is not None:
         session.checkpoints = dataclasses.replace(session.checkpoints, read_timeout_s=args.checkpoint_read_timeout_s,
@@ -159,18 +203,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     phases["process_group_s"], mark = time.monotonic() - mark, time.monotonic()
 
-    tokens = torch.tensor(data.encode(data.generate_corpus(args.seed)), dtype=torch.long)
-    torch.manual_seed(args.seed)  # same initial parameters on every rank
-    model = GPT(data.VOCAB_SIZE, args.seq_len, args.layers, args.d_model, args.heads).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    tokens, model, optimizer = build(args, device)
     phases["model_s"], mark = time.monotonic() - mark, time.monotonic()
     done = session.restore(model, optimizer)
     phases["restore_s"], mark = time.monotonic() - mark, time.monotonic()
     if done > args.steps:
         raise SystemExit(f"restored step {done} is past --steps {args.steps}")
     ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
-    grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce")
-    window = torch.arange(args.seq_len + 1)
+    local_grads = GradDigester(model)  # this rank's gradients before the sync: for SDC recomputes
+    grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce",
+                                             grad_digester=local_grads)
     digest = Digester.of(model)  # after restore: planned once, recomputed on the device each step
     injector = sdc_inject.Injector(sdc_inject.from_flags(args), session.rank, session.generation, model)
     phases["ddp_s"] = time.monotonic() - mark
@@ -179,14 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         grad_sync.reset()
         injector.begin_step(step)
-        offsets = data.batch_offsets(
-            args.seed, step, session.rank, args.batch_size, args.seq_len, len(tokens)
-        )
-        batch = tokens[torch.tensor(offsets)[:, None] + window].to(device)
+        batch = batch_of(args, tokens, step, session.rank, device)
         logits = ddp(batch[:, :-1])
         if args.slow_rank == session.rank and session.generation == args.slow_generation:
             time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        loss = loss_on(logits, batch)
         optimizer.zero_grad(set_to_none=True)
         # Step S-1's snapshot must be held twice before this step's gradient sync completes:
         # a failure then loses at most one step. Waiting is not compute: kept out of its time.
@@ -203,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss_value = loss.item()
         compute_s = max(0.0, ready - started - waited_s)
         session.report_step(step, ended - started, compute_s, loss_value, digest(),
-                            grad_norm=float(grad_norm), tokens=batch.size(0) * (batch.size(1) - 1))
+                            grad_norm=float(grad_norm), tokens=batch.size(0) * (batch.size(1) - 1),
+                            local_grad_digest=local_grads())
         if session.checkpoint_due(step):  # object-store checkpoint (FTSUP_CHECKPOINT_*), synchronous
             session.save_checkpoint(step, model, optimizer)
         if args.snapshot_every and step % args.snapshot_every == 0:

@@ -134,6 +134,7 @@ class StepReport(_message.Message):
     PARAM_DIGEST_FIELD_NUMBER: _builtins.int
     GRAD_NORM_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
+    LOCAL_GRAD_DIGEST_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     rank: _builtins.int
     step: _builtins.int
@@ -149,6 +150,11 @@ class StepReport(_message.Message):
     """L2 norm of the averaged gradients; absent when the trainer does not say"""
     tokens: _builtins.int
     """tokens this rank consumed in the step (0: not reported)"""
+    local_grad_digest: _builtins.str
+    """Digest of this rank's own gradients as they entered the gradient all-reduce (trainer.digest
+    over the per-parameter local gradients): what an SDC recompute of the step is compared with.
+    Empty: the trainer does not report it (no recompute check of this rank is possible).
+    """
     def __init__(
         self,
         *,
@@ -161,10 +167,11 @@ class StepReport(_message.Message):
         param_digest: _builtins.str = ...,
         grad_norm: _builtins.float | None = ...,
         tokens: _builtins.int = ...,
+        local_grad_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "grad_norm", b"grad_norm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "compute_time_s", b"compute_time_s", "generation", b"generation", "grad_norm", b"grad_norm", "loss", b"loss", "param_digest", b"param_digest", "rank", b"rank", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "compute_time_s", b"compute_time_s", "generation", b"generation", "grad_norm", b"grad_norm", "local_grad_digest", b"local_grad_digest", "loss", b"loss", "param_digest", b"param_digest", "rank", b"rank", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__grad_norm: _TypeAlias = _typing.Literal["grad_norm"]  # noqa: Y015
     _WhichOneofArgType__grad_norm: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm"]  # noqa: Y015
@@ -415,6 +422,7 @@ class AgentMessage(_message.Message):
     XID_EVENT_FIELD_NUMBER: _builtins.int
     TRAINER_HUNG_FIELD_NUMBER: _builtins.int
     CHECKPOINT_SHARD_FIELD_NUMBER: _builtins.int
+    SDC_CHECK_RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -433,6 +441,8 @@ class AgentMessage(_message.Message):
     def trainer_hung(self) -> Global___TrainerHung: ...
     @_builtins.property
     def checkpoint_shard(self) -> Global___CheckpointShard: ...
+    @_builtins.property
+    def sdc_check_result(self) -> Global___SdcCheckResult: ...
     def __init__(
         self,
         *,
@@ -445,16 +455,144 @@ class AgentMessage(_message.Message):
         xid_event: Global___XidEvent | None = ...,
         trainer_hung: Global___TrainerHung | None = ...,
         checkpoint_shard: Global___CheckpointShard | None = ...,
+        sdc_check_result: Global___SdcCheckResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class SdcSnapshotSource(_message.Message):
+    """Where a verifier can fetch the snapshot it replays from (a holder's AgentPeer service)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    address: _builtins.str
+    """host:port"""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcSnapshotSource: _TypeAlias = SdcSnapshotSource  # noqa: Y015
+
+@_typing.final
+class SdcCheckOrder(_message.Message):
+    """An SDC recompute this node must run (it is the check's verifier): load rank `rank`'s snapshot of
+    step `step` - 1 and replay step `step` with the same batch and RNG for every rank in
+    `replay_ranks` (all ranks of the world: the whole step, parameter update included). Listed in
+    every Directive while the check is open; gone from it, the node stops the replay.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECK_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    REPLAY_RANKS_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    check_id: _builtins.str
+    generation: _builtins.int
+    """the generation whose step is replayed"""
+    step: _builtins.int
+    rank: _builtins.int
+    """whose snapshot is loaded"""
+    world_size: _builtins.int
+    @_builtins.property
+    def replay_ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___SdcSnapshotSource]:
+        """holders of rank `rank`'s snapshot of step - 1, in order"""
+
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the job's trainer command, run in replay mode (FTSUP_SDC_REPLAY)"""
+
+    @_builtins.property
+    def env(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnvVar]:
+        """the job's environment"""
+
+    def __init__(
+        self,
+        *,
+        check_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+        replay_ranks: _abc.Iterable[_builtins.int] | None = ...,
+        sources: _abc.Iterable[Global___SdcSnapshotSource] | None = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Iterable[Global___EnvVar] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "check_id", b"check_id", "env", b"env", "generation", b"generation", "rank", b"rank", "replay_ranks", b"replay_ranks", "sources", b"sources", "step", b"step", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcCheckOrder: _TypeAlias = SdcCheckOrder  # noqa: Y015
+
+@_typing.final
+class SdcCheckResult(_message.Message):
+    """What a verifier recomputed for one check (or why it could not)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECK_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    RECOMPUTED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    REPLAY_S_FIELD_NUMBER: _builtins.int
+    check_id: _builtins.str
+    step: _builtins.int
+    rank: _builtins.int
+    error: _builtins.str
+    """non-empty: no recompute (snapshot missing, replay failed); inconclusive"""
+    replay_s: _builtins.float
+    """wall time of the replay, fetch included"""
+    @_builtins.property
+    def recomputed(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.SdcRankDigests]:
+        """one per replayed rank"""
+
+    def __init__(
+        self,
+        *,
+        check_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        recomputed: _abc.Iterable[_events_pb2.SdcRankDigests] | None = ...,
+        error: _builtins.str = ...,
+        replay_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_id", b"check_id", "error", b"error", "rank", b"rank", "recomputed", b"recomputed", "replay_s", b"replay_s", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcCheckResult: _TypeAlias = SdcCheckResult  # noqa: Y015
 
 @_typing.final
 class Welcome(_message.Message):
@@ -563,6 +701,7 @@ class Directive(_message.Message):
     RETAIN_FROM_STEP_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STEPS_FIELD_NUMBER: _builtins.int
+    SDC_CHECKS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     action: Global___Action.ValueType
     world_size: _builtins.int
@@ -593,6 +732,10 @@ class Directive(_message.Message):
     def checkpoint_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Steps of this generation to checkpoint off the cadence (requested; ranks agree on them)."""
 
+    @_builtins.property
+    def sdc_checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___SdcCheckOrder]:
+        """SDC recomputes this node runs as a verifier"""
+
     def __init__(
         self,
         *,
@@ -611,10 +754,11 @@ class Directive(_message.Message):
         retain_from_step: _builtins.int = ...,
         reason: _builtins.str = ...,
         checkpoint_steps: _abc.Iterable[_builtins.int] | None = ...,
+        sdc_checks: _abc.Iterable[Global___SdcCheckOrder] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "restore_step", b"restore_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "env", b"env", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "ranks", b"ranks", "reason", b"reason", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "env", b"env", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "ranks", b"ranks", "reason", b"reason", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__restore_step: _TypeAlias = _typing.Literal["restore_step"]  # noqa: Y015
     _WhichOneofArgType__restore_step: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step"]  # noqa: Y015

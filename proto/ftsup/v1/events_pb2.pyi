@@ -871,7 +871,45 @@ class CheckpointAborted(_message.Message):
 Global___CheckpointAborted: _TypeAlias = CheckpointAborted  # noqa: Y015
 
 @_typing.final
+class SdcRankDigests(_message.Message):
+    """One rank's digests at one step: as it reported them, or as a verifier recomputed them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    GRAD_DIGEST_FIELD_NUMBER: _builtins.int
+    PARAM_DIGEST_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    node_id: _builtins.str
+    """the node that computed them (the rank's node, or the verifier)"""
+    grad_digest: _builtins.str
+    """the rank's local gradients before the all-reduce"""
+    param_digest: _builtins.str
+    """the parameters after the step ("" when not recomputed)"""
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        grad_digest: _builtins.str = ...,
+        param_digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grad_digest", b"grad_digest", "node_id", b"node_id", "param_digest", b"param_digest", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SdcRankDigests: _TypeAlias = SdcRankDigests  # noqa: Y015
+
+@_typing.final
 class SdcCheckStarted(_message.Message):
+    """A recompute check: `verifier_node_id` replays step `step` of the ranks in `reported` from rank
+    `rank`'s snapshot of step - 1 and its digests are compared with `reported`. Steps from `step`
+    on are not committed while the check is open.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CHECK_ID_FIELD_NUMBER: _builtins.int
@@ -879,12 +917,37 @@ class SdcCheckStarted(_message.Message):
     RANK_FIELD_NUMBER: _builtins.int
     SUSPECT_NODE_ID_FIELD_NUMBER: _builtins.int
     VERIFIER_NODE_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CONFIRMS_CHECK_ID_FIELD_NUMBER: _builtins.int
+    REPORTED_FIELD_NUMBER: _builtins.int
+    FIRST_RECOMPUTE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_HOLDERS_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
     check_id: _builtins.str
     step: _builtins.int
     rank: _builtins.int
-    """whose step is recomputed"""
+    """whose step is recomputed (whose snapshot is loaded)"""
     suspect_node_id: _builtins.str
     verifier_node_id: _builtins.str
+    generation: _builtins.int
+    reason: _builtins.str
+    """why this check: the schedule, a split vote, a second opinion"""
+    confirms_check_id: _builtins.str
+    """non-empty: a third node's second opinion on that check's mismatch"""
+    world_size: _builtins.int
+    @_builtins.property
+    def reported(self) -> _containers.RepeatedCompositeFieldContainer[Global___SdcRankDigests]:
+        """what the ranks reported at `step`"""
+
+    @_builtins.property
+    def first_recompute(self) -> _containers.RepeatedCompositeFieldContainer[Global___SdcRankDigests]:
+        """a confirmation: what the first verifier computed"""
+
+    @_builtins.property
+    def snapshot_holders(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """nodes holding rank `rank`'s snapshot of step - 1"""
+
     def __init__(
         self,
         *,
@@ -893,10 +956,17 @@ class SdcCheckStarted(_message.Message):
         rank: _builtins.int = ...,
         suspect_node_id: _builtins.str = ...,
         verifier_node_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        confirms_check_id: _builtins.str = ...,
+        reported: _abc.Iterable[Global___SdcRankDigests] | None = ...,
+        first_recompute: _abc.Iterable[Global___SdcRankDigests] | None = ...,
+        snapshot_holders: _abc.Iterable[_builtins.str] | None = ...,
+        world_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_id", b"check_id", "rank", b"rank", "step", b"step", "suspect_node_id", b"suspect_node_id", "verifier_node_id", b"verifier_node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_id", b"check_id", "confirms_check_id", b"confirms_check_id", "first_recompute", b"first_recompute", "generation", b"generation", "rank", b"rank", "reason", b"reason", "reported", b"reported", "snapshot_holders", b"snapshot_holders", "step", b"step", "suspect_node_id", b"suspect_node_id", "verifier_node_id", b"verifier_node_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -910,10 +980,26 @@ class SdcCheckFinished(_message.Message):
     VERDICT_FIELD_NUMBER: _builtins.int
     REPORTED_DIGEST_FIELD_NUMBER: _builtins.int
     RECOMPUTED_DIGEST_FIELD_NUMBER: _builtins.int
+    RECOMPUTED_FIELD_NUMBER: _builtins.int
+    CULPRIT_NODE_IDS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    TAINTED_FROM_STEP_FIELD_NUMBER: _builtins.int
     check_id: _builtins.str
     verdict: Global___SdcVerdict.ValueType
     reported_digest: _builtins.str
+    """rank `rank`'s reported local-gradient digest"""
     recomputed_digest: _builtins.str
+    """the verifier's for the same rank ("" when none came)"""
+    detail: _builtins.str
+    """the evidence in words"""
+    tainted_from_step: _builtins.int
+    """set: steps from here on are tainted (never committed/restored)"""
+    @_builtins.property
+    def recomputed(self) -> _containers.RepeatedCompositeFieldContainer[Global___SdcRankDigests]: ...
+    @_builtins.property
+    def culprit_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """nodes this verdict convicts; quarantined right after it"""
+
     def __init__(
         self,
         *,
@@ -921,12 +1007,18 @@ class SdcCheckFinished(_message.Message):
         verdict: Global___SdcVerdict.ValueType = ...,
         reported_digest: _builtins.str = ...,
         recomputed_digest: _builtins.str = ...,
+        recomputed: _abc.Iterable[Global___SdcRankDigests] | None = ...,
+        culprit_node_ids: _abc.Iterable[_builtins.str] | None = ...,
+        detail: _builtins.str = ...,
+        tainted_from_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tainted_from_step", b"_tainted_from_step", "tainted_from_step", b"tainted_from_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_id", b"check_id", "recomputed_digest", b"recomputed_digest", "reported_digest", b"reported_digest", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tainted_from_step", b"_tainted_from_step", "check_id", b"check_id", "culprit_node_ids", b"culprit_node_ids", "detail", b"detail", "recomputed", b"recomputed", "recomputed_digest", b"recomputed_digest", "reported_digest", b"reported_digest", "tainted_from_step", b"tainted_from_step", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__tainted_from_step: _TypeAlias = _typing.Literal["tainted_from_step"]  # noqa: Y015
+    _WhichOneofArgType__tainted_from_step: _TypeAlias = _typing.Literal["_tainted_from_step", b"_tainted_from_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tainted_from_step) -> _WhichOneofReturnType__tainted_from_step | None: ...
 
 Global___SdcCheckFinished: _TypeAlias = SdcCheckFinished  # noqa: Y015
 

@@ -373,11 +373,11 @@ class ClusterState(_message.Message):
     APPLIED_SEQ_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     PENDING_CHECKPOINT_FIELD_NUMBER: _builtins.int
-    OPEN_SDC_CHECKS_FIELD_NUMBER: _builtins.int
     REGISTRATIONS_FIELD_NUMBER: _builtins.int
     SDC_TAINTED_FROM_STEP_FIELD_NUMBER: _builtins.int
     REQUESTED_CHECKPOINT_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_ATTEMPT_FIELD_NUMBER: _builtins.int
+    SDC_CHECKS_FIELD_NUMBER: _builtins.int
     last_generation: _builtins.int
     applied_seq: _builtins.int
     registrations: _builtins.int
@@ -399,9 +399,13 @@ class ClusterState(_message.Message):
     @_builtins.property
     def pending_checkpoint(self) -> Global___PendingCheckpoint: ...
     @_builtins.property
-    def open_sdc_checks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
     def requested_checkpoint(self) -> Global___RequestedCheckpoint: ...
+    @_builtins.property
+    def sdc_checks(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.SdcCheckStarted]:
+        """Field numbers from 40 on for the SDC recompute check (kept clear of concurrent additions).
+        the open recompute checks, oldest first
+        """
+
     def __init__(
         self,
         *,
@@ -414,15 +418,15 @@ class ClusterState(_message.Message):
         applied_seq: _builtins.int = ...,
         checkpoint: Global___CommittedCheckpoint | None = ...,
         pending_checkpoint: Global___PendingCheckpoint | None = ...,
-        open_sdc_checks: _abc.Iterable[_builtins.str] | None = ...,
         registrations: _builtins.int = ...,
         sdc_tainted_from_step: _builtins.int | None = ...,
         requested_checkpoint: Global___RequestedCheckpoint | None = ...,
         last_checkpoint_attempt: _builtins.str = ...,
+        sdc_checks: _abc.Iterable[_events_pb2.SdcCheckStarted] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_checkpoint_attempt", b"last_checkpoint_attempt", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "open_sdc_checks", b"open_sdc_checks", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_checkpoint_attempt", b"last_checkpoint_attempt", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_checks", b"sdc_checks", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["sdc_tainted_from_step"]  # noqa: Y015
     _WhichOneofArgType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step"]  # noqa: Y015

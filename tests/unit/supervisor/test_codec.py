@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ftsup.v1 import events_pb2
 from supervisor import codec
 from supervisor.core import events as ev
-from supervisor.core.directives import Action, Directive, EnvVar, RestoreFrom
+from supervisor.core.directives import Action, Directive, EnvVar, RestoreFrom, SdcCheckOrder, SdcSnapshotSource
 from tests.support.strategies import STRATEGIES, finite, text, u32, u64
 
 def test_every_event_kind_has_a_strategy_and_a_proto_case():
@@ -32,7 +32,12 @@ def test_records_round_trip_through_bytes(event, seq, term, when):
     Directive, u64, st.sampled_from(Action), st.lists(u32, max_size=3).map(tuple), u32, text, u32,
     st.lists(text, max_size=3).map(tuple), st.lists(st.builds(EnvVar, text, text), max_size=2).map(tuple),
     st.none() | u64, st.lists(st.builds(RestoreFrom, u32, st.sampled_from(ev.RestoreKind), text, text), max_size=2).map(tuple),
-    text, text, u64, text,
+    text, text, u64, text, st.lists(u64, max_size=3).map(tuple),
+    st.lists(st.builds(
+        SdcCheckOrder, text, u64, u64, u32, u32, st.lists(u32, max_size=3).map(tuple),
+        st.lists(st.builds(SdcSnapshotSource, text, text), max_size=2).map(tuple),
+        st.lists(text, max_size=2).map(tuple), st.lists(st.builds(EnvVar, text, text), max_size=2).map(tuple),
+    ), max_size=2).map(tuple),
 ))
 def test_directives_round_trip(directive):
     assert codec.directive_from_proto(codec.directive_to_proto(directive)) == directive
@@ -63,3 +68,22 @@ def test_every_cluster_state_field_has_a_snapshot_field():
                 core_state.PendingCheckpoint):
         proto = getattr(state_pb2, cls.__name__)
         assert {f.name for f in dataclasses.fields(cls)} == set(proto.DESCRIPTOR.fields_by_name), cls.__name__
+
+
+def test_open_sdc_checks_and_an_sdc_result_round_trip_through_a_state_snapshot_and_the_wire():
+    from ftsup.v1 import agent_pb2, state_pb2
+    from supervisor.core.state import ClusterState
+    from supervisor.server.agent_service import to_input
+
+    digests = (ev.SdcRankDigests(0, "n1", "g0", "p"), ev.SdcRankDigests(2, "n3", "g2", "p"))
+    check = ev.SdcCheckStarted("sdc-7", 5, 2, "n3", "s1", 1, "scheduled", "", digests, (), ("n4", "n3"), 4)
+    state = ClusterState(sdc_checks=(check,), sdc_tainted_from_step=5)
+    wire = codec.state_to_proto(state).SerializeToString()
+    assert codec.state_from_proto(state_pb2.ClusterState.FromString(wire)) == state
+
+    message = agent_pb2.AgentMessage(sdc_check_result=agent_pb2.SdcCheckResult(
+        check_id="sdc-7", step=5, rank=2, error="", replay_s=1.5,
+        recomputed=[events_pb2.SdcRankDigests(rank=2, node_id="forged", grad_digest="g2x", param_digest="q")]))
+    inp = to_input("s1", 1, agent_pb2.AgentMessage.FromString(message.SerializeToString()))
+    # The digests are the sender's: the node id comes from the stream, not from the message.
+    assert inp is not None and inp.recomputed == (ev.SdcRankDigests(2, "s1", "g2x", "q"),)
