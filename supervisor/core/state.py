@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import attrgetter
@@ -250,7 +250,7 @@ class GenerationProgress:
     # step -> rank -> the rank's local-gradient digest, until the step is voted on
     grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
     # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
-    new_vote_reports: tuple[SdcRankDigests, ...] = ()
+    new_vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports, records made when read
 
 
 @dataclass(slots=True)

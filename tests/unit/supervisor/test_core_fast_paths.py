@@ -5,7 +5,8 @@ The planner: same members, buddies, restore sources, restore step and reason, ov
 failures, repairs, quarantines, lost holders, checkpoints and SDC taints, generation after
 generation (so that the incremental path, which starts from the layout the planner returned
 last, is exercised as well as the general one). The failure detector: same verdicts, in order.
-The snapshot commit's holding check and the SDC vote's grouping: same answers."""
+The snapshot commit's holding check, the SDC vote's grouping and the vote's evidence (made
+when read): same answers."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from supervisor.core.events import (
     RankAssignment,
     RankRestore,
     RestoreKind,
+    SdcRankDigests,
     SnapshotCommitted,
 )
 from supervisor.core.evolve import evolve
@@ -36,6 +38,7 @@ from supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopi
 from supervisor.core.state import (
     ClusterState,
     CommittedCheckpoint,
+    Generation,
     Liveness,
     NodeRecord,
     NodeSoft,
@@ -406,3 +409,16 @@ def test_the_sdc_vote_equals_the_reference_vote(digests, model_parallel, missing
     config = SdcConfig(model_parallel_size=model_parallel)
     world = len(digests) + missing
     assert vote_step(5, digests, world, config) == ref_vote_step(5, digests, world, config)
+
+
+def test_vote_reports_are_the_records_of_every_rank_made_when_read():
+    members = (RankAssignment("a", (0, 1), "b"), RankAssignment("b", (2,), "a"))
+    generation = Generation(1, members, 3, "h", 1, None, 0, ())
+    digests, grads = {2: "p2", 0: "p0", 1: "p1"}, {0: "g0", 2: "g2"}
+    eager = tuple(SdcRankDigests(r, generation.node_of_rank(r) or "", grads.get(r, ""), d)
+                  for r, d in sorted(digests.items()))
+    lazy = soft_state.VoteReports(digests, grads, generation)
+    assert lazy == eager and eager == lazy and tuple(lazy) == eager and len(lazy) == 3
+    assert lazy[1] == SdcRankDigests(1, "a", "", "p1") and lazy[-1] == eager[-1] and lazy[:2] == eager[:2]
+    assert [d for d in lazy if d.rank in {2}] == [SdcRankDigests(2, "b", "g2", "p2")]
+    assert repr(lazy) == repr(eager) and hash(lazy) == hash(eager)
