@@ -55,7 +55,10 @@ class _Stop(Exception):
 async def run_agent(config: AgentConfig) -> int:
     rng = random.SystemRandom()
     incarnation = new_incarnation(rng)
-    log = logs.get("agent", node_id=config.node_id, incarnation=incarnation)
+    # Every line names this node and the generation it runs (null while none runs): read per line,
+    # since one logger serves the agent's whole life. Lines about a given generation pass their own.
+    generation_now = logs.Live(lambda: None)
+    log = logs.get("agent", node_id=config.node_id, incarnation=incarnation, generation=generation_now)
     log.info("agent_starting", **config.effective())
     config.workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -75,6 +78,7 @@ async def run_agent(config: AgentConfig) -> int:
     launcher = Launcher(
         config, runner, store, restores, reports.send, default_base_env(), log.bind(part="launcher")
     )
+    generation_now.read = lambda: launcher.running_generation() or None
     # SDC recomputes this node runs as a verifier: the plain runner (a replay is not a warm trainer).
     sdc = SdcChecker(config.node_id, config.workdir, store, peers, AsyncioProcessRunner(nice=config.trainer_nice),
                          default_base_env(), reports.send, log.bind(part="sdc"))

@@ -32,10 +32,11 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         try:
             await self._store.put_off_loop(blob)
         except InvalidBlob as exc:
-            self._log.warning("peer_snapshot_rejected", peer=context.peer(), error=str(exc))
+            self._log.warning("peer_snapshot_rejected", peer=context.peer(), owner=blob.owner_node_id,
+                              generation=blob.generation, rank=blob.rank, step=blob.step, error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self._log.debug(
-            "buddy_snapshot_stored", owner=blob.owner_node_id, rank=blob.rank, step=blob.step,
+            "buddy_snapshot_stored", owner=blob.owner_node_id, generation=blob.generation, rank=blob.rank, step=blob.step,
             size_bytes=len(blob.payload), bytes_held=self._store.bytes_held,
         )
         self._reports.send(holding_report(blob, self._node_id))

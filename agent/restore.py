@@ -78,9 +78,10 @@ class RestoreBook:
         except Exception as exc:  # noqa: BLE001 - any failure becomes the trainer's error message
             outcome = Outcome(None, f"restore of rank {rank} step {step} failed: {exc}")
         if outcome.error:
-            self._log.error("restore_failed", rank=rank, step=step, reason=outcome.error)
+            self._log.error("restore_failed", generation=self._generation, rank=rank, step=step, reason=outcome.error)
         else:
-            self._log.info("restore_ready", rank=rank, step=step, has_state=outcome.blob is not None)
+            self._log.info("restore_ready", generation=self._generation, rank=rank, step=step,
+                           has_state=outcome.blob is not None)
         if not future.done():
             future.set_result(outcome)
 

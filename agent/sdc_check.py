@@ -64,7 +64,8 @@ class SdcChecker:
                 self._log.info("sdc_replay_stopped", check_id=check_id, reason="no longer ordered")
         for check_id in plan.start:
             order = by_id[check_id]
-            self._log.info("sdc_replay_ordered", check_id=check_id, step=order.step, rank=order.rank,
+            self._log.info("sdc_replay_ordered", check_id=check_id, generation=order.generation, step=order.step,
+                           rank=order.rank,
                            ranks=list(order.replay_ranks))
             self._tasks[check_id] = asyncio.create_task(self._run(order))
 
@@ -90,7 +91,8 @@ class SdcChecker:
         except TimeoutError:
             answer = sdc_replay.failed(f"the replay took longer than {self._deadline_s:g}s on {self._node_id}")
         except Exception as exc:  # noqa: BLE001 - any failure is the check's answer, never the agent's death
-            self._log.exception("sdc_replay_failed", check_id=order.check_id)
+            self._log.exception("sdc_replay_failed", check_id=order.check_id, generation=order.generation,
+                                step=order.step, rank=order.rank)
             answer = sdc_replay.failed(f"{type(exc).__name__}: {exc}")
         elapsed = loop.time() - started
         message = agent_pb2.AgentMessage(sdc_check_result=agent_pb2.SdcCheckResult(
@@ -100,7 +102,8 @@ class SdcChecker:
         ))
         self._tasks.pop(order.check_id, None)
         self._answers[order.check_id] = message
-        self._log.info("sdc_replay_answered", check_id=order.check_id, replay_s=round(elapsed, 3),
+        self._log.info("sdc_replay_answered", check_id=order.check_id, generation=order.generation, step=order.step,
+                       rank=order.rank, replay_s=round(elapsed, 3),
                        error=answer.error or None, ranks=[d.rank for d in answer.recomputed])
         self._report(message)
 

@@ -51,18 +51,19 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         if run is None or run.generation != generation:
             running = run.generation if run is not None else 0
             message = f"{what}: generation {generation} is not running on node {self._node_id} (running {running})"
-            self._log.warning("trainer_request_rejected", reason=message)
+            self._log.warning("trainer_request_rejected", generation=generation, rank=rank, reason=message)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         if rank not in run.ranks:
             message = f"{what}: rank {rank} is not run by node {self._node_id} (ranks {list(run.ranks)})"
-            self._log.warning("trainer_request_rejected", reason=message)
+            self._log.warning("trainer_request_rejected", generation=generation, rank=rank, reason=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> peer_pb2.GetRestoreResponse:  # noqa: N802
         try:
             blob = await self._restores.get(request.rank, request.generation)
         except UnknownRank as exc:
-            self._log.warning("trainer_request_rejected", reason=str(exc))
+            self._log.warning("trainer_request_rejected", generation=request.generation, rank=request.rank,
+                              reason=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RestoreUnavailable as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
@@ -100,7 +101,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         try:
             await self._store.put_off_loop(blob)
         except InvalidBlob as exc:
-            self._log.warning("trainer_snapshot_rejected", error=str(exc))
+            self._log.warning("trainer_snapshot_rejected", generation=blob.generation, rank=blob.rank, step=blob.step,
+                              error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self._reports.send(holding_report(blob, self._node_id))
         # Replicate before answering: the trainer keeps one hand-off in flight, so answering only
@@ -118,6 +120,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await self._peers.store(buddy_address, blob)
         except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - the step just stays uncommitted
             self._log.warning(
-                "buddy_replication_failed", buddy=buddy_address, rank=blob.rank, step=blob.step, error=str(exc)
+                "buddy_replication_failed", buddy=buddy_address, generation=blob.generation, rank=blob.rank,
+                step=blob.step, error=str(exc)
             )
-        self._log.debug("snapshot_replicated", rank=blob.rank, step=blob.step, bytes_held=self._store.bytes_held)
+        self._log.debug("snapshot_replicated", generation=blob.generation, rank=blob.rank, step=blob.step,
+                        bytes_held=self._store.bytes_held)

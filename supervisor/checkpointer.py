@@ -69,7 +69,8 @@ class Checkpointer:
             )
         except (CheckpointError, ValueError, OSError) as exc:
             self._committing.discard(pending.checkpoint_id)
-            log.warning("checkpoint commit failed", checkpoint_id=pending.checkpoint_id, error=str(exc))
+            log.warning("checkpoint commit failed", checkpoint_id=pending.checkpoint_id, generation=pending.generation,
+                        step=pending.step, error=str(exc))
             self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, "", f"{type(exc).__name__}: {exc}"))
             return
         key = self._layout.manifest_key(manifest.checkpoint_id)

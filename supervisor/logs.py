@@ -1,17 +1,41 @@
 """Structured logging set-up for every ftsup process (supervisor, agent, harness).
 
 JSON lines when the output is not a terminal (production, systemd's journal), readable key=value
-lines on a terminal. Loggers bind `node_id` / `generation` where they know them, so every line about
-a node carries them.
+lines on a terminal. Every line about a node carries `node_id` and `generation` (null when none is
+in force): the supervisor passes the generation in force, the agent binds its own node id and a
+`Live` generation read when each line is written. `tests/integration/test_log_context.py` checks
+every line of a real cluster run for them.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from collections.abc import Callable, MutableMapping
+from typing import Any, TextIO
 
 import structlog
+
+
+class Live:
+    """A bound value read when a line is written, not when it is bound (e.g. the generation an
+    agent runs now, which changes under a logger bound once at start-up)."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], object]) -> None:
+        self.read = read
+
+    def __repr__(self) -> str:  # renderers that never ran `resolve_live` still show the value
+        return repr(self.read())
+
+
+def resolve_live(_logger: object, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Replaces each `Live` value with what it reads now."""
+    for key, value in event_dict.items():
+        if isinstance(value, Live):
+            event_dict[key] = value.read()
+    return event_dict
 
 
 def configure(*, json: bool | None = None, level: str = "info", stream: TextIO | None = None) -> None:
@@ -24,6 +48,7 @@ def configure(*, json: bool | None = None, level: str = "info", stream: TextIO |
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            resolve_live,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import itertools
 import time
 from collections.abc import Callable
@@ -126,6 +127,13 @@ class Runtime:
         log.info("state replayed", from_snapshot_seq=self._snapshot_seq, head_seq=self.state.applied_seq,
                  nodes=len(self.state.nodes))
 
+    @property
+    def generation_in_force(self) -> int | None:
+        """The number of the generation in force, None between generations: every log line about
+        a node carries it (`generation`), here and in the servers."""
+        generation = self.state.generation
+        return generation.number if generation is not None else None
+
     # -- called by the servers -------------------------------------------------------------
     def submit(self, inp: Input) -> asyncio.Future[Outcome]:
         """Queues an input; the future resolves once it was refused or handled."""
@@ -203,7 +211,8 @@ class Runtime:
                 try:
                     outcome = await self._handle(pending.inp, pending.at_s)
                 except Exception as exc:  # a bug must not take the control plane down
-                    log.exception("input handling failed", input=type(pending.inp).__name__)
+                    log.exception("input handling failed", input=type(pending.inp).__name__,
+                                  node_id=getattr(pending.inp, "node_id", None), generation=self.generation_in_force)
                     outcome = Outcome(refusal=f"internal error: {exc}")
                 if pending.reply is not None and not pending.reply.done():
                     pending.reply.set_result(outcome)
@@ -239,7 +248,7 @@ class Runtime:
         reason = admission.refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             log.warning("input refused", input=type(inp).__name__, reason=reason,
-                        node_id=getattr(inp, "node_id", None))
+                        node_id=getattr(inp, "node_id", None), generation=self.generation_in_force)
             if self.metrics is not None:
                 self.metrics.on_input(inp, reason)
             return Outcome(refusal=reason)
@@ -332,7 +341,9 @@ class Runtime:
         if self.metrics is not None:
             self.metrics.on_record(record)
         event = record.event
-        log.info("event", seq=record.seq, kind=type(event).__name__, **_fields(event))
+        # An event naming its generation keeps it; any other gets the one in force once it applied.
+        fields = {"generation": self.generation_in_force, **_fields(event)}
+        log.info("event", seq=record.seq, kind=type(event).__name__, **fields)
         if isinstance(event, SnapshotCommitted):
             soft_state.forget_committed(self.soft, event.step)
 
@@ -389,4 +400,5 @@ class Runtime:
 
 def _fields(event: object) -> dict[str, object]:
     names = getattr(event, "__slots__", ())
-    return {name: getattr(event, name) for name in names if name != "members" and name != "restores"}
+    fields = {name: getattr(event, name) for name in names if name != "members" and name != "restores"}
+    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in fields.items()}

@@ -98,6 +98,7 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             if identity is None or identity.kind is not PeerKind.NODE or identity.name != hello.node_id:
                 self._runtime.close_stream(stream_id, None, 0)
                 log.warning("node refused: certificate does not match", node_id=hello.node_id,
+                            generation=self._runtime.generation_in_force,
                             identity=str(identity) if identity else None, peer=peer)
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED,
@@ -121,7 +122,8 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             self._runtime.close_stream(stream_id, None, 0)
             yield _refusal(reason, "hello")
             return
-        log.info("node connected", node_id=hello.node_id, incarnation=hello.incarnation, peer=peer)
+        log.info("node connected", node_id=hello.node_id, generation=self._runtime.generation_in_force,
+                 incarnation=hello.incarnation, peer=peer)
         reader = asyncio.create_task(self._read(hello.node_id, hello.incarnation, request_iterator, outbox))
         try:
             while True:
@@ -132,7 +134,8 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
         finally:
             reader.cancel()
             self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
-            log.info("node stream closed", node_id=hello.node_id, peer=peer)
+            log.info("node stream closed", node_id=hello.node_id, generation=self._runtime.generation_in_force,
+                     incarnation=hello.incarnation, peer=peer)
 
     async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage], outbox: Outbox) -> None:
         try:

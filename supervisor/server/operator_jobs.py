@@ -193,5 +193,6 @@ class JobMethods:
                 f"step {restore}" if restore is not None else "from step 0 (no committed snapshot)")
         else:
             detail += "; the next generation starts when enough nodes are healthy (see `supervisorctl status`)"
-        log.info("operator command", command="restart", operator=request.operator, reason=request.reason, records=detail)
+        log.info("operator command", command="restart", generation=self._runtime.generation_in_force,
+                 operator=request.operator, reason=request.reason, records=detail)
         return operator_pb2.CommandResponse(detail=detail, seq=outcome.records[0].seq if outcome.records else 0)

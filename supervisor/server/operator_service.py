@@ -146,7 +146,8 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
         detail = ", ".join(type(r.event).__name__ for r in outcome.records) or "nothing to do"
         if command == "drain" and not any(type(r.event).__name__ == "NodeDrained" for r in outcome.records):
             detail += "; the node is drained at its generation's next committed step"
-        log.info("operator command", command=command, node_id=request.node_id, operator=request.operator,
+        log.info("operator command", command=command, node_id=request.node_id,
+                 generation=self._runtime.generation_in_force, operator=request.operator,
                  reason=request.reason, records=detail)
         return operator_pb2.CommandResponse(detail=detail, seq=first.seq if first else 0)
 
