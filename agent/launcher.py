@@ -162,7 +162,8 @@ class Launcher:
             d.generation,
             run.ranks,
             restore_step,
-            [RestoreSource(r.rank, r.kind, r.source_node_id, r.source_address) for r in d.restores],
+            [RestoreSource(r.rank, r.kind, r.source_node_id, r.source_address,
+                           r.source_rank if r.HasField("source_rank") else None) for r in d.restores],
         )
         directive_env = [(e.name, e.value) for e in d.env]
         for local_rank, rank in enumerate(run.ranks):

@@ -27,6 +27,7 @@ class RestoreSource:
     kind: int  # events_pb2.RestoreKind
     source_node_id: str
     source_address: str
+    source_rank: int | None = None  # another rank's snapshot (an elastic job's replicated state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,8 @@ class RestoreBook:
         if kind in (events_pb2.RESTORE_KIND_FRESH, events_pb2.RESTORE_KIND_CHECKPOINT):
             # Fresh start, or the trainer loads the checkpoint at FTSUP_RESTORE_STEP itself.
             return Outcome(None)
+        if source is not None and source.source_rank is not None:
+            rank = source.source_rank  # replicated state: that rank's copy is this rank's state
         held = self._store.get(rank, step)
         if held is not None:
             return Outcome(held)

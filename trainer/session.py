@@ -51,6 +51,8 @@ class LaunchEnv:
     node_id: str
     agent_address: str
     restore_step: int | None  # None: fresh start
+    # An elastic job's full world (FTSUP_FULL_WORLD_SIZE); None: not elastic, the world is full.
+    full_world_size: int | None = None
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str]) -> LaunchEnv:
@@ -80,7 +82,11 @@ class LaunchEnv:
             node_id=need("FTSUP_NODE_ID"),
             agent_address=need("FTSUP_AGENT_ADDRESS"),
             restore_step=None if restore_raw == "" else need_int("FTSUP_RESTORE_STEP", 0),
+            full_world_size=need_int("FTSUP_FULL_WORLD_SIZE", 1) if env.get("FTSUP_FULL_WORLD_SIZE") else None,
         )
+        full = launch.full_world_size
+        if full is not None and (full < launch.world_size or full % launch.world_size):
+            raise ValueError(f"FTSUP_FULL_WORLD_SIZE={full} must be a multiple of WORLD_SIZE={launch.world_size}")
         if launch.rank >= launch.world_size:
             raise ValueError(f"RANK={launch.rank} must be below WORLD_SIZE={launch.world_size}")
         if launch.local_rank >= launch.local_world_size:
@@ -158,6 +164,20 @@ class Session:
         return self.launch.world_size
 
     @property
+    def accumulation(self) -> int:
+        """Micro-batches per step for this rank: full world / world (1 unless an elastic job runs
+        shrunk). Summing them keeps the global batch, so the optimizer sees the same step."""
+        full = self.launch.full_world_size
+        return 1 if full is None else full // self.launch.world_size
+
+    @property
+    def data_ranks(self) -> range:
+        """The full-world ranks whose data this rank consumes, one per micro-batch: rank r of a
+        world shrunk by A takes ranks r*A .. r*A + A - 1, so the union is the full world's batch."""
+        a = self.accumulation
+        return range(self.rank * a, self.rank * a + a)
+
+    @property
     def generation(self) -> int:
         return self.launch.generation
 
@@ -189,7 +209,9 @@ class Session:
                 f"although FTSUP_RESTORE_STEP={expected}"
             )
         blob = response.blob
-        if blob.rank != self.rank or blob.step != expected:
+        # An elastic job's ranks hold the same state: after a resize a rank may get another's copy.
+        other_rank_ok = self.launch.full_world_size is not None
+        if (blob.rank != self.rank and not other_rank_ok) or blob.step != expected:
             raise RuntimeError(
                 f"agent at {self._client.address!r} returned the snapshot of rank {blob.rank} "
                 f"step {blob.step}, expected rank {self.rank} step {expected}"

@@ -40,6 +40,12 @@ class JobSpec:
     # data set snapshot id. Not part of config_hash, which identifies the configuration alone.
     code_version: str = ""
     data_version: str = ""
+    # Elastic shrink (0: off, the job waits for nodes): with no spare to replace a lost node, run on
+    # fewer nodes, down to this many, keeping the global batch through gradient accumulation, and
+    # grow back at the next committed snapshot once nodes return. Only for data-parallel jobs
+    # whose every rank holds the whole model and optimizer state (any rank's snapshot restores
+    # any rank). A world of k nodes is allowed when k divides `nodes` (the accumulation is whole).
+    min_nodes: int = 0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -57,6 +63,8 @@ class JobSpec:
             )
         if self.master_port_span < 1:
             raise ValueError(f"master_port_span must be >= 1, got {self.master_port_span}")
+        if not 0 <= self.min_nodes <= self.nodes:
+            raise ValueError(f"min_nodes must be within [0, nodes={self.nodes}] (0: never shrink), got {self.min_nodes}")
         for key in ("code_version", "data_version"):
             value = getattr(self, key)
             if len(value) > 256 or not value.isprintable():
@@ -65,13 +73,28 @@ class JobSpec:
     @property
     def config_hash(self) -> str:
         """sha256 of a canonical text of the spec (versions excluded): equal configs, equal hashes."""
-        canonical = repr((self.name, self.nodes, self.ranks_per_node, self.argv, tuple(sorted(self.env)),
-                          self.master_port_base, self.master_port_span))
+        shape = (self.name, self.nodes, self.ranks_per_node, self.argv, tuple(sorted(self.env)),
+                 self.master_port_base, self.master_port_span)
+        canonical = repr(shape if not self.min_nodes else (*shape, self.min_nodes))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def is_elastic(self) -> bool:
+        return 0 < self.min_nodes < self.nodes
+
+    def shrunk_nodes(self, healthy: int) -> int | None:
+        """The most nodes <= `healthy` the job may run on while short of `nodes`: at least
+        `min_nodes` and a divisor of `nodes` (whole gradient accumulation). None: none allowed."""
+        if not self.is_elastic:
+            return None
+        for count in range(min(healthy, self.nodes - 1), self.min_nodes - 1, -1):
+            if self.nodes % count == 0:
+                return count
+        return None
 
 
 @dataclass(frozen=True, slots=True)

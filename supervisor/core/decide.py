@@ -84,6 +84,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
         case Tick():
             events = _on_tick(state, soft, now, config)
             events += checkpoints.on_tick(evolve_all(state, events), soft, now, config)
+            events += _on_grow(evolve_all(state, events), soft, config)
         case XidReport():
             events = _on_xid(state, soft, inp, now, config)
         case TrainerHung():
@@ -469,6 +470,19 @@ def _on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfi
         events.extend(new)
         state = evolve_all(state, new)
     return events
+
+
+def _on_grow(state: ClusterState, soft: SoftState, config: CoreConfig) -> list[Event]:
+    """A shrunk elastic job with nodes back ends its generation at its committed snapshot; the
+    planner then starts the bigger world from it (ranks without a copy of their own take another
+    rank's: the state is replicated)."""
+    target = planner.grow_to(state, soft, config.job)
+    generation = state.generation
+    if target is None or generation is None:
+        return []
+    nodes = generation.world_size // config.job.ranks_per_node
+    detail = f"{target} nodes healthy for a world of {nodes}: growing back toward {config.job.nodes}"
+    return [GenerationEnded(generation.number, EndReason.ELASTIC_GROW, "", _last_step(soft, generation.number), detail)]
 
 
 def _declare_dead(

@@ -32,6 +32,7 @@ class RestoreFrom:
     kind: RestoreKind
     source_node_id: str
     source_address: str
+    source_rank: int | None = None  # another rank's snapshot (elastic resize), None: its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
             kind=r.kind,
             source_node_id=r.source_node_id,
             source_address=_address(state, r.source_node_id),
+            source_rank=r.source_rank,
         )
         for r in mine
     )
@@ -147,7 +149,8 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
         master_addr=generation.master_addr,
         master_port=generation.master_port,
         argv=job.argv,
-        env=tuple(EnvVar(k, v) for k, v in job.env) + _checkpoint_env(state, generation, restores),
+        env=tuple(EnvVar(k, v) for k, v in job.env) + _checkpoint_env(state, generation, restores)
+        + _elastic_env(job, generation),
         restore_step=generation.restore_step,
         restores=restores,
         buddy_node_id=member.buddy_node_id,
@@ -157,6 +160,14 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
         reason=f"generation {generation.number}",
         checkpoint_steps=_requested_steps(state, generation),
     )
+
+
+def _elastic_env(job: JobSpec, generation: Generation) -> tuple[EnvVar, ...]:
+    """An elastic job's ranks learn the full world: a shrunk generation accumulates gradients
+    over full/world micro-batches (trainer.session.Session.accumulation) to keep the global batch."""
+    if not job.is_elastic:
+        return ()
+    return (EnvVar("FTSUP_FULL_WORLD_SIZE", str(job.world_size)),)
 
 
 def _requested_steps(state: ClusterState, generation: Generation) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ class EndReason(enum.Enum):
     OPERATOR_RESTART = "operator_restart"
     XID = "xid"
     SDC = "sdc"  # replicas split with no majority: restart from the last agreed step
+    ELASTIC_GROW = "elastic_grow"  # a shrunk job had enough nodes again: regrow at a committed snapshot
 
 
 class XidAction(enum.Enum):
@@ -61,6 +62,9 @@ class RankRestore:
     rank: int
     kind: RestoreKind
     source_node_id: str
+    # Whose snapshot: this rank's own (None), or, after an elastic resize, another rank's: every
+    # rank of an elastic (data-parallel) job holds the same state.
+    source_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

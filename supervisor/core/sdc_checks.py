@@ -76,6 +76,8 @@ def on_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, seq: in
     vote = progress.new_sdc_vote if progress is not None else None
     if vote is None or generation is None or progress is None or progress.generation != generation.number:
         return []
+    if generation.world_size != config.job.world_size:
+        return []  # a shrunk elastic world accumulates micro-batches: a one-batch replay would not match
     rc = config.recompute
     if vote.is_clear:
         if not recompute.is_scheduled(vote.step, rc) or state.sdc_checks:

@@ -18,6 +18,7 @@ import time
 _STARTED = time.monotonic()  # restart cost is mostly start-up: measure its phases
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -221,16 +222,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         grad_sync.reset()
         injector.begin_step(step)
-        batch = batch_of(args, tokens, step, session.rank, device)
-        logits = ddp(batch[:, :-1])
-        if args.slow_rank == session.rank and session.generation == args.slow_generation:
-            time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
-        loss = loss_on(logits, batch)
         optimizer.zero_grad(set_to_none=True)
-        # Step S-1's snapshot must be held twice before this step's gradient sync completes:
-        # a failure then loses at most one step. Waiting is not compute: kept out of its time.
-        waited_s = session.snapshot_barrier()
-        loss.backward()
+        # Micro-batches: one per full-world rank this rank stands in for (one unless an elastic
+        # job runs shrunk); gradients add up locally and are synchronised with the last one.
+        micro = session.accumulation
+        loss = torch.zeros((), device=device)
+        waited_s = 0.0
+        tokens_done = 0
+        for index, data_rank in enumerate(session.data_ranks):
+            batch = batch_of(args, tokens, step, data_rank, device)
+            last = index == micro - 1
+            with contextlib.nullcontext() if last else ddp.no_sync():
+                logits = ddp(batch[:, :-1])
+                if args.slow_rank == session.rank and session.generation == args.slow_generation:
+                    time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
+                part = loss_on(logits, batch) if micro == 1 else loss_on(logits, batch) / micro
+                if last:
+                    # Step S-1's snapshot must be held twice before this step's gradient sync
+                    # completes: a failure then loses at most one step. Waiting is not compute.
+                    waited_s = session.snapshot_barrier()
+                part.backward()
+            loss = loss + part.detach()
+            tokens_done += batch.size(0) * (batch.size(1) - 1)
         # The averaged gradients' norm, for the metrics users watch (spikes precede divergence).
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
         optimizer.step()
@@ -242,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss_value = loss.item()
         compute_s = max(0.0, ready - started - waited_s)
         session.report_step(step, ended - started, compute_s, loss_value, digest(),
-                            grad_norm=float(grad_norm), tokens=batch.size(0) * (batch.size(1) - 1),
+                            grad_norm=float(grad_norm), tokens=tokens_done,
                             local_grad_digest=local_grads())
         if session.checkpoint_due(step):  # object-store checkpoint (FTSUP_CHECKPOINT_*), synchronous
             session.save_checkpoint(step, model, optimizer)

@@ -657,11 +657,14 @@ class RestoreFrom(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     SOURCE_NODE_ID_FIELD_NUMBER: _builtins.int
     SOURCE_ADDRESS_FIELD_NUMBER: _builtins.int
+    SOURCE_RANK_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     kind: _events_pb2.RestoreKind.ValueType
     source_node_id: _builtins.str
     source_address: _builtins.str
     """host:port of the source's AgentPeer service"""
+    source_rank: _builtins.int
+    """fetch this rank's snapshot instead (elastic resize)"""
     def __init__(
         self,
         *,
@@ -669,12 +672,15 @@ class RestoreFrom(_message.Message):
         kind: _events_pb2.RestoreKind.ValueType = ...,
         source_node_id: _builtins.str = ...,
         source_address: _builtins.str = ...,
+        source_rank: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_source_rank", b"_source_rank", "source_rank", b"source_rank"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "rank", b"rank", "source_address", b"source_address", "source_node_id", b"source_node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_source_rank", b"_source_rank", "kind", b"kind", "rank", b"rank", "source_address", b"source_address", "source_node_id", b"source_node_id", "source_rank", b"source_rank"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__source_rank: _TypeAlias = _typing.Literal["source_rank"]  # noqa: Y015
+    _WhichOneofArgType__source_rank: _TypeAlias = _typing.Literal["_source_rank", b"_source_rank"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__source_rank) -> _WhichOneofReturnType__source_rank | None: ...
 
 Global___RestoreFrom: _TypeAlias = RestoreFrom  # noqa: Y015
 

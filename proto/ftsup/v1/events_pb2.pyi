@@ -100,6 +100,8 @@ class _EndReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EndReason.V
     """an Xid whose policy is to restart the job"""
     END_REASON_SDC: _EndReason.ValueType  # 10
     """replicas' digests split with no majority: culprit unknown"""
+    END_REASON_ELASTIC_GROW: _EndReason.ValueType  # 11
+    """a shrunk job has enough nodes again: regrow at a committed snapshot"""
 
 class EndReason(_EndReason, metaclass=_EndReasonEnumTypeWrapper):
     """Why a generation ended."""
@@ -125,6 +127,8 @@ END_REASON_XID: EndReason.ValueType  # 9
 """an Xid whose policy is to restart the job"""
 END_REASON_SDC: EndReason.ValueType  # 10
 """replicas' digests split with no majority: culprit unknown"""
+END_REASON_ELASTIC_GROW: EndReason.ValueType  # 11
+"""a shrunk job has enough nodes again: regrow at a committed snapshot"""
 Global___EndReason: _TypeAlias = EndReason  # noqa: Y015
 
 class _XidAction:
@@ -247,22 +251,28 @@ class RankRestore(_message.Message):
     RANK_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     SOURCE_NODE_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_RANK_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     kind: Global___RestoreKind.ValueType
     source_node_id: _builtins.str
     """the node holding the snapshot (empty for FRESH)"""
+    source_rank: _builtins.int
+    """whose snapshot, when not this rank's own (elastic resize)"""
     def __init__(
         self,
         *,
         rank: _builtins.int = ...,
         kind: Global___RestoreKind.ValueType = ...,
         source_node_id: _builtins.str = ...,
+        source_rank: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_source_rank", b"_source_rank", "source_rank", b"source_rank"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "rank", b"rank", "source_node_id", b"source_node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_source_rank", b"_source_rank", "kind", b"kind", "rank", b"rank", "source_node_id", b"source_node_id", "source_rank", b"source_rank"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__source_rank: _TypeAlias = _typing.Literal["source_rank"]  # noqa: Y015
+    _WhichOneofArgType__source_rank: _TypeAlias = _typing.Literal["_source_rank", b"_source_rank"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__source_rank) -> _WhichOneofReturnType__source_rank | None: ...
 
 Global___RankRestore: _TypeAlias = RankRestore  # noqa: Y015
 

@@ -3,13 +3,17 @@ rank's state comes from.
 
 Gang semantics: a generation is planned only when every rank can be placed on a healthy node;
 otherwise the planner waits and says why. Survivors keep their ranks and a replacement takes a lost
-node's ranks whole, so the world and the rank numbers stay the same (bitwise continuity).
+node's ranks whole, so the world and the rank numbers stay the same (bitwise continuity). An
+elastic job (`min_nodes`) short of nodes runs on fewer instead (`JobSpec.shrunk_nodes`): ranks
+0..k*rpn-1 on k nodes, survivors first; every rank of such a job holds the same state, so a rank
+with no snapshot of its own restores another rank's (`restore_world(replicated=...)`).
 Where each rank's state comes from is policies/restore.py's answer (own RAM, buddy's RAM, the
 object-store checkpoint: the recovery ladder), fed here with the committed snapshot's copies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from itertools import chain, compress
 from operator import attrgetter, ne, or_
@@ -51,14 +55,21 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
                 f"waiting for {job.nodes} active nodes ({actives} ready) before using spares,"
                 f" for up to {spare_grace_s:g}s after start",
             )
+    full = job
     if len(healthy) < job.nodes:
-        return Plan(
-            None,
-            f"need {job.nodes} healthy nodes, have {len(healthy)}"
-            f" ({len(state.nodes)} registered, {_count_quarantined(state)} quarantined)",
-        )
+        # The first generation waits for the whole world: a node still booting is no failure.
+        shrunk = job.shrunk_nodes(len(healthy)) if state.last_generation > 0 else None
+        if shrunk is None:
+            allowed = f" (elastic down to {job.min_nodes}, a divisor of {job.nodes})" if job.is_elastic else ""
+            return Plan(
+                None,
+                f"need {job.nodes} healthy nodes{allowed}, have {len(healthy)}"
+                f" ({len(state.nodes)} registered, {_count_quarantined(state)} quarantined)",
+            )
+        job = dataclasses.replace(job, nodes=shrunk)
     members = _assign_ranks(state, soft, fleet, job)
-    restore_plan = restore.plan_restore(restore_world(state, soft, members, unreadable=fleet.unreadable))
+    restore_plan = restore.plan_restore(restore_world(state, soft, members, unreadable=fleet.unreadable,
+                                                      replicated=full.is_elastic))
     restores, restore_step = restore_plan.restores, restore_plan.step
     from_ram = restore_step is not None and any(
         r.kind in (RestoreKind.LOCAL_SNAPSHOT, RestoreKind.PEER_SNAPSHOT) for r in restores
@@ -66,6 +77,9 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
     rank0_node = state.nodes[members[0].node_id]
     number = state.last_generation + 1
     reason = _reason(state, f"restoring {restore_plan.reason}" if restore_step is not None else restore_plan.reason)
+    if job.nodes < full.nodes:
+        reason += (f"; shrunk to {job.nodes} of {full.nodes} nodes (no spare): each rank accumulates"
+                   f" {full.nodes // job.nodes} micro-batches, the global batch is unchanged")
     return Plan(
         GenerationStarted(
             generation=number,
@@ -77,12 +91,28 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
             restore_generation=state.snapshot.generation if (state.snapshot and from_ram) else 0,
             restores=restores,
             reason=reason,
-            config_hash=job.config_hash,
+            config_hash=full.config_hash,
             code_version=job.code_version,
             data_version=job.data_version,
         ),
         "",
     )
+
+
+def grow_to(state: ClusterState, soft: SoftState, job: JobSpec) -> int | None:
+    """Nodes a shrunk elastic generation could run on now, when more than it has (None: stay).
+    Grown only from a snapshot committed in this generation: the restore then loses at most the
+    steps since it, as after a failure."""
+    generation, snapshot = state.generation, state.snapshot
+    if not job.is_elastic or generation is None or not generation.is_running:
+        return None
+    if generation.world_size >= job.world_size or snapshot is None or snapshot.generation != generation.number:
+        return None
+    healthy = len(_survey(state, soft).healthy)
+    target = job.nodes if healthy >= job.nodes else job.shrunk_nodes(healthy)
+    if target is None or target * job.ranks_per_node <= generation.world_size:
+        return None
+    return target
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,11 +350,13 @@ def _shared_members(nodes: list[str], ranks: list[tuple[int, ...]], buddies: lis
 
 
 def restore_world(
-    state: ClusterState, soft: SoftState, members: tuple[RankAssignment, ...], *, unreadable: list[str] | None = None
+    state: ClusterState, soft: SoftState, members: tuple[RankAssignment, ...], *, unreadable: list[str] | None = None,
+    replicated: bool = False,
 ) -> restore.RestoreWorld:
     """The restore planner's input: the committed snapshot's copies (each rank on its node and its
     buddy), the nodes whose RAM can be read, the last committed checkpoint and the SDC taint.
-    `unreadable`: the nodes whose RAM cannot be read, when the caller already knows them."""
+    `unreadable`: the nodes whose RAM cannot be read, when the caller already knows them.
+    `replicated`: every rank holds the same state (an elastic job), so any rank's copy will do."""
     snapshot = state.snapshot
     holdings: tuple[restore.Holding, ...] | restore.SnapshotCopies = () if snapshot is None else (
         restore.SnapshotCopies(snapshot.step, snapshot.members, frozenset(snapshot.lost_holders))
@@ -343,6 +375,7 @@ def restore_world(
         tainted_from_step=state.sdc_tainted_from_step,
         # Nothing left anywhere: start over rather than stall (the reason says what was lost).
         allow_fresh=True,
+        replicated=replicated,
     )
 
 

@@ -64,6 +64,9 @@ class RestoreWorld:
     checkpoint_step: int | None  # the last committed object-store checkpoint, None if none
     tainted_from_step: int | None = None  # no step >= this may be restored (SDC)
     allow_fresh: bool = True  # nothing recoverable: start from step 0; False: refuse
+    # Every rank holds the same state (an elastic data-parallel job): a rank with no copy of its
+    # own at a step restores another rank's copy (after a shrink, the world grew back).
+    replicated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +83,10 @@ def plan_restore(world: RestoreWorld) -> RestorePlan:
     if quick is not None:
         return quick
     ranks = list(chain.from_iterable(map(attrgetter("ranks"), world.placement)))
-    if ranks != list(range(len(ranks))):  # (a block layout is sorted and distinct already)
+    is_whole_world = ranks == list(range(len(ranks)))  # 0..W-1 in order: a block layout's
+    if not is_whole_world:
         ranks = sorted(set(ranks))
+        is_whole_world = ranks == list(range(len(ranks)))
     held = _usable_holders(world)
     checkpoint = _untainted_checkpoint(world)
     candidates = sorted({*held, *(() if checkpoint is None else (checkpoint,))}, reverse=True)
@@ -89,18 +94,28 @@ def plan_restore(world: RestoreWorld) -> RestorePlan:
     for step in candidates:
         holders = held.get(step, {})
         missing = [r for r in ranks if not holders.get(r) and step != checkpoint]
-        if missing:
+        donors = sorted(holders) if world.replicated else []
+        if missing and not donors:
             skipped.append(f"step {step} lacks rank(s) {_ranks_text(missing)}")
             continue
         if holders:
             node_of = {rank: member.node_id for member in world.placement for rank in member.ranks}
-            restores = tuple(_source(rank, node_of[rank], holders.get(rank, ()), step, checkpoint) for rank in ranks)
+            restores = tuple(
+                _replica_source(rank, node_of[rank], donors, holders) if donors and not holders.get(rank)
+                else _source(rank, node_of[rank], holders.get(rank, ()), step, checkpoint)
+                for rank in ranks
+            )
         else:
-            restores = _uniform(ranks, RestoreKind.CHECKPOINT)  # what _source gives every rank
-        return RestorePlan(step, restores, False, _reason(step, restores, skipped))
+            restores = _uniform(ranks, RestoreKind.CHECKPOINT, is_whole_world)  # what _source gives every rank
+        reason = _reason(step, restores, skipped)
+        borrowed = [r.rank for r in restores if r.source_rank is not None]
+        if borrowed:
+            reason += f"; rank(s) {_ranks_text(borrowed)} from other ranks' copies (replicated state)"
+        return RestorePlan(step, restores, False, reason)
     why = _why_nothing(world, ranks, checkpoint, skipped)
     if world.allow_fresh:
-        return RestorePlan(None, _uniform(ranks, RestoreKind.FRESH), False, f"starting from step 0: {why}")
+        fresh = _uniform(ranks, RestoreKind.FRESH, is_whole_world)
+        return RestorePlan(None, fresh, False, f"starting from step 0: {why}")
     return RestorePlan(None, (), True, f"refused: {why}; no object-store checkpoint to fall back on")
 
 
@@ -219,9 +234,9 @@ _last_plan = _LastPlan()
 _uniform_restores: dict[RestoreKind, tuple[RankRestore, ...]] = {}  # kind -> ranks 0..W-1, shared
 
 
-def _uniform(ranks: list[int], kind: RestoreKind) -> tuple[RankRestore, ...]:
-    """Every rank from the same kind of source with no node (FRESH, CHECKPOINT)."""
-    is_whole_world = ranks == list(range(len(ranks)))
+def _uniform(ranks: list[int], kind: RestoreKind, is_whole_world: bool) -> tuple[RankRestore, ...]:
+    """Every rank from the same kind of source with no node (FRESH, CHECKPOINT); `is_whole_world`:
+    `ranks` are 0..len-1 (then the tuple is shared between plans)."""
     cached = _uniform_restores.get(kind, ())
     if is_whole_world and len(cached) == len(ranks):
         return cached
@@ -241,6 +256,16 @@ def _usable_holders(world: RestoreWorld) -> dict[int, dict[int, tuple[str, ...]]
             continue
         by_step[h.step][h.rank].add(h.node_id)
     return {step: {rank: tuple(sorted(nodes)) for rank, nodes in ranks.items()} for step, ranks in by_step.items()}
+
+
+def _replica_source(rank: int, node_id: str, donors: list[int], holders: dict[int, tuple[str, ...]]) -> RankRestore:
+    """Another rank's copy for `rank` (replicated state): donors in turn, a copy on the rank's
+    own node first."""
+    for donor in donors:
+        if node_id in holders[donor]:
+            return RankRestore(rank, RestoreKind.LOCAL_SNAPSHOT, node_id, source_rank=donor)
+    donor = donors[rank % len(donors)]
+    return RankRestore(rank, RestoreKind.PEER_SNAPSHOT, holders[donor][0], source_rank=donor)
 
 
 def _source(rank: int, node_id: str, holders: tuple[str, ...], step: int, checkpoint: int | None) -> RankRestore:
