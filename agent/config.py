@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ftsup.v1 import events_pb2
 from supervisor import tls
-from supervisor.metrics_http import MetricsListenError, split_listen
+from supervisor.metrics_http import MetricsListenError, check_metrics_listen
 from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
 
 from agent.core.hang import HangConfig
@@ -108,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default=None, help="its private key (PEM, mode 600)")
     p.add_argument("--tls-ca", default=None, help="CA (PEM) that signs supervisors' and peers' certificates")
     p.add_argument("--insecure", action="store_true", default=False,
-                   help="allow the peer service to listen in plaintext on a non-loopback --host (no TLS)")
+                   help="allow the peer service (--host) and --metrics-listen in plaintext beyond loopback (no TLS)")
     p.add_argument("--metrics-listen", default="", help="host:port for Prometheus to scrape /metrics"
-                   " (e.g. 0.0.0.0:9465); empty: no metrics endpoint")
+                   " (e.g. 0.0.0.0:9465); HTTPS with client certificates when --tls-* is set, else plain HTTP"
+                   " on loopback only (or --insecure); empty: no metrics endpoint")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -157,7 +158,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(str(exc)) from exc
     if ns.metrics_listen:
         try:
-            split_listen(ns.metrics_listen)
+            check_metrics_listen(ns.metrics_listen, files, is_insecure_allowed=ns.insecure)
         except MetricsListenError as exc:
             raise ConfigError(str(exc)) from exc
     workdir = Path(ns.workdir) if ns.workdir else Path("/var/lib/ftsup/agent") / ns.node_id

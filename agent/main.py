@@ -20,7 +20,7 @@ import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from supervisor import logs, tls
-from supervisor.metrics_http import serve_metrics
+from supervisor.metrics_http import MetricsListenError, serve_metrics
 from supervisor.sdnotify import Notifier, pet_watchdog
 
 from agent.codec import holding_report
@@ -156,7 +156,7 @@ async def run_agent(config: AgentConfig) -> int:
     metrics_server = None
     if config.metrics_listen:
         collector = AgentCollector(config.node_id, store, launcher.running, progress, reports)
-        metrics_server = await serve_metrics(agent_registry(collector), config.metrics_listen)
+        metrics_server = await serve_metrics(agent_registry(collector), config.metrics_listen, tls_files=files)
     link_task = asyncio.create_task(link.run())
     applier = asyncio.create_task(apply_directives())
     stopper = asyncio.create_task(stop.wait())
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(json=config.log_json, level=config.log_level)
     try:
         return asyncio.run(run_agent(config))
-    except tls.TlsConfigError as exc:
+    except (tls.TlsConfigError, MetricsListenError) as exc:
         print(f"ftsup agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig,
 from supervisor.core.policies.interval import IntervalConfig
 from supervisor.core.policies.recompute import RecomputeConfig
 from supervisor.metrics import ThroughputConfig
-from supervisor.metrics_http import split_listen
+from supervisor.metrics_http import MetricsListenError, check_metrics_listen
 from supervisor.server.authz import AuthzConfigError, load_token
 
 ENV_PREFIX = "FTSUP_SUPERVISOR_"
@@ -121,7 +121,7 @@ def load_job(path: pathlib.Path) -> JobSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"job file {path} must hold a JSON object")
     known = {"name", "nodes", "ranks_per_node", "argv", "env", "master_port_base", "master_port_span",
-             "code_version", "data_version"}
+             "code_version", "data_version", "min_nodes"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"job file {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
@@ -142,6 +142,7 @@ def load_job(path: pathlib.Path) -> JobSpec:
             master_port_span=int(raw.get("master_port_span", 500)),
             code_version=_version(raw, "code_version"),
             data_version=_version(raw, "data_version"),
+            min_nodes=int(raw.get("min_nodes", 0)),
         )
     except KeyError as exc:
         raise ConfigError(f"job file {path}: missing key {exc}") from exc
@@ -192,12 +193,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", type=pathlib.Path, default=None,
                    help="CA (PEM) that signs agents' and operators' client certificates")
     p.add_argument("--insecure", action="store_true", default=False,
-                   help="allow a plaintext --listen beyond loopback (no TLS): only on a trusted network")
+                   help="allow a plaintext --listen, --etcd or --metrics-listen beyond loopback (no TLS):"
+                        " only on a trusted network")
     p.add_argument("--etcd-cert", type=pathlib.Path, default=None, help="client certificate for etcd (PEM)")
     p.add_argument("--etcd-key", type=pathlib.Path, default=None, help="its private key (PEM)")
     p.add_argument("--etcd-ca", type=pathlib.Path, default=None, help="CA (PEM) that signs etcd's server certificates")
     p.add_argument("--metrics-listen", default="", help="host:port for Prometheus to scrape /metrics"
-                   " (e.g. 0.0.0.0:9464); empty: no metrics endpoint")
+                   " (e.g. 0.0.0.0:9464); HTTPS with client certificates when --tls-* is set, else plain HTTP"
+                   " on loopback only (or --insecure); empty: no metrics endpoint")
     p.add_argument("--flops-per-token", type=float, default=0.0,
                    help="the model's training FLOPs per token (about 6 x parameters), for the MFU metric")
     p.add_argument("--peak-flops-per-rank", type=float, default=0.0,
@@ -278,8 +281,6 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         if not 0 <= args.spare_grace_s <= 3600:
             raise ValueError(f"--spare-grace-s must be within [0, 3600], got {args.spare_grace_s}")
         throughput = ThroughputConfig(args.flops_per_token, args.peak_flops_per_rank, args.metrics_per_rank_limit)
-        if args.metrics_listen:
-            split_listen(args.metrics_listen)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     try:
@@ -296,7 +297,9 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         etcd_endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
         for endpoint in etcd_endpoints:
             tls.check_listen(endpoint, etcd_tls, is_insecure_allowed=args.insecure, flag="--etcd")
-    except tls.TlsConfigError as exc:
+        if args.metrics_listen:
+            check_metrics_listen(args.metrics_listen, server_tls, is_insecure_allowed=args.insecure)
+    except (tls.TlsConfigError, MetricsListenError) as exc:
         raise ConfigError(str(exc)) from exc
     if not 1 <= args.lease_ttl_s <= 60:
         raise ConfigError(f"--lease-ttl-s must be within [1, 60], got {args.lease_ttl_s}")

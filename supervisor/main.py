@@ -27,7 +27,7 @@ from supervisor.eventlog.embedded import EmbeddedLog
 from supervisor.eventlog.etcd import EtcdLog, make_client
 from supervisor.leader import LeaderElection
 from supervisor.metrics import SupervisorMetrics
-from supervisor.metrics_http import serve_metrics
+from supervisor.metrics_http import MetricsListenError, serve_metrics
 from supervisor.replica import run_replica
 from supervisor.runtime import Runtime
 from supervisor.server.agent_service import AgentService
@@ -84,7 +84,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     if config.metrics_listen:
         runtime.metrics = SupervisorMetrics(config.throughput)
         runtime.metrics.attach(runtime)
-        metrics_server = await serve_metrics(runtime.metrics.registry, config.metrics_listen, runtime.metrics.refresh)
+        metrics_server = await serve_metrics(runtime.metrics.registry, config.metrics_listen, runtime.metrics.refresh,
+                                             tls_files=config.server_tls)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     is_tls = config.server_tls is not None
     agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls), server)
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(json=config.log_json, level=config.log_level)
     try:
         asyncio.run(serve(config))
-    except (ConfigError, LogError, tls.TlsConfigError) as exc:
+    except (ConfigError, LogError, tls.TlsConfigError, MetricsListenError) as exc:
         print(f"ftsup supervisor: {exc}", file=sys.stderr)
         return 1
     return 0

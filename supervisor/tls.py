@@ -1,17 +1,19 @@
-"""mTLS for every ftsup gRPC endpoint: credentials from PEM files and who the peer is.
+"""mTLS for every ftsup endpoint (gRPC and /metrics): credentials from PEM files and who the peer is.
 
 Identity lives in one SAN URI per certificate (written by `ftsup certs`, see docs/ops.md):
   spiffe://ftsup/node/<node-id>                 an agent; must equal the node id in its Hello
   spiffe://ftsup/supervisor/<id>                a supervisor replica
   spiffe://ftsup/operator/<name>/<admin|read>   a person or script using supervisorctl
 The rule enforced here: a daemon never listens beyond loopback without TLS unless the operator
-said `--insecure` (`check_listen`). Shared by the supervisor, the agent and supervisorctl.
+said `--insecure` (`check_listen`; the /metrics endpoint follows it too, supervisor/metrics_http.py).
+Shared by the supervisor, the agent and supervisorctl.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import pathlib
+import ssl
 from dataclasses import dataclass
 from enum import Enum
 
@@ -78,6 +80,20 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials(
         [(_read(files.key), _read(files.cert))], root_certificates=_read(files.ca), require_client_auth=True
     )
+
+
+def server_ssl_context(files: TlsFiles) -> ssl.SSLContext:
+    """The same mTLS rule for plain-socket servers (the /metrics endpoint): present our
+    certificate, require a client certificate signed by the CA; TLS 1.2 at least."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert, files.key)
+        context.load_verify_locations(cafile=files.ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot use {files.cert}, {files.key} and CA {files.ca}: {exc}") from exc
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:

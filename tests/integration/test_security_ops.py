@@ -2,7 +2,8 @@
 
 Certificates come from `ftsup certs`. Covered refusals: an agent whose certificate names another
 node, a client without a certificate, a read-only credential on a command. Plus: the standard
-gRPC health service answers on the supervisor and on an agent's peer port, and the supervisor
+gRPC health service answers on the supervisor and on an agent's peer port, both daemons serve
+/metrics over HTTPS to a client certificate from the CA (and to nobody else), and the supervisor
 talks TLS to a real etcd member with client-certificate auth.
 """
 
@@ -14,9 +15,12 @@ import os
 import pathlib
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,6 +45,7 @@ DEADLINE_S = 30.0
 class Lab:
     pki: pathlib.Path
     address: str
+    metrics_url: str
     admin_token: pathlib.Path
     read_token: pathlib.Path
     workdir: pathlib.Path
@@ -97,17 +102,17 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                        "--operators", "alice:admin,bob:read"]) == 0
     job = root / "job.json"  # two nodes wanted: with one connected the job waits, no trainer starts
     job.write_text(json.dumps({"name": "sec", "nodes": 2, "ranks_per_node": 1, "argv": ["true"]}))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     admin, read = token_file(root / "admin.token", "admin-token-0123456789"), token_file(root / "read.token", "read-token-0123456789")
     conf = root / "supervisor.toml"  # TLS and tokens through the config file, as a unit would run it
     conf.write_text(f'listen = "127.0.0.1:{port}"\ndata_dir = "{root / "log"}"\njob = "{job}"\n'
                     f'tls_cert = "{pki / "supervisor-sup-1.pem"}"\ntls_key = "{pki / "supervisor-sup-1.key"}"\n'
                     f'tls_ca = "{pki / "ca.pem"}"\noperator_token_file = "{admin}"\n'
-                    f'operator_read_token_file = "{read}"\n')
+                    f'operator_read_token_file = "{read}"\nmetrics_listen = "127.0.0.1:{metrics_port}"\n')
     log = open(root / "supervisor.log", "wb")  # noqa: SIM115
     process = subprocess.Popen([sys.executable, "-m", "supervisor", "--config", str(conf)], stdout=log,
                                stderr=subprocess.STDOUT, env=ENV)
-    lab = Lab(pki, f"127.0.0.1:{port}", admin, read, root)
+    lab = Lab(pki, f"127.0.0.1:{port}", f"https://127.0.0.1:{metrics_port}/metrics", admin, read, root)
     try:
         with secure_channel(lab.address, lab.files("operator-alice")) as channel:
             wait_for("the TLS supervisor's health service",
@@ -119,12 +124,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         log.close()
 
 
-def start_agent(lab: Lab, node_id: str, cert: str) -> subprocess.Popen[str]:
+def start_agent(lab: Lab, node_id: str, cert: str, *extra: str) -> subprocess.Popen[str]:
     f = lab.files(cert)
     return subprocess.Popen(
         [sys.executable, "-m", "agent", "--node-id", node_id, "--supervisor", lab.address, "--gpus", "0",
          "--xid-log", "none", "--workdir", str(lab.workdir / f"agent-{node_id}-{cert}"), "--log-json",
-         "--tls-cert", str(f.cert), "--tls-key", str(f.key), "--tls-ca", str(f.ca)],
+         "--tls-cert", str(f.cert), "--tls-key", str(f.key), "--tls-ca", str(f.ca), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
@@ -161,6 +166,40 @@ def test_an_agent_with_its_own_certificate_joins_and_its_peer_port_serves_health
     finally:
         _, err = stop(agent)
     assert agent.returncode == 0, err[-2000:]
+
+
+def scrape(url: str, lab: Lab, cert: str | None) -> str:
+    """The /metrics page over HTTPS, verified against the lab CA, presenting `cert` when given."""
+    context = ssl.create_default_context(cafile=str(lab.pki / "ca.pem"))
+    if cert is not None:
+        context.load_cert_chain(lab.pki / f"{cert}.pem", lab.pki / f"{cert}.key")
+    with urllib.request.urlopen(url, context=context, timeout=5) as reply:  # noqa: S310 - https only
+        return reply.read().decode()
+
+
+def test_both_daemons_serve_metrics_over_https_to_a_certificate_from_the_ca_only(lab: Lab) -> None:
+    assert "ftsup_is_leader 1.0" in scrape(lab.metrics_url, lab, "operator-bob")
+    for refused in (lambda: scrape(lab.metrics_url, lab, None),  # no client certificate
+                    lambda: urllib.request.urlopen(lab.metrics_url.replace("https:", "http:"), timeout=5)):
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            refused()
+    metrics_port = free_port()
+    agent = start_agent(lab, "node-1", "node-node-1", "--metrics-listen", f"127.0.0.1:{metrics_port}")
+    try:
+        page = wait_for("the agent's metrics over HTTPS",
+                        lambda: _scrape_or_none(f"https://127.0.0.1:{metrics_port}/metrics", lab, "node-node-9"))
+        assert 'ftsup_agent_trainers_alive{node="node-1"} 0.0' in page
+    finally:
+        _, err = stop(agent)
+    assert agent.returncode == 0, err[-2000:]
+    assert '"url": "https://127.0.0.1:' in err and '"client_certificates": "required"' in err
+
+
+def _scrape_or_none(url: str, lab: Lab, cert: str) -> str | None:
+    try:
+        return scrape(url, lab, cert)
+    except (urllib.error.URLError, ConnectionError):
+        return None  # not listening yet
 
 
 def test_an_agent_whose_certificate_names_another_node_is_refused_and_exits_2(lab: Lab) -> None:

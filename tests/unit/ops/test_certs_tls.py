@@ -98,3 +98,30 @@ def test_the_agent_refuses_a_plaintext_public_peer_listener() -> None:
         parse_config(["--node-id", "n", "--supervisor", "s:1", "--host", "10.1.2.3"], environ={})
     assert parse_config(["--node-id", "n", "--supervisor", "s:1", "--host", "10.1.2.3", "--insecure", "--gpus", "0"],
                         environ={}).tls_files is None
+
+
+def test_a_plaintext_public_metrics_address_is_refused_saying_what_to_do(tmp_path: pathlib.Path) -> None:
+    from agent.config import ConfigError as AgentConfigError, parse_config
+    from supervisor.config import ConfigError, load
+
+    job = tmp_path / "job.json"
+    job.write_text('{"name": "t", "nodes": 1, "argv": ["true"]}')
+    with pytest.raises(ConfigError) as refused:
+        load(["--job", str(job), "--metrics-listen", "0.0.0.0:9464"])
+    message = str(refused.value)
+    assert message.startswith("--metrics-listen 0.0.0.0:9464 is not loopback and no TLS is configured")
+    for remedy in ("--tls-cert/--tls-key/--tls-ca", "HTTPS", "127.0.0.1:9464", "--insecure"):
+        assert remedy in message
+    agent = ["--node-id", "n", "--supervisor", "s:1", "--gpus", "0"]
+    with pytest.raises(AgentConfigError, match=r"--metrics-listen :9465 is not loopback.*--insecure"):
+        parse_config([*agent, "--metrics-listen", ":9465"], environ={})
+    # Loopback plaintext stays allowed; --insecure or TLS allow any address.
+    assert load(["--job", str(job), "--metrics-listen", "127.0.0.1:9464"]).metrics_listen == "127.0.0.1:9464"
+    assert parse_config([*agent, "--metrics-listen", "[::1]:9465"], environ={}).metrics_listen == "[::1]:9465"
+    assert load(["--job", str(job), "--metrics-listen", "0.0.0.0:9464", "--insecure"]).server_tls is None
+    assert parse_config([*agent, "--metrics-listen", "0.0.0.0:9465", "--insecure"], environ={}).tls_files is None
+    assert certs_main(["--out", str(tmp_path / "pki"), "--nodes", "n", "--supervisors", "s"]) == 0
+    pki = tmp_path / "pki"
+    with_tls = load(["--job", str(job), "--metrics-listen", "0.0.0.0:9464", "--tls-cert", str(pki / "supervisor-s.pem"),
+                     "--tls-key", str(pki / "supervisor-s.key"), "--tls-ca", str(pki / "ca.pem")])
+    assert with_tls.server_tls is not None and with_tls.metrics_listen == "0.0.0.0:9464"

@@ -96,3 +96,51 @@ def test_bad_settings_are_named():
         split_listen("9464")
     with pytest.raises(ValueError, match="peak_flops_per_rank"):
         ThroughputConfig(peak_flops_per_rank=-1.0)
+
+
+async def test_with_the_daemons_tls_files_metrics_are_https_and_need_a_client_certificate_from_the_ca(tmp_path):
+    import ssl
+
+    from harness.certs import main as certs_main
+    from supervisor import tls
+
+    pki = tmp_path / "pki"
+    assert certs_main(["--out", str(pki), "--supervisors", "sup-1", "--operators", "prometheus:read"]) == 0
+    server_files = tls.TlsFiles(pki / "supervisor-sup-1.pem", pki / "supervisor-sup-1.key", pki / "ca.pem")
+    metrics = SupervisorMetrics(ThroughputConfig())
+    await running_job(metrics)
+    server = await serve_metrics(metrics.registry, "127.0.0.1:0", metrics.refresh, tls_files=server_files)
+    port = server.sockets[0].getsockname()[1]
+
+    def client(with_certificate: bool) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        if with_certificate:
+            context.load_cert_chain(pki / "operator-prometheus.pem", pki / "operator-prometheus.key")
+        return context
+
+    async def https_scrape(context: ssl.SSLContext) -> str:
+        """The response, or why there was none (TLS 1.3 refuses a missing client certificate
+        after the client's handshake completed: at its first read, as an error or as EOF)."""
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="localhost")
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            raw = (await asyncio.wait_for(reader.read(), 10)).decode()
+            writer.close()
+        except (ssl.SSLError, ConnectionError) as exc:
+            return f"refused: {exc!r}"
+        return raw
+
+    try:
+        head, _, body = (await https_scrape(client(with_certificate=True))).partition("\r\n\r\n")
+        without_certificate = await https_scrape(client(with_certificate=False))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # plain HTTP to the TLS port
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        plain = (await asyncio.wait_for(reader.read(), 10)).decode(errors="replace")
+        writer.close()
+    finally:
+        server.close()
+    assert head.startswith("HTTP/1.1 200 OK")
+    assert sample(body, "ftsup_nodes", 'role="active",state="alive"') == 2
+    assert without_certificate == "" or without_certificate.startswith("refused"), without_certificate
+    assert "200 OK" not in plain and "ftsup_" not in plain, plain
