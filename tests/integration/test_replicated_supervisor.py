@@ -2,6 +2,7 @@
 
 Killing the leading supervisor mid-run: a follower takes over within seconds, at a higher term,
 agents reconnect to it, and training never stops: the job completes in its first generation.
+The standard health service tells a load balancer which replica takes agents: the leader only.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import pathlib
 import subprocess
 import sys
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ftsup.v1 import operator_pb2
 from harness.cluster import ClusterSpec, LocalCluster
@@ -90,3 +93,46 @@ def test_a_paused_leader_is_fenced_when_it_wakes_and_steps_down_to_follow(
         if after_new_term:
             first_new = after_new_term[0].seq
             assert all(r.term != first.term for r in records if r.seq > first_new), "a deposed leader appended"
+
+
+AGENTS_SERVICE = "ftsup.v1.Supervisor"
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health(address: str, service: str) -> int | None:
+    """One replica's answer for a service; None when it does not answer."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            request = health_pb2.HealthCheckRequest(service=service)
+            return int(health_pb2_grpc.HealthStub(channel).Check(request, timeout=2).status)
+    except grpc.RpcError:
+        return None
+
+
+def test_a_follower_answers_not_serving_for_agents_until_it_leads_while_every_replica_serves_reads(
+    tmp_path: pathlib.Path, etcd: EtcdCluster, etcd_prefix: str
+) -> None:
+    spec = ClusterSpec(nodes=1, spares=0, ranks_per_node=1, trainer_argv=("true",), supervisors=3,
+                       etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix)
+    with LocalCluster(spec, tmp_path) as cluster:
+        cluster.start_supervisor_only()  # no agents: leadership alone decides the answers
+        first = cluster.wait_for(cluster.leader, 30, "a leader")
+        followers = [a for a in cluster.addresses if a != first.address]
+        expected = {first.address: SERVING, **{f: NOT_SERVING for f in followers}}
+        cluster.wait_for(lambda: {a: health(a, AGENTS_SERVICE) for a in cluster.addresses} == expected, 10,
+                         f"SERVING for agents on the leader {first.address} only")
+        for address in cluster.addresses:  # any replica answers operators' reads
+            assert health(address, "") == SERVING and health(address, "ftsup.v1.Operator") == SERVING
+
+        cluster.kill_supervisor(first.address)
+        second = cluster.wait_for(lambda: cluster.leader_excluding(first.address), 30, "a new leader")
+        assert second.address in followers
+        cluster.wait_for(lambda: health(second.address, AGENTS_SERVICE) == SERVING, 10,
+                         f"the follower {second.address} to answer SERVING once it leads")
+        (still_following,) = (f for f in followers if f != second.address)
+        assert health(still_following, AGENTS_SERVICE) == NOT_SERVING
+
+        cluster.restart_supervisor(first.address)  # the old leader comes back as a follower
+        cluster.wait_for(lambda: health(first.address, "") == SERVING, 30, "the restarted replica")
+        assert health(first.address, AGENTS_SERVICE) == NOT_SERVING
+        assert health(second.address, AGENTS_SERVICE) == SERVING
