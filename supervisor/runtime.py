@@ -125,7 +125,7 @@ class Runtime:
         self.metrics: SupervisorMetrics | None = None  # set by the daemon when metrics are served
         self.checkpointer: Any = None  # supervisor.checkpointer.Checkpointer, set when a store is configured
         log.info("state replayed", from_snapshot_seq=self._snapshot_seq, head_seq=self.state.applied_seq,
-                 nodes=len(self.state.nodes))
+                 nodes=len(self.state.nodes), generation=self.generation_in_force)
 
     @property
     def generation_in_force(self) -> int | None:
@@ -173,7 +173,8 @@ class Runtime:
             outbox.put_nowait(None)
         self._node_stream.clear()
         self._sent.clear()
-        log.info("following", leader=leader_address or "unknown", applied_seq=self.state.applied_seq)
+        log.info("following", leader=leader_address or "unknown", applied_seq=self.state.applied_seq,
+                 generation=self.generation_in_force)
 
     def apply_followed(self, record: Record) -> None:
         """A follower folds the leader's records as they appear (its hot copy of the state)."""
@@ -198,7 +199,7 @@ class Runtime:
         self.is_leader = True
         self._announcement = LeadershipAcquired(term, address) if address else None
         self.post(Tick())  # wakes the loop, which announces first
-        log.info("leading", term=term, applied_seq=self.state.applied_seq)
+        log.info("leading", term=term, applied_seq=self.state.applied_seq, generation=self.generation_in_force)
 
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:

@@ -19,6 +19,7 @@ from ftsup.v1 import operator_pb2
 from harness.cluster import ClusterSpec, LocalCluster
 from harness.demo import trainer_argv
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.log_context import json_lines, supervisor_problems
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +59,8 @@ def test_killing_the_leading_supervisor_neither_stops_training_nor_loses_an_even
                               "leader", "--json"], capture_output=True, text=True, timeout=60)
         assert ctl.returncode == 0, ctl.stderr
         assert f'"leader": "{second.address}"' in ctl.stdout
+    for index in range(1, 4):  # the new leader's node lines name the generation it took over
+        assert supervisor_problems(json_lines(tmp_path / f"supervisor-{index}.log")) == [], index
 
 
 def test_a_paused_leader_is_fenced_when_it_wakes_and_steps_down_to_follow(

@@ -2,9 +2,11 @@
 
 The rule (supervisor/logs.py): a line that mentions a node (a `node_id`, any `*_node_id(s)` key, or
 a `rank`) carries `generation`, null only while none is in force. For a supervisor's log the
-generation in force is known exactly: one process writes its lines in order and logs an `event`
-line as each record is applied, so the last GenerationStarted not yet followed by its
-GenerationEnded is the one every later line must name. An agent's lines all name its node; the
+generation in force is known exactly: one process writes its lines in order and, while it leads,
+logs an `event` line as each record is applied, so the last GenerationStarted not yet followed by
+its GenerationEnded is the one every later line must name. Records folded without a line (replayed
+at start, followed as a replica) are summed up by the generation on "state replayed", "leading" and
+"following". An agent's lines all name its node; the
 generation is the one it runs (null while none), and a line naming a rank must name one.
 """
 
@@ -39,6 +41,9 @@ def supervisor_problems(lines: Iterable[tuple[int, dict[str, Any]]]) -> list[str
     last: int | None = None  # JobCompleted names the last generation, ended just before it
     for number, record in lines:
         kind = record.get("kind") if record["event"] == "event" else None
+        if record["event"] in ("state replayed", "leading", "following"):
+            in_force = record.get("generation")
+            last = in_force if in_force is not None else last
         if kind == "GenerationStarted":
             in_force = last = record.get("generation")
         expected = last if kind == "JobCompleted" else in_force

@@ -27,6 +27,12 @@ def test_a_supervisor_line_about_a_node_without_the_generation_in_force_is_named
         {"event": "waiting", "reason": "2 of 3 nodes"},  # about no node: no generation needed
     )
     assert supervisor_problems(good) == []
+    replayed = lines({"event": "state replayed", "generation": 3},
+                     {"event": "input refused", "node_id": "n1", "generation": 3},
+                     {"event": "following", "generation": 5},
+                     {"event": "leading", "generation": None},
+                     {"event": "node connected", "node_id": "n1", "generation": None})
+    assert supervisor_problems(replayed) == []
     missing = lines({"event": "event", "kind": "GenerationStarted", "generation": 4},
                     {"event": "node stream closed", "node_id": "n2"},
                     {"event": "input refused", "verifier_node_id": "n3", "generation": None})
