@@ -163,10 +163,11 @@ def _plan_from_snapshot(world: RestoreWorld) -> RestorePlan | None:
             source = (RestoreKind.LOCAL_SNAPSHOT, node_id)
         elif holders:
             source = (RestoreKind.PEER_SNAPSHOT, holders[0])
-        elif step == checkpoint:
+        elif step == checkpoint and not world.replicated:
             source = (RestoreKind.CHECKPOINT, "")
         else:
-            return None  # a rank with no copy: the general path says what was lost and falls back
+            return None  # a rank with no copy: the general path says what was lost, borrows another
+            # rank's copy (replicated state) or falls back
         for rank in member.ranks:
             sources[rank] = source
     restores = _last_plan.restores(placement, members, sources)

@@ -422,3 +422,28 @@ def test_vote_reports_are_the_records_of_every_rank_made_when_read():
     assert lazy[1] == SdcRankDigests(1, "a", "", "p1") and lazy[-1] == eager[-1] and lazy[:2] == eager[:2]
     assert [d for d in lazy if d.rank in {2}] == [SdcRankDigests(2, "b", "g2", "p2")]
     assert repr(lazy) == repr(eager) and hash(lazy) == hash(eager)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 2), st.data())
+def test_the_restore_planners_fast_path_equals_its_general_path(count, width, data):
+    # The snapshot's layout is a ring of blocks; the placement replaces some nodes by spares.
+    nodes = [f"n{i}" for i in range(count)]
+    members = tuple(RankAssignment(nodes[i], tuple(range(i * width, (i + 1) * width)),
+                                   nodes[(i + 1) % count] if count > 1 else "") for i in range(count))
+    replaced = data.draw(st.sets(st.integers(0, count - 1)))
+    placement = tuple(
+        RankAssignment(f"s{i}", m.ranks, m.buddy_node_id) if i in replaced else m for i, m in enumerate(members)
+    )
+    everyone = {*nodes, *(f"s{i}" for i in range(count))}
+    reachable = frozenset(data.draw(st.sets(st.sampled_from(sorted(everyone)))))
+    lost = frozenset(data.draw(st.sets(st.sampled_from(nodes))))
+    step = 10
+    checkpoint = data.draw(st.sampled_from([None, 5, 10, 15]))
+    tainted = data.draw(st.sampled_from([None, 8, 10, 12]))
+    replicated = data.draw(st.booleans())
+    copies = SnapshotCopies(step, members, lost)
+    fast = restore.plan_restore(RestoreWorld(placement, copies, reachable, checkpoint, tainted, True, replicated))
+    general = restore.plan_restore(RestoreWorld(placement, tuple(copies), reachable, checkpoint, tainted, True,
+                                                replicated))
+    assert fast == general
