@@ -57,6 +57,7 @@ class ClusterSpec:
     etcd_prefix: str = ""
     agent_args: tuple[str, ...] = ()  # extra agent flags (e.g. short --hang-* limits for chaos runs)
     supervisor_args: tuple[str, ...] = ()  # extra supervisor flags (e.g. --checkpoint-location DIR)
+    min_nodes: int = 0  # elastic: the job may shrink to this many nodes (0: never)
 
 
 @dataclass(slots=True)
@@ -109,6 +110,7 @@ class LocalCluster:
             "argv": list(self.spec.trainer_argv),
             "env": {"OMP_NUM_THREADS": "1", "TMPDIR": str(self.workdir / "tmp"), **dict(self.spec.trainer_env)},
             "master_port_base": free_port() % 20000 + 20000,
+            **({"min_nodes": self.spec.min_nodes} if self.spec.min_nodes else {}),
         }
         job_path = self.workdir / "job.json"
         job_path.write_text(json.dumps(job, indent=2))

@@ -115,7 +115,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--slow-rank", type=int, default=None, help="fault injection: this rank computes slower")
     p.add_argument("--slow-ms", type=float, default=50.0, help="extra compute time of --slow-rank per step")
-    p.add_argument("--slow-generation", type=int, default=1, help="...only in this generation (its node)")
+    p.add_argument("--slow-generation", type=int, default=1,
+                   help="...only in this generation (its node); 0: in every generation")
     p.add_argument("--crash-at-step", type=int, default=None)
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--crash-generation", type=int, default=1)
@@ -234,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             last = index == micro - 1
             with contextlib.nullcontext() if last else ddp.no_sync():
                 logits = ddp(batch[:, :-1])
-                if args.slow_rank == session.rank and session.generation == args.slow_generation:
+                if args.slow_rank == session.rank and args.slow_generation in (0, session.generation):
                     time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
                 part = loss_on(logits, batch) if micro == 1 else loss_on(logits, batch) / micro
                 if last:
