@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from typing import Any
 
-from trainer.checkpoint.errors import CheckpointError
+from trainer.checkpoint.errors import CheckpointError, ReshardRefused
 from trainer.checkpoint.location import open_location
 from trainer.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
 from trainer.checkpoint.store import ObjectStore
@@ -120,10 +120,13 @@ def save_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     return write_shard_index(store, layout, writer.shard_index())
 
 
-def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int) -> tuple[bytes, str]:
+def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int,
+              *, replicated: bool = False) -> tuple[bytes, str]:
     """This rank's payload and its SHA-256 from a committed checkpoint. Not collective: ranks
     whose RAM copies survived restore from RAM meanwhile. The manifest is checked first (the
-    topology and versions must allow the restore) and every object against it before use."""
+    topology and versions must allow the restore) and every object against it before use.
+    `replicated`: every rank holds the same state (an elastic job), so a rank beyond the saved
+    world (the job grew) loads rank `rank % saved world`'s payload."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -133,6 +136,12 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
 
     manifest = read_manifest(store, layout, checkpoint_id)
     plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
+    saved_world = manifest.topology.world_size
+    if rank >= saved_world:
+        if not replicated:
+            raise ReshardRefused(f"checkpoint {checkpoint_id!r} was saved by {saved_world} rank(s): rank {rank}"
+                                 " has no shard (only an elastic job's replicated state can borrow another's)")
+        rank = rank % saved_world
     state: dict[str, object] = {_payload_key(rank): b"", _sha_key(rank): ""}
     try:
         dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)

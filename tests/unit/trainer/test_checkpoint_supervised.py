@@ -44,3 +44,18 @@ def test_a_written_shard_reads_back_after_its_commit(tmp_path):
     with pytest.raises(CheckpointError, match="reading rank 0 of checkpoint 'step-0000000004-g1' failed"):
         supervised.load_rank(store, L, CID, 0, 1)
     store.close()
+
+
+def test_a_grown_elastic_world_borrows_a_saved_ranks_shard_and_others_are_refused(tmp_path):
+    from trainer.checkpoint.errors import ReshardRefused
+
+    store = LocalDirStore(tmp_path)
+    payload = b"\x02" * 100
+    sha = hashlib.sha256(payload).hexdigest()
+    report = supervised.save_rank(store, L, CID, 0, payload, sha)
+    catalog.commit(store, L, CID, 4, [report], supervised.job_topology(1), supervised.JOB_VERSIONS)
+    # Saved by a world of 1 (shrunk), read by rank 3 of a world of 4 (grown back): replicated state.
+    assert supervised.load_rank(store, L, CID, 3, 4, replicated=True) == (payload, sha)
+    with pytest.raises(ReshardRefused, match="rank 3 has no shard"):
+        supervised.load_rank(store, L, CID, 3, 4)
+    store.close()
