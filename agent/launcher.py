@@ -26,6 +26,8 @@ from agent.snapshots import SnapshotStore
 Logger = structlog.typing.FilteringBoundLogger
 
 STOP_GRACE_S = 3.0
+REJOIN_GRACE_S = 1.0  # a new generation waits this long for the rest of a node's broken ranks to ask
+REJOIN_FIRST_S = 0.5  # ... and this long for a first one (a replaced hand-off fails them within ms)
 MAX_CHECKPOINT_STEPS = 8  # requested checkpoint steps remembered per generation
 SPAWN_FAILED_EXIT_CODE = 127  # as a shell reports a command it could not run
 
@@ -39,6 +41,11 @@ class Trainer:
     handle: ProcessHandle
     watcher: asyncio.Task[None] | None = None
     exit_code: int | None = None
+    generation: int = 0  # the generation it runs (changes when it rejoins in-process)
+    # Set while the process waits in AwaitGeneration: its process group broke and it asks to be
+    # given the next generation's rank in place of a restart (the in-process fast path).
+    rejoin: asyncio.Future[dict[str, str] | str] | None = None
+    can_rejoin: bool = False  # it watches its generation (WatchGeneration): it takes the fast path
 
 
 @dataclass(eq=False)
@@ -54,6 +61,9 @@ class Run:
     checkpoint_steps: tuple[int, ...] = ()  # requested off the cadence; ranks learn them from step acks
     trainers: dict[int, Trainer] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
+    # Set once a directive replaces this generation: work still under way for it (a snapshot
+    # hand-off waiting on a dead buddy) ends at once, so its ranks reach the fast path.
+    replaced: asyncio.Event = field(default_factory=asyncio.Event)
 
     def live(self) -> list[Trainer]:
         return [t for t in self.trainers.values() if t.exit_code is None]
@@ -127,9 +137,15 @@ class Launcher:
         log.info("directive_applied", step=decision.step.value, reason=decision.reason)
         match decision.step:
             case Step.START | Step.RESTART:
+                if self.run is not None:
+                    self.run.replaced.set()
+                adopted = await self._rejoiners_for(directive) if action is Action.RUN else []
+                if adopted and self.run is not None:
+                    for trainer in adopted:
+                        del self.run.trainers[trainer.rank]  # not killed: they join the new generation
                 await self._kill_all()
                 self._applied = Applied(directive.generation, Action.RUN)
-                await self._start(directive)
+                await self._start(directive, adopted)
             case Step.UPDATE:
                 assert self.run is not None
                 self.run.retain_from_step = directive.retain_from_step
@@ -138,13 +154,93 @@ class Launcher:
                 self.run.checkpoint_steps = _merged(self.run.checkpoint_steps, directive.checkpoint_steps)
                 self._store.set_retain_from_step(directive.retain_from_step)
             case Step.STOP:
+                if self.run is not None:
+                    self.run.replaced.set()
                 self._applied = Applied(directive.generation, Action.STANDBY)
+                if await self._park_rejoiners(directive):
+                    return decision
                 await self.stop(self._stop_grace_s)
             case Step.NOOP:
                 pass
         return decision
 
-    async def _start(self, d: agent_pb2.Directive) -> None:
+    def watching(self, generation: int, rank: int) -> Run | None:
+        """A trainer watches its generation (it can rejoin in-process): the run it is in, or None."""
+        run = self.run
+        trainer = run.trainers.get(rank) if run is not None and run.generation == generation else None
+        if trainer is None:
+            return None
+        trainer.can_rejoin = True
+        return run
+
+    async def await_generation(self, generation: int, rank: int, wait_s: float) -> dict[str, str] | str:
+        """A live trainer of `generation` whose group broke waits for the next generation; the
+        answer is its new environment, or why not (then it exits and is restarted as before)."""
+        run = self.run
+        trainer = run.trainers.get(rank) if run is not None and run.generation == generation else None
+        if trainer is None or trainer.exit_code is not None:
+            return f"rank {rank} of generation {generation} is not running on this node"
+        loop = asyncio.get_running_loop()
+        trainer.rejoin = loop.create_future()
+        try:
+            return await asyncio.wait_for(asyncio.shield(trainer.rejoin), wait_s)
+        except asyncio.TimeoutError:
+            return f"no new generation for this node within {wait_s:g}s"
+        finally:
+            if trainer.rejoin is not None and not trainer.rejoin.done():
+                trainer.rejoin.set_result("gave up waiting")
+            trainer.rejoin = None
+
+    async def _park_rejoiners(self, d: agent_pb2.Directive) -> bool:
+        """Between generations (waiting for a spare, say) trainers waiting to rejoin are kept:
+        the next RUN directive adopts them. Not on a quarantined or drained node, and not once
+        the job completed: those stop. True: every live trainer is parked, nothing to stop."""
+        run = self.run
+        if run is None or d.reason.startswith(("quarantined", "drained", "job completed")):
+            return False
+        live = run.live()
+        if not live or not all(t.can_rejoin for t in live):
+            return False
+        await asyncio.sleep(0)  # let a hand-off that just failed reach AwaitGeneration
+        deadline = asyncio.get_running_loop().time() + REJOIN_GRACE_S
+        while not all(t.rejoin is not None and not t.rejoin.done() for t in run.live()):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        self._log.info("trainers_parked", generation=run.generation, ranks=sorted(t.rank for t in run.live()),
+                       reason="waiting in-process for the next generation")
+        return True
+
+    async def _rejoiners_for(self, d: agent_pb2.Directive) -> list[Trainer]:
+        """The live trainers that can take the new generation's ranks here in-process: every live
+        trainer of the old run is waiting to rejoin and there are as many as the node's new ranks.
+        A broken group fails every rank at once, so the rest are waited for briefly; if none asks
+        (ranks blocked in a collective, e.g. a hung peer) they are restarted as before."""
+        run = self.run
+        if run is None:
+            return []
+        if not any(t.can_rejoin for t in run.live()):
+            return []  # trainers that never asked to rejoin are restarted at once, as before
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while True:
+            live = run.live()
+            waiting = [t for t in live if t.rejoin is not None and not t.rejoin.done()]
+            waited = loop.time() - started
+            if waiting and len(waiting) == len(live):
+                break
+            # Nobody asking after a moment: blocked in a collective (a hung peer), not rejoining.
+            if waited >= (REJOIN_GRACE_S if waiting else REJOIN_FIRST_S):
+                break
+            await asyncio.sleep(0.02)
+        if not waiting or len(waiting) != len(live) or len(live) != len(d.ranks):
+            for trainer in waiting:
+                if trainer.rejoin is not None and not trainer.rejoin.done():
+                    trainer.rejoin.set_result("restarted instead: not every rank of this node could rejoin")
+            return []
+        return sorted(waiting, key=lambda t: t.local_rank)
+
+    async def _start(self, d: agent_pb2.Directive, adopted: list[Trainer] | None = None) -> None:
         restore_step = d.restore_step if d.HasField("restore_step") else None
         run = Run(
             generation=d.generation,
@@ -181,25 +277,35 @@ class Launcher:
             )
             env = {**self._base_env, **trainer_env(spec, directive_env)}
             log_path = self._config.workdir / log_file_name(rank, d.generation)
+            if adopted:
+                trainer = adopted[local_rank]
+                assert trainer.rejoin is not None
+                trainer.rank, trainer.local_rank, trainer.generation = rank, local_rank, d.generation
+                run.trainers[rank] = trainer
+                trainer.rejoin.set_result(trainer_env(spec, directive_env))
+                self._log.info("trainer_rejoined", generation=d.generation, rank=rank, pid=trainer.handle.pid)
+                continue
             try:
                 handle = await self._runner.spawn(list(d.argv), env, log_path)
             except SpawnFailed as exc:
                 self._log.error("trainer_spawn_failed", generation=d.generation, rank=rank, error=str(exc))
                 self._send_exit(run, rank, SPAWN_FAILED_EXIT_CODE)
                 continue
-            trainer = Trainer(rank, local_rank, handle)
-            trainer.watcher = asyncio.create_task(self._watch(run, trainer))
+            trainer = Trainer(rank, local_rank, handle, generation=d.generation)
+            trainer.watcher = asyncio.create_task(self._watch(trainer))
             run.trainers[rank] = trainer
             self._log.info("trainer_started", generation=d.generation, rank=rank, pid=handle.pid, log=str(log_path))
 
-    async def _watch(self, run: Run, trainer: Trainer) -> None:
+    async def _watch(self, trainer: Trainer) -> None:
         code = await self._runner.wait(trainer.handle)
         trainer.exit_code = code
-        self._log.info(
-            "trainer_exited", generation=run.generation, rank=trainer.rank, exit_code=code,
-            finished=trainer.rank in run.finished,
-        )
-        self._send_exit(run, trainer.rank, code)
+        # The generation it ran when it exited: a rejoined process may have moved on since start.
+        finished = self.run is not None and self.run.generation == trainer.generation and \
+            trainer.rank in self.run.finished
+        self._log.info("trainer_exited", generation=trainer.generation, rank=trainer.rank, exit_code=code,
+                       finished=finished)
+        self._report(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(
+            generation=trainer.generation, rank=trainer.rank, exit_code=code, finished=finished)))
 
     def _send_exit(self, run: Run, rank: int, code: int) -> None:
         self._report(

@@ -8,6 +8,7 @@ is checked against the generation and ranks this node runs; bad input gets a cle
 
 from __future__ import annotations
 
+import asyncio
 
 import grpc
 import structlog
@@ -23,6 +24,7 @@ from agent.snapshots import Blob, InvalidBlob, SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext
+MAX_AWAIT_S = 600.0  # the longest a broken rank may wait for its next generation
 
 
 class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
@@ -93,6 +95,28 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports.send(agent_pb2.AgentMessage(checkpoint_shard=request), sticky=True)
         return peer_pb2.LinkAck()
 
+    async def AwaitGeneration(  # noqa: N802
+        self, request: peer_pb2.AwaitGenerationRequest, context: Context
+    ) -> peer_pb2.AwaitGenerationResponse:
+        """The in-process fast path: the rank's group broke; it waits here for the next generation
+        this node runs, and gets its new rank's environment instead of being restarted."""
+        if not (0.0 < request.wait_s <= MAX_AWAIT_S):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"wait_s must be in (0, {MAX_AWAIT_S:g}]")
+        outcome = await self._launcher.await_generation(request.generation, request.rank, request.wait_s)
+        if isinstance(outcome, str):
+            self._log.info("rejoin_declined", generation=request.generation, rank=request.rank, reason=outcome)
+            return peer_pb2.AwaitGenerationResponse(assigned=False, reason=outcome)
+        return peer_pb2.AwaitGenerationResponse(
+            assigned=True, env=[agent_pb2.EnvVar(name=k, value=v) for k, v in sorted(outcome.items())])
+
+    async def WatchGeneration(  # noqa: N802
+        self, request: peer_pb2.WatchGenerationRequest, context: Context
+    ) -> peer_pb2.LinkAck:
+        run = self._launcher.watching(request.generation, request.rank)
+        if run is not None:
+            await run.replaced.wait()
+        return peer_pb2.LinkAck()
+
     async def PutSnapshot(self, request: peer_pb2.PutSnapshotRequest, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         blob = blob_from_proto(request.blob)
         await self._check_rank(context, "PutSnapshot", blob.generation, blob.rank)
@@ -107,17 +131,32 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports.send(holding_report(blob, self._node_id))
         # Replicate before answering: the trainer keeps one hand-off in flight, so answering only
         # once the buddy holds the copy bounds the uncommitted work to about one step.
-        await self._replicate(blob)
+        if not await self._replicate(blob):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"generation {blob.generation} was replaced while its snapshot was being replicated")
         return peer_pb2.LinkAck()
 
-    async def _replicate(self, blob: Blob) -> None:
-        """Copies the blob to the buddy, which reports its own holding to the supervisor."""
+    async def _replicate(self, blob: Blob) -> bool:
+        """Copies the blob to the buddy, which reports its own holding to the supervisor. False:
+        a directive replaced the generation meanwhile (the copy was abandoned: a dead buddy's
+        retries must not hold the rank back from the next generation)."""
         run = self._launcher.run
         buddy_address = run.buddy_address if run is not None else ""
-        if not buddy_address:
-            return
+        if not buddy_address or run is None:
+            return True
+        store = asyncio.ensure_future(self._peers.store(buddy_address, blob))
+        replaced = asyncio.ensure_future(run.replaced.wait())
         try:
-            await self._peers.store(buddy_address, blob)
+            await asyncio.wait({store, replaced}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            replaced.cancel()
+        if not store.done():
+            store.cancel()
+            self._log.info("buddy_replication_abandoned", buddy=buddy_address, generation=blob.generation,
+                           rank=blob.rank, step=blob.step)
+            return False
+        try:
+            store.result()
         except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - the step just stays uncommitted
             self._log.warning(
                 "buddy_replication_failed", buddy=buddy_address, generation=blob.generation, rank=blob.rank,
@@ -125,3 +164,4 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             )
         self._log.debug("snapshot_replicated", generation=blob.generation, rank=blob.rank, step=blob.step,
                         bytes_held=self._store.bytes_held)
+        return True

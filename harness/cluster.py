@@ -200,11 +200,12 @@ class LocalCluster:
         self._paused_groups.discard(pgid)
 
     def trainer_pid(self, node_id: str, rank: int, generation: int) -> int | None:
-        """The pid the node's agent logged for a rank of a generation (`trainer_started`), or None."""
+        """The pid the node's agent logged for a rank of a generation (`trainer_started`, or
+        `trainer_rejoined` when a live process joined it in-process), or None."""
         pid = None
         log_path = self.agents[node_id].log_path
         for line in log_path.read_text(errors="replace").splitlines():
-            if '"trainer_started"' not in line:
+            if '"trainer_started"' not in line and '"trainer_rejoined"' not in line:
                 continue
             try:
                 entry = json.loads(line)

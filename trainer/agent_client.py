@@ -67,6 +67,16 @@ class AgentClient:
     def report_checkpoint_shard(self, shard: agent_pb2.CheckpointShard) -> None:
         self._call("ReportCheckpointShard", self._stub.ReportCheckpointShard, shard, REPORT_DEADLINE_S)
 
+    def await_generation(self, generation: int, rank: int, wait_s: float) -> peer_pb2.AwaitGenerationResponse:
+        """Blocks until the agent gives this process the next generation's rank, or says no."""
+        request = peer_pb2.AwaitGenerationRequest(generation=generation, rank=rank, wait_s=wait_s)
+        return self._call("AwaitGeneration", self._stub.AwaitGeneration, request, wait_s + REPORT_DEADLINE_S)
+
+    def watch_generation(self, generation: int, rank: int, deadline_s: float) -> None:
+        """Returns once the agent replaced `generation` (raises AgentLinkError at the deadline)."""
+        request = peer_pb2.WatchGenerationRequest(generation=generation, rank=rank)
+        self._call("WatchGeneration", self._stub.WatchGeneration, request, deadline_s)
+
     def close(self) -> None:
         self._channel.close()
 

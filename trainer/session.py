@@ -15,12 +15,13 @@ mutates them elsewhere calls `wait_for_capture()` first, or sets `background_cap
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ __all__ = ["AgentLinkError", "LaunchEnv", "Session", "SnapshotCorrupt", "Snapsho
 
 # Step reports queued beyond this make `report_step` wait for the oldest: bounded memory.
 MAX_PENDING_REPORTS = 256
+REJOIN_DRAIN_S = 5.0  # how long a rejoining rank waits for the old generation's sends to settle
+WATCH_DEADLINE_S = 3600.0  # one WatchGeneration call; asked again after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,9 @@ class Session:
         self._side_stream: Any = None  # CUDA stream for device-to-host copies, made on first use
         self._lock = threading.Lock()
         self._requested_steps: set[int] = set()  # checkpoints asked for off the cadence (from step acks)
+        self.rejoins = 0  # generations joined in-process (the fast path), for logs and tests
+        self._on_replaced: Callable[[], None] | None = None
+        self._finished = False
         self._closed = False
         self.stats = SnapshotStats()
         self.restored_extra: Any = None
@@ -421,10 +427,79 @@ class Session:
         self._await_inflight(count_wait=True)
         return time.monotonic() - started
 
+    def on_generation_replaced(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` (from a background thread) once the agent replaces the generation
+        this rank runs, again after each rejoin; never after `finish`. The fast path passes a
+        process-group abort: a rank blocked in a collective on a dead peer gets out at once."""
+        self._on_replaced = callback
+        self._start_watch()
+
+    def _start_watch(self) -> None:
+        if self._on_replaced is None:
+            return
+        generation, rank = self.generation, self.rank
+
+        def watch() -> None:
+            while not self._closed and not self._finished and self.generation == generation:
+                try:
+                    self._client.watch_generation(generation, rank, WATCH_DEADLINE_S)
+                except AgentLinkError:
+                    if self._closed:
+                        return
+                    time.sleep(0.5)  # the agent restarting, or the deadline: ask again
+                    continue
+                if not self._finished and self.generation == generation and self._on_replaced is not None:
+                    self._on_replaced()
+                return
+
+        threading.Thread(target=watch, name="ftsup-generation-watch", daemon=True).start()
+
+    def rejoin(self, wait_s: float = 120.0) -> bool:
+        """The in-process fast path, after this rank's process group broke (a peer died): drop
+        what was in flight for the old generation, ask the agent for the next generation, and
+        take on its rank's environment (os.environ, `launch`, the restore step). True: re-init the
+        process group with the new rank and world, then `restore()` as at start. False: no
+        generation for this process (exit; the agent restarts the rank as before)."""
+        self._check_open()
+        old_generation, old_rank = self.generation, self.rank
+        # Reports and the hand-off of the broken generation: sent or not, they no longer matter
+        # (the agent refuses the old generation's messages once the new one starts).
+        for pending in list(self._pending_reports):
+            try:
+                pending.result(timeout=REJOIN_DRAIN_S)
+            except Exception:  # noqa: BLE001 - the old generation's reports are moot
+                pass
+        self._pending_reports.clear()
+        inflight = self._inflight
+        if inflight is not None:
+            try:
+                inflight.result(timeout=REJOIN_DRAIN_S)
+            except Exception:  # noqa: BLE001 - an uncommitted snapshot of a dead generation
+                pass
+            self._inflight = None
+        try:
+            answer = self._client.await_generation(old_generation, old_rank, wait_s)
+        except AgentLinkError:
+            return False
+        if not answer.assigned:
+            return False
+        env = {e.name: e.value for e in answer.env}
+        os.environ.update(env)
+        self.launch = LaunchEnv.from_mapping(os.environ)
+        fresh = CheckpointEnv.from_mapping(os.environ)
+        self.checkpoints = dataclasses.replace(fresh, read_timeout_s=self.checkpoints.read_timeout_s,
+                                               retry_deadline_s=self.checkpoints.retry_deadline_s)
+        with self._lock:
+            self._requested_steps.clear()
+        self.rejoins += 1
+        self._start_watch()
+        return True
+
     def finish(self, step: int, param_digest: str) -> None:
         """Report that this rank completed its last step, after all hand-offs are done."""
         self._check_open()
         _check_step(step)
+        self._finished = True  # the generation ending now (job complete) must not abort the group
         self._await_inflight(count_wait=False)
         while self._pending_reports:
             self._pending_reports.popleft().result()

@@ -19,6 +19,7 @@ _STARTED = time.monotonic()  # restart cost is mostly start-up: measure its phas
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -128,6 +129,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-retry-deadline-s", type=float, default=None,
                    help="object-store checkpoints: how long one store operation keeps retrying before this"
                         " rank's write fails and the supervisor aborts the attempt (default 120)")
+    p.add_argument("--rejoin", action=argparse.BooleanOptionalAction, default=False,
+                   help="ftsup's in-process fast path: when the process group breaks (a peer died), wait for the"
+                        " next generation and join it in-process instead of exiting (default off: with gloo only"
+                        " ranks that see the death take it; NCCL's abort wakes the rest)")
     p.add_argument("--offline", action="store_true",
                    help="run without an agent (torchrun-style env only) and print the final digest: a reference run")
     args = p.parse_args(argv)
@@ -141,6 +146,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if value is not None and not value > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
     return args
+
+
+def _abort_process_group() -> None:
+    """From the session's watch thread when the agent replaced this generation: aborting fails the
+    collective this rank may be blocked in, so it reaches the fast path now, not at the timeout."""
+    from torch.distributed import distributed_c10d
+
+    abort = getattr(distributed_c10d, "_abort_process_group", None)
+    if abort is None or not dist.is_initialized():
+        return
+    try:
+        abort()
+    except Exception as exc:  # noqa: BLE001 - the main thread's collective fails either way
+        print(f"abort of the replaced generation's process group: {exc}", file=sys.stderr, flush=True)
+
+
+def _leave_process_group() -> None:
+    """Abort the broken group, then forget it. Aborting closes this rank's connections at once,
+    which fails the peers still blocked on it (with gloo only a dead rank's direct neighbours see
+    the death): every rank of the group gets out within moments instead of at the timeout.
+    A failure here changes nothing (the group is broken anyway)."""
+    from torch.distributed import distributed_c10d
+
+    for name, leave in (("abort", getattr(distributed_c10d, "_abort_process_group", None)),
+                        ("destroy", dist.destroy_process_group)):
+        if leave is None:
+            continue
+        try:
+            leave()
+        except Exception as exc:  # noqa: BLE001
+            print(f"{name} of the broken process group: {exc}", file=sys.stderr, flush=True)
+        if not dist.is_initialized():
+            return
 
 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, GPT, torch.optim.Optimizer]:
@@ -207,77 +245,101 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tokens, model, optimizer = build(args, device)
     phases["model_s"], mark = time.monotonic() - mark, time.monotonic()
-    done = session.restore(model, optimizer)
-    phases["restore_s"], mark = time.monotonic() - mark, time.monotonic()
-    if done > args.steps:
-        raise SystemExit(f"restored step {done} is past --steps {args.steps}")
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
-    local_grads = GradDigester(model)  # this rank's gradients before the sync: for SDC recomputes
-    grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce",
-                                             grad_digester=local_grads)
-    digest = Digester.of(model)  # after restore: planned once, recomputed on the device each step
-    injector = sdc_inject.Injector(sdc_inject.from_flags(args), session.rank, session.generation, model)
-    phases["ddp_s"] = time.monotonic() - mark
+    if args.rejoin and not args.offline:
+        session.on_generation_replaced(_abort_process_group)
+    while True:  # once, unless this rank rejoins a new generation in-process (the fast path)
+        try:
+            done = session.restore(model, optimizer)
+            phases["restore_s"], mark = time.monotonic() - mark, time.monotonic()
+            if done > args.steps:
+                raise SystemExit(f"restored step {done} is past --steps {args.steps}")
+            ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
+            local_grads = GradDigester(model)  # this rank's gradients before the sync: for SDC recomputes
+            grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce",
+                                                     grad_digester=local_grads)
+            digest = Digester.of(model)  # after restore: planned once, recomputed on the device each step
+            injector = sdc_inject.Injector(sdc_inject.from_flags(args), session.rank, session.generation, model)
+            phases["ddp_s"] = time.monotonic() - mark
 
-    for step in range(done + 1, args.steps + 1):
-        started = time.monotonic()
-        grad_sync.reset()
-        injector.begin_step(step)
-        optimizer.zero_grad(set_to_none=True)
-        # Micro-batches: one per full-world rank this rank stands in for (one unless an elastic
-        # job runs shrunk); gradients add up locally and are synchronised with the last one.
-        micro = session.accumulation
-        loss = torch.zeros((), device=device)
-        waited_s = 0.0
-        tokens_done = 0
-        for index, data_rank in enumerate(session.data_ranks):
-            batch = batch_of(args, tokens, step, data_rank, device)
-            last = index == micro - 1
-            with contextlib.nullcontext() if last else ddp.no_sync():
-                logits = ddp(batch[:, :-1])
-                if args.slow_rank == session.rank and args.slow_generation in (0, session.generation):
-                    time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
-                part = loss_on(logits, batch) if micro == 1 else loss_on(logits, batch) / micro
-                if last:
-                    # Step S-1's snapshot must be held twice before this step's gradient sync
-                    # completes: a failure then loses at most one step. Waiting is not compute.
-                    waited_s = session.snapshot_barrier()
-                part.backward()
-            loss = loss + part.detach()
-            tokens_done += batch.size(0) * (batch.size(1) - 1)
-        # The averaged gradients' norm, for the metrics users watch (spikes precede divergence).
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-        optimizer.step()
-        injector.after_optimizer_step(step)  # fault injection: a flipped parameter bit
-        if use_cuda:
-            torch.cuda.synchronize(device)
-        ended = time.monotonic()
-        ready = grad_sync.last_ready_s if grad_sync.last_ready_s is not None else ended
-        loss_value = loss.item()
-        compute_s = max(0.0, ready - started - waited_s)
-        session.report_step(step, ended - started, compute_s, loss_value, digest(),
-                            grad_norm=float(grad_norm), tokens=tokens_done,
-                            local_grad_digest=local_grads())
-        if session.checkpoint_due(step):  # object-store checkpoint (FTSUP_CHECKPOINT_*), synchronous
-            session.save_checkpoint(step, model, optimizer)
-        if args.snapshot_every and step % args.snapshot_every == 0:
-            session.snapshot(step, model, optimizer)
-        if step == done + 1:
-            phases["first_step_s"] = time.monotonic() - started
-            timings = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
-            print(f"rank {session.rank} start-up: {timings}", file=sys.stderr, flush=True)
-        if session.rank == 0:
-            print(
-                f"step {step} loss {loss_value:.4f} step_ms {(ended - started) * 1e3:.1f}",
-                file=sys.stderr,
-                flush=True,
-            )
-        if (
-            step == args.crash_at_step
-            and session.rank == args.crash_rank
-            and session.generation == args.crash_generation
-        ):
-            os._exit(CRASH_EXIT_CODE)  # fault injection: die without cleanup, like a real crash
+            for step in range(done + 1, args.steps + 1):
+                started = time.monotonic()
+                grad_sync.reset()
+                injector.begin_step(step)
+                optimizer.zero_grad(set_to_none=True)
+                # Micro-batches: one per full-world rank this rank stands in for (one unless an elastic
+                # job runs shrunk); gradients add up locally and are synchronised with the last one.
+                micro = session.accumulation
+                loss = torch.zeros((), device=device)
+                waited_s = 0.0
+                tokens_done = 0
+                for index, data_rank in enumerate(session.data_ranks):
+                    batch = batch_of(args, tokens, step, data_rank, device)
+                    last = index == micro - 1
+                    with contextlib.nullcontext() if last else ddp.no_sync():
+                        logits = ddp(batch[:, :-1])
+                        if args.slow_rank == session.rank and args.slow_generation in (0, session.generation):
+                            time.sleep(args.slow_ms / 1000)  # fault injection: a slow GPU, inside the compute phase
+                        part = loss_on(logits, batch) if micro == 1 else loss_on(logits, batch) / micro
+                        if last:
+                            # Step S-1's snapshot must be held twice before this step's gradient sync
+                            # completes: a failure then loses at most one step. Waiting is not compute.
+                            waited_s = session.snapshot_barrier()
+                        part.backward()
+                    loss = loss + part.detach()
+                    tokens_done += batch.size(0) * (batch.size(1) - 1)
+                # The averaged gradients' norm, for the metrics users watch (spikes precede divergence).
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                optimizer.step()
+                injector.after_optimizer_step(step)  # fault injection: a flipped parameter bit
+                if use_cuda:
+                    torch.cuda.synchronize(device)
+                ended = time.monotonic()
+                ready = grad_sync.last_ready_s if grad_sync.last_ready_s is not None else ended
+                loss_value = loss.item()
+                compute_s = max(0.0, ready - started - waited_s)
+                session.report_step(step, ended - started, compute_s, loss_value, digest(),
+                                    grad_norm=float(grad_norm), tokens=tokens_done,
+                                    local_grad_digest=local_grads())
+                if session.checkpoint_due(step):  # object-store checkpoint (FTSUP_CHECKPOINT_*), synchronous
+                    session.save_checkpoint(step, model, optimizer)
+                if args.snapshot_every and step % args.snapshot_every == 0:
+                    session.snapshot(step, model, optimizer)
+                if step == done + 1:
+                    phases["first_step_s"] = time.monotonic() - started
+                    timings = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
+                    print(f"rank {session.rank} start-up: {timings}", file=sys.stderr, flush=True)
+                if session.rank == 0:
+                    print(
+                        f"step {step} loss {loss_value:.4f} step_ms {(ended - started) * 1e3:.1f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if (
+                    step == args.crash_at_step
+                    and session.rank == args.crash_rank
+                    and session.generation == args.crash_generation
+                ):
+                    os._exit(CRASH_EXIT_CODE)  # fault injection: die without cleanup, like a real crash
+            break
+        except RuntimeError as exc:  # gloo/NCCL: a peer is gone; or the agent refused the old generation
+            if args.offline or not args.rejoin:
+                raise
+            broken = str(exc).splitlines()[0][:300]
+        # Out of the except block: its traceback held the old DDP and, through it, the process
+        # group. Dropping them closes this rank's connections, which fails the peers still blocked
+        # waiting on it (only a dead rank's direct neighbours see the death), so every rank of the
+        # broken group reaches this point within moments.
+        print(f"rank {session.rank} generation {session.generation}: the process group broke ({broken});"
+              " asking the agent for the next generation", file=sys.stderr, flush=True)
+        ddp = grad_sync = None
+        _leave_process_group()
+        gc.collect()
+        if not session.rejoin():
+            raise SystemExit(f"rank {session.rank}: the process group broke ({broken}) and no new generation came")
+        mark = time.monotonic()
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=session.rank, world_size=session.world_size)
+        print(f"rank {session.rank} rejoined as generation {session.generation} (world {session.world_size})"
+              f" in-process; process group in {time.monotonic() - mark:.2f}s", file=sys.stderr, flush=True)
 
     final_digest = param_digest(model)
     session.finish(args.steps, final_digest)

@@ -6,6 +6,7 @@ Snapshots are opaque bytes to agents; the trainer owns their format.
 """
 
 from collections import abc as _abc
+from ftsup.v1 import agent_pb2 as _agent_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
@@ -137,6 +138,86 @@ class FetchSnapshotResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FetchSnapshotResponse: _TypeAlias = FetchSnapshotResponse  # noqa: Y015
+
+@_typing.final
+class WatchGenerationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    rank: _builtins.int
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchGenerationRequest: _TypeAlias = WatchGenerationRequest  # noqa: Y015
+
+@_typing.final
+class AwaitGenerationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """the generation whose group broke"""
+    rank: _builtins.int
+    """the rank this process ran in it"""
+    wait_s: _builtins.float
+    """give up after this long (the process then exits: a restart instead)"""
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        wait_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "rank", b"rank", "wait_s", b"wait_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitGenerationRequest: _TypeAlias = AwaitGenerationRequest  # noqa: Y015
+
+@_typing.final
+class AwaitGenerationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSIGNED_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    assigned: _builtins.bool
+    """false: no generation for this process; exit"""
+    reason: _builtins.str
+    """why not, when not assigned"""
+    @_builtins.property
+    def env(self) -> _containers.RepeatedCompositeFieldContainer[_agent_pb2.EnvVar]:
+        """the new rank's environment (RANK, WORLD_SIZE, FTSUP_*, ...)"""
+
+    def __init__(
+        self,
+        *,
+        assigned: _builtins.bool = ...,
+        env: _abc.Iterable[_agent_pb2.EnvVar] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "env", b"env", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitGenerationResponse: _TypeAlias = AwaitGenerationResponse  # noqa: Y015
 
 @_typing.final
 class GetRestoreRequest(_message.Message):

@@ -179,6 +179,16 @@ class TrainerLinkStub:
                 request_serializer=ftsup_dot_v1_dot_agent__pb2.CheckpointShard.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
                 _registered_method=True)
+        self.AwaitGeneration = channel.unary_unary(
+                '/ftsup.v1.TrainerLink/AwaitGeneration',
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.AwaitGenerationRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.AwaitGenerationResponse.FromString,
+                _registered_method=True)
+        self.WatchGeneration = channel.unary_unary(
+                '/ftsup.v1.TrainerLink/WatchGeneration',
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.WatchGenerationRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+                _registered_method=True)
 
 
 class TrainerLinkServicer:
@@ -215,6 +225,23 @@ class TrainerLinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AwaitGeneration(self, request, context):
+        """The in-process fast path: a rank whose process group broke asks for its next generation
+        instead of exiting; answered when a directive gives this node one (or after `wait_s`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchGeneration(self, request, context):
+        """Answers once a directive replaces `generation` on this node (or at once when it is not the
+        one running): a rank then aborts its process group, so ranks blocked in a collective on a
+        dead peer get out at once and reach AwaitGeneration together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerLinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +268,16 @@ def add_TrainerLinkServicer_to_server(servicer, server):
             'ReportCheckpointShard': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportCheckpointShard,
                     request_deserializer=ftsup_dot_v1_dot_agent__pb2.CheckpointShard.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
+            ),
+            'AwaitGeneration': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitGeneration,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.AwaitGenerationRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.AwaitGenerationResponse.SerializeToString,
+            ),
+            'WatchGeneration': grpc.unary_unary_rpc_method_handler(
+                    servicer.WatchGeneration,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.WatchGenerationRequest.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
             ),
     }
@@ -379,6 +416,60 @@ class TrainerLink:
             target,
             '/ftsup.v1.TrainerLink/ReportCheckpointShard',
             ftsup_dot_v1_dot_agent__pb2.CheckpointShard.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitGeneration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.TrainerLink/AwaitGeneration',
+            ftsup_dot_v1_dot_peer__pb2.AwaitGenerationRequest.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.AwaitGenerationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchGeneration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.TrainerLink/WatchGeneration',
+            ftsup_dot_v1_dot_peer__pb2.WatchGenerationRequest.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
             options,
             channel_credentials,

@@ -78,6 +78,15 @@ class TrainerLinkStub:
     PutSnapshot: _grpc.UnaryUnaryMultiCallable[_peer_pb2.PutSnapshotRequest, _peer_pb2.LinkAck]
     ReportFinished: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]
     ReportCheckpointShard: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CheckpointShard, _peer_pb2.LinkAck]
+    AwaitGeneration: _grpc.UnaryUnaryMultiCallable[_peer_pb2.AwaitGenerationRequest, _peer_pb2.AwaitGenerationResponse]
+    """The in-process fast path: a rank whose process group broke asks for its next generation
+    instead of exiting; answered when a directive gives this node one (or after `wait_s`).
+    """
+    WatchGeneration: _grpc.UnaryUnaryMultiCallable[_peer_pb2.WatchGenerationRequest, _peer_pb2.LinkAck]
+    """Answers once a directive replaces `generation` on this node (or at once when it is not the
+    one running): a rank then aborts its process group, so ranks blocked in a collective on a
+    dead peer get out at once and reach AwaitGeneration together.
+    """
 
 @_typing.type_check_only
 class TrainerLinkAsyncStub(TrainerLinkStub):
@@ -89,6 +98,15 @@ class TrainerLinkAsyncStub(TrainerLinkStub):
     PutSnapshot: _aio.UnaryUnaryMultiCallable[_peer_pb2.PutSnapshotRequest, _peer_pb2.LinkAck]  # type: ignore[assignment]
     ReportFinished: _aio.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]  # type: ignore[assignment]
     ReportCheckpointShard: _aio.UnaryUnaryMultiCallable[_agent_pb2.CheckpointShard, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    AwaitGeneration: _aio.UnaryUnaryMultiCallable[_peer_pb2.AwaitGenerationRequest, _peer_pb2.AwaitGenerationResponse]  # type: ignore[assignment]
+    """The in-process fast path: a rank whose process group broke asks for its next generation
+    instead of exiting; answered when a directive gives this node one (or after `wait_s`).
+    """
+    WatchGeneration: _aio.UnaryUnaryMultiCallable[_peer_pb2.WatchGenerationRequest, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    """Answers once a directive replaces `generation` on this node (or at once when it is not the
+    one running): a rank then aborts its process group, so ranks blocked in a collective on a
+    dead peer get out at once and reach AwaitGeneration together.
+    """
 
 class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
     """Served by an agent on a local socket to its own trainer ranks."""
@@ -127,5 +145,26 @@ class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.CheckpointShard,
         context: _ServicerContext,
     ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]: ...
+
+    @_abc_1.abstractmethod
+    def AwaitGeneration(
+        self,
+        request: _peer_pb2.AwaitGenerationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_peer_pb2.AwaitGenerationResponse, _abc.Awaitable[_peer_pb2.AwaitGenerationResponse]]:
+        """The in-process fast path: a rank whose process group broke asks for its next generation
+        instead of exiting; answered when a directive gives this node one (or after `wait_s`).
+        """
+
+    @_abc_1.abstractmethod
+    def WatchGeneration(
+        self,
+        request: _peer_pb2.WatchGenerationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]:
+        """Answers once a directive replaces `generation` on this node (or at once when it is not the
+        one running): a rank then aborts its process group, so ranks blocked in a collective on a
+        dead peer get out at once and reach AwaitGeneration together.
+        """
 
 def add_TrainerLinkServicer_to_server(servicer: TrainerLinkServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
