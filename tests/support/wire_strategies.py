@@ -222,6 +222,28 @@ def forged_trainer_exit(senders: tuple[str, ...]) -> st.SearchStrategy[Bad]:
     return draw()
 
 
+def forged_sdc_result(senders: tuple[str, ...]) -> st.SearchStrategy[Bad]:
+    """An SDC recompute answer nobody asked for: an unknown check id (none is open in this run),
+    any step and rank, digests claimed for any node, an error or none."""
+
+    @st.composite
+    def draw(d: st.DrawFn) -> Bad:
+        sender = d(st.sampled_from(senders))
+        check_id, step, rank = d(st.text(max_size=40)), d(u64), d(u32)
+        digests = d(st.lists(st.tuples(u32, st.text(max_size=20), st.text(max_size=300)), max_size=4))
+        error = d(st.sampled_from(["", "replay failed", "e" * 5000]))
+
+        def build(ctx: WireContext) -> agent_pb2.AgentMessage:
+            recomputed = [events_pb2.SdcRankDigests(rank=r, node_id=n, grad_digest=g, param_digest=g)
+                          for r, n, g in digests]
+            return _msg(sdc_check_result=agent_pb2.SdcCheckResult(
+                check_id=check_id, step=step, rank=rank, recomputed=recomputed, error=error, replay_s=0.1))
+
+        return Bad("sdc_result_forged", ON_STREAM, sender, build)
+
+    return draw()
+
+
 def bad_xid(senders: tuple[str, ...]) -> st.SearchStrategy[Bad]:
     """Xid codes outside 1..65535 and texts longer than the supervisor keeps (large payloads)."""
 
@@ -415,7 +437,7 @@ def bad_agent_message(nodes: tuple[str, ...]) -> st.SearchStrategy[Bad]:
     """Every kind of bad agent message, weighted towards the cheap on-stream ones."""
     on_stream = st.one_of(stale_generation(nodes), foreign_rank(nodes), foreign_snapshot(nodes),
                           bad_step_numbers(nodes), bad_hung_times(nodes), forged_trainer_exit(nodes),
-                          after_hello(nodes), changed_replay(nodes))
+                          after_hello(nodes), changed_replay(nodes), forged_sdc_result(nodes))
     return st.one_of(on_stream, on_stream, on_stream, on_stream, bad_xid(nodes), before_hello(), bad_hello(nodes),
                      undecodable())
 
