@@ -2,7 +2,8 @@
 
 `ScriptedProcessRunner` records spawns and signals and lets the test decide when and how each
 process exits; it honours the `ProcessRunner` contract (signal after exit is a no-op; wait
-returns the exit code, negative for the signal that ended it).
+returns the exit code, negative for the signal that ended it). `FakePeers` answers snapshot
+fetches from a dict.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.peers import SnapshotMissing
 from agent.process import ProcessHandle
+from agent.snapshots import Blob
 
 
 @dataclass(eq=False)
@@ -67,3 +70,17 @@ class ScriptedProcessRunner:
 
     def alive(self) -> list[FakeProcess]:
         return [p for p in self.spawned if p.exit_code is None]
+
+
+class FakePeers:
+    """Peer fetches answered from a dict of (address, rank, step) -> blob; records every fetch."""
+
+    def __init__(self, blobs: dict[tuple[str, int, int], Blob]) -> None:
+        self.blobs = blobs
+        self.fetched: list[tuple[str, int, int]] = []
+
+    async def fetch(self, address: str, rank: int, step: int) -> Blob:
+        self.fetched.append((address, rank, step))
+        if (address, rank, step) not in self.blobs:
+            raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
+        return self.blobs[(address, rank, step)]

@@ -13,9 +13,8 @@ from ftsup.v1 import agent_pb2, events_pb2
 
 from agent.config import parse_config
 from agent.core.directives import Step
-from agent.fakes import ScriptedProcessRunner
+from agent.fakes import FakePeers, ScriptedProcessRunner
 from agent.launcher import SPAWN_FAILED_EXIT_CODE, Launcher
-from agent.peers import SnapshotMissing
 from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
 from agent.snapshots import Blob, SnapshotStore
 
@@ -24,18 +23,6 @@ LOG = structlog.get_logger("test")
 
 def blob(rank: int, step: int, payload: bytes = b"state") -> Blob:
     return Blob(1, rank, step, "peer", payload, hashlib.sha256(payload).hexdigest())
-
-
-class FakePeers:
-    def __init__(self, blobs: dict[tuple[str, int, int], Blob]) -> None:
-        self.blobs = blobs
-        self.fetched: list[tuple[str, int, int]] = []
-
-    async def fetch(self, address: str, rank: int, step: int) -> Blob:
-        self.fetched.append((address, rank, step))
-        if (address, rank, step) not in self.blobs:
-            raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
-        return self.blobs[(address, rank, step)]
 
 
 class Node:

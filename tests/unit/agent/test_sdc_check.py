@@ -14,8 +14,7 @@ import structlog
 from ftsup.v1 import agent_pb2
 
 from agent.core import sdc_replay
-from agent.fakes import ScriptedProcessRunner
-from agent.peers import SnapshotMissing
+from agent.fakes import FakePeers, ScriptedProcessRunner
 from agent.sdc_check import SdcChecker
 from agent.snapshots import Blob, SnapshotStore
 
@@ -24,18 +23,6 @@ LOG = structlog.get_logger("test")
 
 def blob(rank: int, step: int, payload: bytes = b"snapshot-bytes") -> Blob:
     return Blob(1, rank, step, "n3", payload, hashlib.sha256(payload).hexdigest())
-
-
-class FakePeers:
-    def __init__(self, blobs: dict[tuple[str, int, int], Blob]) -> None:
-        self.blobs = blobs
-        self.fetched: list[tuple[str, int, int]] = []
-
-    async def fetch(self, address: str, rank: int, step: int) -> Blob:
-        self.fetched.append((address, rank, step))
-        if (address, rank, step) not in self.blobs:
-            raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
-        return self.blobs[(address, rank, step)]
 
 
 def order(check_id: str = "sdc-9", ranks=(0, 1, 2, 3)) -> agent_pb2.SdcCheckOrder:
