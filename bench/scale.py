@@ -199,12 +199,23 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         welcomed = [0] * len(procs)
         late_while_connecting = 0  # heartbeats the load processes sent >10% of an interval late
         deadline = time.monotonic() + args.connect_timeout_s
+        checked = time.monotonic()
         for i, proc in enumerate(procs):
             while True:
                 line = proc.read(deadline)
                 welcomed[i] = line["welcomed"]
                 _progress(f"{interval_s:g}s x {nodes}: {sum(welcomed)}/{nodes} nodes welcomed"
                           f" ({line['connect_s']:.0f}s)")
+                if time.monotonic() - checked >= 2.0:
+                    # Fail fast: a healthy node declared dead while the fleet connects means the
+                    # supervisor fell behind, and the run cannot reach a steady window.
+                    checked = time.monotonic()
+                    status = _status(address)
+                    if status is not None and (status.nodes_dead or status.nodes_quarantined):
+                        raise ClusterError(
+                            f"{status.nodes_dead} dead / {status.nodes_quarantined} quarantined node(s) while"
+                            f" connecting ({sum(welcomed)}/{nodes} welcomed after {time.monotonic() - started:.0f}s);"
+                            f" the load processes sent {line['late_beats']}+ heartbeats late")
                 if line["kind"] == "ready":
                     late_while_connecting += line["late_beats"]
                     break
@@ -316,9 +327,16 @@ def _wait_optional(check, timeout_s: float):  # type: ignore[no-untyped-def]
 
 
 def _profile_top(path: pathlib.Path, limit: int = 15) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    stats = pstats.Stats(str(path))
+    # SIGUSR2 makes the supervisor write the file asynchronously: wait until it loads whole.
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            stats = pstats.Stats(str(path))
+            break
+        except (OSError, EOFError, ValueError, TypeError):
+            if time.monotonic() > deadline:
+                return []
+            time.sleep(0.5)
     total = stats.total_tt  # type: ignore[attr-defined]
     rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]  # type: ignore[attr-defined]
     return [{"function": f"{pathlib.Path(file).name}:{line}({name})", "calls": nc, "tottime_s": round(tt, 3),
