@@ -41,6 +41,13 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
         return Plan(None, "job completed")
     if state.generation is not None:
         return Plan(None, "")
+    if len(state.nodes) < job.nodes and (not job.is_elastic or state.last_generation == 0):
+        # Too few registered to plan at all: said without a pass over the fleet, so a fleet of
+        # 12,500 registering does not cost a survey per Hello (quadratic in the fleet).
+        if now - soft.started_at_s < spare_grace_s:
+            return Plan(None, f"waiting for {job.nodes} active nodes ({len(state.nodes)} registered) before"
+                              f" using spares, for up to {spare_grace_s:g}s after start")
+        return Plan(None, f"need {job.nodes} healthy nodes, {len(state.nodes)} registered so far")
     fleet = _survey(state, soft)
     if fleet.suspects:
         suspects = [n for n in _previous_members(state) if n in fleet.suspects]

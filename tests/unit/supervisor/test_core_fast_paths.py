@@ -53,6 +53,11 @@ def ref_plan(state: ClusterState, soft: SoftState, job: JobSpec, now: float, spa
         return planner.Plan(None, "job completed")
     if state.generation is not None:
         return planner.Plan(None, "")
+    if len(state.nodes) < job.nodes and (not job.is_elastic or state.last_generation == 0):
+        if now - soft.started_at_s < spare_grace_s:
+            return planner.Plan(None, f"waiting for {job.nodes} active nodes ({len(state.nodes)} registered) before"
+                                      f" using spares, for up to {spare_grace_s:g}s after start")
+        return planner.Plan(None, f"need {job.nodes} healthy nodes, {len(state.nodes)} registered so far")
     previous = [m.node_id for m in state.snapshot.members] if state.snapshot else []
     suspects = [n for n in previous if (state.node(n) and state.nodes[n].liveness) is Liveness.SUSPECT]
     if suspects:

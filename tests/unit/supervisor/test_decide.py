@@ -63,7 +63,7 @@ def step(sim: Sim, generation: int, step_no: int, *, at: float | None = None) ->
 def test_a_gang_starts_only_when_every_rank_can_be_placed():
     sim = Sim()
     assert [type(e) for e in sim.events(hello("n1", stream_id=1))] == [NodeRegistered]
-    assert "waiting for 3 active nodes (1 ready)" in sim.waiting_reason
+    assert "waiting for 3 active nodes (1 registered)" in sim.waiting_reason
     sim.events(hello("n2", stream_id=2))
     events = sim.events(hello("n3", stream_id=3))
     started = events[-1]
