@@ -1,25 +1,31 @@
 """TrainerLink service on the local unix socket: the only door a trainer rank has to ftsup.
 
-Relays step reports and finished ranks to the supervisor, takes snapshots into the RAM store and
-replicates them to the buddy in the background, and hands each rank its restore. Every request
-is checked against the generation and ranks this node runs; bad input gets a clear gRPC error
-(INVALID_ARGUMENT / FAILED_PRECONDITION) and a log line, never a crash.
+Relays step reports and finished ranks to the supervisor, takes snapshots into the RAM store,
+streaming each to the buddy while it still arrives, and hands each rank its restore. Snapshots
+travel both ways as chunk streams (agent/streams.py). Every request is checked against the
+generation and ranks this node runs; bad input gets a clear gRPC error (INVALID_ARGUMENT /
+FAILED_PRECONDITION / RESOURCE_EXHAUSTED) and a log line, never a crash.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any
 
 import grpc
 import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
-from agent.codec import blob_from_proto, blob_to_proto, holding_report
+from agent.codec import holding_report
+from agent.core.chunks import CHUNK_BYTES
 from agent.launcher import Launcher
 from agent.link import Reports
 from agent.peers import PeerClient, PeerUnavailable
 from agent.progress import ProgressTracker
 from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
-from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+from agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
+from agent.streams import ident_of, opening_header, receive, send_blob
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext
@@ -36,7 +42,9 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         reports: Reports,
         log: Logger,
         progress: ProgressTracker | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
+        self._chunk_bytes = chunk_bytes
         self._progress = progress or ProgressTracker()
         self._node_id = node_id
         self._launcher = launcher
@@ -58,7 +66,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             self._log.warning("trainer_request_rejected", generation=generation, rank=rank, reason=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> peer_pb2.GetRestoreResponse:  # noqa: N802
+    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:  # noqa: N802
         try:
             blob = await self._restores.get(request.rank, request.generation)
         except UnknownRank as exc:
@@ -67,9 +75,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RestoreUnavailable as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        if blob is None:
-            return peer_pb2.GetRestoreResponse(has_state=False)
-        return peer_pb2.GetRestoreResponse(has_state=True, blob=blob_to_proto(blob))
+        if blob is not None:  # no chunk at all: start fresh
+            await send_blob(context.write, blob, self._chunk_bytes)
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
@@ -93,35 +100,58 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports.send(agent_pb2.AgentMessage(checkpoint_shard=request), sticky=True)
         return peer_pb2.LinkAck()
 
-    async def PutSnapshot(self, request: peer_pb2.PutSnapshotRequest, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
-        blob = blob_from_proto(request.blob)
-        await self._check_rank(context, "PutSnapshot", blob.generation, blob.rank)
-        if not blob.owner_node_id:
-            blob = Blob(blob.generation, blob.rank, blob.step, self._node_id, blob.payload, blob.sha256)
+    async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         try:
-            await self._store.put_off_loop(blob)
-        except InvalidBlob as exc:
-            self._log.warning("trainer_snapshot_rejected", generation=blob.generation, rank=blob.rank, step=blob.step,
-                              error=str(exc))
+            first = await context.read()
+            header = opening_header(first)
+        except InvalidSnapshot as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        await self._check_rank(context, "PutSnapshot", header.generation, header.rank)
+        where = {"generation": header.generation, "rank": header.rank, "step": header.step}
+        try:
+            incoming = self._store.receive(ident_of(header, self._node_id), header.size_bytes)
+        except InvalidSnapshot as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc), **where)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except SnapshotMemoryFull as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc), **where)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        # Pipelined: the buddy gets each chunk as soon as it landed here, not after the whole payload.
+        replication = asyncio.create_task(self._replicate(incoming))
+        try:
+            blob = await receive(first, context.read, incoming)
+        except InvalidSnapshot as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc), **where)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            if incoming.blob is None:  # the forwarder sees the discard and cancels the buddy's stream
+                replication.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replication
         self._reports.send(holding_report(blob, self._node_id))
-        # Replicate before answering: the trainer keeps one hand-off in flight, so answering only
-        # once the buddy holds the copy bounds the uncommitted work to about one step.
-        await self._replicate(blob)
+        # Answer once the buddy holds the copy too: the trainer keeps one hand-off in flight, so
+        # this bounds the uncommitted work to about one step.
+        await replication
         return peer_pb2.LinkAck()
 
-    async def _replicate(self, blob: Blob) -> None:
-        """Copies the blob to the buddy, which reports its own holding to the supervisor."""
+    async def _replicate(self, incoming: Incoming) -> None:
+        """Streams the snapshot to the buddy as it arrives; the buddy reports its own holding."""
         run = self._launcher.run
         buddy_address = run.buddy_address if run is not None else ""
         if not buddy_address:
             return
+        ident = incoming.ident
         try:
-            await self._peers.store(buddy_address, blob)
+            await self._peers.store(buddy_address, ident, incoming.size_bytes,
+                                    lambda: incoming.follow(self._chunk_bytes))
+        except InvalidSnapshot:
+            return  # discarded here: the trainer is told why, the buddy kept nothing
         except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - the step just stays uncommitted
             self._log.warning(
-                "buddy_replication_failed", buddy=buddy_address, generation=blob.generation, rank=blob.rank,
-                step=blob.step, error=str(exc)
+                "buddy_replication_failed", buddy=buddy_address, generation=ident.generation, rank=ident.rank,
+                step=ident.step, error=str(exc)
             )
-        self._log.debug("snapshot_replicated", generation=blob.generation, rank=blob.rank, step=blob.step,
+            return
+        self._log.debug("snapshot_replicated", generation=ident.generation, rank=ident.rank, step=ident.step,
                         bytes_held=self._store.bytes_held)

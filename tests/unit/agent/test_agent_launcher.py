@@ -31,11 +31,14 @@ class FakePeers:
         self.blobs = blobs
         self.fetched: list[tuple[str, int, int]] = []
 
-    async def fetch(self, address: str, rank: int, step: int) -> Blob:
+    async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None) -> Blob:
         self.fetched.append((address, rank, step))
         if (address, rank, step) not in self.blobs:
             raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
-        return self.blobs[(address, rank, step)]
+        blob = self.blobs[(address, rank, step)]
+        if store is not None:  # as PeerClient.fetch: streamed into the store
+            store.put(blob)
+        return blob
 
 
 class Node:
@@ -202,7 +205,7 @@ def test_store_keeps_four_newest_steps_above_the_floor_and_counts_bytes():
     [(b"", "0" * 64, "empty payload"), (b"x", "zz", "not 64 hex"), (b"x", "0" * 64, "mismatch")],
 )
 def test_store_rejects_bad_blobs(payload, sha, match):
-    from agent.snapshots import InvalidBlob
+    from agent.snapshots import InvalidSnapshot
 
-    with pytest.raises(InvalidBlob, match=match):
+    with pytest.raises(InvalidSnapshot, match=match):
         SnapshotStore().put(Blob(1, 0, 1, "n", payload, sha))
