@@ -45,6 +45,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self._chunk_bytes = chunk_bytes
+        self._forwards: set[asyncio.Task[None]] = set()  # buddy streams, referenced until done
         self._progress = progress or ProgressTracker()
         self._node_id = node_id
         self._launcher = launcher
@@ -119,6 +120,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         # Pipelined: the buddy gets each chunk as soon as it landed here, not after the whole payload.
         replication = asyncio.create_task(self._replicate(incoming))
+        self._forwards.add(replication)
+        replication.add_done_callback(self._forwards.discard)
         try:
             blob = await receive(first, context.read, incoming)
         except InvalidSnapshot as exc:
@@ -131,8 +134,9 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
                     await replication
         self._reports.send(holding_report(blob, self._node_id))
         # Answer once the buddy holds the copy too: the trainer keeps one hand-off in flight, so
-        # this bounds the uncommitted work to about one step.
-        await replication
+        # this bounds the uncommitted work to about one step. Shielded: a trainer that goes away
+        # now does not stop its buddy copy (the step may still commit).
+        await asyncio.shield(replication)
         return peer_pb2.LinkAck()
 
     async def _replicate(self, incoming: Incoming) -> None:
