@@ -55,7 +55,9 @@ class AgentLinkError(RuntimeError):
 class AgentClient:
     """Blocking TrainerLink calls to the agent at `address` (a gRPC target, e.g. unix:/path)."""
 
-    def __init__(self, address: str, *, chunk_bytes: int = CHUNK_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self, address: str, *, chunk_bytes: int = CHUNK_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         if not address:
             raise ValueError("agent address is empty (FTSUP_AGENT_ADDRESS not set?)")
         self.address = address
@@ -76,11 +78,14 @@ class AgentClient:
         (truncated, oversized, a size or hash mismatch).
         """
         request = peer_pb2.GetRestoreRequest(rank=rank, generation=generation)
+        messages = self._stub.GetRestore(request, timeout=RESTORE_DEADLINE_S, wait_for_ready=True)
         try:
-            messages = self._stub.GetRestore(request, timeout=RESTORE_DEADLINE_S, wait_for_ready=True)
             return _assemble(messages)
         except grpc.RpcError as exc:
             raise self._error("GetRestore", exc) from exc
+        except InvalidSnapshot:
+            messages.cancel()  # the rest of a bad stream is not worth receiving
+            raise
 
     def report_step(self, report: agent_pb2.StepReport) -> peer_pb2.LinkAck:
         """The agent's answer carries the checkpoint steps requested off the cadence."""
