@@ -22,6 +22,7 @@ from agent.core.hang import HangConfig
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0
+MAX_SNAPSHOT_MEMORY_MIB = 64 * 1024 * 1024  # 64 TiB
 ENV_PREFIX = "FTSUP_AGENT_"
 # Variables under the prefix that are not options: the agent sets these for its trainers.
 NOT_OPTIONS = frozenset({"FTSUP_AGENT_ADDRESS"})
@@ -50,6 +51,11 @@ class AgentConfig:
     hang: HangConfig = HangConfig()
     tls_files: tls.TlsFiles | None = None  # mTLS to supervisors and peers; None: plaintext
     metrics_listen: str = ""  # host:port of /metrics; empty: none
+    snapshot_memory_mib: int = 0  # snapshots held + arriving; 0: bounded by the machine's RAM only
+
+    @property
+    def snapshot_memory_bytes(self) -> int:
+        return self.snapshot_memory_mib * 1024 * 1024
 
     @property
     def socket_path(self) -> Path:
@@ -98,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--xid-log", default="auto",
                    help="where to watch for NVIDIA Xid lines: a kernel-log file followed like tail -F,"
                         " /dev/kmsg, 'auto' (/dev/kmsg when readable) or 'none'")
+    p.add_argument("--snapshot-memory-mib", type=int, default=0,
+                   help="RAM for snapshots held (own ranks' and buddies') plus those arriving; a snapshot that"
+                        " does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive (0: the machine's RAM)")
     p.add_argument("--hang-multiple", type=float, default=10.0,
                    help="a rank is hung after this many median step times without progress")
     p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")
@@ -148,6 +157,8 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--hang-*: {exc}") from exc
     if not 0 <= ns.warm_trainers <= 64:
         raise ConfigError(f"--warm-trainers: {ns.warm_trainers} must be within 0..64")
+    if not 0 <= ns.snapshot_memory_mib <= MAX_SNAPSHOT_MEMORY_MIB:
+        raise ConfigError(f"--snapshot-memory-mib: {ns.snapshot_memory_mib} must be within 0..{MAX_SNAPSHOT_MEMORY_MIB}")
     if not 0 <= ns.trainer_nice <= 19:
         raise ConfigError(f"--trainer-nice: {ns.trainer_nice} must be within 0..19")
     try:
@@ -183,6 +194,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         hang=hang,
         tls_files=files,
         metrics_listen=ns.metrics_listen,
+        snapshot_memory_mib=ns.snapshot_memory_mib,
     )
 
 

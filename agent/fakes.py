@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.peers import SnapshotMissing
 from agent.process import ProcessHandle
-from agent.snapshots import Blob
+from agent.snapshots import Blob, SnapshotStore
 
 
 @dataclass(eq=False)
@@ -79,8 +79,11 @@ class FakePeers:
         self.blobs = blobs
         self.fetched: list[tuple[str, int, int]] = []
 
-    async def fetch(self, address: str, rank: int, step: int) -> Blob:
+    async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None) -> Blob:
         self.fetched.append((address, rank, step))
         if (address, rank, step) not in self.blobs:
             raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
-        return self.blobs[(address, rank, step)]
+        blob = self.blobs[(address, rank, step)]
+        if store is not None:  # as PeerClient.fetch: streamed into the store
+            store.put(blob)
+        return blob

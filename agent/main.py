@@ -64,7 +64,7 @@ async def run_agent(config: AgentConfig) -> int:
     with contextlib.suppress(FileNotFoundError):
         config.socket_path.unlink()  # a stale socket from a previous agent process
 
-    store = SnapshotStore()
+    store = SnapshotStore(memory_limit_bytes=config.snapshot_memory_bytes)
     files = config.tls_files
     peers = PeerClient(random.Random(rng.getrandbits(64)),
                        credentials=tls.channel_credentials(files) if files is not None else None)

@@ -42,6 +42,10 @@ class AgentCollector(Collector):
         yield _gauge("ftsup_agent_snapshot_bytes", "Snapshot bytes held in RAM (own ranks and buddies')",
                      node, self._store.bytes_held)
         yield _gauge("ftsup_agent_snapshots", "Snapshots held in RAM", node, len(self._store))
+        yield _gauge("ftsup_agent_snapshot_incoming_bytes", "Snapshot bytes reserved by streams still arriving",
+                     node, self._store.bytes_incoming)
+        yield _gauge("ftsup_agent_snapshot_memory_limit_bytes", "Limit on snapshot bytes held plus arriving",
+                     node, self._store.memory_limit_bytes)
         yield _gauge("ftsup_agent_reports_queued", "Reports waiting for the supervisor", node, len(self._reports))
         yield _gauge("ftsup_agent_reports_dropped", "Reports dropped because the queue was full", node,
                      self._reports.dropped)

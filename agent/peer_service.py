@@ -1,17 +1,23 @@
-"""AgentPeer service: other agents store buddy copies here and fetch snapshots for restores.
+"""AgentPeer service: other agents stream buddy copies here and fetch snapshots for restores.
 
-Bad input (bad sha, empty payload) gets INVALID_ARGUMENT and a log line, never a crash.
+Both are chunk streams (agent/streams.py). A stored copy is held and reported only once it
+arrived whole and verified; a truncated, oversized or mismatched stream is discarded and answered
+INVALID_ARGUMENT, one over the memory limit RESOURCE_EXHAUSTED, each with a log line, never a crash.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import grpc
 import structlog
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
-from agent.codec import blob_from_proto, blob_to_proto, holding_report
+from agent.codec import holding_report
+from agent.core.chunks import CHUNK_BYTES
 from agent.link import Reports
-from agent.snapshots import InvalidBlob, SnapshotStore
+from agent.snapshots import InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
+from agent.streams import ident_of, opening_header, receive, send_blob
 from supervisor.tls import PeerKind, peer_identity
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -19,30 +25,42 @@ Context = grpc.aio.ServicerContext
 
 
 class PeerService(peer_pb2_grpc.AgentPeerServicer):
-    def __init__(self, node_id: str, store: SnapshotStore, reports: Reports, log: Logger, *, is_tls: bool = False) -> None:
+    def __init__(self, node_id: str, store: SnapshotStore, reports: Reports, log: Logger, *, is_tls: bool = False,
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         self._node_id = node_id
         self._is_tls = is_tls  # mTLS: only agents (node certificates) may store or fetch snapshots
         self._store = store
         self._reports = reports
         self._log = log
+        self._chunk_bytes = chunk_bytes
 
-    async def StoreSnapshot(self, request: peer_pb2.StoreSnapshotRequest, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
+    async def StoreSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
         await self._check_caller(context)
-        blob = blob_from_proto(request.blob)
+        header = None
         try:
-            await self._store.put_off_loop(blob)
-        except InvalidBlob as exc:
-            self._log.warning("peer_snapshot_rejected", peer=context.peer(), owner=blob.owner_node_id,
-                              generation=blob.generation, rank=blob.rank, step=blob.step, error=str(exc))
+            first = await context.read()
+            header = opening_header(first)
+            incoming = self._store.receive(ident_of(header), header.size_bytes)
+            blob = await receive(first, context.read, incoming)
+        except InvalidSnapshot as exc:
+            self._refuse(context, header, str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except SnapshotMemoryFull as exc:
+            self._refuse(context, header, str(exc))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         self._log.debug(
             "buddy_snapshot_stored", owner=blob.owner_node_id, generation=blob.generation, rank=blob.rank, step=blob.step,
-            size_bytes=len(blob.payload), bytes_held=self._store.bytes_held,
+            size_bytes=blob.size_bytes, bytes_held=self._store.bytes_held,
         )
         self._reports.send(holding_report(blob, self._node_id))
         return peer_pb2.StoreSnapshotResponse(holder_node_id=self._node_id)
 
-    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> peer_pb2.FetchSnapshotResponse:  # noqa: N802
+    def _refuse(self, context: Context, header: peer_pb2.SnapshotHeader | None, error: str) -> None:
+        where = {} if header is None else {"owner": header.owner_node_id, "generation": header.generation,
+                                           "rank": header.rank, "step": header.step}
+        self._log.warning("peer_snapshot_rejected", peer=context.peer(), error=error, **where)
+
+    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> None:  # noqa: N802
         await self._check_caller(context)
         blob = self._store.get(request.rank, request.step)
         if blob is None:
@@ -53,7 +71,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
             )
             self._log.info("peer_fetch_missing", rank=request.rank, step=request.step)
             await context.abort(grpc.StatusCode.NOT_FOUND, message)
-        return peer_pb2.FetchSnapshotResponse(blob=blob_to_proto(blob))
+        await send_blob(context.write, blob, self._chunk_bytes)
 
     async def _check_caller(self, context: Context) -> None:
         if not self._is_tls:

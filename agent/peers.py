@@ -1,28 +1,37 @@
-"""Client side of AgentPeer: store a snapshot on a buddy, fetch one from a source node.
+"""Client side of AgentPeer: stream a snapshot to a buddy, fetch one from a source node.
 
-Owns the channels to other agents (one per address, reused) and the retry policy for them.
-Errors leave as `PeerUnavailable` (retryable, raised after the deadline) or `InvalidBlob`.
+Owns the channels to other agents (one per address, reused) and the retry policy for them. Both
+directions are chunk streams (agent/streams.py): a store may start while the snapshot is still
+arriving from the trainer (pipelined), and a retry restarts it from its first byte.
+Errors leave as `PeerUnavailable` (retryable, raised after the deadline, or refused by the peer),
+`SnapshotMissing` or `InvalidSnapshot` (the bytes were wrong; nothing was kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 from supervisor.core.backoff import Backoff
 
-from agent.codec import blob_from_proto, blob_to_proto
+from agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
 from agent.grpc_options import MESSAGE_OPTIONS
-from agent.snapshots import Blob, verify
+from agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
+from agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send
 
 FETCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0, deadline_s=30.0)
 T = TypeVar("T")
 STORE_BACKOFF = Backoff(initial_s=0.1, max_s=1.0, deadline_s=5.0)
-RPC_TIMEOUT_S = 60.0
+HEADER_TIMEOUT_S = 60.0  # a fetch's first chunk (the header: the size, hence the rest's deadline)
+# Answers that retrying cannot change: the peer refused the request or the snapshot.
+_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION})
+
+Pieces = Callable[[], AsyncIterator[tuple[memoryview, str]]]  # a fresh pass over the payload per attempt
 
 
 class PeerUnavailable(RuntimeError):
@@ -34,34 +43,89 @@ class SnapshotMissing(LookupError):
 
 
 class PeerClient:
-    def __init__(self, rng: random.Random | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, credentials: grpc.ChannelCredentials | None = None,
+                 *, chunk_bytes: int = CHUNK_BYTES, options: list[tuple[str, int]] | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._rng = rng or random.Random()
         self._credentials = credentials  # mTLS to peers (their AgentPeer requires it); None: plaintext
+        self._chunk_bytes = chunk_bytes
+        self._options = options if options is not None else MESSAGE_OPTIONS
 
     def _stub(self, address: str) -> peer_pb2_grpc.AgentPeerStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = (grpc.aio.secure_channel(address, self._credentials, options=MESSAGE_OPTIONS)
-                       if self._credentials is not None else grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS))
+            channel = (grpc.aio.secure_channel(address, self._credentials, options=self._options)
+                       if self._credentials is not None else grpc.aio.insecure_channel(address, options=self._options))
             self._channels[address] = channel
         return peer_pb2_grpc.AgentPeerStub(channel)
 
-    async def store(self, address: str, blob: Blob, backoff: Backoff = STORE_BACKOFF) -> str:
-        """Stores `blob` on the peer at `address`; returns the holder node id it reports."""
-        request = peer_pb2.StoreSnapshotRequest(blob=blob_to_proto(blob))
-        response = await self._retry(address, backoff, lambda stub: stub.StoreSnapshot(request, timeout=RPC_TIMEOUT_S))
+    async def store(self, address: str, ident: SnapshotId, size_bytes: int, pieces: Pieces,
+                    backoff: Backoff = STORE_BACKOFF) -> str:
+        """Streams a snapshot to the peer at `address`; returns the holder node id it reports.
+
+        `pieces()` yields the payload's slices and, with the last, its SHA-256 (`Incoming.follow`
+        for a snapshot still arriving); it raising InvalidSnapshot cancels the stream, and the peer
+        keeps nothing.
+        """
+        header = header_of(ident, size_bytes)
+
+        async def attempt(stub: peer_pb2_grpc.AgentPeerStub) -> peer_pb2.StoreSnapshotResponse:
+            call = stub.StoreSnapshot(timeout=stream_deadline_s(size_bytes))
+            try:
+                try:
+                    await send(call.write, header, pieces())
+                    await call.done_writing()
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    # The peer ended the call while chunks were still going out (it refused the
+                    # header, say): the failed write reports INTERNAL, the call's own status why.
+                    pass
+                return await call
+            except BaseException:
+                call.cancel()  # the peer discards the partial stream
+                raise
+
+        response = await self._retry(address, backoff, attempt)
         return response.holder_node_id
 
-    async def fetch(self, address: str, rank: int, step: int, backoff: Backoff = FETCH_BACKOFF) -> Blob:
-        """Fetches and verifies the (rank, step) snapshot from the peer at `address`."""
+    async def store_blob(self, address: str, blob: Blob, backoff: Backoff = STORE_BACKOFF) -> str:
+        """Streams a held blob to the peer at `address`."""
+        return await self.store(address, blob.ident, blob.size_bytes,
+                                lambda: held_pieces(blob, self._chunk_bytes), backoff)
+
+    async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
+                    backoff: Backoff = FETCH_BACKOFF) -> Blob:
+        """Fetches the (rank, step) snapshot from the peer at `address`, verified as it streams in.
+
+        With `store`, it is received into the store (reserved against its memory limit, held once
+        verified); without, into a buffer of its own.
+        """
         request = peer_pb2.FetchSnapshotRequest(rank=rank, step=step)
-        response = await self._retry(address, backoff, lambda stub: stub.FetchSnapshot(request, timeout=RPC_TIMEOUT_S))
-        blob = blob_from_proto(response.blob)
-        if blob.key != (rank, step):
-            raise PeerUnavailable(f"{address} answered rank {blob.rank} step {blob.step} for rank {rank} step {step}")
-        await asyncio.to_thread(verify, blob)  # seconds for a model-sized payload: off the event loop
-        return blob
+
+        async def attempt(stub: peer_pb2_grpc.AgentPeerStub) -> Blob:
+            call = stub.FetchSnapshot(request)
+            try:
+                first = await asyncio.wait_for(call.read(), HEADER_TIMEOUT_S)
+                header = opening_header(first)
+                if (header.rank, header.step) != (rank, step):
+                    raise PeerUnavailable(f"{address} answered rank {header.rank} step {header.step} "
+                                          f"for rank {rank} step {step}")
+                incoming = self._incoming(ident_of(header), header.size_bytes, store)
+                async with asyncio.timeout(stream_deadline_s(header.size_bytes)):
+                    return await receive(first, call.read, incoming)
+            except TimeoutError as exc:
+                raise PeerUnavailable(f"{address}: fetch of rank {rank} step {step} stalled: {exc!r}") from exc
+            finally:
+                call.cancel()  # no-op once the stream ended
+
+        return await self._retry(address, backoff, attempt)
+
+    @staticmethod
+    def _incoming(ident: SnapshotId, size_bytes: int, store: SnapshotStore | None) -> Incoming:
+        if store is not None:
+            return store.receive(ident, size_bytes)
+        if size_bytes == 0:
+            raise InvalidSnapshot(f"{ident.describe()}: empty payload")
+        return Incoming(ident, Assembly(ident.describe(), size_bytes, physical_memory_bytes()))
 
     async def _retry(
         self, address: str, backoff: Backoff, call: Callable[[peer_pb2_grpc.AgentPeerStub], Awaitable[T]]
@@ -75,8 +139,8 @@ class PeerClient:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise SnapshotMissing(f"{address}: {exc.details()}") from exc
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise PeerUnavailable(f"{address} rejected the request: {exc.details()}") from exc
+                if exc.code() in _REFUSED:
+                    raise PeerUnavailable(f"{address} refused: {exc.code().name} {exc.details()}") from exc
                 delay_s = backoff.delay_s(attempt, self._rng)
                 if backoff.is_exhausted(waited_s + delay_s):
                     raise PeerUnavailable(

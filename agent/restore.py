@@ -2,8 +2,9 @@
 
 The launcher starts trainer processes at once (their `import torch` takes seconds) and calls
 `begin`, which resolves every rank's snapshot concurrently: from this node's store, or fetched
-from a peer (verified, then stored). `get` blocks a trainer until its rank is resolved. Outcomes
-are plain values, never exceptions left in futures, so nothing is lost if no trainer asks.
+from a peer (streamed into the store, verified as it lands). `get` blocks a trainer until its
+rank is resolved. Outcomes are plain values, never exceptions left in futures, so nothing is lost
+if no trainer asks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import structlog
 from ftsup.v1 import events_pb2
 
 from agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
-from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+from agent.snapshots import Blob, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -104,10 +105,10 @@ class RestoreBook:
         if not source.source_address:
             return Outcome(None, f"peer restore of rank {rank} names no source address")
         try:
-            blob = await self._peers.fetch(source.source_address, rank, step)
-        except (PeerUnavailable, SnapshotMissing, InvalidBlob) as exc:
+            # Streamed into the store: verified as it lands, held once whole.
+            blob = await self._peers.fetch(source.source_address, rank, step, self._store)
+        except (PeerUnavailable, SnapshotMissing, InvalidSnapshot, SnapshotMemoryFull) as exc:
             return Outcome(None, f"fetch from {source.source_node_id or '?'} ({source.source_address}): {exc}")
-        self._store.put(blob)
         return Outcome(blob)
 
     async def get(self, rank: int, generation: int) -> Blob | None:

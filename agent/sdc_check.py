@@ -26,7 +26,7 @@ from ftsup.v1 import agent_pb2, events_pb2
 from agent.core import sdc_replay
 from agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
 from agent.process import ProcessHandle, ProcessRunner, SpawnFailed
-from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+from agent.snapshots import Blob, InvalidSnapshot, SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
 Report = Callable[[agent_pb2.AgentMessage], None]
@@ -159,7 +159,7 @@ class SdcChecker:
                 continue
             try:
                 blob = await self._peers.fetch(source.address, rank, step)
-            except (PeerUnavailable, SnapshotMissing, InvalidBlob) as exc:
+            except (PeerUnavailable, SnapshotMissing, InvalidSnapshot) as exc:
                 tried.append(f"{source.node_id}: {exc}")
                 continue
             return blob  # verified against its SHA-256 by the fetch

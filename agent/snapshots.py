@@ -1,24 +1,42 @@
-"""RAM snapshot store: opaque blobs keyed by (rank, step), for this node's ranks and its buddies'.
+"""RAM snapshot store: verified payloads keyed by (rank, step), for this node's ranks and its buddies'.
 
-Owns the bytes held and the retention rule (agent/core/retention.py). Blobs are verified
-(SHA-256) before they enter the store, so anything inside it can be handed out unchecked.
-No proto imports: the services convert with agent/codec.py.
+Owns the bytes held, the bytes arriving, the memory limit over both (`--snapshot-memory-mib`)
+and the retention rule (agent/core/retention.py). A snapshot enters as a stream through
+`receive`: its declared size is reserved against the limit before a byte lands, the bytes go into
+one buffer of that size (agent/core/chunks.py), and only a complete payload whose SHA-256 matches
+becomes visible to `get`; a stream that fails or is abandoned is discarded whole. Whatever is in
+the store can therefore be handed out unchecked. Followers (the buddy forwarder) read an incoming
+snapshot while it lands. No proto imports: the services convert with agent/codec.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
+import os
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from agent.core.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
 from agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
 
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+__all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryFull", "SnapshotStore", "verify"]
 
 
-class InvalidBlob(ValueError):
-    """A blob failed validation (empty payload, malformed or mismatched sha256); not retryable."""
+class SnapshotMemoryFull(Exception):
+    """Taking this snapshot would put the store over its memory limit; retryable once retention
+    dropped older steps (the message names held, arriving, wanted and the limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotId:
+    generation: int
+    rank: int
+    step: int
+    owner_node_id: str
+
+    def describe(self) -> str:
+        return f"snapshot of rank {self.rank} step {self.step} (generation {self.generation})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,58 +45,191 @@ class Blob:
     rank: int
     step: int
     owner_node_id: str
-    payload: bytes
+    payload: bytes | memoryview  # read-only; a view of the buffer it was received into
     sha256: str
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.rank, self.step)
 
+    @property
+    def size_bytes(self) -> int:
+        return len(self.payload)
+
+    @property
+    def ident(self) -> SnapshotId:
+        return SnapshotId(self.generation, self.rank, self.step, self.owner_node_id)
+
 
 def verify(blob: Blob) -> None:
-    """Raises InvalidBlob unless the payload is non-empty and matches its hex SHA-256."""
+    """Raises InvalidSnapshot unless the payload is non-empty and matches its hex SHA-256 (one pass;
+    for blobs that did not arrive as a stream)."""
+    what = blob.ident.describe()
     if not blob.payload:
-        raise InvalidBlob(f"snapshot rank {blob.rank} step {blob.step}: empty payload")
-    claimed = blob.sha256.lower()
-    if not SHA256_HEX.fullmatch(claimed):
-        raise InvalidBlob(f"snapshot rank {blob.rank} step {blob.step}: sha256 {blob.sha256!r} is not 64 hex digits")
+        raise InvalidSnapshot(f"{what}: empty payload")
+    claimed = check_sha256(what, blob.sha256)
     actual = hashlib.sha256(blob.payload).hexdigest()
     if actual != claimed:
-        raise InvalidBlob(
-            f"snapshot rank {blob.rank} step {blob.step}: sha256 mismatch (claimed {claimed}, payload has {actual})"
-        )
+        raise HashMismatch(f"{what}: sha256 mismatch (claimed {claimed}, payload has {actual})")
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Incoming:
+    """A snapshot arriving: `add` each slice, then `finish` with the claimed SHA-256 (or `discard`).
+
+    Ends exactly once; `on_end(self, blob_or_None)` tells the store. Single event loop, no locks.
+    """
+
+    def __init__(self, ident: SnapshotId, assembly: Assembly,
+                 on_end: Callable[[Incoming, Blob | None], None] | None = None) -> None:
+        self.ident = ident
+        self._assembly = assembly
+        self._on_end = on_end
+        self._waiters: list[asyncio.Future[None]] = []
+        self.blob: Blob | None = None
+        self.error: InvalidSnapshot | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        return self._assembly.size_bytes
+
+    @property
+    def received_bytes(self) -> int:
+        return self._assembly.received_bytes
+
+    @property
+    def is_ended(self) -> bool:
+        return self.blob is not None or self.error is not None
+
+    def add(self, data: bytes) -> None:
+        """The next slice; an InvalidSnapshot (too many bytes) discards the snapshot and is raised."""
+        try:
+            self._assembly.add(data)
+        except InvalidSnapshot as exc:
+            self.discard(exc)
+            raise
+        self._wake()
+
+    def finish(self, sha256_hex: str) -> Blob:
+        """Verifies size and SHA-256 and hands the snapshot over (to the store, when it came from one);
+        an InvalidSnapshot discards it and is raised."""
+        try:
+            payload = self._assembly.finish(sha256_hex)
+        except InvalidSnapshot as exc:
+            self.discard(exc)
+            raise
+        ident = self.ident
+        self.blob = Blob(ident.generation, ident.rank, ident.step, ident.owner_node_id, payload, sha256_hex.lower())
+        self._end()
+        return self.blob
+
+    def truncated(self) -> InvalidSnapshot:
+        """Discards the snapshot as truncated (its stream ended early) and returns the error to raise."""
+        error = self._assembly.truncated()
+        self.discard(error)
+        return error
+
+    def discard(self, error: InvalidSnapshot) -> None:
+        """Drops what arrived (idempotent; a finished snapshot stays finished)."""
+        if self.is_ended:
+            return
+        self.error = error
+        self._end()
+
+    async def follow(self, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[tuple[memoryview, str]]:
+        """The payload as it lands, in slices of at most `chunk_bytes` (views, no copy), as `cut`
+        yields them: the last slice (possibly empty) carries the SHA-256 once `finish` verified it.
+        Raises InvalidSnapshot when the snapshot is discarded meanwhile."""
+        sent = 0
+        while True:
+            if self.error is not None:
+                raise InvalidSnapshot(f"{self.ident.describe()} was discarded while forwarded: {self.error}")
+            received = self._assembly.received_bytes
+            if received - sent >= chunk_bytes or (self.blob is not None and received > sent):
+                end = min(sent + chunk_bytes, received)
+                piece = self._assembly.view(sent, end)
+                sent = end
+                is_last = self.blob is not None and sent == self.size_bytes
+                yield piece, self.blob.sha256 if is_last and self.blob is not None else ""
+                if is_last:
+                    return
+                continue
+            if self.blob is not None:  # every byte went out before the last one was known
+                yield memoryview(b""), self.blob.sha256
+                return
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    def _end(self) -> None:
+        self._wake()
+        if self._on_end is not None:
+            self._on_end(self, self.blob)
 
 
 class SnapshotStore:
-    """In-memory blobs. Single-threaded (one event loop), so no locking."""
+    """In-memory snapshots. Single-threaded (one event loop), so no locking."""
 
-    def __init__(self, keep_per_rank: int = KEEP_STEPS_PER_RANK) -> None:
+    def __init__(self, keep_per_rank: int = KEEP_STEPS_PER_RANK, memory_limit_bytes: int = 0) -> None:
+        if memory_limit_bytes < 0:
+            raise ValueError(f"memory_limit_bytes must be >= 0 (0: this machine's RAM), got {memory_limit_bytes}")
         self._blobs: dict[tuple[int, int], Blob] = {}
         self._retain_from_step = 0
         self._keep_per_rank = keep_per_rank
+        # 0: bounded by the machine's RAM only (a declared size beyond it is refused at the header).
+        self.memory_limit_bytes = memory_limit_bytes or physical_memory_bytes()
         self.bytes_held = 0
+        self.bytes_incoming = 0  # reserved by snapshots still arriving
 
     def __len__(self) -> int:
         return len(self._blobs)
 
+    def receive(self, ident: SnapshotId, size_bytes: int) -> Incoming:
+        """Reserves `size_bytes` for a snapshot about to arrive; it enters the store when finished.
+
+        Raises InvalidSnapshot for an empty payload (no snapshot is empty) or OversizedStream for a
+        size beyond the limit itself, SnapshotMemoryFull when the limit has no room for it now.
+        """
+        if size_bytes == 0:
+            raise InvalidSnapshot(f"{ident.describe()}: empty payload")
+        assembly = Assembly(ident.describe(), size_bytes, self.memory_limit_bytes)
+        in_use = self.bytes_held + self.bytes_incoming
+        if in_use + size_bytes > self.memory_limit_bytes:
+            raise SnapshotMemoryFull(
+                f"{ident.describe()}: {size_bytes} bytes do not fit: {self.bytes_held} bytes held + "
+                f"{self.bytes_incoming} arriving + {size_bytes} > the limit of {self.memory_limit_bytes} bytes "
+                "(--snapshot-memory-mib)"
+            )
+        self.bytes_incoming += size_bytes
+        return Incoming(ident, assembly, self._ended)
+
+    def _ended(self, incoming: Incoming, blob: Blob | None) -> None:
+        self.bytes_incoming -= incoming.size_bytes
+        if blob is not None:
+            self._put_verified(blob)
+
     def put(self, blob: Blob) -> None:
-        """Stores a verified blob (replacing one at the same key), then applies retention."""
+        """Stores a blob that did not arrive as a stream, after verifying it (replacing one at the
+        same key), then applies retention."""
         verify(blob)
         self._put_verified(blob)
 
     def _put_verified(self, blob: Blob) -> None:
         old = self._blobs.pop(blob.key, None)
         if old is not None:
-            self.bytes_held -= len(old.payload)
+            self.bytes_held -= old.size_bytes
         self._blobs[blob.key] = blob
-        self.bytes_held += len(blob.payload)
+        self.bytes_held += blob.size_bytes
         self._prune()
-
-    async def put_off_loop(self, blob: Blob) -> None:
-        """`put`, with the SHA-256 check in a worker thread: hashing a model-sized payload takes
-        seconds, and on the event loop it would stall heartbeats until the node is declared dead."""
-        await asyncio.to_thread(verify, blob)
-        self._put_verified(blob)
 
     def get(self, rank: int, step: int) -> Blob | None:
         return self._blobs.get((rank, step))
@@ -94,4 +245,4 @@ class SnapshotStore:
 
     def _prune(self) -> None:
         for key in keys_to_drop(self._blobs, self._retain_from_step, self._keep_per_rank):
-            self.bytes_held -= len(self._blobs.pop(key).payload)
+            self.bytes_held -= self._blobs.pop(key).size_bytes

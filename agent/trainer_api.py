@@ -1,26 +1,31 @@
 """TrainerLink service on the local unix socket: the only door a trainer rank has to ftsup.
 
-Relays step reports and finished ranks to the supervisor, takes snapshots into the RAM store and
-replicates them to the buddy in the background, and hands each rank its restore. Every request
-is checked against the generation and ranks this node runs; bad input gets a clear gRPC error
-(INVALID_ARGUMENT / FAILED_PRECONDITION) and a log line, never a crash.
+Relays step reports and finished ranks to the supervisor, takes snapshots into the RAM store,
+streaming each to the buddy while it still arrives, and hands each rank its restore. Snapshots
+travel both ways as chunk streams (agent/streams.py). Every request is checked against the
+generation and ranks this node runs; bad input gets a clear gRPC error (INVALID_ARGUMENT /
+FAILED_PRECONDITION / RESOURCE_EXHAUSTED) and a log line, never a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 import grpc
 import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
-from agent.codec import blob_from_proto, blob_to_proto, holding_report
+from agent.codec import holding_report
+from agent.core.chunks import CHUNK_BYTES
 from agent.launcher import Launcher
 from agent.link import Reports
 from agent.peers import PeerClient, PeerUnavailable
 from agent.progress import ProgressTracker
 from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
-from agent.snapshots import Blob, InvalidBlob, SnapshotStore
+from agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
+from agent.streams import ident_of, opening_header, receive, send_blob
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext
@@ -38,7 +43,10 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         reports: Reports,
         log: Logger,
         progress: ProgressTracker | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
+        self._chunk_bytes = chunk_bytes
+        self._forwards: set[asyncio.Task[None]] = set()  # buddy streams, referenced until done
         self._progress = progress or ProgressTracker()
         self._node_id = node_id
         self._launcher = launcher
@@ -60,7 +68,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             self._log.warning("trainer_request_rejected", generation=generation, rank=rank, reason=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> peer_pb2.GetRestoreResponse:  # noqa: N802
+    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:  # noqa: N802
         try:
             blob = await self._restores.get(request.rank, request.generation)
         except UnknownRank as exc:
@@ -69,9 +77,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RestoreUnavailable as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        if blob is None:
-            return peer_pb2.GetRestoreResponse(has_state=False)
-        return peer_pb2.GetRestoreResponse(has_state=True, blob=blob_to_proto(blob))
+        if blob is not None:  # no chunk at all: start fresh
+            await send_blob(context.write, blob, self._chunk_bytes)
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
@@ -117,51 +124,76 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await run.replaced.wait()
         return peer_pb2.LinkAck()
 
-    async def PutSnapshot(self, request: peer_pb2.PutSnapshotRequest, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
-        blob = blob_from_proto(request.blob)
-        await self._check_rank(context, "PutSnapshot", blob.generation, blob.rank)
-        if not blob.owner_node_id:
-            blob = Blob(blob.generation, blob.rank, blob.step, self._node_id, blob.payload, blob.sha256)
+    async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         try:
-            await self._store.put_off_loop(blob)
-        except InvalidBlob as exc:
-            self._log.warning("trainer_snapshot_rejected", generation=blob.generation, rank=blob.rank, step=blob.step,
-                              error=str(exc))
+            first = await context.read()
+            header = opening_header(first)
+        except InvalidSnapshot as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        await self._check_rank(context, "PutSnapshot", header.generation, header.rank)
+        where = {"generation": header.generation, "rank": header.rank, "step": header.step}
+        try:
+            incoming = self._store.receive(ident_of(header, self._node_id), header.size_bytes)
+        except InvalidSnapshot as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc), **where)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except SnapshotMemoryFull as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc), **where)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        # Pipelined: the buddy gets each chunk as soon as it landed here, not after the whole payload.
+        replication = asyncio.create_task(self._replicate(incoming))
+        self._forwards.add(replication)
+        replication.add_done_callback(self._forwards.discard)
+        try:
+            blob = await receive(first, context.read, incoming)
+        except InvalidSnapshot as exc:
+            self._log.warning("trainer_snapshot_rejected", error=str(exc), **where)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            if incoming.blob is None:  # the forwarder sees the discard and cancels the buddy's stream
+                replication.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replication
         self._reports.send(holding_report(blob, self._node_id))
-        # Replicate before answering: the trainer keeps one hand-off in flight, so answering only
-        # once the buddy holds the copy bounds the uncommitted work to about one step.
-        if not await self._replicate(blob):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"generation {blob.generation} was replaced while its snapshot was being replicated")
+        # Answer once the buddy holds the copy too: the trainer keeps one hand-off in flight, so
+        # this bounds the uncommitted work to about one step. Shielded: a trainer that goes away
+        # now does not stop its buddy copy (the step may still commit). But once a directive
+        # replaced the generation the copy is moot: a dead buddy's retries must not hold the rank
+        # back from the next generation (the fast path), so it is abandoned and the rank told.
+        run = self._launcher.run
+        if run is not None and run.generation == blob.generation:
+            replaced = asyncio.ensure_future(run.replaced.wait())
+            try:
+                await asyncio.wait({replication, replaced}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                replaced.cancel()
+            if not replication.done():
+                replication.cancel()
+                self._log.info("buddy_replication_abandoned", generation=blob.generation, rank=blob.rank,
+                               step=blob.step)
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"generation {blob.generation} was replaced while its snapshot was being replicated")
+        await asyncio.shield(replication)
         return peer_pb2.LinkAck()
 
-    async def _replicate(self, blob: Blob) -> bool:
-        """Copies the blob to the buddy, which reports its own holding to the supervisor. False:
-        a directive replaced the generation meanwhile (the copy was abandoned: a dead buddy's
-        retries must not hold the rank back from the next generation)."""
+    async def _replicate(self, incoming: Incoming) -> None:
+        """Streams the snapshot to the buddy as it arrives; the buddy reports its own holding."""
         run = self._launcher.run
         buddy_address = run.buddy_address if run is not None else ""
-        if not buddy_address or run is None:
-            return True
-        store = asyncio.ensure_future(self._peers.store(buddy_address, blob))
-        replaced = asyncio.ensure_future(run.replaced.wait())
+        if not buddy_address:
+            return
+        ident = incoming.ident
         try:
-            await asyncio.wait({store, replaced}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            replaced.cancel()
-        if not store.done():
-            store.cancel()
-            self._log.info("buddy_replication_abandoned", buddy=buddy_address, generation=blob.generation,
-                           rank=blob.rank, step=blob.step)
-            return False
-        try:
-            store.result()
+            await self._peers.store(buddy_address, ident, incoming.size_bytes,
+                                    lambda: incoming.follow(self._chunk_bytes))
+        except InvalidSnapshot:
+            return  # discarded here: the trainer is told why, the buddy kept nothing
         except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - the step just stays uncommitted
             self._log.warning(
-                "buddy_replication_failed", buddy=buddy_address, generation=blob.generation, rank=blob.rank,
-                step=blob.step, error=str(exc)
+                "buddy_replication_failed", buddy=buddy_address, generation=ident.generation, rank=ident.rank,
+                step=ident.step, error=str(exc)
             )
-        self._log.debug("snapshot_replicated", generation=blob.generation, rank=blob.rank, step=blob.step,
+            return
+        self._log.debug("snapshot_replicated", generation=ident.generation, rank=ident.rank, step=ident.step,
                         bytes_held=self._store.bytes_held)
-        return True

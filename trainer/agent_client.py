@@ -1,22 +1,41 @@
 """The trainer's gRPC link to its node's agent (service TrainerLink in peer.proto).
 
-Owns the channel, its message-size limits and per-call deadlines, and translates every gRPC
-failure into `AgentLinkError` naming the agent address and the call, so a training script never
-sees raw grpc exceptions. Blocking calls only; `session.py` decides what runs in the background.
+Owns the channel, its message-size limits and per-call deadlines, the snapshot chunk streams in
+both directions (agent/core/chunks.py: ~4 MiB slices, the payload's SHA-256 computed while it is
+sliced and checked while it lands, never in a second pass), and translates every gRPC failure
+into `AgentLinkError` naming the agent address and the call, so a training script never sees raw
+grpc exceptions. Blocking calls only; `session.py` decides what runs in the background.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import grpc
 
+from agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, cut, stream_deadline_s
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
-# Snapshots are sent whole for now, so the channel must carry a full model + optimizer state.
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+# Snapshots travel in chunks, so no message comes near this (the agent's endpoints use the same).
+MAX_MESSAGE_BYTES = 2 * CHUNK_BYTES
 
-RESTORE_DEADLINE_S = 120.0  # the agent may fetch the blob from a peer first
-SNAPSHOT_DEADLINE_S = 120.0
+RESTORE_DEADLINE_S = 300.0  # the agent may fetch the snapshot from a peer first, then streams it
+SNAPSHOT_EXTRA_S = 60.0  # on top of the stream's own deadline: the agent answers once the buddy holds it
 REPORT_DEADLINE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class HeldSnapshot:
+    """A snapshot the agent handed back; `payload` matched `sha256` as it streamed in."""
+
+    generation: int
+    rank: int
+    step: int
+    owner_node_id: str
+    sha256: str
+    payload: memoryview
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -36,30 +55,64 @@ class AgentLinkError(RuntimeError):
 class AgentClient:
     """Blocking TrainerLink calls to the agent at `address` (a gRPC target, e.g. unix:/path)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, *, chunk_bytes: int = CHUNK_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         if not address:
             raise ValueError("agent address is empty (FTSUP_AGENT_ADDRESS not set?)")
         self.address = address
+        self._chunk_bytes = chunk_bytes
         self._channel = grpc.insecure_channel(
             address,
             options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes),
             ],
         )
         self._stub = peer_pb2_grpc.TrainerLinkStub(self._channel)
 
-    def get_restore(self, rank: int, generation: int) -> peer_pb2.GetRestoreResponse:
+    def get_restore(self, rank: int, generation: int) -> HeldSnapshot | None:
+        """The rank's snapshot (None: start fresh), verified as it streams in.
+
+        Raises AgentLinkError when the call fails, InvalidSnapshot when the stream is malformed
+        (truncated, oversized, a size or hash mismatch).
+        """
         request = peer_pb2.GetRestoreRequest(rank=rank, generation=generation)
-        return self._call("GetRestore", self._stub.GetRestore, request, RESTORE_DEADLINE_S)
+        messages = self._stub.GetRestore(request, timeout=RESTORE_DEADLINE_S, wait_for_ready=True)
+        try:
+            return _assemble(messages)
+        except grpc.RpcError as exc:
+            raise self._error("GetRestore", exc) from exc
+        except InvalidSnapshot:
+            messages.cancel()  # the rest of a bad stream is not worth receiving
+            raise
 
     def report_step(self, report: agent_pb2.StepReport) -> peer_pb2.LinkAck:
         """The agent's answer carries the checkpoint steps requested off the cadence."""
         return self._call("ReportStep", self._stub.ReportStep, report, REPORT_DEADLINE_S)
 
-    def put_snapshot(self, blob: peer_pb2.SnapshotBlob) -> None:
-        request = peer_pb2.PutSnapshotRequest(blob=blob)
-        self._call("PutSnapshot", self._stub.PutSnapshot, request, SNAPSHOT_DEADLINE_S)
+    def put_snapshot(self, header: peer_pb2.SnapshotHeader, payload: bytes | memoryview) -> str:
+        """Streams `payload` (the snapshot `header` names; its size is filled in) to the agent and
+        returns its hex SHA-256, once the agent and its buddy hold it."""
+        view = memoryview(payload).cast("B")
+        opening = peer_pb2.SnapshotHeader()
+        opening.CopyFrom(header)
+        opening.size_bytes = len(view)
+        sent: list[str] = []
+
+        def chunks() -> Iterator[peer_pb2.SnapshotChunk]:
+            # Pulled by gRPC one message at a time: one ~4 MiB copy of the payload exists at once.
+            for index, (piece, sha256) in enumerate(cut(view, self._chunk_bytes)):
+                message = peer_pb2.SnapshotChunk(data=bytes(piece), sha256=sha256)
+                if index == 0:
+                    message.header.CopyFrom(opening)
+                if sha256:
+                    sent.append(sha256)
+                yield message
+
+        deadline_s = stream_deadline_s(len(view)) + SNAPSHOT_EXTRA_S
+        self._call("PutSnapshot", self._stub.PutSnapshot, chunks(), deadline_s)
+        return sent[-1]
 
     def report_finished(self, finished: agent_pb2.RankFinished) -> None:
         self._call("ReportFinished", self._stub.ReportFinished, finished, REPORT_DEADLINE_S)
@@ -85,6 +138,36 @@ class AgentClient:
             # wait_for_ready: ride out a socket that is still coming up, within the deadline.
             return fn(request, timeout=deadline_s, wait_for_ready=True)
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            detail = exc.details() if hasattr(exc, "details") else str(exc)
-            raise AgentLinkError(self.address, method, code, detail or "") from exc
+            raise self._error(method, exc) from exc
+
+    def _error(self, method: str, exc: grpc.RpcError) -> AgentLinkError:
+        code = exc.code() if hasattr(exc, "code") else None
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        return AgentLinkError(self.address, method, code, detail or "")
+
+
+def _assemble(messages: Iterator[peer_pb2.SnapshotChunk]) -> HeldSnapshot | None:
+    """A GetRestore stream put back together; None when it carries no chunk at all (start fresh)."""
+    assembly: Assembly | None = None
+    header = peer_pb2.SnapshotHeader()
+    sha256 = ""
+    for message in messages:
+        if assembly is None:
+            if not message.HasField("header"):
+                raise InvalidSnapshot("restore stream's first chunk carries no header")
+            header = message.header
+            what = f"snapshot of rank {header.rank} step {header.step} (generation {header.generation})"
+            # Bounded by this machine's RAM: a declared size beyond it is refused before allocating.
+            assembly = Assembly(what, header.size_bytes, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        elif message.HasField("header"):
+            raise InvalidSnapshot(f"{assembly.what}: a second header in the stream")
+        if sha256:
+            raise InvalidSnapshot(f"{assembly.what}: a chunk arrived after the one carrying the sha256")
+        assembly.add(message.data)
+        sha256 = message.sha256
+    if assembly is None:
+        return None
+    if not sha256:
+        raise assembly.truncated()
+    payload = assembly.finish(sha256)
+    return HeldSnapshot(header.generation, header.rank, header.step, header.owner_node_id, sha256.lower(), payload)

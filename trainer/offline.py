@@ -11,6 +11,7 @@ compares an SDC recompute with.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 from collections.abc import Mapping
@@ -31,8 +32,8 @@ class OfflineClient:
         self.finished: agent_pb2.RankFinished | None = None
         self._keep_dir = keep_dir
 
-    def get_restore(self, rank: int, generation: int) -> peer_pb2.GetRestoreResponse:
-        return peer_pb2.GetRestoreResponse()
+    def get_restore(self, rank: int, generation: int) -> None:
+        return None
 
     def report_step(self, report: agent_pb2.StepReport) -> None:
         self.steps.append(report)
@@ -40,11 +41,14 @@ class OfflineClient:
             with open(self._keep_dir / f"rank-{report.rank}.steps.jsonl", "a") as out:
                 out.write(json.dumps(json_format.MessageToDict(report, preserving_proto_field_name=True)) + "\n")
 
-    def put_snapshot(self, blob: peer_pb2.SnapshotBlob) -> None:
-        if self._keep_dir is not None:
-            stem = f"rank-{blob.rank}.step-{blob.step}"
-            (self._keep_dir / f"{stem}.snap").write_bytes(blob.payload)
-            (self._keep_dir / f"{stem}.sha256").write_text(blob.sha256)
+    def put_snapshot(self, header: peer_pb2.SnapshotHeader, payload: bytes | memoryview) -> str:
+        if self._keep_dir is None:
+            return ""  # nobody reads it: no hashing pass
+        sha256 = hashlib.sha256(payload).hexdigest()
+        stem = f"rank-{header.rank}.step-{header.step}"
+        (self._keep_dir / f"{stem}.snap").write_bytes(payload)
+        (self._keep_dir / f"{stem}.sha256").write_text(sha256)
+        return sha256
 
     def report_finished(self, finished: agent_pb2.RankFinished) -> None:
         self.finished = finished

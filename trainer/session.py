@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from agent.core.chunks import InvalidSnapshot
 from ftsup.v1 import agent_pb2, peer_pb2
 from trainer import snapshot as snap
 from trainer.agent_client import AgentClient, AgentLinkError
@@ -205,24 +206,26 @@ class Session:
         expected = self.launch.restore_step
         if expected is None:
             return 0
-        response = self._client.get_restore(self.rank, self.generation)
-        if not response.has_state and self.checkpoints.restore_checkpoint_id:
+        try:
+            held = self._client.get_restore(self.rank, self.generation)
+        except InvalidSnapshot as exc:
+            raise SnapshotCorrupt(f"restore from agent at {self._client.address!r}: {exc}") from exc
+        if held is None and self.checkpoints.restore_checkpoint_id:
             # The agent holds no RAM copy for this rank: the supervisor chose the object store.
             return self._restore_checkpoint(expected, model, optimizer)
-        if not response.has_state:
+        if held is None:
             raise RuntimeError(
                 f"agent at {self._client.address!r} has no snapshot for rank {self.rank} "
                 f"although FTSUP_RESTORE_STEP={expected}"
             )
-        blob = response.blob
         # An elastic job's ranks hold the same state: after a resize a rank may get another's copy.
         other_rank_ok = self.launch.full_world_size is not None
-        if (blob.rank != self.rank and not other_rank_ok) or blob.step != expected:
+        if (held.rank != self.rank and not other_rank_ok) or held.step != expected:
             raise RuntimeError(
-                f"agent at {self._client.address!r} returned the snapshot of rank {blob.rank} "
-                f"step {blob.step}, expected rank {self.rank} step {expected}"
+                f"agent at {self._client.address!r} returned the snapshot of rank {held.rank} "
+                f"step {held.step}, expected rank {self.rank} step {expected}"
             )
-        state = snap.decode(blob.payload, blob.sha256)
+        state = snap.load(held.payload)  # its SHA-256 was checked while it streamed in
         restored = snap.apply_state(state, _unwrap(model), optimizer)
         if restored.step != expected:
             raise SnapshotCorrupt(
@@ -560,16 +563,12 @@ class Session:
         self._hand_off(step, captured, started)
 
     def _hand_off(self, step: int, captured: Any, started: float) -> None:
-        payload, sha256 = snap.encode(captured)
-        blob = peer_pb2.SnapshotBlob(
-            generation=self.generation,
-            rank=self.rank,
-            step=step,
-            owner_node_id=self.node_id,
-            payload=payload,
-            sha256=sha256,
+        payload = snap.serialize(captured)
+        header = peer_pb2.SnapshotHeader(
+            generation=self.generation, rank=self.rank, step=step, owner_node_id=self.node_id
         )
-        self._client.put_snapshot(blob)
+        # Streamed in chunks, hashed as they go out; returns once the agent and its buddy hold it.
+        self._client.put_snapshot(header, payload)
         self.stats.last_held_s = time.monotonic() - started
         self.stats.last_payload_bytes = len(payload)
         self.stats.handed_off += 1

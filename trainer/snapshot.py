@@ -5,8 +5,10 @@ in use, python `random`), the data cursor and the step, kept to tensors, numbers
 dicts, lists and tuples so `torch.load(weights_only=True)` can read it back (no pickled code).
 Capture copies into pre-allocated host buffers (`HostBuffers`), allocated on the first snapshot
 and reused while the layout holds (pinned when the source is on a GPU); `Session` runs it off the
-training thread, and encoding happens after it, also in the background. Restore checks the SHA-256 of the
-payload first: a corrupt snapshot must never be loaded silently.
+training thread, and encoding happens after it, also in the background. A snapshot handed to the
+agent is hashed while it streams out (trainer/agent_client.py); a restored one was checked while it
+streamed in, and `decode` checks the SHA-256 of any other payload first: a corrupt snapshot must
+never be loaded silently.
 """
 
 from __future__ import annotations
@@ -95,21 +97,31 @@ class HostBuffers:
         return captured
 
 
-def encode(state: Any) -> tuple[bytes, str]:
-    """Serialized payload and its hex SHA-256."""
+def serialize(state: Any) -> bytes:
+    """The snapshot payload of `state` (no hash: the hand-off computes it while streaming)."""
     out = io.BytesIO()
     torch.save(state, out)
-    payload = out.getvalue()
+    return out.getvalue()  # the buffer itself, not a copy, when nothing else holds a view of it
+
+
+def encode(state: Any) -> tuple[bytes, str]:
+    """Serialized payload and its hex SHA-256 (for checkpoints, which record the hash)."""
+    payload = serialize(state)
     return payload, hashlib.sha256(payload).hexdigest()
 
 
-def decode(payload: bytes, sha256_hex: str) -> dict[str, Any]:
+def decode(payload: bytes | memoryview, sha256_hex: str) -> dict[str, Any]:
     """The state in `payload`, after checking it against `sha256_hex`."""
     actual = hashlib.sha256(payload).hexdigest()
     if actual != sha256_hex:
         raise SnapshotCorrupt(
             f"snapshot payload of {len(payload)} bytes has sha256 {actual}, expected {sha256_hex}"
         )
+    return load(payload)
+
+
+def load(payload: bytes | memoryview) -> dict[str, Any]:
+    """The state in a payload whose SHA-256 was already checked (e.g. while it streamed in)."""
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -35,25 +35,27 @@ info = {k: env.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD
         "MASTER_PORT", "FTSUP_AGENT_ADDRESS", "FTSUP_GENERATION", "FTSUP_NODE_ID", "FTSUP_RESTORE_STEP",
         "PYTHONUNBUFFERED", "EXTRA")}
 out = os.path.join(env["TEST_OUT"], f"rank{rank}.gen{gen}.json")
-try:
-    restore = stub.GetRestore(peer_pb2.GetRestoreRequest(rank=rank, generation=gen), timeout=20)
+try:  # a chunk stream; no chunk at all: start fresh
+    restore = list(stub.GetRestore(peer_pb2.GetRestoreRequest(rank=rank, generation=gen), timeout=20))
 except grpc.RpcError as e:
     info["restore_error"] = [e.code().name, e.details()]
     json.dump(info, open(out, "w"))
     sys.exit(3)
-info["restored"] = restore.blob.payload.decode() if restore.has_state else None
-step = restore.blob.step + 1 if restore.has_state else 1
+info["restored"] = b"".join(c.data for c in restore).decode() if restore else None
+step = restore[0].header.step + 1 if restore else 1
 digest = f"{rank}/{env['WORLD_SIZE']}/{env['LOCAL_RANK']}"
 stub.ReportStep(agent_pb2.StepReport(generation=gen, rank=rank, step=step, step_time_s=0.1,
                                      compute_time_s=0.05, loss=0.5, param_digest=digest))
 payload = f"state-of-rank-{rank}-step-{step}".encode()
-blob = peer_pb2.SnapshotBlob(generation=gen, rank=rank, step=step, owner_node_id=env["FTSUP_NODE_ID"],
-                             payload=payload, sha256=hashlib.sha256(payload).hexdigest())
-stub.PutSnapshot(peer_pb2.PutSnapshotRequest(blob=blob))
+def chunks(payload, sha256):  # two chunks: the header with the first, the sha256 with the last
+    header = peer_pb2.SnapshotHeader(generation=gen, rank=rank, step=step, owner_node_id=env["FTSUP_NODE_ID"],
+                                     size_bytes=len(payload))
+    yield peer_pb2.SnapshotChunk(header=header, data=payload[:5])
+    yield peer_pb2.SnapshotChunk(data=payload[5:], sha256=sha256)
+stub.PutSnapshot(chunks(payload, hashlib.sha256(payload).hexdigest()))
 for name, call in (
     ("bad_rank", lambda: stub.ReportStep(agent_pb2.StepReport(generation=gen, rank=999, step=1))),
-    ("bad_sha", lambda: stub.PutSnapshot(peer_pb2.PutSnapshotRequest(blob=peer_pb2.SnapshotBlob(
-        generation=gen, rank=rank, step=step, payload=b"x", sha256="0" * 64)))),
+    ("bad_sha", lambda: stub.PutSnapshot(chunks(b"xxxxxxxx", "0" * 64))),
 ):
     try:
         call()
@@ -244,11 +246,12 @@ async def test_agents_run_ranks_replicate_snapshots_and_restore_from_a_peer(supe
 
     async with grpc.aio.insecure_channel(peer_address(fake, "b")) as channel:
         peer = peer_pb2_grpc.AgentPeerStub(channel)
-        fetched = await peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=1))
-        assert fetched.blob.payload == b"state-of-rank-1-step-1"
-        assert fetched.blob.sha256 == hashlib.sha256(b"state-of-rank-1-step-1").hexdigest()
+        fetched = [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=1))]
+        assert (fetched[0].header.rank, fetched[0].header.step, fetched[0].header.size_bytes) == (1, 1, 22)
+        assert b"".join(c.data for c in fetched) == b"state-of-rank-1-step-1"
+        assert fetched[-1].sha256 == hashlib.sha256(b"state-of-rank-1-step-1").hexdigest()
         with pytest.raises(grpc.aio.AioRpcError) as missing:
-            await peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=42))
+            [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=42))]
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "rank 1 step 42" in missing.value.details()
 
     # Spare c replaces a: rank 0 restores from b's copy; rank 1 names a source without it.

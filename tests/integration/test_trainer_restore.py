@@ -8,6 +8,7 @@ a run stopped (cleanly, or by a crashed rank) and restarted from the agent's sna
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import socket
 import subprocess
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.integration
 WORLD = 3
 STEPS = 8
 RUN_DEADLINE_S = 60.0
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the agent's limit: snapshots travel in chunks
+CHUNK_BYTES = 64 * 1024  # the fake hands restores back in small chunks: many per snapshot
 
 
 @dataclass
@@ -38,26 +40,35 @@ class FakeAgent(peer_pb2_grpc.TrainerLinkServicer):
 
     restore_step: int | None = None
     address: str = ""
-    snapshots: dict[tuple[int, int], peer_pb2.SnapshotBlob] = field(default_factory=dict)
+    # (rank, step) -> (header, payload, sha256), put together from the trainer's chunk stream
+    snapshots: dict[tuple[int, int], tuple[peer_pb2.SnapshotHeader, bytes, str]] = field(default_factory=dict)
     reports: list[agent_pb2.StepReport] = field(default_factory=list)
     finished: dict[tuple[int, int], agent_pb2.RankFinished] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def GetRestore(self, request, context):
+        """The held snapshot as a chunk stream of CHUNK_BYTES slices; no chunk at all: start fresh."""
         with self.lock:
-            blob = self.snapshots.get((request.rank, self.restore_step or 0))
-        if blob is None:
-            return peer_pb2.GetRestoreResponse(has_state=False)
-        return peer_pb2.GetRestoreResponse(has_state=True, blob=blob)
+            held = self.snapshots.get((request.rank, self.restore_step or 0))
+        if held is None:
+            return
+        header, payload, sha256 = held
+        for start in range(0, len(payload), CHUNK_BYTES):
+            end = min(start + CHUNK_BYTES, len(payload))
+            yield peer_pb2.SnapshotChunk(header=header if start == 0 else None, data=payload[start:end],
+                                         sha256=sha256 if end == len(payload) else "")
 
     def ReportStep(self, request, context):
         with self.lock:
             self.reports.append(request)
         return peer_pb2.LinkAck()
 
-    def PutSnapshot(self, request, context):
+    def PutSnapshot(self, request_iterator, context):
+        chunks = list(request_iterator)
+        header, payload, sha256 = chunks[0].header, b"".join(c.data for c in chunks), chunks[-1].sha256
+        assert len(payload) == header.size_bytes and hashlib.sha256(payload).hexdigest() == sha256
         with self.lock:
-            self.snapshots[(request.blob.rank, request.blob.step)] = request.blob
+            self.snapshots[(header.rank, header.step)] = (header, payload, sha256)
         return peer_pb2.LinkAck()
 
     def ReportFinished(self, request, context):

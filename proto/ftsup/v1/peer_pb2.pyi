@@ -22,24 +22,24 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
-class SnapshotBlob(_message.Message):
+class SnapshotHeader(_message.Message):
+    """What a snapshot is, sent once, in the first chunk of its stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     GENERATION_FIELD_NUMBER: _builtins.int
     RANK_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     OWNER_NODE_ID_FIELD_NUMBER: _builtins.int
-    PAYLOAD_FIELD_NUMBER: _builtins.int
-    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """generation that produced it"""
     rank: _builtins.int
     step: _builtins.int
     owner_node_id: _builtins.str
     """node whose trainer produced it"""
-    payload: _builtins.bytes
-    sha256: _builtins.str
-    """hex SHA-256 of payload, checked on every hand-over"""
+    size_bytes: _builtins.int
+    """payload bytes the stream carries in all its chunks' `data`"""
     def __init__(
         self,
         *,
@@ -47,36 +47,50 @@ class SnapshotBlob(_message.Message):
         rank: _builtins.int = ...,
         step: _builtins.int = ...,
         owner_node_id: _builtins.str = ...,
-        payload: _builtins.bytes = ...,
-        sha256: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "owner_node_id", b"owner_node_id", "payload", b"payload", "rank", b"rank", "sha256", b"sha256", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "owner_node_id", b"owner_node_id", "rank", b"rank", "size_bytes", b"size_bytes", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___SnapshotBlob: _TypeAlias = SnapshotBlob  # noqa: Y015
+Global___SnapshotHeader: _TypeAlias = SnapshotHeader  # noqa: Y015
 
 @_typing.final
-class StoreSnapshotRequest(_message.Message):
+class SnapshotChunk(_message.Message):
+    """One message of a snapshot stream. The first carries `header`; each carries the next slice of
+    the payload in order (about 4 MiB; any size up to the endpoint's message limit); the last
+    carries `sha256`, which ends the stream. One message may be first and last (a small payload).
+    A receiver keeps nothing unless exactly `size_bytes` arrived and their SHA-256 matches.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    BLOB_FIELD_NUMBER: _builtins.int
+    HEADER_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    sha256: _builtins.str
+    """last message only: hex SHA-256 of the whole payload"""
     @_builtins.property
-    def blob(self) -> Global___SnapshotBlob: ...
+    def header(self) -> Global___SnapshotHeader:
+        """first message only"""
+
     def __init__(
         self,
         *,
-        blob: Global___SnapshotBlob | None = ...,
+        header: Global___SnapshotHeader | None = ...,
+        data: _builtins.bytes = ...,
+        sha256: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "sha256", b"sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StoreSnapshotRequest: _TypeAlias = StoreSnapshotRequest  # noqa: Y015
+Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
 
 @_typing.final
 class StoreSnapshotResponse(_message.Message):
@@ -118,26 +132,6 @@ class FetchSnapshotRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FetchSnapshotRequest: _TypeAlias = FetchSnapshotRequest  # noqa: Y015
-
-@_typing.final
-class FetchSnapshotResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    BLOB_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def blob(self) -> Global___SnapshotBlob: ...
-    def __init__(
-        self,
-        *,
-        blob: Global___SnapshotBlob | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___FetchSnapshotResponse: _TypeAlias = FetchSnapshotResponse  # noqa: Y015
 
 @_typing.final
 class WatchGenerationRequest(_message.Message):
@@ -240,50 +234,6 @@ class GetRestoreRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRestoreRequest: _TypeAlias = GetRestoreRequest  # noqa: Y015
-
-@_typing.final
-class GetRestoreResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    HAS_STATE_FIELD_NUMBER: _builtins.int
-    BLOB_FIELD_NUMBER: _builtins.int
-    has_state: _builtins.bool
-    """false: start fresh"""
-    @_builtins.property
-    def blob(self) -> Global___SnapshotBlob: ...
-    def __init__(
-        self,
-        *,
-        has_state: _builtins.bool = ...,
-        blob: Global___SnapshotBlob | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "has_state", b"has_state"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___GetRestoreResponse: _TypeAlias = GetRestoreResponse  # noqa: Y015
-
-@_typing.final
-class PutSnapshotRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    BLOB_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def blob(self) -> Global___SnapshotBlob: ...
-    def __init__(
-        self,
-        *,
-        blob: Global___SnapshotBlob | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PutSnapshotRequest: _TypeAlias = PutSnapshotRequest  # noqa: Y015
 
 @_typing.final
 class LinkAck(_message.Message):

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class AgentPeerStub:
-    """Served by every agent to other agents.
+    """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
+    messages (see there), in both directions: no message carries a whole snapshot.
     """
 
     def __init__(self, channel):
@@ -36,30 +37,33 @@ class AgentPeerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.StoreSnapshot = channel.unary_unary(
+        self.StoreSnapshot = channel.stream_unary(
                 '/ftsup.v1.AgentPeer/StoreSnapshot',
-                request_serializer=ftsup_dot_v1_dot_peer__pb2.StoreSnapshotRequest.SerializeToString,
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.StoreSnapshotResponse.FromString,
                 _registered_method=True)
-        self.FetchSnapshot = channel.unary_unary(
+        self.FetchSnapshot = channel.unary_stream(
                 '/ftsup.v1.AgentPeer/FetchSnapshot',
                 request_serializer=ftsup_dot_v1_dot_peer__pb2.FetchSnapshotRequest.SerializeToString,
-                response_deserializer=ftsup_dot_v1_dot_peer__pb2.FetchSnapshotResponse.FromString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
 
 
 class AgentPeerServicer:
-    """Served by every agent to other agents.
+    """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
+    messages (see there), in both directions: no message carries a whole snapshot.
     """
 
-    def StoreSnapshot(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def StoreSnapshot(self, request_iterator, context):
+        """A buddy copy, streamed while it is still arriving from the trainer.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FetchSnapshot(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -67,15 +71,15 @@ class AgentPeerServicer:
 
 def add_AgentPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'StoreSnapshot': grpc.unary_unary_rpc_method_handler(
+            'StoreSnapshot': grpc.stream_unary_rpc_method_handler(
                     servicer.StoreSnapshot,
-                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.StoreSnapshotRequest.FromString,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.StoreSnapshotResponse.SerializeToString,
             ),
-            'FetchSnapshot': grpc.unary_unary_rpc_method_handler(
+            'FetchSnapshot': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchSnapshot,
                     request_deserializer=ftsup_dot_v1_dot_peer__pb2.FetchSnapshotRequest.FromString,
-                    response_serializer=ftsup_dot_v1_dot_peer__pb2.FetchSnapshotResponse.SerializeToString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,11 +90,12 @@ def add_AgentPeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AgentPeer:
-    """Served by every agent to other agents.
+    """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
+    messages (see there), in both directions: no message carries a whole snapshot.
     """
 
     @staticmethod
-    def StoreSnapshot(request,
+    def StoreSnapshot(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -100,11 +105,11 @@ class AgentPeer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/ftsup.v1.AgentPeer/StoreSnapshot',
-            ftsup_dot_v1_dot_peer__pb2.StoreSnapshotRequest.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.StoreSnapshotResponse.FromString,
             options,
             channel_credentials,
@@ -127,12 +132,12 @@ class AgentPeer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/ftsup.v1.AgentPeer/FetchSnapshot',
             ftsup_dot_v1_dot_peer__pb2.FetchSnapshotRequest.SerializeToString,
-            ftsup_dot_v1_dot_peer__pb2.FetchSnapshotResponse.FromString,
+            ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -154,19 +159,19 @@ class TrainerLinkStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.GetRestore = channel.unary_unary(
+        self.GetRestore = channel.unary_stream(
                 '/ftsup.v1.TrainerLink/GetRestore',
                 request_serializer=ftsup_dot_v1_dot_peer__pb2.GetRestoreRequest.SerializeToString,
-                response_deserializer=ftsup_dot_v1_dot_peer__pb2.GetRestoreResponse.FromString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
         self.ReportStep = channel.unary_unary(
                 '/ftsup.v1.TrainerLink/ReportStep',
                 request_serializer=ftsup_dot_v1_dot_agent__pb2.StepReport.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
                 _registered_method=True)
-        self.PutSnapshot = channel.unary_unary(
+        self.PutSnapshot = channel.stream_unary(
                 '/ftsup.v1.TrainerLink/PutSnapshot',
-                request_serializer=ftsup_dot_v1_dot_peer__pb2.PutSnapshotRequest.SerializeToString,
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
                 _registered_method=True)
         self.ReportFinished = channel.unary_unary(
@@ -196,7 +201,8 @@ class TrainerLinkServicer:
     """
 
     def GetRestore(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The rank's snapshot to restore from, as a chunk stream; no message at all: start fresh.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -207,8 +213,9 @@ class TrainerLinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PutSnapshot(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def PutSnapshot(self, request_iterator, context):
+        """Answered once this node and its buddy both hold the snapshot.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -245,19 +252,19 @@ class TrainerLinkServicer:
 
 def add_TrainerLinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'GetRestore': grpc.unary_unary_rpc_method_handler(
+            'GetRestore': grpc.unary_stream_rpc_method_handler(
                     servicer.GetRestore,
                     request_deserializer=ftsup_dot_v1_dot_peer__pb2.GetRestoreRequest.FromString,
-                    response_serializer=ftsup_dot_v1_dot_peer__pb2.GetRestoreResponse.SerializeToString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
             ),
             'ReportStep': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportStep,
                     request_deserializer=ftsup_dot_v1_dot_agent__pb2.StepReport.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
             ),
-            'PutSnapshot': grpc.unary_unary_rpc_method_handler(
+            'PutSnapshot': grpc.stream_unary_rpc_method_handler(
                     servicer.PutSnapshot,
-                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.PutSnapshotRequest.FromString,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
             ),
             'ReportFinished': grpc.unary_unary_rpc_method_handler(
@@ -303,12 +310,12 @@ class TrainerLink:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/ftsup.v1.TrainerLink/GetRestore',
             ftsup_dot_v1_dot_peer__pb2.GetRestoreRequest.SerializeToString,
-            ftsup_dot_v1_dot_peer__pb2.GetRestoreResponse.FromString,
+            ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -347,7 +354,7 @@ class TrainerLink:
             _registered_method=True)
 
     @staticmethod
-    def PutSnapshot(request,
+    def PutSnapshot(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -357,11 +364,11 @@ class TrainerLink:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/ftsup.v1.TrainerLink/PutSnapshot',
-            ftsup_dot_v1_dot_peer__pb2.PutSnapshotRequest.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
             options,
             channel_credentials,

@@ -30,39 +30,51 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class AgentPeerStub:
-    """Served by every agent to other agents."""
+    """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
+    messages (see there), in both directions: no message carries a whole snapshot.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AgentPeerAsyncStub: ...
-    StoreSnapshot: _grpc.UnaryUnaryMultiCallable[_peer_pb2.StoreSnapshotRequest, _peer_pb2.StoreSnapshotResponse]
-    FetchSnapshot: _grpc.UnaryUnaryMultiCallable[_peer_pb2.FetchSnapshotRequest, _peer_pb2.FetchSnapshotResponse]
+    StoreSnapshot: _grpc.StreamUnaryMultiCallable[_peer_pb2.SnapshotChunk, _peer_pb2.StoreSnapshotResponse]
+    """A buddy copy, streamed while it is still arriving from the trainer."""
+    FetchSnapshot: _grpc.UnaryStreamMultiCallable[_peer_pb2.FetchSnapshotRequest, _peer_pb2.SnapshotChunk]
+    """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held."""
 
 @_typing.type_check_only
 class AgentPeerAsyncStub(AgentPeerStub):
-    """Served by every agent to other agents."""
+    """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
+    messages (see there), in both directions: no message carries a whole snapshot.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    StoreSnapshot: _aio.UnaryUnaryMultiCallable[_peer_pb2.StoreSnapshotRequest, _peer_pb2.StoreSnapshotResponse]  # type: ignore[assignment]
-    FetchSnapshot: _aio.UnaryUnaryMultiCallable[_peer_pb2.FetchSnapshotRequest, _peer_pb2.FetchSnapshotResponse]  # type: ignore[assignment]
+    StoreSnapshot: _aio.StreamUnaryMultiCallable[_peer_pb2.SnapshotChunk, _peer_pb2.StoreSnapshotResponse]  # type: ignore[assignment]
+    """A buddy copy, streamed while it is still arriving from the trainer."""
+    FetchSnapshot: _aio.UnaryStreamMultiCallable[_peer_pb2.FetchSnapshotRequest, _peer_pb2.SnapshotChunk]  # type: ignore[assignment]
+    """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held."""
 
 class AgentPeerServicer(metaclass=_abc_1.ABCMeta):
-    """Served by every agent to other agents."""
+    """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
+    messages (see there), in both directions: no message carries a whole snapshot.
+    """
 
     @_abc_1.abstractmethod
     def StoreSnapshot(
         self,
-        request: _peer_pb2.StoreSnapshotRequest,
+        request_iterator: _MaybeAsyncIterator[_peer_pb2.SnapshotChunk],
         context: _ServicerContext,
-    ) -> _typing.Union[_peer_pb2.StoreSnapshotResponse, _abc.Awaitable[_peer_pb2.StoreSnapshotResponse]]: ...
+    ) -> _typing.Union[_peer_pb2.StoreSnapshotResponse, _abc.Awaitable[_peer_pb2.StoreSnapshotResponse]]:
+        """A buddy copy, streamed while it is still arriving from the trainer."""
 
     @_abc_1.abstractmethod
     def FetchSnapshot(
         self,
         request: _peer_pb2.FetchSnapshotRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_peer_pb2.FetchSnapshotResponse, _abc.Awaitable[_peer_pb2.FetchSnapshotResponse]]: ...
+    ) -> _typing.Union[_abc.Iterator[_peer_pb2.SnapshotChunk], _abc.AsyncIterator[_peer_pb2.SnapshotChunk]]:
+        """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held."""
 
 def add_AgentPeerServicer_to_server(servicer: AgentPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -73,9 +85,11 @@ class TrainerLinkStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TrainerLinkAsyncStub: ...
-    GetRestore: _grpc.UnaryUnaryMultiCallable[_peer_pb2.GetRestoreRequest, _peer_pb2.GetRestoreResponse]
+    GetRestore: _grpc.UnaryStreamMultiCallable[_peer_pb2.GetRestoreRequest, _peer_pb2.SnapshotChunk]
+    """The rank's snapshot to restore from, as a chunk stream; no message at all: start fresh."""
     ReportStep: _grpc.UnaryUnaryMultiCallable[_agent_pb2.StepReport, _peer_pb2.LinkAck]
-    PutSnapshot: _grpc.UnaryUnaryMultiCallable[_peer_pb2.PutSnapshotRequest, _peer_pb2.LinkAck]
+    PutSnapshot: _grpc.StreamUnaryMultiCallable[_peer_pb2.SnapshotChunk, _peer_pb2.LinkAck]
+    """Answered once this node and its buddy both hold the snapshot."""
     ReportFinished: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]
     ReportCheckpointShard: _grpc.UnaryUnaryMultiCallable[_agent_pb2.CheckpointShard, _peer_pb2.LinkAck]
     AwaitGeneration: _grpc.UnaryUnaryMultiCallable[_peer_pb2.AwaitGenerationRequest, _peer_pb2.AwaitGenerationResponse]
@@ -93,9 +107,11 @@ class TrainerLinkAsyncStub(TrainerLinkStub):
     """Served by an agent on a local socket to its own trainer ranks."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    GetRestore: _aio.UnaryUnaryMultiCallable[_peer_pb2.GetRestoreRequest, _peer_pb2.GetRestoreResponse]  # type: ignore[assignment]
+    GetRestore: _aio.UnaryStreamMultiCallable[_peer_pb2.GetRestoreRequest, _peer_pb2.SnapshotChunk]  # type: ignore[assignment]
+    """The rank's snapshot to restore from, as a chunk stream; no message at all: start fresh."""
     ReportStep: _aio.UnaryUnaryMultiCallable[_agent_pb2.StepReport, _peer_pb2.LinkAck]  # type: ignore[assignment]
-    PutSnapshot: _aio.UnaryUnaryMultiCallable[_peer_pb2.PutSnapshotRequest, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    PutSnapshot: _aio.StreamUnaryMultiCallable[_peer_pb2.SnapshotChunk, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    """Answered once this node and its buddy both hold the snapshot."""
     ReportFinished: _aio.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]  # type: ignore[assignment]
     ReportCheckpointShard: _aio.UnaryUnaryMultiCallable[_agent_pb2.CheckpointShard, _peer_pb2.LinkAck]  # type: ignore[assignment]
     AwaitGeneration: _aio.UnaryUnaryMultiCallable[_peer_pb2.AwaitGenerationRequest, _peer_pb2.AwaitGenerationResponse]  # type: ignore[assignment]
@@ -116,7 +132,8 @@ class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _peer_pb2.GetRestoreRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_peer_pb2.GetRestoreResponse, _abc.Awaitable[_peer_pb2.GetRestoreResponse]]: ...
+    ) -> _typing.Union[_abc.Iterator[_peer_pb2.SnapshotChunk], _abc.AsyncIterator[_peer_pb2.SnapshotChunk]]:
+        """The rank's snapshot to restore from, as a chunk stream; no message at all: start fresh."""
 
     @_abc_1.abstractmethod
     def ReportStep(
@@ -128,9 +145,10 @@ class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def PutSnapshot(
         self,
-        request: _peer_pb2.PutSnapshotRequest,
+        request_iterator: _MaybeAsyncIterator[_peer_pb2.SnapshotChunk],
         context: _ServicerContext,
-    ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]: ...
+    ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]:
+        """Answered once this node and its buddy both hold the snapshot."""
 
     @_abc_1.abstractmethod
     def ReportFinished(

@@ -189,7 +189,7 @@ def test_store_keeps_four_newest_steps_above_the_floor_and_counts_bytes():
     [(b"", "0" * 64, "empty payload"), (b"x", "zz", "not 64 hex"), (b"x", "0" * 64, "mismatch")],
 )
 def test_store_rejects_bad_blobs(payload, sha, match):
-    from agent.snapshots import InvalidBlob
+    from agent.snapshots import InvalidSnapshot
 
-    with pytest.raises(InvalidBlob, match=match):
+    with pytest.raises(InvalidSnapshot, match=match):
         SnapshotStore().put(Blob(1, 0, 1, "n", payload, sha))

@@ -27,10 +27,8 @@ class FakeClient:
         self.restores = 0
 
     def get_restore(self, rank, generation):
-        from ftsup.v1 import peer_pb2
-
         self.restores += 1
-        return peer_pb2.GetRestoreResponse(has_state=False)  # the agent's answer for RESTORE_KIND_CHECKPOINT
+        return None  # the agent's answer for RESTORE_KIND_CHECKPOINT: no chunk at all
 
     def report_step(self, report):
         pass

@@ -1,5 +1,6 @@
 """trainer.session: validation, ordering, snapshot back-pressure and finish, over a fake link."""
 
+import hashlib
 import sys
 import threading
 import time
@@ -9,8 +10,8 @@ import grpc
 import pytest
 import torch
 
-from ftsup.v1 import peer_pb2, peer_pb2_grpc
-from trainer.agent_client import AgentClient, AgentLinkError
+from ftsup.v1 import peer_pb2_grpc
+from trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot
 from trainer import snapshot as snapshot_module
 from trainer.session import LaunchEnv, Session
 
@@ -31,20 +32,22 @@ class FakeClient:
         self.calls: list[tuple[str, object]] = []
         self.release = threading.Event()
         self.release.set()
-        self.restore_blob: peer_pb2.SnapshotBlob | None = None
+        self.restore_blob: HeldSnapshot | None = None
 
     def get_restore(self, rank, generation):
         self.calls.append(("GetRestore", (rank, generation)))
-        if self.restore_blob is None:
-            return peer_pb2.GetRestoreResponse(has_state=False)
-        return peer_pb2.GetRestoreResponse(has_state=True, blob=self.restore_blob)
+        return self.restore_blob
 
     def report_step(self, report):
         self.calls.append(("ReportStep", report.step))
 
-    def put_snapshot(self, blob):
+    def put_snapshot(self, header, payload):
         assert self.release.wait(WAIT_S)
-        self.calls.append(("PutSnapshot", blob))
+        sha256 = hashlib.sha256(payload).hexdigest()
+        held = HeldSnapshot(header.generation, header.rank, header.step, header.owner_node_id, sha256,
+                            memoryview(bytes(payload)))
+        self.calls.append(("PutSnapshot", held))
+        return sha256
 
     def report_finished(self, finished):
         self.calls.append(("ReportFinished", finished))
@@ -160,6 +163,21 @@ def test_restore_fails_clearly_when_the_agent_has_no_state_for_the_expected_step
     session = make_session(FTSUP_RESTORE_STEP="5")
     with pytest.raises(RuntimeError, match="no snapshot for rank 1 although FTSUP_RESTORE_STEP=5"):
         session.restore(*model_and_optimizer())
+
+
+def test_a_restore_stream_that_fails_its_checks_is_a_corrupt_snapshot_never_loaded():
+    from agent.core.chunks import HashMismatch
+
+    class CorruptClient(FakeClient):
+        def get_restore(self, rank, generation):
+            raise HashMismatch("snapshot of rank 1 step 5 (generation 3): sha256 mismatch (claimed 0..., payload has 1...)")
+
+    session = make_session(CorruptClient(), FTSUP_RESTORE_STEP="5")
+    model, optimizer = model_and_optimizer()
+    before = model.weight.detach().clone()
+    with pytest.raises(snapshot_module.SnapshotCorrupt, match="restore from agent at 'unix:/fake': .*sha256 mismatch"):
+        session.restore(model, optimizer)
+    assert torch.equal(model.weight, before)
 
 
 class FailingLink(peer_pb2_grpc.TrainerLinkServicer):

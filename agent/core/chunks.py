@@ -1,0 +1,150 @@
+"""Snapshot payloads cut into chunks and put back together: the framing every snapshot hop shares.
+
+A snapshot travels as a stream of chunks (peer.proto `SnapshotChunk`): the first declares the
+payload's size, each carries the next slice in order, the last carries the hex SHA-256 of the
+whole payload. `cut` slices a payload and hashes it as it goes; `Assembly` writes slices into one
+buffer allocated from the declared size and hashes each as it lands, so neither side makes a
+second pass over the payload or a second copy of it. The rule it enforces: a payload is handed out
+only once exactly the declared bytes arrived and their SHA-256 matches; anything else raises an
+`InvalidSnapshot` naming what was wrong, and the caller drops the buffer (nothing half-received is
+ever visible). Pure (hashlib only): the trainer, both agent services and the peer client use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+
+CHUNK_BYTES = 4 * 1024 * 1024  # per message: well under the endpoints' limit, big enough to amortise a call
+STREAM_BASE_S = 60.0  # a stream's deadline: this much, plus its size at the slowest rate we still call working
+STREAM_MIN_BYTES_PER_S = 8 * 1024 * 1024
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class InvalidSnapshot(ValueError):
+    """A snapshot (or its stream) is malformed; not retryable: the sender must send it again whole."""
+
+
+class TruncatedStream(InvalidSnapshot):
+    """The stream ended without its last chunk (the one carrying the SHA-256): the sender stopped."""
+
+
+class OversizedStream(InvalidSnapshot):
+    """The stream carried (or declared) more bytes than it may: beyond its own declared size or a limit."""
+
+
+class SizeMismatch(InvalidSnapshot):
+    """The stream was closed (its SHA-256 came) with fewer bytes than its header declared."""
+
+
+class HashMismatch(InvalidSnapshot):
+    """The bytes received do not hash to the SHA-256 the sender claimed (or it is not 64 hex digits)."""
+
+
+def spans(size_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """The (start, end) of each chunk of a `size_bytes` payload; an empty payload is one empty chunk,
+    so every stream has a first and a last message."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    if size_bytes < 0:
+        raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
+    if size_bytes == 0:
+        return [(0, 0)]
+    return [(start, min(start + chunk_bytes, size_bytes)) for start in range(0, size_bytes, chunk_bytes)]
+
+
+def stream_deadline_s(size_bytes: int) -> float:
+    """How long a stream of `size_bytes` may take end to end before it counts as stalled."""
+    return STREAM_BASE_S + size_bytes / STREAM_MIN_BYTES_PER_S
+
+
+def cut(payload: bytes | bytearray | memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[memoryview, str]]:
+    """Yields (slice, sha256) per chunk: slices are views (no copy); sha256 is "" except on the last
+    chunk, which carries the hex SHA-256 of the whole payload, computed while cutting."""
+    view = memoryview(payload).cast("B")
+    digest = hashlib.sha256()
+    bounds = spans(len(view), chunk_bytes)
+    for index, (start, end) in enumerate(bounds):
+        piece = view[start:end]
+        digest.update(piece)
+        yield piece, digest.hexdigest() if index == len(bounds) - 1 else ""
+
+
+def check_sha256(what: str, claimed: str) -> str:
+    """The claimed hex digest, lower-cased; HashMismatch unless it is 64 hex digits."""
+    lowered = claimed.lower()
+    if not SHA256_HEX.fullmatch(lowered):
+        raise HashMismatch(f"{what}: sha256 {claimed!r} is not 64 hex digits")
+    return lowered
+
+
+class Assembly:
+    """One payload being received: slices land in a buffer of the declared size, hashed on arrival.
+
+    `what` names the snapshot in every error. `max_bytes` bounds the declared size (checked before
+    anything is allocated). Not thread-safe; one receiver writes, followers read `view(start, end)`
+    of the bytes already received.
+    """
+
+    def __init__(self, what: str, size_bytes: int, max_bytes: int) -> None:
+        if size_bytes < 0:
+            raise SizeMismatch(f"{what}: declared size {size_bytes} is negative")
+        if size_bytes > max_bytes:
+            raise OversizedStream(f"{what}: declared size {size_bytes} bytes is over the limit of {max_bytes} bytes")
+        self.what = what
+        self.size_bytes = size_bytes
+        self.received_bytes = 0
+        self._buffer = bytearray(size_bytes)  # zero pages until written: the OS commits them as slices land
+        self._view = memoryview(self._buffer)
+        self._digest = hashlib.sha256()
+        self._done = False
+
+    @property
+    def is_done(self) -> bool:
+        return self._done
+
+    def add(self, data: bytes | bytearray | memoryview) -> None:
+        """Appends the next slice; OversizedStream when it runs past the declared size."""
+        if self._done:
+            raise OversizedStream(f"{self.what}: {len(data)} bytes arrived after the end of the stream")
+        end = self.received_bytes + len(data)
+        if end > self.size_bytes:
+            raise OversizedStream(
+                f"{self.what}: stream carries more than the declared {self.size_bytes} bytes "
+                f"({end} bytes so far)"
+            )
+        self._view[self.received_bytes:end] = data
+        self._digest.update(data)
+        self.received_bytes = end
+
+    def truncated(self) -> TruncatedStream:
+        """The error for a stream that ended before its last chunk (cleanly or by the sender's death)."""
+        return TruncatedStream(
+            f"{self.what}: stream ended after {self.received_bytes} of the declared {self.size_bytes} bytes, "
+            "without its last chunk (the one carrying the sha256)"
+        )
+
+    def view(self, start: int, end: int) -> memoryview:
+        """Read-only view of received bytes [start, end); never beyond what arrived."""
+        if not 0 <= start <= end <= self.received_bytes:
+            raise ValueError(f"{self.what}: bytes [{start}, {end}) are not received yet ({self.received_bytes})")
+        return self._view[start:end].toreadonly()
+
+    def finish(self, sha256_hex: str) -> memoryview:
+        """The whole payload (a read-only view of the buffer, no copy), once verified.
+
+        SizeMismatch when bytes are missing, HashMismatch when they do not hash to `sha256_hex`.
+        """
+        if self._done:
+            raise InvalidSnapshot(f"{self.what}: the stream was already finished")
+        if self.received_bytes < self.size_bytes:
+            raise SizeMismatch(
+                f"{self.what}: stream closed after {self.received_bytes} of the declared {self.size_bytes} bytes"
+            )
+        claimed = check_sha256(self.what, sha256_hex)
+        actual = self._digest.hexdigest()
+        if actual != claimed:
+            raise HashMismatch(f"{self.what}: sha256 mismatch (claimed {claimed}, payload has {actual})")
+        self._done = True
+        return self._view.toreadonly()
