@@ -16,6 +16,7 @@ from ftsup.v1 import peer_pb2, peer_pb2_grpc
 from agent.codec import holding_report
 from agent.core.chunks import CHUNK_BYTES
 from agent.link import Reports
+from agent.peers import ACCEPTED
 from agent.snapshots import InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
 from agent.streams import ident_of, opening_header, receive, send_blob
 from supervisor.tls import PeerKind, peer_identity
@@ -41,6 +42,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
             first = await context.read()
             header = opening_header(first)
             incoming = self._store.receive(ident_of(header), header.size_bytes)
+            await context.send_initial_metadata(((ACCEPTED, "1"),))  # the sender's go-ahead (peers.py)
             blob = await receive(first, context.read, incoming)
         except InvalidSnapshot as exc:
             self._refuse(context, header, str(exc))

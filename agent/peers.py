@@ -38,6 +38,9 @@ class PeerUnavailable(RuntimeError):
     """The peer could not be reached (or refused) until the retry deadline."""
 
 
+ACCEPTED = "ftsup-snapshot-accepted"  # initial metadata key: the peer took the header on
+
+
 class SnapshotMissing(LookupError):
     """The peer answered that it does not hold the requested snapshot; not retried."""
 
@@ -73,7 +76,14 @@ class PeerClient:
             call = stub.StoreSnapshot(timeout=stream_deadline_s(size_bytes))
             try:
                 try:
-                    await send(call.write, header, pieces())
+                    # Handshake: the header alone, then the peer's initial metadata says it took
+                    # the snapshot on (ACCEPTED). A refusal (too big, no room) ends the call before
+                    # any data is written, so its status arrives intact: a refusal written into
+                    # mid-stream can surface as a bare INTERNAL, which would be retried.
+                    await call.write(peer_pb2.SnapshotChunk(header=header))
+                    if (ACCEPTED, "1") not in tuple(await call.initial_metadata() or ()):
+                        return await call  # raises the refusal's own status
+                    await send(call.write, header, pieces(), header_sent=True)
                     await call.done_writing()
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     # The peer ended the call while chunks were still going out (it refused the

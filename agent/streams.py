@@ -80,10 +80,12 @@ async def held_pieces(blob: Blob, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterat
         yield view[start:end], blob.sha256 if index == len(bounds) - 1 else ""
 
 
-async def send(write: Write, header: peer_pb2.SnapshotHeader, pieces: AsyncIterator[tuple[memoryview, str]]) -> None:
+async def send(write: Write, header: peer_pb2.SnapshotHeader, pieces: AsyncIterator[tuple[memoryview, str]],
+               *, header_sent: bool = False) -> None:
     """Writes the header with the first piece, then one message per piece (each write waits for
-    the transport: one chunk in flight, so memory stays bounded however slow the receiver is)."""
-    is_first = True
+    the transport: one chunk in flight, so memory stays bounded however slow the receiver is).
+    `header_sent`: the header went out alone already (a handshake); only the pieces follow."""
+    is_first = not header_sent
     async for piece, sha256 in pieces:
         message = peer_pb2.SnapshotChunk(data=bytes(piece), sha256=sha256)  # protobuf takes bytes only
         if is_first:
