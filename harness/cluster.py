@@ -38,6 +38,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_until(check: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.1) -> T:
+    """Polls `check` until it returns something truthy and returns that; raises ClusterError at
+    the deadline. The one polling loop of the harness and the tests: wait on a condition, never
+    sleep for an outcome."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(poll_s)
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
     nodes: int = 3
@@ -317,16 +331,15 @@ class LocalCluster:
         return int(steps[-1]) if steps else 0
 
     def wait_for(self, check: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.1) -> T:
-        """Polls `check` until it returns something truthy; raises ClusterError at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        """Polls `check` until it returns something truthy; raises ClusterError at the deadline,
+        or at once if the supervisor exited meanwhile."""
+        def checked() -> T | None:
             value = check()
-            if value:
-                return value
-            self._raise_if_supervisor_died(what)
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out after {timeout_s:g}s waiting for {what}; logs in {self.workdir}")
-            time.sleep(poll_s)
+            if not value:
+                self._raise_if_supervisor_died(what)
+            return value
+
+        return wait_until(checked, timeout_s, f"{what}; logs in {self.workdir}", poll_s)
 
     def _raise_if_supervisor_died(self, what: str) -> None:
         if self.supervisor is not None and self.supervisor.poll() is not None:

@@ -11,7 +11,6 @@ scenario's.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ from ftsup.v1 import events_pb2, operator_pb2
 from harness.chaos.proxy import PartitionProxy
 from harness.chaos.s3_proxy import FaultProxy
 from harness.chaos.store_checks import StoreView
-from harness.cluster import ClusterError, ClusterSpec, LocalCluster
+from harness.cluster import ClusterSpec, LocalCluster
 from harness.etcd_cluster import EtcdCluster
 from trainer.checkpoint.manifest import Layout
 from trainer.checkpoint.store import ObjectStore
@@ -165,13 +164,3 @@ class Scenario:
             raise ValueError(f"scenario {self.name!r}: uses_s3 needs checkpoint_every_steps >= 1")
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    """Polls `check` until truthy; for conditions that do not involve the supervisor answering."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(poll_s)

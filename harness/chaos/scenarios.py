@@ -17,8 +17,8 @@ from ftsup.v1 import events_pb2
 from harness.chaos import checks
 from harness.chaos.checks import after, kind, of_kind
 from harness.chaos.s3_proxy import Fault, FaultRule
-from harness.chaos.scenario import Break, Chaos, Outcome, Scenario, wait_until
-from harness.cluster import ClusterError
+from harness.chaos.scenario import Break, Chaos, Outcome, Scenario
+from harness.cluster import ClusterError, wait_until
 from trainer.checkpoint.supervised import checkpoint_id_for
 
 # -- expectation helpers (each returns problems; [] when the log shows what was expected) ---------

@@ -81,7 +81,7 @@ step = 0
 while True:
     step += 1
     stub.ReportStep(agent_pb2.StepReport(generation=gen, rank=rank, step=step, step_time_s=0.05))
-    time.sleep(0.05)
+    time.sleep(0.05)  # the fake trainer's own 50 ms step (its workload), not a wait in the test
 '''
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-import time
 import uuid
 from collections.abc import Callable
 
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.cluster import ClusterSpec, LocalCluster
+from harness.cluster import ClusterSpec, LocalCluster, wait_until
 from harness.demo import trainer_argv
 from tests.support.s3_server import S3Server
 
@@ -95,9 +94,7 @@ def run_and_check(workdir: pathlib.Path, reference: str, location: str, extra: t
     # Retention kept the newest KEEP commits, each with its manifest naming every rank's shard index.
     # Retention runs after each commit's record, off the supervisor's loop: wait for it, then assert.
     kept = sorted(c.manifest_key for c in committed[-KEEP:])
-    deadline = time.monotonic() + 30
-    while sorted(manifests()) != kept and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling a condition under a deadline
+    wait_until(lambda: sorted(manifests()) == kept, 30, f"retention to keep only {kept}")
     assert sorted(manifests()) == kept
     for c in committed[-KEEP:]:
         assert c.manifest_key == f"{prefix}{c.checkpoint_id}/MANIFEST.json"

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from harness.cluster import wait_until
 from supervisor.core.backoff import Backoff
 from tests.support import dcp_ranks
 from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
@@ -109,11 +110,7 @@ def assert_same(a: dict[str, object], b: dict[str, object]) -> None:
 
 
 def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + CONDITION_DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until(condition, CONDITION_DEADLINE_S, what, poll_s=0.02)
 
 
 # -- DCP with real ranks -------------------------------------------------------------------------

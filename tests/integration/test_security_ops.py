@@ -30,7 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from harness.certs import main as certs_main
-from harness.cluster import free_port
+from harness.cluster import free_port, wait_until
 from supervisor import tls
 from supervisor.etcd_tls import make_tls_client
 from tests.support.etcd_cluster import free_ports
@@ -75,17 +75,14 @@ def health_status(channel: grpc.Channel, service: str = "") -> int:
 
 
 def wait_for(what: str, check, timeout_s: float = DEADLINE_S):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """wait_until, where a daemon not answering yet (an RPC error) counts as "not yet"."""
+    def answered():  # type: ignore[no-untyped-def]
         try:
-            value = check()
-            if value:
-                return value
+            return check()
         except grpc.RpcError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)  # a poll interval under a deadline, not a wait for an outcome
+            return None
+
+    return wait_until(answered, timeout_s, what)
 
 
 def token_file(path: pathlib.Path, token: str) -> pathlib.Path:
@@ -242,8 +239,7 @@ def test_read_only_credentials_read_but_get_exit_4_on_a_command(lab: Lab) -> Non
 
 
 def test_the_supervisor_reaches_etcd_over_tls_with_a_client_certificate(tmp_path: pathlib.Path) -> None:
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    assert shutil.which("etcd") is not None, "etcd is not installed (`make test` installs etcd-server)"
     pki = tmp_path / "pki"
     assert certs_main(["--out", str(pki), "--supervisors", "etcd-1,sup-1"]) == 0
     client_port, peer_port = free_ports(2)

@@ -6,25 +6,24 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ftsup.v1 import agent_pb2
-from harness.cluster import free_port
+from harness.cluster import free_port, wait_until
 from tests.integration.test_supervisor_wire import RawAgent, ctl, hello
 
 pytestmark = pytest.mark.integration
 
 
 def wait_for(address: str, predicate, what: str, timeout_s: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def status() -> dict | None:
         done = ctl(address, "status", "--json")
-        if done.returncode == 0 and predicate(status := json.loads(done.stdout)):
-            return status
-        assert time.monotonic() < deadline, f"{what} within {timeout_s}s; last: {done.stdout or done.stderr}"
-        time.sleep(0.2)
+        if done.returncode == 0 and predicate(answer := json.loads(done.stdout)):
+            return answer
+        return None
+
+    return wait_until(status, timeout_s, what, poll_s=0.2)
 
 
 def test_restart_goodput_and_the_experiment_record_over_the_wire(tmp_path: pathlib.Path) -> None:

@@ -3,14 +3,16 @@
 import hashlib
 import sys
 import threading
-import time
+from collections.abc import Callable
 from concurrent import futures
+from types import FrameType
 
 import grpc
 import pytest
 import torch
 
 from ftsup.v1 import peer_pb2_grpc
+from harness.cluster import ClusterError, wait_until
 from trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot
 from trainer import snapshot as snapshot_module
 from trainer.session import LaunchEnv, Session
@@ -104,18 +106,31 @@ def test_report_step_sends_nan_loss_as_given_and_keeps_order():
     assert client.calls[-1][0] == "ReportFinished"
 
 
+def _stack_has(thread_id: int, matches: Callable[[FrameType], bool]) -> bool:
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if matches(frame):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _when_blocked(thread_id: int, matches: Callable[[FrameType], bool], release: threading.Event) -> None:
+    """Sets `release` once `thread_id`'s stack shows it blocked where `matches` says (or at the
+    deadline: the test's own assertions then fail instead of hanging)."""
+    try:
+        wait_until(lambda: release.is_set() or _stack_has(thread_id, matches), WAIT_S, "the thread to block",
+                   poll_s=0.001)
+    except ClusterError:
+        pass
+    finally:
+        release.set()
+
+
 def release_once_blocked(client: FakeClient, thread_id: int) -> None:
     """Release the held hand-off once `thread_id` is blocked waiting on the in-flight future."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        frame = sys._current_frames().get(thread_id)
-        while frame is not None:
-            if frame.f_code.co_name == "exception" and "futures" in frame.f_code.co_filename:
-                client.release.set()
-                return
-            frame = frame.f_back
-        time.sleep(0.001)
-    client.release.set()
+    _when_blocked(thread_id, lambda f: f.f_code.co_name == "exception" and "futures" in f.f_code.co_filename,
+                  client.release)
 
 
 def test_snapshot_waits_for_the_one_in_flight_and_counts_the_wait():
@@ -221,16 +236,7 @@ def test_snapshot_barrier_returns_only_once_the_previous_hand_off_is_acknowledge
 
 def set_once_waiting_in(gate: threading.Event, thread_id: int, function: str) -> None:
     """Sets `gate` once `thread_id` is blocked inside `function` (seen on its stack)."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline and not gate.is_set():
-        frame = sys._current_frames().get(thread_id)
-        while frame is not None:
-            if frame.f_code.co_name == function:
-                gate.set()
-                return
-            frame = frame.f_back
-        time.sleep(0.001)
-    gate.set()
+    _when_blocked(thread_id, lambda f: f.f_code.co_name == function, gate)
 
 
 def hold_capture(session: Session) -> threading.Event:
