@@ -289,7 +289,7 @@ class Launcher:
                 handle = await self._runner.spawn(list(d.argv), env, log_path)
             except SpawnFailed as exc:
                 self._log.error("trainer_spawn_failed", generation=d.generation, rank=rank, error=str(exc))
-                self._send_exit(run, rank, SPAWN_FAILED_EXIT_CODE)
+                self._send_exit(run.generation, rank, SPAWN_FAILED_EXIT_CODE, finished=False)
                 continue
             trainer = Trainer(rank, local_rank, handle, generation=d.generation)
             trainer.watcher = asyncio.create_task(self._watch(trainer))
@@ -304,17 +304,11 @@ class Launcher:
             trainer.rank in self.run.finished
         self._log.info("trainer_exited", generation=trainer.generation, rank=trainer.rank, exit_code=code,
                        finished=finished)
-        self._report(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(
-            generation=trainer.generation, rank=trainer.rank, exit_code=code, finished=finished)))
+        self._send_exit(trainer.generation, trainer.rank, code, finished)
 
-    def _send_exit(self, run: Run, rank: int, code: int) -> None:
-        self._report(
-            agent_pb2.AgentMessage(
-                trainer_exit=agent_pb2.TrainerExit(
-                    generation=run.generation, rank=rank, exit_code=code, finished=rank in run.finished
-                )
-            )
-        )
+    def _send_exit(self, generation: int, rank: int, code: int, finished: bool) -> None:
+        self._report(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(
+            generation=generation, rank=rank, exit_code=code, finished=finished)))
 
     async def _kill_all(self) -> None:
         """SIGKILLs every trainer (they belong to a dead generation) and waits until reaped."""

@@ -296,11 +296,11 @@ def on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig
         return []
     advice = interval_policy.advise(soft.interval_obs, timing.interval, now)
     since = now - soft.checkpoint_clock[1]
-    if since < advice.interval_s or request_refusal(state, soft, config) is not None:
+    if since < advice.interval_s:
         return []
     progress = soft.progress
     if progress is None or state.generation is None or progress.generation != state.generation.number \
             or progress.step_reports == 0:
         return []  # the generation has not stepped yet: nothing new to save
-    return request(state, soft, config,
+    return request(state, soft, config,  # nothing when a request is refused now (one in flight, say)
                    f"auto: {since:.0f}s since the last checkpoint >= the {advice.interval_s:.0f}s interval; {advice.reason}")

@@ -27,11 +27,6 @@ from supervisor.server.log_digest import LogDigest
 
 log = logs.get("supervisor.operator")
 
-NO_CHECKPOINT_STORE = (
-    "no checkpoint store is configured on this supervisor: it does not coordinate object-store checkpoints"
-    " (trainers save them themselves with trainer.checkpoint), so there is nothing to ask for now;"
-    " nothing was recorded"
-)
 NO_STORE_CADENCE = "no checkpoint store configured (--checkpoint-location): trainers save on their own, if at all"
 
 
@@ -161,8 +156,7 @@ class JobMethods:
         self, request: operator_pb2.JobCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
         await require_reason(request.reason, context)
-        if not self._runtime.config.checkpoint_location:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_CHECKPOINT_STORE)
+        # No store, no generation running, one in flight: admission refuses, saying which.
         outcome = await self._runtime.submit(
             OperatorRequest("checkpoint", "", request.reason, request.operator or "unknown"))
         if outcome.refusal is not None:

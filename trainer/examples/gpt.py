@@ -149,8 +149,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _abort_process_group() -> None:
-    """From the session's watch thread when the agent replaced this generation: aborting fails the
-    collective this rank may be blocked in, so it reaches the fast path now, not at the timeout."""
+    """Abort the default process group. From the session's watch thread when the agent replaced
+    this generation (with NCCL that fails a collective this rank is blocked in), and when this
+    rank leaves a broken group."""
     from torch.distributed import distributed_c10d
 
     abort = getattr(distributed_c10d, "_abort_process_group", None)
@@ -165,20 +166,14 @@ def _abort_process_group() -> None:
 def _leave_process_group() -> None:
     """Abort the broken group, then forget it. Aborting closes this rank's connections at once,
     which fails the peers still blocked on it (with gloo only a dead rank's direct neighbours see
-    the death): every rank of the group gets out within moments instead of at the timeout.
-    A failure here changes nothing (the group is broken anyway)."""
-    from torch.distributed import distributed_c10d
-
-    for name, leave in (("abort", getattr(distributed_c10d, "_abort_process_group", None)),
-                        ("destroy", dist.destroy_process_group)):
-        if leave is None:
-            continue
+    the death): every rank of the group gets out sooner than at the timeout. A failure here
+    changes nothing (the group is broken anyway)."""
+    _abort_process_group()
+    if dist.is_initialized():
         try:
-            leave()
+            dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001
-            print(f"{name} of the broken process group: {exc}", file=sys.stderr, flush=True)
-        if not dist.is_initialized():
-            return
+            print(f"destroy of the broken process group: {exc}", file=sys.stderr, flush=True)
 
 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, GPT, torch.optim.Optimizer]:

@@ -115,6 +115,8 @@ def grow_to(state: ClusterState, soft: SoftState, job: JobSpec) -> int | None:
         return None
     if generation.world_size >= job.world_size or snapshot is None or snapshot.generation != generation.number:
         return None
+    if len(state.nodes) <= len(generation.members):
+        return None  # no node outside the generation at all: nothing to grow onto (no fleet pass)
     healthy = len(_survey(state, soft).healthy)
     target = job.nodes if healthy >= job.nodes else job.shrunk_nodes(healthy)
     if target is None or target * job.ranks_per_node <= generation.world_size:
