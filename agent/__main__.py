@@ -1,7 +1,7 @@
-"""`python -m agent`: the same entry point as `ftsup agent`."""
+"""`python -m ftsup.agent`: the same entry point as `ftsup agent`."""
 
 import sys
 
-from agent.main import main
+from ftsup.agent.main import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ftsup.v1 import agent_pb2
 
-from agent.snapshots import Blob
+from ftsup.agent.snapshots import Blob
 
 
 def holding_report(blob: Blob, holder_node_id: str) -> agent_pb2.AgentMessage:

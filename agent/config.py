@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftsup.v1 import events_pb2
-from supervisor import tls
-from supervisor.metrics_http import MetricsListenError, check_metrics_listen
-from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.supervisor import tls
+from ftsup.supervisor.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
 
-from agent.core.hang import HangConfig
+from ftsup.agent.core.hang import HangConfig
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.peers import SnapshotMissing
-from agent.process import ProcessHandle
-from agent.snapshots import Blob, SnapshotStore
+from ftsup.agent.peers import SnapshotMissing
+from ftsup.agent.process import ProcessHandle
+from ftsup.agent.snapshots import Blob, SnapshotStore
 
 
 @dataclass(eq=False)
@@ -46,7 +46,7 @@ class ScriptedProcessRunner:
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
         if self.fail_spawn is not None:
-            from agent.process import SpawnFailed
+            from ftsup.agent.process import SpawnFailed
 
             raise SpawnFailed(self.fail_spawn)
         self._next_pid += 1

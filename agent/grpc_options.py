@@ -8,7 +8,7 @@ being buffered.
 
 from __future__ import annotations
 
-from agent.core.chunks import CHUNK_BYTES
+from ftsup.agent.core.chunks import CHUNK_BYTES
 
 MAX_MESSAGE_BYTES = 2 * CHUNK_BYTES
 

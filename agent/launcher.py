@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import structlog
 from ftsup.v1 import agent_pb2
 
-from agent.config import AgentConfig
-from agent.core.directives import Action, Applied, Decision, Step, diff_directive, validate_run
-from agent.core.trainer_env import RankSpec, log_file_name, trainer_env
-from agent.process import ProcessHandle, ProcessRunner, SpawnFailed
-from agent.restore import RestoreBook, RestoreSource
-from agent.snapshots import SnapshotStore
+from ftsup.agent.config import AgentConfig
+from ftsup.agent.core.directives import Action, Applied, Decision, Step, diff_directive, validate_run
+from ftsup.agent.core.trainer_env import RankSpec, log_file_name, trainer_env
+from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
+from ftsup.agent.restore import RestoreBook, RestoreSource
+from ftsup.agent.snapshots import SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
 

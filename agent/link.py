@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
-from supervisor.core.backoff import Backoff
-from supervisor.tls import channel_credentials
+from ftsup.supervisor.core.backoff import Backoff
+from ftsup.supervisor.tls import channel_credentials
 
-from agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
-from agent.core.outbox import Outbox, Priority
-from agent.grpc_options import MESSAGE_OPTIONS
+from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
+from ftsup.agent.core.outbox import Outbox, Priority
+from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 
 Logger = structlog.typing.FilteringBoundLogger
 StreamCall = grpc.aio.StreamStreamCall

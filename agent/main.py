@@ -19,26 +19,26 @@ import grpc
 import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from supervisor import logs, tls
-from supervisor.metrics_http import MetricsListenError, serve_metrics
-from supervisor.sdnotify import Notifier, pet_watchdog
+from ftsup.supervisor import logs, tls
+from ftsup.supervisor.metrics_http import MetricsListenError, serve_metrics
+from ftsup.supervisor.sdnotify import Notifier, pet_watchdog
 
-from agent.codec import holding_report
-from agent.config import AgentConfig, ConfigError, parse_config
-from agent.grpc_options import MESSAGE_OPTIONS
-from agent.launcher import STOP_GRACE_S, Launcher
-from agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
-from agent.metrics import AgentCollector, agent_registry
-from agent.peer_service import PeerService
-from agent.peers import PeerClient
-from agent.process import AsyncioProcessRunner, default_base_env
-from agent.restore import RestoreBook
-from agent.sdc_check import SdcChecker
-from agent.snapshots import SnapshotStore
-from agent.trainer_api import TrainerLinkService
-from agent.progress import ProgressTracker
-from agent.warm_pool import WarmPoolRunner
-from agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_hangs, watch_xids
+from ftsup.agent.codec import holding_report
+from ftsup.agent.config import AgentConfig, ConfigError, parse_config
+from ftsup.agent.grpc_options import MESSAGE_OPTIONS
+from ftsup.agent.launcher import STOP_GRACE_S, Launcher
+from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
+from ftsup.agent.metrics import AgentCollector, agent_registry
+from ftsup.agent.peer_service import PeerService
+from ftsup.agent.peers import PeerClient
+from ftsup.agent.process import AsyncioProcessRunner, default_base_env
+from ftsup.agent.restore import RestoreBook
+from ftsup.agent.sdc_check import SdcChecker
+from ftsup.agent.snapshots import SnapshotStore
+from ftsup.agent.trainer_api import TrainerLinkService
+from ftsup.agent.progress import ProgressTracker
+from ftsup.agent.warm_pool import WarmPoolRunner
+from ftsup.agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_hangs, watch_xids
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.link import Reports
-from agent.progress import ProgressTracker
-from agent.snapshots import SnapshotStore
+from ftsup.agent.link import Reports
+from ftsup.agent.progress import ProgressTracker
+from ftsup.agent.snapshots import SnapshotStore
 
 Running = Callable[[], tuple[int, tuple[int, ...], set[int]]]  # Launcher.running
 

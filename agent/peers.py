@@ -16,12 +16,12 @@ from typing import TypeVar
 
 import grpc
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
-from supervisor.core.backoff import Backoff
+from ftsup.supervisor.core.backoff import Backoff
 
-from agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
-from agent.grpc_options import MESSAGE_OPTIONS
-from agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
-from agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send
+from ftsup.agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
+from ftsup.agent.grpc_options import MESSAGE_OPTIONS
+from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
+from ftsup.agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send
 
 FETCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0, deadline_s=30.0)
 T = TypeVar("T")

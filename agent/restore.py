@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import structlog
 from ftsup.v1 import events_pb2
 
-from agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
-from agent.snapshots import Blob, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
+from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
+from ftsup.agent.snapshots import Blob, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import structlog
 from ftsup.v1 import agent_pb2, events_pb2
 
-from agent.core import sdc_replay
-from agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
-from agent.process import ProcessHandle, ProcessRunner, SpawnFailed
-from agent.snapshots import Blob, InvalidSnapshot, SnapshotStore
+from ftsup.agent.core import sdc_replay
+from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
+from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
+from ftsup.agent.snapshots import Blob, InvalidSnapshot, SnapshotStore
 
 Logger = structlog.typing.FilteringBoundLogger
 Report = Callable[[agent_pb2.AgentMessage], None]

@@ -17,8 +17,8 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from agent.core.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
-from agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
+from ftsup.agent.core.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
+from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
 
 __all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryFull", "SnapshotStore", "verify"]
 

@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from ftsup.v1 import peer_pb2
 
-from agent.core.chunks import CHUNK_BYTES, InvalidSnapshot, spans
-from agent.snapshots import Blob, Incoming, SnapshotId
+from ftsup.agent.core.chunks import CHUNK_BYTES, InvalidSnapshot, spans
+from ftsup.agent.snapshots import Blob, Incoming, SnapshotId
 
 Read = Callable[[], Awaitable[Any]]  # context.read / call.read: a SnapshotChunk or grpc.aio.EOF
 Write = Callable[[peer_pb2.SnapshotChunk], Awaitable[None]]

@@ -17,15 +17,15 @@ import grpc
 import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
-from agent.codec import holding_report
-from agent.core.chunks import CHUNK_BYTES
-from agent.launcher import Launcher
-from agent.link import Reports
-from agent.peers import PeerClient, PeerUnavailable
-from agent.progress import ProgressTracker
-from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
-from agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
-from agent.streams import ident_of, opening_header, receive, send_blob
+from ftsup.agent.codec import holding_report
+from ftsup.agent.core.chunks import CHUNK_BYTES
+from ftsup.agent.launcher import Launcher
+from ftsup.agent.link import Reports
+from ftsup.agent.peers import PeerClient, PeerUnavailable
+from ftsup.agent.progress import ProgressTracker
+from ftsup.agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
+from ftsup.agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
+from ftsup.agent.streams import ident_of, opening_header, receive, send_blob
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext

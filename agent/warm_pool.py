@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from agent.process import AsyncioHandle, AsyncioProcessRunner, ProcessHandle, SpawnFailed
+from ftsup.agent.process import AsyncioHandle, AsyncioProcessRunner, ProcessHandle, SpawnFailed
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -64,7 +64,7 @@ class WarmPoolRunner:
             log_path = self._workdir / f"warm-{self._spawned}.log"
             with open(log_path, "ab") as out:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "agent.warm_start",
+                    sys.executable, "-m", "ftsup.agent.warm_start",
                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
                 )
             if self._nice:

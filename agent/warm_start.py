@@ -5,7 +5,7 @@ Most of a restart is start-up, not training: `import torch` and the first optimi
 The agent keeps a few of these processes idle; on a launch it writes one JSON line on stdin
 (`{"argv": [...], "env": {...}, "log_path": "..."}`) and the process becomes that trainer: output
 goes to the rank's log, the environment is replaced, and the module or script runs as __main__.
-Run as `python -m agent.warm_start [MODULE...]` (extra modules to import ahead).
+Run as `python -m ftsup.agent.warm_start [MODULE...]` (extra modules to import ahead).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import structlog
 from ftsup.v1 import agent_pb2
 
-from agent.core.hang import HangConfig, check_hang
-from agent.core.xid import XidRecord, normalize_pci, parse_xid_line
-from agent.progress import ProgressTracker
+from ftsup.agent.core.hang import HangConfig, check_hang
+from ftsup.agent.core.xid import XidRecord, normalize_pci, parse_xid_line
+from ftsup.agent.progress import ProgressTracker
 
 Logger = structlog.typing.FilteringBoundLogger
 Report = Callable[[agent_pb2.AgentMessage], None]

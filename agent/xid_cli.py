@@ -13,8 +13,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from agent.core.xid import parse_xid_line
-from supervisor.core.policies.xid import XidPolicyConfig, judge_xid
+from ftsup.agent.core.xid import parse_xid_line
+from ftsup.supervisor.core.policies.xid import XidPolicyConfig, judge_xid
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE = 0, 1, 2
 

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from supervisor.main import main
+from ftsup.supervisor.main import main
 
 
 def _install(out_path: str) -> None:

@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from trainer.session import Session
+from ftsup.trainer.session import Session
 
 BATCH = 8
 
@@ -57,7 +57,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench._snapshot_rank")
+    p = argparse.ArgumentParser(prog="python -m ftsup.bench._snapshot_rank")
     p.add_argument("--state-mb", type=float, required=True, help="rank 0's model + AdamW state")
     p.add_argument("--peer-state-mb", type=float, required=True, help="the other ranks' state")
     p.add_argument("--snapshots", type=int, required=True, help="per mode")

@@ -20,9 +20,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.core import data
-from trainer.ddp import DeterministicGradSync
-from trainer.examples.gpt import GPT, parse_args as gpt_args
+from ftsup.trainer.core import data
+from ftsup.trainer.ddp import DeterministicGradSync
+from ftsup.trainer.examples.gpt import GPT, parse_args as gpt_args
 
 
 def main(argv: list[str] | None = None) -> int:

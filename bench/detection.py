@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
 
 IDLE_TRAINER = (sys.executable, "-c", "import time; time.sleep(3600)")
 

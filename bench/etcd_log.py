@@ -28,10 +28,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from supervisor.core.events import NodeCleared  # noqa: E402
-from supervisor.eventlog.embedded import EmbeddedLog  # noqa: E402
-from supervisor.eventlog.etcd import EtcdLog, make_client  # noqa: E402
-from supervisor.leader import LeaderElection  # noqa: E402
+from ftsup.supervisor.core.events import NodeCleared  # noqa: E402
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog  # noqa: E402
+from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client  # noqa: E402
+from ftsup.supervisor.leader import LeaderElection  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster, tmpfs_root  # noqa: E402
 
 

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any
 
-from supervisor import codec
-from supervisor.core.events import (
+from ftsup.supervisor import codec
+from ftsup.supervisor.core.events import (
     GenerationStarted,
     NodeRegistered,
     NodeRole,
@@ -29,9 +29,9 @@ from supervisor.core.events import (
     RestoreKind,
     SnapshotCommitted,
 )
-from supervisor.core.evolve import apply_records
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.embedded import EmbeddedLog
+from ftsup.supervisor.core.evolve import apply_records
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 
 NODES = 64
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.cluster import ClusterError, ClusterSpec, LocalCluster, free_port
-from harness.demo import Failure, measure_failure, trainer_argv
+from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster, free_port
+from ftsup.harness.demo import Failure, measure_failure, trainer_argv
 
 POLL_S = 0.05
 GOAL_RATIO = 0.3
@@ -179,7 +179,7 @@ def warm_processes(pgids: set[int]) -> dict[int, tuple[int, float]]:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                if b"agent.warm_start" not in f.read():
+                if b"ftsup.agent.warm_start" not in f.read():
                     continue
             with open(f"/proc/{name}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()

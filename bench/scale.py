@@ -29,7 +29,7 @@ from typing import Any, IO
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from harness.cluster import ClusterError, free_port, terminate_group
+from ftsup.harness.cluster import ClusterError, free_port, terminate_group
 
 GOAL_P99_MS = 50.0
 GOAL_DETECT_S = 2.5
@@ -167,7 +167,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
     module = "supervisor"
     if profile:
-        module = "bench._profiled_supervisor"
+        module = "ftsup.bench._profiled_supervisor"
         env["FTSUP_PROFILE_OUT"] = str(workdir / "supervisor.prof")
     argv = [sys.executable, "-m", module, "--listen", address, "--data-dir", str(workdir / "log"),
             "--job", str(workdir / "job.json"), "--heartbeat-interval-s", str(interval_s),
@@ -188,7 +188,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             count = share + (1 if index < extra else 0)
             if count == 0:
                 continue
-            load_argv = [sys.executable, "-m", "harness.fleet_load", "--address", address, "--first", str(first),
+            load_argv = [sys.executable, "-m", "ftsup.harness.fleet_load", "--address", address, "--first", str(first),
                          "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
                          "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1)]
             with open(workdir / f"load-{index}.log", "wb") as load_log:

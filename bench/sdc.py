@@ -45,16 +45,16 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from supervisor.core.events import SdcRankDigests
-from supervisor.core.policies import recompute
-from supervisor.core.policies.sdc import SdcConfig, vote_step
-from trainer import replay
-from trainer import snapshot as snap
-from trainer.core import data
-from trainer.ddp import DeterministicGradSync
-from trainer.digest import Digester, GradDigester
-from trainer.examples.gpt import GPT
-from trainer.sdc_inject import flip_bit_
+from ftsup.supervisor.core.events import SdcRankDigests
+from ftsup.supervisor.core.policies import recompute
+from ftsup.supervisor.core.policies.sdc import SdcConfig, vote_step
+from ftsup.trainer import replay
+from ftsup.trainer import snapshot as snap
+from ftsup.trainer.core import data
+from ftsup.trainer.ddp import DeterministicGradSync
+from ftsup.trainer.digest import Digester, GradDigester
+from ftsup.trainer.examples.gpt import GPT
+from ftsup.trainer.sdc_inject import flip_bit_
 
 BIT_CLASSES = {"sign": (31,), "exponent": tuple(range(23, 31)), "low_mantissa": (0, 1, 2, 3)}
 

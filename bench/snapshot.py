@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ftsup.v1 import operator_pb2
-from harness.cluster import ClusterError, ClusterSpec, LocalCluster
+from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
 
 GOAL_PAUSE_RATIO = 0.05
 HEARTBEAT_MISSES = 30
@@ -49,7 +49,7 @@ def run_cluster(
         # runs stay comparable; a death verdict would end the run being measured. This bench
         # measures the pause and the hand-off, not detection.
         heartbeat_misses=HEARTBEAT_MISSES,
-        trainer_argv=(sys.executable, "-m", "bench._snapshot_rank", "--state-mb", str(state_mb),
+        trainer_argv=(sys.executable, "-m", "ftsup.bench._snapshot_rank", "--state-mb", str(state_mb),
                       "--peer-state-mb", str(peer_state_mb), "--snapshots", str(snapshots), "--out", str(out)),
     )
     with LocalCluster(spec, workdir / "cluster") as cluster:
@@ -77,8 +77,8 @@ def time_torch_save(directory: pathlib.Path, state_mb: float, repeats: int) -> d
     """torch.save of the bench state (same builder, same snapshot format) to a local file."""
     import torch
 
-    from bench._snapshot_rank import build_state_model
-    from trainer import snapshot as snap
+    from ftsup.bench._snapshot_rank import build_state_model
+    from ftsup.trainer import snapshot as snap
 
     os.nice(max(0, TRAINER_NICE - os.nice(0)))  # as niced as the trainers were (the cluster is stopped by now)
     model, optimizer, _width = build_state_model(state_mb)

@@ -22,7 +22,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from supervisor.core.policies.straggler import StragglerConfig, StragglerState, observe_step
+from ftsup.supervisor.core.policies.straggler import StragglerConfig, StragglerState, observe_step
 
 SLOWDOWNS = (0.05, 0.10, 0.20, 0.50)
 

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from supervisor.tls import SPIFFE_PREFIX
+from ftsup.supervisor.tls import SPIFFE_PREFIX
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ROLES = ("admin", "read")

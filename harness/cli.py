@@ -11,65 +11,71 @@ from collections.abc import Callable
 
 
 def _supervisor(argv: list[str]) -> int:
-    from supervisor.main import main
+    from ftsup.supervisor.main import main
 
     return main(argv)
 
 
 def _agent(argv: list[str]) -> int:
-    from agent.main import main
+    from ftsup.agent.main import main
 
     return main(argv)
 
 
 def _demo(argv: list[str]) -> int:
-    from harness.demo import main
+    from ftsup.harness.demo import main
 
     return main(argv)
 
 
 def _chaos(argv: list[str]) -> int:
-    from harness.chaos.main import main
+    from ftsup.harness.chaos.main import main
 
     return main(argv)
 
 
 def _xid(argv: list[str]) -> int:
-    from agent.xid_cli import main
+    from ftsup.agent.xid_cli import main
 
     return main(argv)
 
 
 def _sim(argv: list[str]) -> int:
-    from harness.sim.cli import main
+    from ftsup.harness.sim.cli import main
 
     return main(argv)
 
 
 def _log(argv: list[str]) -> int:
-    from supervisor.eventlog.inspect import main
+    from ftsup.supervisor.eventlog.inspect import main
 
     return main(argv)
 
 
 def _checkpoints(argv: list[str]) -> int:
-    from trainer.checkpoint.cli import main
+    from ftsup.trainer.checkpoint.cli import main
 
     return main(argv)
 
 
 def _certs(argv: list[str]) -> int:
-    from harness.certs import main
+    from ftsup.harness.certs import main
+
+    return main(argv)
+
+
+def _ctl(argv: list[str]) -> int:
+    from ftsup.supervisor.ctl.main import main
 
     return main(argv)
 
 
 def bench_names() -> dict[str, str]:
     """Benchmarks under bench/ (name -> first docstring line), read without importing them."""
-    import bench
+    import ftsup.bench
 
     names: dict[str, str] = {}
-    for path in sorted(pathlib.Path(bench.__file__).parent.glob("*.py")):
+    for path in sorted(pathlib.Path(ftsup.bench.__file__).parent.glob("*.py")):
         if path.stem.startswith("_"):
             continue
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
@@ -89,7 +95,7 @@ def _bench(argv: list[str]) -> int:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name not in names:
         print(f"ftsup bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
-    return importlib.import_module(f"bench.{name}").main(argv[1:])
+    return importlib.import_module(f"ftsup.bench.{name}").main(argv[1:])
 
 
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
@@ -103,6 +109,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "sim": (_sim, "simulate a fleet's failures in virtual time through the real core: MTBF, Young/Daly, ETTR"),
     "checkpoints": (_checkpoints, "list a checkpoint store; gc: abort stale multipart uploads, retention (--keep)"),
     "certs": (_certs, "create a lab CA and node/supervisor/operator certificates for mTLS"),
+    "ctl": (_ctl, "the operator CLI, same as `supervisorctl` (for hosts where supervisord owns that name)"),
 }
 
 

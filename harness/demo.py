@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.cluster import ClusterError, ClusterSpec, LocalCluster
-from supervisor.ctl import render
+from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
+from ftsup.supervisor.ctl import render
 
 _RESTORED_FROM = {
     events_pb2.RESTORE_KIND_PEER_SNAPSHOT: "peer_snapshot",
@@ -68,7 +68,7 @@ def _round(value: float | None) -> float | None:
 
 
 def trainer_argv(python: str, steps: int, seed: int) -> tuple[str, ...]:
-    return (python, "-m", "trainer.examples.gpt", "--steps", str(steps), "--seed", str(seed))
+    return (python, "-m", "ftsup.trainer.examples.gpt", "--steps", str(steps), "--seed", str(seed))
 
 
 def run_job(args: argparse.Namespace, workdir: pathlib.Path, *, kill: bool, say: Any) -> RunResult:

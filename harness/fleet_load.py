@@ -229,7 +229,7 @@ def emit(obj: dict[str, object]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.fleet_load", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ftsup.harness.fleet_load", description=__doc__.splitlines()[0])
     p.add_argument("--address", required=True, help="supervisor host:port")
     p.add_argument("--first", type=int, default=0, help="index of this process's first node")
     p.add_argument("--count", type=int, required=True, help="nodes simulated by this process")

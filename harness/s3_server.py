@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from harness.etcd_cluster import free_ports
+from ftsup.harness.etcd_cluster import free_ports
 
 READY_DEADLINE_S = 60.0
 ACCESS_KEY = "ftsup-test-access"

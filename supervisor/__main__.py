@@ -1,5 +1,5 @@
 import sys
 
-from supervisor.main import main
+from ftsup.supervisor.main import main
 
 sys.exit(main())

@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from ftsup.v1 import agent_pb2, events_pb2, state_pb2
-from supervisor.core import events as ev
-from supervisor.core.directives import Directive
-from supervisor.core.state import ClusterState
+from ftsup.supervisor.core import events as ev
+from ftsup.supervisor.core.directives import Directive
+from ftsup.supervisor.core.state import ClusterState
 
 T = TypeVar("T")
 

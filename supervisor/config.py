@@ -2,7 +2,7 @@
 
 The job file (JSON) says what to train and on how many nodes:
   {"name": "gpt-demo", "nodes": 3, "ranks_per_node": 2,
-   "argv": ["python", "-m", "trainer.examples.gpt", "--steps", "100"],
+   "argv": ["python", "-m", "ftsup.trainer.examples.gpt", "--steps", "100"],
    "env": {"OMP_NUM_THREADS": "1"}, "master_port_base": 29500,
    "code_version": "git:1a2b3c4", "data_version": "c4-en@2024-05"}
 The two versions are optional; with the spec's hash they form the experiment record every
@@ -17,14 +17,14 @@ import json
 import pathlib
 from dataclasses import dataclass, field
 
-from supervisor import tls
-from supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
-from supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
-from supervisor.core.policies.interval import IntervalConfig
-from supervisor.core.policies.recompute import RecomputeConfig
-from supervisor.metrics import ThroughputConfig
-from supervisor.metrics_http import MetricsListenError, check_metrics_listen
-from supervisor.server.authz import AuthzConfigError, load_token
+from ftsup.supervisor import tls
+from ftsup.supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
+from ftsup.supervisor.core.policies.interval import IntervalConfig
+from ftsup.supervisor.core.policies.recompute import RecomputeConfig
+from ftsup.supervisor.metrics import ThroughputConfig
+from ftsup.supervisor.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.supervisor.server.authz import AuthzConfigError, load_token
 
 ENV_PREFIX = "FTSUP_SUPERVISOR_"
 
@@ -93,7 +93,7 @@ def checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
     if (settings.every_steps or is_auto) and not settings.location:
         raise ValueError(f"--checkpoint-every-steps {raw} needs --checkpoint-location")
     if settings.location:
-        from trainer.checkpoint.location import parse_location
+        from ftsup.trainer.checkpoint.location import parse_location
 
         parse_location(settings.location)  # ValueError naming the value
     return settings

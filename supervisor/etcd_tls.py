@@ -17,8 +17,8 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
-from supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, make_client
-from supervisor.tls import TlsFiles, channel_credentials
+from ftsup.supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, make_client
+from ftsup.supervisor.tls import TlsFiles, channel_credentials
 
 
 class TlsClient(aetcd.Client):

@@ -19,22 +19,22 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
-from supervisor import logs, tls
-from supervisor.config import ConfigError, SupervisorConfig, load
-from supervisor.etcd_tls import make_tls_client
-from supervisor.eventlog.api import LogError
-from supervisor.eventlog.embedded import EmbeddedLog
-from supervisor.eventlog.etcd import EtcdLog, make_client
-from supervisor.leader import LeaderElection
-from supervisor.metrics import SupervisorMetrics
-from supervisor.metrics_http import MetricsListenError, serve_metrics
-from supervisor.replica import run_replica
-from supervisor.runtime import Runtime
-from supervisor.server.agent_service import AgentService
-from supervisor.sdnotify import Notifier, pet_watchdog
-from supervisor.server.authz import Authorizer, is_loopback_only
-from supervisor.server.operator_guard import guarded
-from supervisor.server.operator_service import OperatorService
+from ftsup.supervisor import logs, tls
+from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
+from ftsup.supervisor.etcd_tls import make_tls_client
+from ftsup.supervisor.eventlog.api import LogError
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog
+from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
+from ftsup.supervisor.leader import LeaderElection
+from ftsup.supervisor.metrics import SupervisorMetrics
+from ftsup.supervisor.metrics_http import MetricsListenError, serve_metrics
+from ftsup.supervisor.replica import run_replica
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server.agent_service import AgentService
+from ftsup.supervisor.sdnotify import Notifier, pet_watchdog
+from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
+from ftsup.supervisor.server.operator_guard import guarded
+from ftsup.supervisor.server.operator_service import OperatorService
 
 # Every message on this server is small (agent reports, views, event records; snapshots of the
 # state go to etcd or disk, never over this server): 16 MiB bounds a ListNodes of ~100k nodes.
@@ -77,7 +77,7 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         event_log = open_embedded(config, log)
     runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every)
     if config.checkpoints.location:
-        from supervisor.checkpointer import Checkpointer
+        from ftsup.supervisor.checkpointer import Checkpointer
 
         runtime.checkpointer = Checkpointer(config.checkpoints, runtime.post)
     metrics_server = None

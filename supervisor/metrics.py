@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     CheckpointCommitted,
     CheckpointStarted,
     GenerationEnded,
@@ -28,11 +28,11 @@ from supervisor.core.events import (
     Record,
     SnapshotCommitted,
 )
-from supervisor.core.inputs import Heartbeat, Input, StepReport
-from supervisor.server.log_digest import LogDigest
+from ftsup.supervisor.core.inputs import Heartbeat, Input, StepReport
+from ftsup.supervisor.server.log_digest import LogDigest
 
 if TYPE_CHECKING:
-    from supervisor.runtime import Runtime
+    from ftsup.supervisor.runtime import Runtime
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)

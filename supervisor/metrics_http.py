@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from supervisor import logs, tls
+from ftsup.supervisor import logs, tls
 
 log = logs.get("ftsup.metrics")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from supervisor import logs
-from supervisor.eventlog.etcd import EtcdLog
-from supervisor.leader import LeaderElection
-from supervisor.runtime import Runtime
+from ftsup.supervisor import logs
+from ftsup.supervisor.eventlog.etcd import EtcdLog
+from ftsup.supervisor.leader import LeaderElection
+from ftsup.supervisor.runtime import Runtime
 
 log = logs.get("supervisor.replica")
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ftsup.v1 import agent_pb2
-from supervisor import codec, logs
-from supervisor.core import admission, soft as soft_state
-from supervisor.core.config import CoreConfig
-from supervisor.core.decide import decide
-from supervisor.core.directives import Directive, directives_for
-from supervisor.core.events import (
+from ftsup.supervisor import codec, logs
+from ftsup.supervisor.core import admission, soft as soft_state
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.decide import decide
+from ftsup.supervisor.core.directives import Directive, directives_for
+from ftsup.supervisor.core.events import (
     CheckpointAborted,
     CheckpointCommitted,
     CheckpointStarted,
@@ -43,16 +43,16 @@ from supervisor.core.events import (
     StragglerDetected,
     XidReported,
 )
-from supervisor.core.evolve import apply_record
-from supervisor.core.policies import interval as interval_policy
-from supervisor.core.policies.interval import IntervalObservations
-from supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
-from supervisor.core.state import ClusterState, SoftState
-from supervisor.core.views import NodeView, StatusView, node_views, status_view
-from supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
+from ftsup.supervisor.core.evolve import apply_record
+from ftsup.supervisor.core.policies import interval as interval_policy
+from ftsup.supervisor.core.policies.interval import IntervalObservations
+from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
+from ftsup.supervisor.core.state import ClusterState, SoftState
+from ftsup.supervisor.core.views import NodeView, StatusView, node_views, status_view
+from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 
 if TYPE_CHECKING:
-    from supervisor.metrics import SupervisorMetrics
+    from ftsup.supervisor.metrics import SupervisorMetrics
 
 log = logs.get("supervisor.runtime")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, cut, stream_deadline_s
+from ftsup.agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, cut, stream_deadline_s
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 # Snapshots travel in chunks, so no message comes near this (the agent's endpoints use the same).

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.digest import GradDigester
+from ftsup.trainer.digest import GradDigester
 
 
 class DeterministicGradSync:

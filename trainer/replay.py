@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from trainer import snapshot as snap
-from trainer.digest import Digester, GradDigester
+from ftsup.trainer import snapshot as snap
+from ftsup.trainer.digest import Digester, GradDigester
 
 REPLAY_ENV = "FTSUP_SDC_REPLAY"
 

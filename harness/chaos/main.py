@@ -17,8 +17,8 @@ import signal
 import sys
 import tempfile
 
-from harness.chaos.runner import Result, RunContext, S3Endpoint, run_scenario
-from harness.chaos.scenarios import BY_NAME, SCENARIOS
+from ftsup.harness.chaos.runner import Result, RunContext, S3Endpoint, run_scenario
+from ftsup.harness.chaos.scenarios import BY_NAME, SCENARIOS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

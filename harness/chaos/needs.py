@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from harness.chaos.reference import EXAMPLE_TRAINER
+from ftsup.harness.chaos.reference import EXAMPLE_TRAINER
 
 # capability -> (probe, what is missing when the probe fails)
 _WHY = {
@@ -39,7 +39,7 @@ def _has(capability: str) -> bool:
     if capability == "etcd":
         return shutil.which("etcd") is not None and shutil.which("etcdctl") is not None
     if capability == "s3_server":
-        from harness.s3_server import S3ServerError, weed_binary
+        from ftsup.harness.s3_server import S3ServerError, weed_binary
 
         try:
             weed_binary()

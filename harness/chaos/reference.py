@@ -15,10 +15,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from harness.cluster import ClusterError, free_port
+from ftsup.harness.cluster import ClusterError, free_port
 
 
-EXAMPLE_TRAINER = "trainer.examples.gpt"
+EXAMPLE_TRAINER = "ftsup.trainer.examples.gpt"
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,15 +26,15 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.chaos import checks, needs
-from harness.chaos.proxy import PartitionProxy
-from harness.chaos.reference import ReferenceKey, References, trainer_base_argv
-from harness.chaos.s3_proxy import FaultProxy
-from harness.chaos.scenario import Break, Chaos, CheckpointStore, Outcome, Scenario
-from harness.chaos.store_checks import StoreView, inspect_store
-from harness.cluster import ClusterError, ClusterSpec, LocalCluster
-from harness.etcd_cluster import EtcdCluster
-from trainer.checkpoint.manifest import Layout
+from ftsup.harness.chaos import checks, needs
+from ftsup.harness.chaos.proxy import PartitionProxy
+from ftsup.harness.chaos.reference import ReferenceKey, References, trainer_base_argv
+from ftsup.harness.chaos.s3_proxy import FaultProxy
+from ftsup.harness.chaos.scenario import Break, Chaos, CheckpointStore, Outcome, Scenario
+from ftsup.harness.chaos.store_checks import StoreView, inspect_store
+from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
+from ftsup.harness.etcd_cluster import EtcdCluster
+from ftsup.trainer.checkpoint.manifest import Layout
 
 HEARTBEAT_INTERVAL_S = 0.5
 # 4 misses (2 s of silence) before a death verdict: the 2-core machines this runs on are loaded.
@@ -116,7 +116,7 @@ class RunContext:
             if self.etcd_factory is not None:
                 self._etcd = self.etcd_factory()
             else:
-                from harness.etcd_cluster import tmpfs_root
+                from ftsup.harness.etcd_cluster import tmpfs_root
 
                 self._etcd = EtcdCluster(tmpfs_root())
                 self._etcd.start()
@@ -126,8 +126,8 @@ class RunContext:
     def s3(self) -> S3Endpoint:
         """The S3 server for scenarios that checkpoint to S3: the given one, or a SeaweedFS started now."""
         if self.s3_endpoint is None:
-            from harness.etcd_cluster import tmpfs_root
-            from harness.s3_server import REGION, S3Server, S3ServerError
+            from ftsup.harness.etcd_cluster import tmpfs_root
+            from ftsup.harness.s3_server import REGION, S3Server, S3ServerError
 
             server = S3Server(tmpfs_root("s3"))
             try:
@@ -194,13 +194,13 @@ def _open_checkpoints(scenario: Scenario, ctx: RunContext, workdir: pathlib.Path
     if not scenario.checkpoint_every_steps:
         return None, ""
     if not scenario.uses_s3:
-        from trainer.checkpoint.local import LocalDirStore
+        from ftsup.trainer.checkpoint.local import LocalDirStore
 
         directory = workdir / "checkpoints"
         local = LocalDirStore(directory)
         stack.callback(local.close)
         return CheckpointStore(str(directory), Layout(""), local), ""
-    from trainer.checkpoint.s3 import S3Config, S3Store
+    from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
 
     endpoint = ctx.s3()
     upstream = urllib.parse.urlparse(endpoint.url)

@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.chaos.proxy import PartitionProxy
-from harness.chaos.s3_proxy import FaultProxy
-from harness.chaos.store_checks import StoreView
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.etcd_cluster import EtcdCluster
-from trainer.checkpoint.manifest import Layout
-from trainer.checkpoint.store import ObjectStore
+from ftsup.harness.chaos.proxy import PartitionProxy
+from ftsup.harness.chaos.s3_proxy import FaultProxy
+from ftsup.harness.chaos.store_checks import StoreView
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.etcd_cluster import EtcdCluster
+from ftsup.trainer.checkpoint.manifest import Layout
+from ftsup.trainer.checkpoint.store import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)

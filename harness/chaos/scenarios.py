@@ -14,12 +14,12 @@ import signal
 import time
 
 from ftsup.v1 import events_pb2
-from harness.chaos import checks
-from harness.chaos.checks import after, kind, of_kind
-from harness.chaos.s3_proxy import Fault, FaultRule
-from harness.chaos.scenario import Break, Chaos, Outcome, Scenario
-from harness.cluster import ClusterError, wait_until
-from trainer.checkpoint.supervised import checkpoint_id_for
+from ftsup.harness.chaos import checks
+from ftsup.harness.chaos.checks import after, kind, of_kind
+from ftsup.harness.chaos.s3_proxy import Fault, FaultRule
+from ftsup.harness.chaos.scenario import Break, Chaos, Outcome, Scenario
+from ftsup.harness.cluster import ClusterError, wait_until
+from ftsup.trainer.checkpoint.supervised import checkpoint_id_for
 
 # -- expectation helpers (each returns problems; [] when the log shows what was expected) ---------
 

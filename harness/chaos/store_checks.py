@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ftsup.v1 import events_pb2
-from harness.chaos.checks import of_kind
-from trainer.checkpoint import digest
-from trainer.checkpoint.errors import ObjectNotFound
-from trainer.checkpoint.manifest import MANIFEST_NAME, Layout, decode_manifest
-from trainer.checkpoint.store import ObjectStore, PendingUpload
+from ftsup.harness.chaos.checks import of_kind
+from ftsup.trainer.checkpoint import digest
+from ftsup.trainer.checkpoint.errors import ObjectNotFound
+from ftsup.trainer.checkpoint.manifest import MANIFEST_NAME, Layout, decode_manifest
+from ftsup.trainer.checkpoint.store import ObjectStore, PendingUpload
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from harness.sim.engine import BUCKETS, NoProgress, RunResult, simulate
-from harness.sim.fleet import Fleet, build_fleet
-from harness.sim.model import (
+from ftsup.harness.sim.engine import BUCKETS, NoProgress, RunResult, simulate
+from ftsup.harness.sim.fleet import Fleet, build_fleet
+from ftsup.harness.sim.model import (
     DEFAULT_COMPONENTS,
     HOUR_S,
     STRATEGIES,
@@ -31,7 +31,7 @@ from harness.sim.model import (
     analytic,
     parse_component,
 )
-from harness.sim.stats import estimate
+from ftsup.harness.sim.stats import estimate
 
 DEFAULT_GPUS = 1024
 

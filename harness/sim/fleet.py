@@ -24,14 +24,14 @@ from itertools import compress
 from operator import is_not
 from types import MappingProxyType
 
-from supervisor.core import soft as soft_state
-from supervisor.core.admission import refusal
-from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from supervisor.core.decide import decide
-from supervisor.core.events import Event, NodeRole, RankAssignment, SnapshotCommitted
-from supervisor.core.evolve import evolve_all
-from supervisor.core.inputs import AgentHello, Input, OperatorRequest, StepReport, StreamClosed, Tick
-from supervisor.core.state import ClusterState, Liveness, NodeRecord, NodeSoft, SoftState
+from ftsup.supervisor.core import soft as soft_state
+from ftsup.supervisor.core.admission import refusal
+from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from ftsup.supervisor.core.decide import decide
+from ftsup.supervisor.core.events import Event, NodeRole, RankAssignment, SnapshotCommitted
+from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.inputs import AgentHello, Input, OperatorRequest, StepReport, StreamClosed, Tick
+from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, NodeSoft, SoftState
 
 HOST = "sim"
 DIGEST = "sim-digest"  # every replica holds the same bits: the digest vote always agrees

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import re
 
-from supervisor.core import checkpoints
-from supervisor.core.config import CoreConfig
-from supervisor.core.inputs import (
+from ftsup.supervisor.core import checkpoints
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.inputs import (
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
@@ -30,7 +30,7 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
-from supervisor.core.state import ClusterState, SoftState
+from ftsup.supervisor.core.state import ClusterState, SoftState
 
 NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MAX_STEP_TIME_S = 86_400.0

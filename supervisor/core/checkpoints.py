@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import math
 
-from supervisor.core import frozen, sdc_checks
-from supervisor.core.config import CoreConfig
-from supervisor.core.errors import InvalidEvent
-from supervisor.core.events import (
+from ftsup.supervisor.core import frozen, sdc_checks
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import (
     CheckpointAborted, CheckpointCommitted, CheckpointRequested, CheckpointShardWritten, CheckpointStarted, Event,
 )
-from supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
-from supervisor.core.policies import interval as interval_policy
-from supervisor.core.state import (
+from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
+from ftsup.supervisor.core.policies import interval as interval_policy
+from ftsup.supervisor.core.state import (
     ClusterState, CommittedCheckpoint, PendingCheckpoint, RequestedCheckpoint, ShardRecord, SoftState,
 )
 

@@ -11,11 +11,11 @@ import math
 import re
 from dataclasses import dataclass
 
-from supervisor.core.policies.interval import IntervalConfig
-from supervisor.core.policies.recompute import RecomputeConfig
-from supervisor.core.policies.sdc import SdcConfig
-from supervisor.core.policies.straggler import StragglerConfig
-from supervisor.core.policies.xid import XidPolicyConfig
+from ftsup.supervisor.core.policies.interval import IntervalConfig
+from ftsup.supervisor.core.policies.recompute import RecomputeConfig
+from ftsup.supervisor.core.policies.sdc import SdcConfig
+from ftsup.supervisor.core.policies.straggler import StragglerConfig
+from ftsup.supervisor.core.policies.xid import XidPolicyConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 

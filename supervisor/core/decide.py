@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.core.config import CoreConfig
-from supervisor.core.evolve import evolve_all
-from supervisor.core.events import (
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.events import (
     EndReason,
     Event,
     GenerationEnded,
@@ -33,7 +33,7 @@ from supervisor.core.events import (
     XidAction,
     XidReported,
 )
-from supervisor.core.inputs import (
+from ftsup.supervisor.core.inputs import (
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
@@ -51,12 +51,12 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
-from supervisor.core import soft as soft_state
-from supervisor.core import checkpoints, sdc_checks, taint
-from supervisor.core.policies import failure, planner
-from supervisor.core.policies import sdc as sdc_policy
-from supervisor.core.policies import xid as xid_policy
-from supervisor.core.state import ClusterState, Liveness, SoftState
+from ftsup.supervisor.core import soft as soft_state
+from ftsup.supervisor.core import checkpoints, sdc_checks, taint
+from ftsup.supervisor.core.policies import failure, planner
+from ftsup.supervisor.core.policies import sdc as sdc_policy
+from ftsup.supervisor.core.policies import xid as xid_policy
+from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,9 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from supervisor.core.config import JobSpec
-from supervisor.core.events import RankRestore, RestoreKind
-from supervisor.core.state import ClusterState, Generation
+from ftsup.supervisor.core.config import JobSpec
+from ftsup.supervisor.core.events import RankRestore, RestoreKind
+from ftsup.supervisor.core.state import ClusterState, Generation
 
 
 class Action(enum.Enum):

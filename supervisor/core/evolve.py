@@ -12,7 +12,7 @@ from itertools import chain, repeat
 from operator import attrgetter, is_
 from types import MappingProxyType
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     Event,
     GenerationEnded,
     GenerationRunning,
@@ -26,7 +26,7 @@ from supervisor.core.events import (
     Record,
     SnapshotCommitted,
 )
-from supervisor.core.state import (
+from ftsup.supervisor.core.state import (
     ClusterState,
     CommittedSnapshot,
     Completion,
@@ -36,9 +36,9 @@ from supervisor.core.state import (
     NodeRecord,
     node_index,
 )
-from supervisor.core import checkpoints, frozen, sdc_checks, taint
-from supervisor.core.errors import InvalidEvent
-from supervisor.core.events import (
+from ftsup.supervisor.core import checkpoints, frozen, sdc_checks, taint
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import (
     CheckpointAborted,
     CheckpointCommitted,
     CheckpointRequested,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationRunning,

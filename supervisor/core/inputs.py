@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.core.events import NodeRole, SdcRankDigests
+from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor.core import frozen, taint
-from supervisor.core.config import CoreConfig
-from supervisor.core.errors import InvalidEvent
-from supervisor.core.events import Event, SdcCheckFinished, SdcCheckStarted, SdcRankDigests, SdcVerdict
-from supervisor.core.inputs import SdcCheckResult
-from supervisor.core.policies import recompute
-from supervisor.core.policies.recompute import Outcome, VerifierCandidate
-from supervisor.core.state import ClusterState, Liveness, SoftState
+from ftsup.supervisor.core import frozen, taint
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import Event, SdcCheckFinished, SdcCheckStarted, SdcRankDigests, SdcVerdict
+from ftsup.supervisor.core.inputs import SdcCheckResult
+from ftsup.supervisor.core.policies import recompute
+from ftsup.supervisor.core.policies.recompute import Outcome, VerifierCandidate
+from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
 
 # -- the hold -------------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from typing import overload
 from itertools import chain, repeat
 from operator import attrgetter, contains
 
-from supervisor.core.events import SdcRankDigests
-from supervisor.core.inputs import (
+from ftsup.supervisor.core.events import SdcRankDigests
+from ftsup.supervisor.core.inputs import (
     AgentHello,
     OperatorRequest,
     TrainerHung,
@@ -28,14 +28,14 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
-from supervisor.core import checkpoints
-from supervisor.core.policies import sdc as sdc_policy
-from supervisor.core.policies import straggler as straggler_policy
-from supervisor.core.policies.sdc import SdcConfig
-from supervisor.core.policies.straggler import StragglerConfig
-from supervisor.core.policies.xid import XidSighting
-from supervisor.core.events import RankAssignment
-from supervisor.core.state import ClusterState, Generation, GenerationProgress, NodeSoft, SoftState
+from ftsup.supervisor.core import checkpoints
+from ftsup.supervisor.core.policies import sdc as sdc_policy
+from ftsup.supervisor.core.policies import straggler as straggler_policy
+from ftsup.supervisor.core.policies.sdc import SdcConfig
+from ftsup.supervisor.core.policies.straggler import StragglerConfig
+from ftsup.supervisor.core.policies.xid import XidSighting
+from ftsup.supervisor.core.events import RankAssignment
+from ftsup.supervisor.core.state import ClusterState, Generation, GenerationProgress, NodeSoft, SoftState
 
 
 XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid policy

@@ -16,11 +16,11 @@ from itertools import chain, repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
-from supervisor.core.policies.interval import IntervalObservations
-from supervisor.core.policies.sdc import StepVote
-from supervisor.core.policies.straggler import StragglerState, StragglerVerdict
-from supervisor.core.policies.xid import XidSighting
+from ftsup.supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
+from ftsup.supervisor.core.policies.interval import IntervalObservations
+from ftsup.supervisor.core.policies.sdc import StepVote
+from ftsup.supervisor.core.policies.straggler import StragglerState, StragglerVerdict
+from ftsup.supervisor.core.policies.xid import XidSighting
 
 
 class Liveness(enum.Enum):

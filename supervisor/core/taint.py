@@ -9,10 +9,10 @@ Pure; evolve.py calls these so the rules hold on every replica replaying the log
 
 from __future__ import annotations
 
-from supervisor.core import frozen
-from supervisor.core.errors import InvalidEvent
-from supervisor.core.events import GenerationStarted, SdcSuspected
-from supervisor.core.state import ClusterState
+from ftsup.supervisor.core import frozen
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import GenerationStarted, SdcSuspected
+from ftsup.supervisor.core.state import ClusterState
 
 
 def on_suspected(state: ClusterState, event: SdcSuspected) -> ClusterState:

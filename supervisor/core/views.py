@@ -9,8 +9,8 @@ import enum
 import math
 from dataclasses import dataclass
 
-from supervisor.core.events import NodeRole
-from supervisor.core.state import ClusterState, Liveness, SoftState
+from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
 
 
 class JobPhase(enum.Enum):

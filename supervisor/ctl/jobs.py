@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from supervisor.ctl import render_jobs
+from ftsup.supervisor.ctl import render_jobs
 
 EXIT_OK = 0
 EXIT_FAILED = 1

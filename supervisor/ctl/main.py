@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from supervisor.ctl import auth, completion, jobs, render, sdc_view
+from ftsup.supervisor.ctl import auth, completion, jobs, render, sdc_view
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftsup.v1 import events_pb2, operator_pb2
-from supervisor.ctl.render import record_dict, table
+from ftsup.supervisor.ctl.render import record_dict, table
 
 BUCKETS = (
     ("productive", "productive_s", "steps that survived"),

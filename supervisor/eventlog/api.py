@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Protocol
 
-from supervisor.core.events import Event, Record
-from supervisor.core.state import ClusterState
+from ftsup.supervisor.core.events import Event, Record
+from ftsup.supervisor.core.state import ClusterState
 
 
 class LogError(Exception):

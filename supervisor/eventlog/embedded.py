@@ -25,12 +25,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 from ftsup.v1 import events_pb2
-from supervisor import codec
-from supervisor.core.events import Event, Record
-from supervisor.core.state import ClusterState
-from supervisor.eventlog import frames, snapshots
-from supervisor.eventlog.follow import AppendSignal
-from supervisor.eventlog.api import (
+from ftsup.supervisor import codec
+from ftsup.supervisor.core.events import Event, Record
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog import frames, snapshots
+from ftsup.supervisor.eventlog.follow import AppendSignal
+from ftsup.supervisor.eventlog.api import (
     Fenced,
     LogCompacted,
     LogCorrupt,

@@ -26,10 +26,10 @@ import aetcd.exceptions
 from aetcd import transactions as tx
 
 from ftsup.v1 import events_pb2, state_pb2
-from supervisor import codec
-from supervisor.core.events import Event, Record
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.api import Deposed, Fenced, LogCompacted, LogError, LogUnavailable
+from ftsup.supervisor import codec
+from ftsup.supervisor.core.events import Event, Record
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.api import Deposed, Fenced, LogCompacted, LogError, LogUnavailable
 
 log = logging.getLogger(__name__)
 

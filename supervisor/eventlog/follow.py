@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 
-from supervisor.core.events import Record
+from ftsup.supervisor.core.events import Record
 
 
 class AppendSignal:

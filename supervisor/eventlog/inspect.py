@@ -19,11 +19,11 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from supervisor.core.evolve import apply_record
-from supervisor.core.state import ClusterState
-from supervisor.eventlog import snapshots
-from supervisor.eventlog.api import LogError
-from supervisor.eventlog.embedded import EmbeddedLog, examine_segment, list_segment_paths
+from ftsup.supervisor.core.evolve import apply_record
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog import snapshots
+from ftsup.supervisor.eventlog.api import LogError
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog, examine_segment, list_segment_paths
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 
-from supervisor.core.events import Event, Record
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.api import Fenced, LogCompacted
-from supervisor.eventlog.follow import AppendSignal
+from ftsup.supervisor.core.events import Event, Record
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.api import Fenced, LogCompacted
+from ftsup.supervisor.eventlog.follow import AppendSignal
 
 KEEP_SNAPSHOTS = 2
 

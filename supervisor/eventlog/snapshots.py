@@ -14,10 +14,10 @@ import struct
 from dataclasses import dataclass
 
 from ftsup.v1 import state_pb2
-from supervisor import codec
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.api import LogFormatError
-from supervisor.eventlog.frames import crc32c
+from ftsup.supervisor import codec
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.api import LogFormatError
+from ftsup.supervisor.eventlog.frames import crc32c
 
 MAGIC = b"FTSUPSNP"
 FORMAT_VERSION = 1

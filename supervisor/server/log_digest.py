@@ -13,9 +13,9 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 
-from supervisor.core.events import CheckpointCommitted, Record, SnapshotCommitted, StragglerDetected
-from supervisor.core.goodput import GoodputAccount, GoodputReport
-from supervisor.eventlog.api import EventLog
+from ftsup.supervisor.core.events import CheckpointCommitted, Record, SnapshotCommitted, StragglerDetected
+from ftsup.supervisor.core.goodput import GoodputAccount, GoodputReport
+from ftsup.supervisor.eventlog.api import EventLog
 
 BATCH = 2000  # records read between yields to the event loop
 KEEP_DETECTIONS = 50

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from supervisor import logs
-from supervisor.server.authz import Authorizer
-from supervisor.tls import peer_identity
+from ftsup.supervisor import logs
+from ftsup.supervisor.server.authz import Authorizer
+from ftsup.supervisor.tls import peer_identity
 
 log = logs.get("supervisor.operator")
 

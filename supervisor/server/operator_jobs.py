@@ -15,15 +15,15 @@ from collections.abc import Callable
 import grpc
 
 from ftsup.v1 import operator_pb2
-from supervisor import codec, logs
-from supervisor.core.config import CoreConfig
-from supervisor.core.admission import MAX_TEXT
-from supervisor.core.events import CheckpointRequested, GenerationStarted
-from supervisor.core.goodput import GoodputReport
-from supervisor.core.inputs import OperatorRequest
-from supervisor.core.views import straggler_views
-from supervisor.runtime import Runtime
-from supervisor.server.log_digest import LogDigest
+from ftsup.supervisor import codec, logs
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.admission import MAX_TEXT
+from ftsup.supervisor.core.events import CheckpointRequested, GenerationStarted
+from ftsup.supervisor.core.goodput import GoodputReport
+from ftsup.supervisor.core.inputs import OperatorRequest
+from ftsup.supervisor.core.views import straggler_views
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server.log_digest import LogDigest
 
 log = logs.get("supervisor.operator")
 

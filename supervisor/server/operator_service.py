@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
-from supervisor import codec, logs
-from supervisor.core.inputs import OperatorRequest
-from supervisor.core.events import NodeRole
-from supervisor.core.state import Liveness
-from supervisor.core.views import JobPhase
-from supervisor.runtime import Runtime
-from supervisor.server.log_digest import LogDigest
-from supervisor.server.operator_jobs import JobMethods, require_reason
+from ftsup.supervisor import codec, logs
+from ftsup.supervisor.core.inputs import OperatorRequest
+from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.state import Liveness
+from ftsup.supervisor.core.views import JobPhase
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server.log_digest import LogDigest
+from ftsup.supervisor.server.operator_jobs import JobMethods, require_reason
 
 _PHASE = {
     JobPhase.WAITING: operator_pb2.JOB_PHASE_WAITING,

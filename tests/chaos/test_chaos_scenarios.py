@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.chaos.runner import Result, RunContext, run_scenario
-from harness.chaos.scenarios import BY_NAME
+from ftsup.harness.chaos.runner import Result, RunContext, run_scenario
+from ftsup.harness.chaos.scenarios import BY_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agent.warm_pool import is_warmable
+from ftsup.agent.warm_pool import is_warmable
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def test_a_warm_process_runs_the_trainer_with_its_argv_env_log_and_exit_code(tmp
     out, log = tmp_path / "out.json", tmp_path / "rank.log"
     argv = [sys.executable, "-m", "fake_trainer", "--steps", "5"] if as_module else [sys.executable, str(script), "--steps", "5"]
     env = {"RANK": "3", "OUT": str(out), "PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]}
-    warm = subprocess.Popen([sys.executable, "-m", "agent.warm_start"], stdin=subprocess.PIPE,
+    warm = subprocess.Popen([sys.executable, "-m", "ftsup.agent.warm_start"], stdin=subprocess.PIPE,
                             env={**os.environ, "AGENT_ONLY": "secret"}, cwd=tmp_path)
     warm.communicate(json.dumps({"argv": argv, "env": env, "log_path": str(log)}).encode() + b"\n", timeout=120)
     assert warm.returncode == 3
@@ -42,13 +42,13 @@ def test_a_warm_process_runs_the_trainer_with_its_argv_env_log_and_exit_code(tmp
 
 
 def test_a_warm_process_exits_quietly_when_the_pool_closes(tmp_path: pathlib.Path):
-    warm = subprocess.Popen([sys.executable, "-m", "agent.warm_start"], stdin=subprocess.PIPE, cwd=tmp_path)
+    warm = subprocess.Popen([sys.executable, "-m", "ftsup.agent.warm_start"], stdin=subprocess.PIPE, cwd=tmp_path)
     warm.communicate(b"", timeout=120)
     assert warm.returncode == 0
 
 
 def test_only_this_interpreter_running_a_module_or_script_is_warmable():
-    assert is_warmable([sys.executable, "-m", "trainer.examples.gpt"])
+    assert is_warmable([sys.executable, "-m", "ftsup.trainer.examples.gpt"])
     assert is_warmable([sys.executable, "train.py", "--lr", "1"])
     assert not is_warmable([sys.executable, "-u", "train.py"])
     assert not is_warmable(["/usr/bin/env", "python", "train.py"])

@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.demo import trainer_argv
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def spec(store: pathlib.Path, *extra: str) -> ClusterSpec:
 
 
 def ctl(address: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.ctl.main", "--address", address, *args],
+    return subprocess.run([sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", address, *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.demo import trainer_argv
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_ends_bit_identical(
         assert "trainer_warm_started" in (tmp_path / "nodes" / "spare-1" / "agent.log").read_text()
 
         # The operator CLI against the live supervisor, as a script would use it.
-        ctl = [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address]
+        ctl = [sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", cluster.address]
         out = subprocess.run([*ctl, "status", "--json"], capture_output=True, text=True, check=True).stdout
         assert json.loads(out)["phase"] == "completed" and json.loads(out)["final_digest"] == reference_digest
         nodes = json.loads(subprocess.run([*ctl, "nodes", "--json"], capture_output=True, text=True, check=True).stdout)

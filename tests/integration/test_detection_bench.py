@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness import cli
+from ftsup.harness import cli
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ import sys
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.chaos.reference import ReferenceKey, offline_digest
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.demo import trainer_argv
+from ftsup.harness.chaos.reference import ReferenceKey, offline_digest
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 import aetcd
 import pytest
 
-from supervisor.core.events import NodeCleared
-from supervisor.eventlog.api import Deposed, Fenced, LogUnavailable
-from supervisor.eventlog.etcd import EtcdLog, make_client
+from ftsup.supervisor.core.events import NodeCleared
+from ftsup.supervisor.eventlog.api import Deposed, Fenced, LogUnavailable
+from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventlog_contract import CONTRACT
 
@@ -60,7 +60,7 @@ async def test_etcd_log_honours_the_contract(client, etcd_prefix, check) -> None
 async def test_a_reopened_log_sees_records_snapshots_and_compaction(client, etcd_prefix) -> None:
     import dataclasses
 
-    from supervisor.core.state import ClusterState
+    from ftsup.supervisor.core.state import ClusterState
 
     log = await EtcdLog.open(client, etcd_prefix)
     for i in range(1, 21):

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from supervisor.eventlog.embedded import EmbeddedLog
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 from tests.support.log_writer import event
 
 pytestmark = pytest.mark.integration

@@ -32,16 +32,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, operator_pb2, operator_pb2_grpc
-from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from supervisor.core.events import Record
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.memory import MemoryLog
-from supervisor.main import MAX_MESSAGE_BYTES, SERVER_OPTIONS
-from supervisor.runtime import Runtime
-from supervisor.server.agent_service import AgentService
-from supervisor.server.authz import Authorizer
-from supervisor.server.operator_guard import guarded
-from supervisor.server.operator_service import OperatorService
+from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from ftsup.supervisor.core.events import Record
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.main import MAX_MESSAGE_BYTES, SERVER_OPTIONS
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server.agent_service import AgentService
+from ftsup.supervisor.server.authz import Authorizer
+from ftsup.supervisor.server.operator_guard import guarded
+from ftsup.supervisor.server.operator_service import OperatorService
 from tests.support.wire_strategies import (
     ACCEPTED_NOOP,
     NEW_STREAM,
@@ -493,7 +493,7 @@ class RealSupervisor:
 
 @pytest.fixture(scope="module")
 def real_supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    from harness.cluster import free_port
+    from ftsup.harness.cluster import free_port
 
     tmp = tmp_path_factory.mktemp("fuzz-real")
     job = tmp / "job.json"

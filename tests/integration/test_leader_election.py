@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 import aetcd
 import pytest
 
-from supervisor.core.events import NodeCleared
-from supervisor.eventlog.etcd import EtcdLog, make_client
-from supervisor.leader import LeaderElection
+from ftsup.supervisor.core.events import NodeCleared
+from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
+from ftsup.supervisor.leader import LeaderElection
 from tests.support.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.integration

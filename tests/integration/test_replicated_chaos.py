@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.demo import trainer_argv
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
 from tests.support.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ftsup.v1 import operator_pb2
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.demo import trainer_argv
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.log_context import json_lines, supervisor_problems
 
@@ -55,7 +55,7 @@ def test_killing_the_leading_supervisor_neither_stops_training_nor_loses_an_even
         assert {r.term for r in records} >= {first.term, second.term}
         assert status.step == 80 and status.final_digest
 
-        ctl = subprocess.run([sys.executable, "-m", "supervisor.ctl.main", "--address", ",".join(cluster.addresses),
+        ctl = subprocess.run([sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", ",".join(cluster.addresses),
                               "leader", "--json"], capture_output=True, text=True, timeout=60)
         assert ctl.returncode == 0, ctl.stderr
         assert f'"leader": "{second.address}"' in ctl.stdout

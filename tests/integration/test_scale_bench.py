@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from harness import cli
+from ftsup.harness import cli
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ import time
 import pytest
 
 from ftsup.v1 import events_pb2, operator_pb2
-from harness.chaos.reference import ReferenceKey, offline_digest
-from harness.cluster import ClusterSpec, LocalCluster
-from harness.demo import trainer_argv
+from ftsup.harness.chaos.reference import ReferenceKey, offline_digest
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def test_a_flipped_parameter_bit_is_caught_the_same_step_and_the_culprit_replace
         assert replacement.HasField("restore_step") and replacement.restore_step == max(first)
         assert status.final_digest == reference
 
-        ctl = [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address, "sdc"]
+        ctl = [sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", cluster.address, "sdc"]
         view = json.loads(subprocess.run([*ctl, "--json"], capture_output=True, text=True, check=True).stdout)
         assert [(s["node_id"], s["step"], s["vote"]) for s in view["suspects"]] == [("node-3", FLIP_STEP, "minority")]
         assert [(v["action"], v["node_id"]) for v in view["verdicts"]] == [("quarantined", "node-3")]
@@ -136,7 +136,7 @@ def test_a_gradient_flip_the_vote_cannot_see_is_caught_by_a_confirmed_recompute(
         assert all(finished[c.check_id].verdict == events_pb2.SDC_VERDICT_MATCH for c in later)
         assert status.final_digest == reference
 
-        ctl = [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address, "sdc"]
+        ctl = [sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", cluster.address, "sdc"]
         view = json.loads(subprocess.run([*ctl, "--json"], capture_output=True, text=True, check=True).stdout)
         assert [(c["check_id"], c["verdict"]) for c in view["checks"][:2]] == [
             (first.check_id, "mismatch"), (second.check_id, "mismatch")]

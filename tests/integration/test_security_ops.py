@@ -29,10 +29,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from harness.certs import main as certs_main
-from harness.cluster import free_port, wait_until
-from supervisor import tls
-from supervisor.etcd_tls import make_tls_client
+from ftsup.harness.certs import main as certs_main
+from ftsup.harness.cluster import free_port, wait_until
+from ftsup.supervisor import tls
+from ftsup.supervisor.etcd_tls import make_tls_client
 from tests.support.etcd_cluster import free_ports
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ class Lab:
             extra += ["--tls-cert", str(f.cert), "--tls-key", str(f.key), "--tls-ca", str(f.ca)]
         if token is not None:
             extra += ["--token-file", str(token)]
-        return subprocess.run([sys.executable, "-m", "supervisor.ctl.main", "--address", self.address, command,
+        return subprocess.run([sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", self.address, command,
                                *rest, *extra], capture_output=True, text=True, timeout=60, env=ENV)
 
 

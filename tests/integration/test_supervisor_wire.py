@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
-from harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -140,7 +140,7 @@ def test_a_second_supervisor_on_the_same_event_log_refuses_to_start(cluster: Loc
 def test_events_follow_streams_records_as_they_are_appended(cluster: LocalCluster) -> None:
     head = cluster.status().head_seq
     follower = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.ctl.main", "--address", cluster.address, "events", "--follow",
+        [sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", cluster.address, "events", "--follow",
          "--json", "--since", str(head + 1)],
         stdout=subprocess.PIPE, text=True,
     )
@@ -162,7 +162,7 @@ def test_events_follow_streams_records_as_they_are_appended(cluster: LocalCluste
 
 
 def ctl(cluster_address: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.ctl.main", "--address", cluster_address, *args],
+    return subprocess.run([sys.executable, "-m", "ftsup.supervisor.ctl.main", "--address", cluster_address, *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -185,7 +185,7 @@ def test_operator_quarantine_and_unquarantine_over_the_wire(cluster: LocalCluste
 
 
 def start_supervisor(tmp_path: pathlib.Path, listen: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    from harness.cluster import free_port
+    from ftsup.harness.cluster import free_port
 
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"name": "authz", "nodes": 1, "ranks_per_node": 1, "argv": ["true"]}))

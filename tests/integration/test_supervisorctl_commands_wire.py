@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ftsup.v1 import agent_pb2
-from harness.cluster import free_port, wait_until
+from ftsup.harness.cluster import free_port, wait_until
 from tests.integration.test_supervisor_wire import RawAgent, ctl, hello
 
 pytestmark = pytest.mark.integration

@@ -145,7 +145,7 @@ def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None
         log = open(tmp_path / f"gen{generation}-rank{rank}.log", "wb")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "trainer.examples.gpt", *flags],
+                [sys.executable, "-m", "ftsup.trainer.examples.gpt", *flags],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         )

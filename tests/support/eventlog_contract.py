@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from supervisor.core.events import GenerationRunning, NodeCleared, SnapshotCommitted
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.api import EventLog, Fenced, LogCompacted
+from ftsup.supervisor.core.events import GenerationRunning, NodeCleared, SnapshotCommitted
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.api import EventLog, Fenced, LogCompacted
 
 MakeLog = Callable[[], EventLog | Awaitable[EventLog]]
 

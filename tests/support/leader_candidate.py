@@ -12,10 +12,10 @@ import asyncio
 import sys
 import time
 
-from supervisor.core.events import NodeCleared
-from supervisor.eventlog.api import Fenced, LogUnavailable
-from supervisor.eventlog.etcd import EtcdLog, make_client
-from supervisor.leader import LeaderElection
+from ftsup.supervisor.core.events import NodeCleared
+from ftsup.supervisor.eventlog.api import Fenced, LogUnavailable
+from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
+from ftsup.supervisor.leader import LeaderElection
 
 
 def say(line: str) -> None:

@@ -17,9 +17,9 @@ import resource
 import signal
 import sys
 
-from supervisor.core.events import NodeCleared
-from supervisor.eventlog.api import LogUnavailable
-from supervisor.eventlog.embedded import EmbeddedLog
+from ftsup.supervisor.core.events import NodeCleared
+from ftsup.supervisor.eventlog.api import LogUnavailable
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 
 
 def event(task: int, batch: int, index: int) -> NodeCleared:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import pytest
 
-from trainer.checkpoint import digest
-from trainer.checkpoint.errors import ObjectExists, ObjectNotFound
-from trainer.checkpoint.store import ObjectInfo, ObjectStore
+from ftsup.trainer.checkpoint import digest
+from ftsup.trainer.checkpoint.errors import ObjectExists, ObjectNotFound
+from ftsup.trainer.checkpoint.store import ObjectInfo, ObjectStore
 
 SMALL_CHUNKING = digest.Chunking(multipart_threshold_bytes=5 * digest.MIB, part_size_bytes=5 * digest.MIB)
 

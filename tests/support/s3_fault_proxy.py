@@ -1,6 +1,6 @@
 """Re-export: the S3 fault-injecting proxy lives in harness/chaos/s3_proxy.py, shared by the
 integration tests and the `s3_errors` chaos scenario (one implementation)."""
 
-from harness.chaos.s3_proxy import Fault, FaultProxy, FaultRule
+from ftsup.harness.chaos.s3_proxy import Fault, FaultProxy, FaultRule
 
 __all__ = ["Fault", "FaultProxy", "FaultRule"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from supervisor.core import events as ev
+from ftsup.supervisor.core import events as ev
 
 text = st.text(max_size=12)
 u64 = st.integers(0, 2**63)

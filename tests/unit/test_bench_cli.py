@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness import cli
+from ftsup.harness import cli
 
 
 def test_bench_help_lists_the_straggler_bench(capsys):

@@ -34,7 +34,7 @@ def test_core_modules_import_only_pure_stdlib_and_core():
     for path in core_files():
         package = path.relative_to(ROOT).parts[0]
         for name in imported_modules(path):
-            if name in ALLOWED_STDLIB or name.startswith(f"{package}.core"):
+            if name in ALLOWED_STDLIB or name.startswith(f"ftsup.{package}.core"):
                 continue
             offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, "\n".join(offenders)

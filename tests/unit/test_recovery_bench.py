@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from bench.recovery import Kill, StepLog
+from ftsup.bench.recovery import Kill, StepLog
 
 
 def write(path: pathlib.Path, steps: range, partial: str = "") -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-from agent.xid_cli import main
-from harness import cli
+from ftsup.agent.xid_cli import main
+from ftsup.harness import cli
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "xid"
 

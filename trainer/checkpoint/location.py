@@ -11,8 +11,8 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from trainer.checkpoint.manifest import Layout
-from trainer.checkpoint.store import ObjectStore
+from ftsup.trainer.checkpoint.manifest import Layout
+from ftsup.trainer.checkpoint.store import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +49,8 @@ def open_location(url: str, *, endpoint_url: str | None = None, region: str | No
     if location.scheme == "s3":
         import dataclasses
 
-        from trainer.checkpoint.retry import DEFAULT_BACKOFF
-        from trainer.checkpoint.s3 import S3Config, S3Store
+        from ftsup.trainer.checkpoint.retry import DEFAULT_BACKOFF
+        from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
 
         config = S3Config(bucket=location.bucket_or_dir, endpoint_url=endpoint_url, region=region,
                           max_concurrency=max_concurrency)
@@ -62,6 +62,6 @@ def open_location(url: str, *, endpoint_url: str | None = None, region: str | No
             config = dataclasses.replace(config, backoff=dataclasses.replace(DEFAULT_BACKOFF,
                                                                              deadline_s=retry_deadline_s))
         return S3Store(config), Layout(location.prefix)
-    from trainer.checkpoint.local import LocalDirStore
+    from ftsup.trainer.checkpoint.local import LocalDirStore
 
     return LocalDirStore(location.bucket_or_dir, max_concurrency=max_concurrency), Layout("")

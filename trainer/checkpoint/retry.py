@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from supervisor.core.backoff import Backoff
-from trainer.checkpoint.errors import StoreUnavailable
+from ftsup.supervisor.core.backoff import Backoff
+from ftsup.trainer.checkpoint.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

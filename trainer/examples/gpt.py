@@ -1,6 +1,6 @@
 """Example: a small GPT-style character model trained with DDP under an ftsup Session.
 
-Run by the agent as every rank of a job: `python -m trainer.examples.gpt --steps N`. Reads the
+Run by the agent as every rank of a job: `python -m ftsup.trainer.examples.gpt --steps N`. Reads the
 launch environment through `Session`, restores from the agent's snapshot when told to, reports
 every step (loss, step and compute time, parameter digest), hands off a snapshot every
 `--snapshot-every` steps and reports completion with the final digest. Bit-exact restarts rest
@@ -32,11 +32,11 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from trainer.core import data  # noqa: E402
-from trainer.ddp import DeterministicGradSync  # noqa: E402
-from trainer.digest import Digester, GradDigester, param_digest  # noqa: E402
-from trainer import offline, replay, sdc_inject  # noqa: E402
-from trainer.session import Session  # noqa: E402
+from ftsup.trainer.core import data  # noqa: E402
+from ftsup.trainer.ddp import DeterministicGradSync  # noqa: E402
+from ftsup.trainer.digest import Digester, GradDigester, param_digest  # noqa: E402
+from ftsup.trainer import offline, replay, sdc_inject  # noqa: E402
+from ftsup.trainer.session import Session  # noqa: E402
 
 _IMPORTED = time.monotonic()
 
@@ -98,7 +98,7 @@ class GPT(nn.Module):
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer.examples.gpt", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ftsup.trainer.examples.gpt", description=__doc__)
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the job")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")

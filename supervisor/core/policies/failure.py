@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.core.config import DetectorConfig
-from supervisor.core.state import ClusterState, Liveness, NodeSoft, SoftState
+from ftsup.supervisor.core.config import DetectorConfig
+from ftsup.supervisor.core.state import ClusterState, Liveness, NodeSoft, SoftState
 
 
 STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason

@@ -31,8 +31,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from supervisor.core import frozen
-from supervisor.core.events import (
+from ftsup.supervisor.core import frozen
+from ftsup.supervisor.core.events import (
     CheckpointAborted,
     CheckpointCommitted,
     CheckpointStarted,

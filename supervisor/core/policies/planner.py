@@ -19,10 +19,10 @@ from itertools import chain, compress
 from operator import attrgetter, ne, or_
 from typing import cast
 
-from supervisor.core.config import JobSpec
-from supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RestoreKind
-from supervisor.core.policies import restore
-from supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState
+from ftsup.supervisor.core.config import JobSpec
+from ftsup.supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RestoreKind
+from ftsup.supervisor.core.policies import restore
+from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from supervisor.core.events import SdcRankDigests
+from ftsup.supervisor.core.events import SdcRankDigests
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from itertools import chain, compress
 from operator import attrgetter, is_not, not_
 
-from supervisor.core.events import RankAssignment, RankRestore, RestoreKind
+from ftsup.supervisor.core.events import RankAssignment, RankRestore, RestoreKind
 
 
 @dataclass(frozen=True, slots=True)

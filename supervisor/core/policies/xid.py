@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from supervisor.core.events import XidAction  # one enum: the policy's verdict is what the log records
+from ftsup.supervisor.core.events import XidAction  # one enum: the policy's verdict is what the log records
 
 
 # Escalation never lowers an action: this is the order of "more drastic".

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import ConfigError, parse_config
-from agent.main import main
+from ftsup.agent.config import ConfigError, parse_config
+from ftsup.agent.main import main
 
 BASE = ["--node-id", "node-1", "--supervisor", "h1:50051,h2:50052"]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-import agent.core
-from agent.core.directives import Action, Applied, Step, diff_directive, validate_run
-from agent.core.outbox import Outbox, Priority
-from agent.core.retention import keys_to_drop
-from agent.core.trainer_env import RankSpec, trainer_env
+import ftsup.agent.core
+from ftsup.agent.core.directives import Action, Applied, Step, diff_directive, validate_run
+from ftsup.agent.core.outbox import Outbox, Priority
+from ftsup.agent.core.retention import keys_to_drop
+from ftsup.agent.core.trainer_env import RankSpec, trainer_env
 
 
 def test_first_run_directive_starts_the_ranks():
@@ -110,7 +110,7 @@ def test_trainer_env_puts_ftsup_variables_over_the_directive_env():
 
 
 def test_agent_core_imports_only_the_stdlib_and_itself():
-    for path in Path(agent.core.__file__).parent.glob("*.py"):
+    for path in Path(ftsup.agent.core.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -118,6 +118,6 @@ def test_agent_core_imports_only_the_stdlib_and_itself():
             for name in names:
                 top = name.split(".")[0]
                 assert top not in {"time", "random", "datetime", "os", "socket", "asyncio"}, f"{path.name} imports {name}"
-                assert top in sys.stdlib_module_names or name.startswith("agent.core") or top == "__future__", (
+                assert top in sys.stdlib_module_names or name.startswith("ftsup.agent.core") or top == "__future__", (
                     f"{path.name} imports {name}"
                 )

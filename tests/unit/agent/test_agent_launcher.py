@@ -11,12 +11,12 @@ import pytest
 import structlog
 from ftsup.v1 import agent_pb2, events_pb2
 
-from agent.config import parse_config
-from agent.core.directives import Step
-from agent.fakes import FakePeers, ScriptedProcessRunner
-from agent.launcher import SPAWN_FAILED_EXIT_CODE, Launcher
-from agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
-from agent.snapshots import Blob, SnapshotStore
+from ftsup.agent.config import parse_config
+from ftsup.agent.core.directives import Step
+from ftsup.agent.fakes import FakePeers, ScriptedProcessRunner
+from ftsup.agent.launcher import SPAWN_FAILED_EXIT_CODE, Launcher
+from ftsup.agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
+from ftsup.agent.snapshots import Blob, SnapshotStore
 
 LOG = structlog.get_logger("test")
 
@@ -189,7 +189,7 @@ def test_store_keeps_four_newest_steps_above_the_floor_and_counts_bytes():
     [(b"", "0" * 64, "empty payload"), (b"x", "zz", "not 64 hex"), (b"x", "0" * 64, "mismatch")],
 )
 def test_store_rejects_bad_blobs(payload, sha, match):
-    from agent.snapshots import InvalidSnapshot
+    from ftsup.agent.snapshots import InvalidSnapshot
 
     with pytest.raises(InvalidSnapshot, match=match):
         SnapshotStore().put(Blob(1, 0, 1, "n", payload, sha))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
-from agent.link import Reports
-from agent.metrics import AgentCollector, agent_registry
-from agent.progress import ProgressTracker
-from agent.snapshots import Blob, SnapshotStore
-from supervisor.metrics_http import serve_metrics
+from ftsup.agent.link import Reports
+from ftsup.agent.metrics import AgentCollector, agent_registry
+from ftsup.agent.progress import ProgressTracker
+from ftsup.agent.snapshots import Blob, SnapshotStore
+from ftsup.supervisor.metrics_http import serve_metrics
 from tests.unit.supervisor.test_metrics import sample, scrape
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ftsup.v1 import agent_pb2
 
-from agent.link import Reports
+from ftsup.agent.link import Reports
 
 
 def step(n: int) -> agent_pb2.AgentMessage:

@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
-from agent.core.hang import HangConfig, check_hang, hang_limit_s
-from agent.watchers import follow_file
+from ftsup.agent.core.hang import HangConfig, check_hang, hang_limit_s
+from ftsup.agent.watchers import follow_file
 
 CONFIG = HangConfig(multiple=10.0, floor_s=120.0, startup_s=600.0)
 

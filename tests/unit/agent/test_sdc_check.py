@@ -13,10 +13,10 @@ from pathlib import Path
 import structlog
 from ftsup.v1 import agent_pb2
 
-from agent.core import sdc_replay
-from agent.fakes import FakePeers, ScriptedProcessRunner
-from agent.sdc_check import SdcChecker
-from agent.snapshots import Blob, SnapshotStore
+from ftsup.agent.core import sdc_replay
+from ftsup.agent.fakes import FakePeers, ScriptedProcessRunner
+from ftsup.agent.sdc_check import SdcChecker
+from ftsup.agent.snapshots import Blob, SnapshotStore
 
 LOG = structlog.get_logger("test")
 

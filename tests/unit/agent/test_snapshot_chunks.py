@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.core.chunks import (
+from ftsup.agent.core.chunks import (
     Assembly,
     HashMismatch,
     InvalidSnapshot,

@@ -22,14 +22,14 @@ import pytest
 import structlog
 from ftsup.v1 import events_pb2, peer_pb2, peer_pb2_grpc
 
-from agent.core.chunks import InvalidSnapshot, TruncatedStream
-from agent.grpc_options import message_options
-from agent.peer_service import PeerService
-from agent.peers import PeerClient, SnapshotMissing
-from agent.restore import RestoreBook, RestoreSource
-from agent.snapshots import SnapshotId, SnapshotStore
-from agent.trainer_api import TrainerLinkService
-from trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot, _assemble
+from ftsup.agent.core.chunks import InvalidSnapshot, TruncatedStream
+from ftsup.agent.grpc_options import message_options
+from ftsup.agent.peer_service import PeerService
+from ftsup.agent.peers import PeerClient, SnapshotMissing
+from ftsup.agent.restore import RestoreBook, RestoreSource
+from ftsup.agent.snapshots import SnapshotId, SnapshotStore
+from ftsup.agent.trainer_api import TrainerLinkService
+from ftsup.trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot, _assemble
 
 LOG = structlog.get_logger("test")
 LIMIT = 64 * 1024  # per message

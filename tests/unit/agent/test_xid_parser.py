@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from agent.core.xid import XidRecord, normalize_pci, parse_gpu_at_line, parse_xid_line
+from ftsup.agent.core.xid import XidRecord, normalize_pci, parse_gpu_at_line, parse_xid_line
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "xid"
 LINES = (FIXTURES / "kernel.log").read_text().split("\n")[:-1]

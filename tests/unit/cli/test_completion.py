@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from supervisor.ctl.main import main, parser
+from ftsup.supervisor.ctl.main import main, parser
 
 
 def script(capsys: pytest.CaptureFixture[str], *args: str) -> str:

@@ -18,16 +18,16 @@ import pytest
 import structlog
 
 from ftsup.v1 import operator_pb2_grpc
-from supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from supervisor.core.inputs import AgentHello, OperatorRequest, SnapshotReport, StepReport
-from supervisor.core.events import NodeRole
-from supervisor.core.policies.straggler import StragglerConfig
-from supervisor.ctl.main import main
-from supervisor.eventlog.memory import MemoryLog
-from supervisor.runtime import Runtime
-from supervisor.server.authz import Authorizer
-from supervisor.server.operator_guard import guarded
-from supervisor.server.operator_service import OperatorService
+from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from ftsup.supervisor.core.inputs import AgentHello, OperatorRequest, SnapshotReport, StepReport
+from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.policies.straggler import StragglerConfig
+from ftsup.supervisor.ctl.main import main
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server.authz import Authorizer
+from ftsup.supervisor.server.operator_guard import guarded
+from ftsup.supervisor.server.operator_service import OperatorService
 
 SPEC = JobSpec(name="cli", nodes=4, ranks_per_node=1, argv=("train",), code_version="git:abc123",
                data_version="c4@2024-05")

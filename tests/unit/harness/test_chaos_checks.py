@@ -7,11 +7,11 @@ import socket
 import pytest
 
 from ftsup.v1 import events_pb2
-from harness.chaos import checks
-from harness.chaos.main import chosen
-from harness.chaos.proxy import PartitionProxy
-from harness.chaos.scenario import Scenario
-from harness.chaos.scenarios import SCENARIOS
+from ftsup.harness.chaos import checks
+from ftsup.harness.chaos.main import chosen
+from ftsup.harness.chaos.proxy import PartitionProxy
+from ftsup.harness.chaos.scenario import Scenario
+from ftsup.harness.chaos.scenarios import SCENARIOS
 
 BREAK = 100.0
 

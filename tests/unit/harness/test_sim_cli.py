@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from harness import cli as ftsup_cli
-from harness.sim.cli import main
+from ftsup.harness import cli as ftsup_cli
+from ftsup.harness.sim.cli import main
 
 SMALL = ["--gpus", "64", "--gpus-per-node", "8", "--component", "gpu:50000:8", "--component", "nic:100000:2",
          "--job-days", "2", "--checkpoint-s", "60", "--runs", "2"]

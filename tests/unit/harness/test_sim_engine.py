@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from harness.sim.engine import BUCKETS, NoProgress, simulate
-from harness.sim.fleet import build_fleet
-from harness.sim.model import Component, SimSpec, analytic
-from harness.sim.stats import estimate, t975
+from ftsup.harness.sim.engine import BUCKETS, NoProgress, simulate
+from ftsup.harness.sim.fleet import build_fleet
+from ftsup.harness.sim.model import Component, SimSpec, analytic
+from ftsup.harness.sim.stats import estimate, t975
 
 # 32 nodes failing every ~1.6 h as a fleet: ~75 failures in 5 days, in milliseconds per run.
 SMALL = SimSpec(gpus=256, components=(Component("node", 50.0, 1),), job_days=5.0, step_s=10.0,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.sim.fleet import DIGEST, CoreDriver, build_fleet, registered_state
-from supervisor.core.config import DetectorConfig
-from supervisor.core.events import (
+from ftsup.harness.sim.fleet import DIGEST, CoreDriver, build_fleet, registered_state
+from ftsup.supervisor.core.config import DetectorConfig
+from ftsup.supervisor.core.events import (
     GenerationEnded,
     GenerationStarted,
     NodeDeclaredDead,
@@ -17,8 +17,8 @@ from supervisor.core.events import (
     RestoreKind,
     SnapshotCommitted,
 )
-from supervisor.core.evolve import evolve_all
-from supervisor.core.inputs import Heartbeat, SnapshotReport, StepReport
+from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.inputs import Heartbeat, SnapshotReport, StepReport
 
 DETECTOR = DetectorConfig(heartbeat_interval_s=1.0, heartbeat_misses=2)
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.sim.model import (
+from ftsup.harness.sim.model import (
     Component,
     SimSpec,
     analytic,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.sim.schedule import Schedule, walk
+from ftsup.harness.sim.schedule import Schedule, walk
 
 # 100 s of work in 10 s cycles, a 1 s snapshot pause after each, a 5 s checkpoint every 3 cycles.
 S = Schedule(work_s=100.0, cycle_work_s=10.0, snapshot_pause_s=1.0, cycles_per_checkpoint=3, checkpoint_pause_s=5.0)

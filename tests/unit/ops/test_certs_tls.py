@@ -8,8 +8,8 @@ import stat
 import pytest
 from cryptography import x509
 
-from harness.certs import main as certs_main
-from supervisor import tls
+from ftsup.harness.certs import main as certs_main
+from ftsup.supervisor import tls
 
 
 def test_certs_writes_a_ca_and_one_identity_per_subject(tmp_path: pathlib.Path) -> None:
@@ -80,7 +80,7 @@ def test_half_a_tls_configuration_names_the_missing_flag(tmp_path: pathlib.Path)
 
 
 def test_the_supervisor_refuses_a_plaintext_public_listener(tmp_path: pathlib.Path) -> None:
-    from supervisor.config import ConfigError, load
+    from ftsup.supervisor.config import ConfigError, load
 
     job = tmp_path / "job.json"
     job.write_text('{"name": "t", "nodes": 1, "argv": ["true"]}')
@@ -92,7 +92,7 @@ def test_the_supervisor_refuses_a_plaintext_public_listener(tmp_path: pathlib.Pa
 
 
 def test_the_agent_refuses_a_plaintext_public_peer_listener() -> None:
-    from agent.config import ConfigError, parse_config
+    from ftsup.agent.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match="--host 10.1.2.3:0 is not loopback"):
         parse_config(["--node-id", "n", "--supervisor", "s:1", "--host", "10.1.2.3"], environ={})
@@ -101,8 +101,8 @@ def test_the_agent_refuses_a_plaintext_public_peer_listener() -> None:
 
 
 def test_a_plaintext_public_metrics_address_is_refused_saying_what_to_do(tmp_path: pathlib.Path) -> None:
-    from agent.config import ConfigError as AgentConfigError, parse_config
-    from supervisor.config import ConfigError, load
+    from ftsup.agent.config import ConfigError as AgentConfigError, parse_config
+    from ftsup.supervisor.config import ConfigError, load
 
     job = tmp_path / "job.json"
     job.write_text('{"name": "t", "nodes": 1, "argv": ["true"]}')

@@ -8,7 +8,7 @@ import json
 
 import structlog
 
-from supervisor import logs
+from ftsup.supervisor import logs
 from tests.support.log_context import agent_problems, supervisor_problems
 
 

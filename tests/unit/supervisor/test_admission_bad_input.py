@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from supervisor.core.inputs import RankFinished, TrainerExit, TrainerHung, XidReport
+from ftsup.supervisor.core.inputs import RankFinished, TrainerExit, TrainerHung, XidReport
 from tests.support.builders import NOW, Sim, hello
 
 

@@ -3,17 +3,17 @@ the restore directive. Pure: milliseconds."""
 
 from __future__ import annotations
 
-from supervisor.core import checkpoints as cp
-from supervisor.core.config import JobSpec
-from supervisor.core.directives import directive_for
-from supervisor.core.events import (
+from ftsup.supervisor.core import checkpoints as cp
+from ftsup.supervisor.core.config import JobSpec
+from ftsup.supervisor.core.directives import directive_for
+from ftsup.supervisor.core.events import (
     CheckpointAborted, CheckpointCommitted, CheckpointShardWritten, CheckpointStarted, RankAssignment, RankRestore,
     RestoreKind,
 )
-from supervisor.core.evolve import evolve_all
-from supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
-from supervisor.core.state import ClusterState, CommittedCheckpoint, Generation
-from trainer.checkpoint import supervised
+from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
+from ftsup.supervisor.core.state import ClusterState, CommittedCheckpoint, Generation
+from ftsup.trainer.checkpoint import supervised
 
 LOC = "/tmp/ckpt"
 MEMBERS = (RankAssignment("n1", (0,), "n2"), RankAssignment("n2", (1,), "n1"))

@@ -4,18 +4,18 @@ attempt whose shards never all come. Pure: milliseconds."""
 
 from __future__ import annotations
 
-from supervisor import codec
-from supervisor.core import admission, checkpoints as cp
-from supervisor.core.config import CheckpointTiming, CoreConfig, JobSpec
-from supervisor.core.decide import decide
-from supervisor.core.directives import directive_for
-from supervisor.core.events import (
+from ftsup.supervisor import codec
+from ftsup.supervisor.core import admission, checkpoints as cp
+from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, JobSpec
+from ftsup.supervisor.core.decide import decide
+from ftsup.supervisor.core.directives import directive_for
+from ftsup.supervisor.core.events import (
     CheckpointAborted, CheckpointRequested, CheckpointStarted, OperatorCommand, RankAssignment,
 )
-from supervisor.core.evolve import evolve_all
-from supervisor.core.inputs import OperatorRequest, StepReport, Tick
-from supervisor.core.policies.interval import IntervalConfig
-from supervisor.core.state import (
+from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.inputs import OperatorRequest, StepReport, Tick
+from ftsup.supervisor.core.policies.interval import IntervalConfig
+from ftsup.supervisor.core.state import (
     ClusterState, Completion, Generation, GenerationProgress, RequestedCheckpoint, SoftState,
 )
 
@@ -86,7 +86,7 @@ def test_checkpoint_now_is_refused_with_a_reason_an_operator_can_act_on():
 
 def test_members_are_told_the_requested_step_and_spares_are_not():
     state = evolve_all(_state(), [CheckpointRequested("step-0000000014-g1", 1, 14, "x")])
-    from supervisor.core.events import NodeRegistered, NodeRole
+    from ftsup.supervisor.core.events import NodeRegistered, NodeRole
     for node, role in (("n1", NodeRole.ACTIVE), ("n2", NodeRole.ACTIVE), ("n3", NodeRole.SPARE)):
         state = evolve_all(state, [NodeRegistered(node, 1, role, "h", 1, 1, "")])
     assert directive_for(state, JOB, "n1", "").checkpoint_steps == (14,)
@@ -139,7 +139,7 @@ def test_an_attempt_whose_shards_never_all_come_times_out_naming_the_missing_ran
     assert "timed out after 31s" in aborted[0].reason and "missing ranks 0, 1" in aborted[0].reason
     assert evolve_all(state, aborted).pending_checkpoint is None
     # A complete attempt waits for its commit, however long that takes.
-    from supervisor.core.events import CheckpointShardWritten
+    from ftsup.supervisor.core.events import CheckpointShardWritten
     complete = evolve_all(state, [CheckpointShardWritten("step-0000000010-g1", r, "k", "a" * 64, 1) for r in (0, 1)])
     assert cp.on_tick(complete, soft, 500.0, config) == []
 
@@ -169,7 +169,7 @@ def test_auto_requests_a_checkpoint_once_the_young_daly_interval_has_passed():
 
 
 def test_auto_counts_from_the_newest_commit():
-    from supervisor.core.state import CommittedCheckpoint
+    from ftsup.supervisor.core.state import CommittedCheckpoint
     interval = IntervalConfig(prior_mtbf_s=3600.0, checkpoint_cost_s=2.0, min_interval_s=1.0)
     config = _config(is_auto=True, interval=interval)
     soft = _soft(now=0.0)
@@ -204,7 +204,7 @@ def test_a_requested_checkpoint_survives_a_state_snapshot():
 
 def test_an_aborted_attempt_is_not_restarted_by_a_late_ranks_report():
     state = evolve_all(_state(), cp.on_step_report(_state(), _step(14), LOC, 7))
-    from supervisor.core.inputs import CheckpointShardReport
+    from ftsup.supervisor.core.inputs import CheckpointShardReport
     failed = CheckpointShardReport("n1", 1, 0, "step-0000000014-g1", 14, "", "", 0, "disk full")
     aborted = evolve_all(state, cp.on_shard_report(state, failed))
     assert aborted.pending_checkpoint is None and aborted.last_checkpoint_attempt == "step-0000000014-g1"

@@ -17,10 +17,10 @@ from types import MappingProxyType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.core import frozen
-from supervisor.core import soft as soft_state
-from supervisor.core.config import DetectorConfig, JobSpec
-from supervisor.core.events import (
+from ftsup.supervisor.core import frozen
+from ftsup.supervisor.core import soft as soft_state
+from ftsup.supervisor.core.config import DetectorConfig, JobSpec
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationStarted,
@@ -31,11 +31,11 @@ from supervisor.core.events import (
     SdcRankDigests,
     SnapshotCommitted,
 )
-from supervisor.core.evolve import evolve
-from supervisor.core.policies import failure, planner, restore
-from supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_step
-from supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
-from supervisor.core.state import (
+from ftsup.supervisor.core.evolve import evolve
+from ftsup.supervisor.core.policies import failure, planner, restore
+from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_step
+from ftsup.supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
+from ftsup.supervisor.core.state import (
     ClusterState,
     CommittedCheckpoint,
     Generation,

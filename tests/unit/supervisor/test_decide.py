@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationRunning,
@@ -20,7 +20,7 @@ from supervisor.core.events import (
     RestoreKind,
     SnapshotCommitted,
 )
-from supervisor.core.inputs import (
+from ftsup.supervisor.core.inputs import (
     Heartbeat,
     RankFinished,
     SnapshotReport,
@@ -29,7 +29,7 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
-from supervisor.core.state import Liveness
+from ftsup.supervisor.core.state import Liveness
 from tests.support.builders import NOW, Sim, config, hello
 
 
@@ -283,8 +283,8 @@ def test_after_the_start_grace_a_spare_stands_in_for_an_active_node_that_never_c
 
 
 def test_an_xid_79_quarantines_the_node_and_a_spare_takes_its_ranks():
-    from supervisor.core.events import XidAction, XidReported
-    from supervisor.core.inputs import XidReport
+    from ftsup.supervisor.core.events import XidAction, XidReported
+    from ftsup.supervisor.core.inputs import XidReport
 
     sim = running_cluster()
     step(sim, 1, 1)
@@ -303,8 +303,8 @@ def test_an_xid_79_quarantines_the_node_and_a_spare_takes_its_ranks():
 
 
 def test_an_ignorable_xid_is_only_recorded_and_a_restart_xid_restarts_the_same_gang():
-    from supervisor.core.events import XidReported
-    from supervisor.core.inputs import XidReport
+    from ftsup.supervisor.core.events import XidReported
+    from ftsup.supervisor.core.inputs import XidReport
 
     sim = running_cluster()
     step(sim, 1, 1)
@@ -318,8 +318,8 @@ def test_an_ignorable_xid_is_only_recorded_and_a_restart_xid_restarts_the_same_g
 
 
 def test_repeated_xids_on_one_gpu_escalate_to_quarantine():
-    from supervisor.core.events import XidAction, XidReported
-    from supervisor.core.inputs import XidReport
+    from ftsup.supervisor.core.events import XidAction, XidReported
+    from ftsup.supervisor.core.inputs import XidReport
 
     sim = running_cluster()
     alive(sim, NOW + 5.0)
@@ -333,8 +333,8 @@ def test_repeated_xids_on_one_gpu_escalate_to_quarantine():
 
 
 def test_operator_quarantine_unquarantine_and_a_drain_at_the_next_committed_step():
-    from supervisor.core.events import NodeUnquarantined, OperatorCommand
-    from supervisor.core.inputs import OperatorRequest
+    from ftsup.supervisor.core.events import NodeUnquarantined, OperatorCommand
+    from ftsup.supervisor.core.inputs import OperatorRequest
 
     sim = running_cluster(spares=2)
     step(sim, 1, 1)
@@ -359,8 +359,8 @@ def test_operator_quarantine_unquarantine_and_a_drain_at_the_next_committed_step
 
 
 def test_an_idle_node_is_drained_at_once():
-    from supervisor.core.events import NodeDrained, OperatorCommand
-    from supervisor.core.inputs import OperatorRequest
+    from ftsup.supervisor.core.events import NodeDrained, OperatorCommand
+    from ftsup.supervisor.core.inputs import OperatorRequest
 
     sim = running_cluster()
     events = sim.events(OperatorRequest("drain", "s1", "maintenance", "bob"))
@@ -368,7 +368,7 @@ def test_an_idle_node_is_drained_at_once():
 
 
 def test_a_hung_rank_behind_the_others_is_treated_as_lost_its_node_swapped_for_a_spare():
-    from supervisor.core.inputs import TrainerHung
+    from ftsup.supervisor.core.inputs import TrainerHung
 
     sim = running_cluster()
     step(sim, 1, 3)
@@ -387,7 +387,7 @@ def test_a_hung_rank_behind_the_others_is_treated_as_lost_its_node_swapped_for_a
 def test_a_hang_where_every_rank_stopped_at_the_same_step_blames_nobody_and_restarts_the_gang():
     # One frozen rank stalls all others in the next collective: the reporting node is not the
     # culprit (chaos hung_trainer: a healthy node was swapped out). Nobody is quarantined.
-    from supervisor.core.inputs import TrainerHung
+    from ftsup.supervisor.core.inputs import TrainerHung
 
     sim = running_cluster()
     step(sim, 1, 3)
@@ -399,7 +399,7 @@ def test_a_hang_where_every_rank_stopped_at_the_same_step_blames_nobody_and_rest
 
 
 def test_without_a_spare_a_hang_restarts_the_same_gang():
-    from supervisor.core.inputs import TrainerHung
+    from ftsup.supervisor.core.inputs import TrainerHung
 
     sim = running_cluster(spares=0)
     step(sim, 1, 3)
@@ -410,7 +410,7 @@ def test_without_a_spare_a_hang_restarts_the_same_gang():
 
 
 def test_a_node_whose_stream_loss_was_transient_returns_to_service_when_the_same_agent_reconnects():
-    from supervisor.core.events import NodeUnquarantined
+    from ftsup.supervisor.core.events import NodeUnquarantined
 
     sim = running_cluster()
     step(sim, 1, 1)
@@ -446,7 +446,7 @@ def _slow_steps(sim: Sim, first: int, last: int, slow_rank: int, *, at: float) -
 
 
 def test_a_persistent_straggler_is_recorded_and_swapped_for_a_free_spare():
-    from supervisor.core.events import StragglerDetected
+    from ftsup.supervisor.core.events import StragglerDetected
 
     sim = running_cluster()
     alive(sim, NOW + 5.0)
@@ -460,7 +460,7 @@ def test_a_persistent_straggler_is_recorded_and_swapped_for_a_free_spare():
 
 
 def test_without_a_free_spare_a_straggler_is_only_reported():
-    from supervisor.core.events import StragglerDetected
+    from ftsup.supervisor.core.events import StragglerDetected
 
     sim = running_cluster(spares=0)
     alive(sim, NOW + 5.0)
@@ -510,8 +510,8 @@ def test_the_first_layout_does_not_depend_on_the_order_active_nodes_registered_i
 
 
 def test_a_node_a_new_leader_never_heard_in_time_returns_to_service_when_the_same_agent_reconnects():
-    from supervisor.core.events import NodeUnquarantined
-    from supervisor.core.state import SoftState
+    from ftsup.supervisor.core.events import NodeUnquarantined
+    from ftsup.supervisor.core.state import SoftState
 
     sim = running_cluster()
     step(sim, 1, 1)

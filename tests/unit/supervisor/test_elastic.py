@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 
-from supervisor.core.config import CoreConfig, JobSpec
-from supervisor.core.directives import directive_for
-from supervisor.core.events import (
+from ftsup.supervisor.core.config import CoreConfig, JobSpec
+from ftsup.supervisor.core.directives import directive_for
+from ftsup.supervisor.core.events import (
     EndReason, GenerationEnded, GenerationStarted, NodeDeclaredDead, NodeQuarantined, RestoreKind,
 )
-from supervisor.core.inputs import Heartbeat, StreamClosed, Tick
+from ftsup.supervisor.core.inputs import Heartbeat, StreamClosed, Tick
 from tests.support.builders import NOW, Sim, config, hello
 from tests.unit.supervisor.test_decide import alive, step
 

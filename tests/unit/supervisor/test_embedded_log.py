@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
-from supervisor.core.events import NodeCleared
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.api import LogCorrupt, LogFormatError, LogLocked
-from supervisor.eventlog.embedded import SEGMENT_HEADER, EmbeddedLog
+from ftsup.supervisor.core.events import NodeCleared
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.api import LogCorrupt, LogFormatError, LogLocked
+from ftsup.supervisor.eventlog.embedded import SEGMENT_HEADER, EmbeddedLog
 
 
 def cleared(i: int) -> NodeCleared:

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from supervisor.eventlog.embedded import EmbeddedLog
-from supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.eventlog.embedded import EmbeddedLog
+from ftsup.supervisor.eventlog.memory import MemoryLog
 from tests.support.eventlog_contract import CONTRACT
 
 _counter = itertools.count()

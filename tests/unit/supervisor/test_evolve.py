@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationStarted,
@@ -19,8 +19,8 @@ from supervisor.core.events import (
     RestoreKind,
     SnapshotCommitted,
 )
-from supervisor.core.evolve import InvalidEvent, evolve, evolve_all
-from supervisor.core.state import ClusterState
+from ftsup.supervisor.core.evolve import InvalidEvent, evolve, evolve_all
+from ftsup.supervisor.core.state import ClusterState
 
 
 def registered(node_id: str) -> NodeRegistered:
@@ -87,7 +87,7 @@ def test_replay_of_the_same_events_gives_equal_states():
 def test_the_fast_replace_equals_dataclasses_replace_and_rejects_unknown_fields():
     import dataclasses
 
-    from supervisor.core import frozen
+    from ftsup.supervisor.core import frozen
 
     state = evolve_all(ClusterState(), [registered("a"), started(1, {"a": (0,)}), SnapshotCommitted(1, 3)])
     assert frozen.replace(state, applied_seq=9) == dataclasses.replace(state, applied_seq=9)
@@ -114,8 +114,8 @@ def test_a_holder_whose_agent_restarted_no_longer_holds_the_snapshot():
     assert same.snapshot.lost_holders == ()
     restarted = evolve(ran, NodeRegistered("b", 2, NodeRole.ACTIVE, "127.0.0.1", 9000, 8))
     assert restarted.snapshot.lost_holders == ("b",)
-    from supervisor.core.policies.planner import restore_world
-    from supervisor.core.state import SoftState
+    from ftsup.supervisor.core.policies.planner import restore_world
+    from ftsup.supervisor.core.state import SoftState
 
     world = restore_world(restarted, SoftState(started_at_s=0.0), restarted.snapshot.members)
     assert {h.node_id for h in world.holdings} == {"a", "c"}, "b's copies (its own and a's) are gone"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     EndReason,
     Event,
     GenerationEnded,
@@ -17,7 +17,7 @@ from supervisor.core.events import (
     Record,
     SnapshotCommitted,
 )
-from supervisor.core.goodput import GoodputAccount, GoodputReport, goodput
+from ftsup.supervisor.core.goodput import GoodputAccount, GoodputReport, goodput
 
 
 def started(generation: int, restore_step: int | None = None) -> GenerationStarted:

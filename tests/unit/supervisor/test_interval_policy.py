@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.events import (
+from ftsup.supervisor.core.events import (
     CheckpointAborted,
     CheckpointCommitted,
     CheckpointStarted,
@@ -15,7 +15,7 @@ from supervisor.core.events import (
     NodeDeclaredDead,
     Record,
 )
-from supervisor.core.policies.interval import (
+from ftsup.supervisor.core.policies.interval import (
     Formula,
     IntervalConfig,
     checkpoint_interval_view,

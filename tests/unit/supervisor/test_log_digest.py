@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from supervisor.core.events import GenerationRunning, GenerationStarted, SnapshotCommitted, StragglerDetected
-from supervisor.eventlog.memory import MemoryLog
-from supervisor.server import log_digest
-from supervisor.server.log_digest import LogDigest
+from ftsup.supervisor.core.events import GenerationRunning, GenerationStarted, SnapshotCommitted, StragglerDetected
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.server import log_digest
+from ftsup.supervisor.server.log_digest import LogDigest
 
 
 def started(generation: int) -> GenerationStarted:

@@ -8,11 +8,11 @@ import pathlib
 
 import pytest
 
-from supervisor.core.events import NodeRegistered, NodeRole
-from supervisor.core.evolve import apply_record
-from supervisor.core.state import ClusterState
-from supervisor.eventlog.embedded import SEGMENT_HEADER, EmbeddedLog
-from supervisor.eventlog.inspect import main
+from ftsup.supervisor.core.events import NodeRegistered, NodeRole
+from ftsup.supervisor.core.evolve import apply_record
+from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.eventlog.embedded import SEGMENT_HEADER, EmbeddedLog
+from ftsup.supervisor.eventlog.inspect import main
 
 
 async def make_log(directory: pathlib.Path, count: int) -> None:

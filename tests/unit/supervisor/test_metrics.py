@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from supervisor.core.inputs import StepReport, Tick
-from supervisor.eventlog.memory import MemoryLog
-from supervisor.metrics import SupervisorMetrics, ThroughputConfig
-from supervisor.metrics_http import MetricsListenError, serve_metrics, split_listen
-from supervisor.runtime import Runtime
+from ftsup.supervisor.core.inputs import StepReport, Tick
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.metrics import SupervisorMetrics, ThroughputConfig
+from ftsup.supervisor.metrics_http import MetricsListenError, serve_metrics, split_listen
+from ftsup.supervisor.runtime import Runtime
 from tests.support.builders import config, hello
 
 
@@ -101,8 +101,8 @@ def test_bad_settings_are_named():
 async def test_with_the_daemons_tls_files_metrics_are_https_and_need_a_client_certificate_from_the_ca(tmp_path):
     import ssl
 
-    from harness.certs import main as certs_main
-    from supervisor import tls
+    from ftsup.harness.certs import main as certs_main
+    from ftsup.supervisor import tls
 
     pki = tmp_path / "pki"
     assert certs_main(["--out", str(pki), "--supervisors", "sup-1", "--operators", "prometheus:read"]) == 0

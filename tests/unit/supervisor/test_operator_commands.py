@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.config import CoreConfig, JobSpec
-from supervisor.core.events import (
+from ftsup.supervisor.core.config import CoreConfig, JobSpec
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationStarted,
     OperatorCommand,
     RestoreKind,
 )
-from supervisor.core.inputs import OperatorRequest, TrainerHung
+from ftsup.supervisor.core.inputs import OperatorRequest, TrainerHung
 from tests.support.builders import NOW, Sim, config, hello
 from tests.unit.supervisor.test_decide import alive, running_cluster, step
 
@@ -73,8 +73,8 @@ def test_a_generation_ended_by_a_hang_or_a_death_records_how_long_the_culprit_wa
     alive(sim, NOW + 5.0)
     hung = sim.events(TrainerHung("n2", 1, 2, 3, 120.0, 60.0), at=NOW + 5.0)
     assert isinstance(hung[0], GenerationEnded) and hung[0].silent_for_s == 120.0
-    from supervisor.core.events import NodeDeclaredDead
-    from supervisor.core.inputs import StreamClosed, Tick
+    from ftsup.supervisor.core.events import NodeDeclaredDead
+    from ftsup.supervisor.core.inputs import StreamClosed, Tick
 
     sim = running_cluster()
     step(sim, 1, 1)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.core.evolve import evolve_all
-from supervisor.core.inputs import (
+from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.inputs import (
     Heartbeat,
     OperatorRequest,
     TrainerHung,
@@ -23,7 +23,7 @@ from supervisor.core.inputs import (
     Tick,
     TrainerExit,
 )
-from supervisor.core.state import ClusterState
+from ftsup.supervisor.core.state import ClusterState
 from tests.support.builders import NOW, Sim, config, hello
 
 NODES = ["n1", "n2", "n3", "s1"]
@@ -74,9 +74,9 @@ def test_decisions_always_fold_and_keep_the_invariants(script):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(inputs, st.floats(0.0, 2.0)), max_size=60), st.floats(0.0, 1.0))
 def test_replay_from_a_stored_snapshot_of_any_prefix_equals_replay_from_zero(script, cut):
-    from supervisor import codec
-    from supervisor.core.events import Record
-    from supervisor.core.evolve import apply_record
+    from ftsup.supervisor import codec
+    from ftsup.supervisor.core.events import Record
+    from ftsup.supervisor.core.evolve import apply_record
 
     sim = Sim(config(nodes=2, ranks_per_node=2))
     now = NOW
@@ -102,8 +102,8 @@ def test_replay_from_a_stored_snapshot_of_any_prefix_equals_replay_from_zero(scr
 @given(st.data())
 def test_evolve_is_total_any_event_either_folds_or_is_rejected_with_invalid_event(data):
     """Arbitrary (also nonsensical) events on reachable states: a new state or InvalidEvent, never a crash."""
-    from supervisor.core.errors import InvalidEvent
-    from supervisor.core.evolve import evolve
+    from ftsup.supervisor.core.errors import InvalidEvent
+    from ftsup.supervisor.core.evolve import evolve
     from tests.support.strategies import STRATEGIES
 
     sim = Sim(config(nodes=2, ranks_per_node=2))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor.core.events import RankAssignment, RestoreKind
-from supervisor.core.policies.restore import Holding, RestoreWorld, plan_restore
+from ftsup.supervisor.core.events import RankAssignment, RestoreKind
+from ftsup.supervisor.core.policies.restore import Holding, RestoreWorld, plan_restore
 
 # 4 nodes x 2 ranks; each node's buddy is the next node (ring), as the elastic planner lays out.
 OLD = (

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from supervisor.core.events import Event, Record
-from supervisor.core.inputs import Tick
-from supervisor.eventlog.api import LogUnavailable
-from supervisor.eventlog.memory import MemoryLog
-from supervisor.runtime import Runtime
+from ftsup.supervisor.core.events import Event, Record
+from ftsup.supervisor.core.inputs import Tick
+from ftsup.supervisor.eventlog.api import LogUnavailable
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.runtime import Runtime
 from tests.support.builders import config, hello
 
 
@@ -67,7 +67,7 @@ async def test_a_restarted_runtime_replays_from_its_snapshot_to_the_same_state()
 
 
 async def test_a_new_leaders_first_record_is_leader_elected_even_when_the_log_refused_it_at_first():
-    from supervisor.core.events import LeaderElected, NodeRegistered
+    from ftsup.supervisor.core.events import LeaderElected, NodeRegistered
 
     log = FlakyLog()
     runtime = Runtime(config(nodes=1, ranks_per_node=1), log, clock=Clock(), wall_clock=lambda: 0.0, tick_s=3600)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.errors import InvalidEvent
-from supervisor.core.events import (
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationStarted,
@@ -14,8 +14,8 @@ from supervisor.core.events import (
     SdcSuspected,
     SnapshotCommitted,
 )
-from supervisor.core.evolve import evolve
-from supervisor.core.inputs import SnapshotReport, StepReport
+from ftsup.supervisor.core.evolve import evolve
+from ftsup.supervisor.core.inputs import SnapshotReport, StepReport
 from tests.support.builders import Sim, config, hello
 
 NODES = ("n1", "n2", "n3", "n4")

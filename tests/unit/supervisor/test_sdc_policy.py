@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.policies.sdc import SdcConfig, is_convicting, vote_step
+from ftsup.supervisor.core.policies.sdc import SdcConfig, is_convicting, vote_step
 
 DP = SdcConfig()
 

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from supervisor.core.config import CoreConfig
-from supervisor.core.directives import directive_for
-from supervisor.core.errors import InvalidEvent
-from supervisor.core.events import (
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.directives import directive_for
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     GenerationStarted,
@@ -24,10 +24,10 @@ from supervisor.core.events import (
     SdcVerdict,
     SnapshotCommitted,
 )
-from supervisor.core.evolve import evolve
-from supervisor.core.inputs import Heartbeat, RankFinished, SdcCheckResult, SnapshotReport, StepReport, Tick
-from supervisor.core.policies import recompute
-from supervisor.core.policies.recompute import Outcome, RecomputeConfig, VerifierCandidate
+from ftsup.supervisor.core.evolve import evolve
+from ftsup.supervisor.core.inputs import Heartbeat, RankFinished, SdcCheckResult, SnapshotReport, StepReport, Tick
+from ftsup.supervisor.core.policies import recompute
+from ftsup.supervisor.core.policies.recompute import Outcome, RecomputeConfig, VerifierCandidate
 from tests.support.builders import Sim, config, hello
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -375,8 +375,8 @@ def test_checks_in_any_order_of_steps_answers_timeouts_and_restarts_always_fold_
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from supervisor.core.evolve import evolve_all
-    from supervisor.core.state import ClusterState
+    from ftsup.supervisor.core.evolve import evolve_all
+    from ftsup.supervisor.core.state import ClusterState
 
     @settings(max_examples=150, deadline=None)
     @given(st.lists(_script_inputs(), max_size=40))

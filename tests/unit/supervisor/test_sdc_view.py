@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor import codec
-from supervisor.core.events import (
+from ftsup.supervisor import codec
+from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     NodeQuarantined,
@@ -14,7 +14,7 @@ from supervisor.core.events import (
     SdcSuspected,
     SdcVerdict,
 )
-from supervisor.ctl.sdc_view import sdc_dict, sdc_text
+from ftsup.supervisor.ctl.sdc_view import sdc_dict, sdc_text
 
 
 def records(*events):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from supervisor.core.policies.straggler import StragglerConfig, StragglerState, observe_step
+from ftsup.supervisor.core.policies.straggler import StragglerConfig, StragglerState, observe_step
 
 CONFIG = StragglerConfig()
 RANKS = 16

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from supervisor.core.policies.xid import (
+from ftsup.supervisor.core.policies.xid import (
     XID_TABLE,
     XidAction,
     XidPolicyConfig,

@@ -9,14 +9,14 @@ import pathlib
 
 import pytest
 
-from trainer.checkpoint import digest
-from trainer.checkpoint.errors import IncompleteCheckpoint
-from trainer.checkpoint.manifest import (
+from ftsup.trainer.checkpoint import digest
+from ftsup.trainer.checkpoint.errors import IncompleteCheckpoint
+from ftsup.trainer.checkpoint.manifest import (
     Layout, Manifest, ShardIndex, ShardReport, Sharding, Topology, Versions, check_shard_indexes,
     check_shard_reports, checkpoint_id_for, decode_manifest, decode_shard_index, encode_manifest,
     encode_shard_index, mismatch, step_of,
 )
-from trainer.checkpoint.store import ObjectInfo
+from ftsup.trainer.checkpoint.store import ObjectInfo
 
 L = Layout("jobs/j1")
 CID = checkpoint_id_for(42, "abc")
@@ -147,11 +147,11 @@ def test_the_checkpoint_logic_modules_stay_pure(name):
             imported.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module)
-    assert {m for m in imported if m not in ALLOWED and not m.startswith("trainer.checkpoint.")} == set()
+    assert {m for m in imported if m not in ALLOWED and not m.startswith("ftsup.trainer.checkpoint.")} == set()
 
 
 def test_checkpoint_locations_parse_and_bad_ones_are_named():
-    from trainer.checkpoint.location import Location, parse_location
+    from ftsup.trainer.checkpoint.location import Location, parse_location
 
     assert parse_location("s3://bkt/jobs/a/") == Location("s3", "bkt", "jobs/a")
     assert parse_location("file:///var/ckpt") == Location("file", "/var/ckpt", "")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import trainer.digest as digest_module
-from trainer.digest import Digester, param_digest, tensors_digest
-from trainer.sdc_inject import BitFlip, Injector, flip_bit_
+import ftsup.trainer.digest as digest_module
+from ftsup.trainer.digest import Digester, param_digest, tensors_digest
+from ftsup.trainer.sdc_inject import BitFlip, Injector, flip_bit_
 
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64,
             torch.float16: torch.int16, torch.uint8: torch.uint8}

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from harness.cluster import free_port
-from trainer.replay import REPLAY_ENV, ReplayError, ReplayRequest
+from ftsup.harness.cluster import free_port
+from ftsup.trainer.replay import REPLAY_ENV, ReplayError, ReplayRequest
 
 MODEL = ("--steps", "3", "--seed", "3", "--layers", "1", "--d-model", "32", "--heads", "2",
          "--batch-size", "4", "--seq-len", "16")
@@ -37,7 +37,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     for rank in range(WORLD):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "FTSUP_OFFLINE_DIR": str(out)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "trainer.examples.gpt", *MODEL, *FLIP, "--offline"],
+        procs.append(subprocess.Popen([sys.executable, "-m", "ftsup.trainer.examples.gpt", *MODEL, *FLIP, "--offline"],
                                       env=env, stdout=subprocess.DEVNULL, stderr=open(out / f"rank-{rank}.log", "wb")))
     for p in procs:
         p.wait(timeout=240)
@@ -67,7 +67,7 @@ def replay(live: pathlib.Path, tmp_path: pathlib.Path, step: int, rank: int, ran
     request_path = tmp_path / f"request-{step}-{rank}-{len(ranks)}.json"
     request_path.write_text(json.dumps(request))
     if in_process:
-        from trainer.examples import gpt
+        from ftsup.trainer.examples import gpt
 
         os.environ[REPLAY_ENV] = str(request_path)
         try:
@@ -76,7 +76,7 @@ def replay(live: pathlib.Path, tmp_path: pathlib.Path, step: int, rank: int, ran
             del os.environ[REPLAY_ENV]
     else:
         env = {**os.environ, REPLAY_ENV: str(request_path), "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, "-m", "trainer.examples.gpt", *MODEL, *FLIP], env=env,
+        done = subprocess.run([sys.executable, "-m", "ftsup.trainer.examples.gpt", *MODEL, *FLIP], env=env,
                               capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
     return {d["rank"]: d for d in json.loads(out.read_text())["recomputed"]}

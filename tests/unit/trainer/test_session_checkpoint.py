@@ -8,10 +8,10 @@ import pathlib
 
 import torch
 
-from trainer.checkpoint import catalog, supervised
-from trainer.checkpoint.manifest import ShardReport
-from trainer.checkpoint.supervised import CheckpointEnv
-from trainer.session import LaunchEnv, Session
+from ftsup.trainer.checkpoint import catalog, supervised
+from ftsup.trainer.checkpoint.manifest import ShardReport
+from ftsup.trainer.checkpoint.supervised import CheckpointEnv
+from ftsup.trainer.session import LaunchEnv, Session
 
 ENV = {
     "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",

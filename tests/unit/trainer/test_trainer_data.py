@@ -1,4 +1,4 @@
-"""trainer.core.data: the corpus and batch order are pure functions of their arguments."""
+"""ftsup.trainer.core.data: the corpus and batch order are pure functions of their arguments."""
 
 import ast
 import pathlib
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.core import data
+from ftsup.trainer.core import data
 
 CORPUS_LEN = 10_000
 # Offsets of (seed 0, step 1, rank 0, 4 x 32) as first computed; see the pinning test.

@@ -1,4 +1,4 @@
-"""trainer.session: validation, ordering, snapshot back-pressure and finish, over a fake link."""
+"""ftsup.trainer.session: validation, ordering, snapshot back-pressure and finish, over a fake link."""
 
 import hashlib
 import sys
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ftsup.v1 import peer_pb2_grpc
-from harness.cluster import ClusterError, wait_until
-from trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot
-from trainer import snapshot as snapshot_module
-from trainer.session import LaunchEnv, Session
+from ftsup.harness.cluster import ClusterError, wait_until
+from ftsup.trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot
+from ftsup.trainer import snapshot as snapshot_module
+from ftsup.trainer.session import LaunchEnv, Session
 
 ENV = {
     "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
@@ -181,7 +181,7 @@ def test_restore_fails_clearly_when_the_agent_has_no_state_for_the_expected_step
 
 
 def test_a_restore_stream_that_fails_its_checks_is_a_corrupt_snapshot_never_loaded():
-    from agent.core.chunks import HashMismatch
+    from ftsup.agent.core.chunks import HashMismatch
 
     class CorruptClient(FakeClient):
         def get_restore(self, rank, generation):

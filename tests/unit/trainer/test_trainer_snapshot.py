@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from trainer import snapshot as snap
-from trainer.digest import param_digest
+from ftsup.trainer import snapshot as snap
+from ftsup.trainer.digest import param_digest
 
 
 def make_model_and_optimizer(seed: int = 0):
