@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftsup.v1 import events_pb2
-from ftsup.supervisor import tls
-from ftsup.supervisor.metrics_http import MetricsListenError, check_metrics_listen
-from ftsup.supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.common import tls
+from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
 
 from ftsup.agent.core.hang import HangConfig
 

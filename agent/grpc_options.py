@@ -1,6 +1,6 @@
 """Channel and server options shared by every agent endpoint that carries snapshot chunks.
 
-Snapshots travel as chunk streams (agent/core/chunks.py, CHUNK_BYTES = 4 MiB per message), so no
+Snapshots travel as chunk streams (common/chunks.py, CHUNK_BYTES = 4 MiB per message), so no
 message comes near this limit; it is twice a chunk so a header or a larger chunk fits, and a
 sender that puts a whole snapshot in one message is refused (RESOURCE_EXHAUSTED) instead of
 being buffered.
@@ -8,7 +8,7 @@ being buffered.
 
 from __future__ import annotations
 
-from ftsup.agent.core.chunks import CHUNK_BYTES
+from ftsup.common.chunks import CHUNK_BYTES
 
 MAX_MESSAGE_BYTES = 2 * CHUNK_BYTES
 

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
-from ftsup.supervisor.core.backoff import Backoff
-from ftsup.supervisor.tls import channel_credentials
+from ftsup.common.backoff import Backoff
+from ftsup.common.tls import channel_credentials
 
 from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority

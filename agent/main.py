@@ -19,9 +19,9 @@ import grpc
 import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from ftsup.supervisor import logs, tls
-from ftsup.supervisor.metrics_http import MetricsListenError, serve_metrics
-from ftsup.supervisor.sdnotify import Notifier, pet_watchdog
+from ftsup.common import logs, tls
+from ftsup.common.metrics_http import MetricsListenError, serve_metrics
+from ftsup.common.sdnotify import Notifier, pet_watchdog
 
 from ftsup.agent.codec import holding_report
 from ftsup.agent.config import AgentConfig, ConfigError, parse_config

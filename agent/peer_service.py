@@ -14,12 +14,12 @@ import structlog
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
-from ftsup.agent.core.chunks import CHUNK_BYTES
+from ftsup.common.chunks import CHUNK_BYTES
 from ftsup.agent.link import Reports
 from ftsup.agent.peers import ACCEPTED
 from ftsup.agent.snapshots import InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
 from ftsup.agent.streams import ident_of, opening_header, receive, send_blob
-from ftsup.supervisor.tls import PeerKind, peer_identity
+from ftsup.common.tls import PeerKind, peer_identity
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext

@@ -16,9 +16,9 @@ from typing import TypeVar
 
 import grpc
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
-from ftsup.supervisor.core.backoff import Backoff
+from ftsup.common.backoff import Backoff
 
-from ftsup.agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
+from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
 from ftsup.agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send

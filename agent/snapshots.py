@@ -3,7 +3,7 @@
 Owns the bytes held, the bytes arriving, the memory limit over both (`--snapshot-memory-mib`)
 and the retention rule (agent/core/retention.py). A snapshot enters as a stream through
 `receive`: its declared size is reserved against the limit before a byte lands, the bytes go into
-one buffer of that size (agent/core/chunks.py), and only a complete payload whose SHA-256 matches
+one buffer of that size (common/chunks.py), and only a complete payload whose SHA-256 matches
 becomes visible to `get`; a stream that fails or is abandoned is discarded whole. Whatever is in
 the store can therefore be handed out unchecked. Followers (the buddy forwarder) read an incoming
 snapshot while it lands. No proto imports: the services convert with agent/codec.py.
@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from ftsup.agent.core.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
+from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
 
 __all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryFull", "SnapshotStore", "verify"]

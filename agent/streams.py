@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from ftsup.v1 import peer_pb2
 
-from ftsup.agent.core.chunks import CHUNK_BYTES, InvalidSnapshot, spans
+from ftsup.common.chunks import CHUNK_BYTES, InvalidSnapshot, spans
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId
 
 Read = Callable[[], Awaitable[Any]]  # context.read / call.read: a SnapshotChunk or grpc.aio.EOF

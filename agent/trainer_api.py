@@ -18,7 +18,7 @@ import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
-from ftsup.agent.core.chunks import CHUNK_BYTES
+from ftsup.common.chunks import CHUNK_BYTES
 from ftsup.agent.launcher import Launcher
 from ftsup.agent.link import Reports
 from ftsup.agent.peers import PeerClient, PeerUnavailable

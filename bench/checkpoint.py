@@ -56,10 +56,10 @@ def _rank_main(rank: int, plan: Plan) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    from ftsup.trainer.checkpoint import catalog, flows
-    from ftsup.trainer.checkpoint.digest import MIB, Chunking
-    from ftsup.trainer.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
-    from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
+    from ftsup.checkpoint import catalog, flows
+    from ftsup.checkpoint.digest import MIB, Chunking
+    from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+    from ftsup.checkpoint.s3 import S3Config, S3Store
 
     dist.init_process_group("gloo", init_method=f"file://{plan.init_file}", rank=rank, world_size=plan.ranks)
     mesh = init_device_mesh("cpu", (plan.ranks,))

@@ -1,7 +1,7 @@
 """`ftsup certs`: a lab CA and the certificates a small ftsup setup needs, in one directory.
 
 For tests and labs, not production PKI: the CA key is written next to the certificates. Each
-certificate carries its ftsup identity as a SAN URI (see supervisor/tls.py) plus the DNS/IP names
+certificate carries its ftsup identity as a SAN URI (see common/tls.py) plus the DNS/IP names
 it serves under, so gRPC's hostname check passes. Keys are ECDSA P-256, files mode 600.
 
 Layout of --out:  ca.pem ca.key  node-<id>.pem/.key  supervisor-<id>.pem/.key  operator-<name>.pem/.key
@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ftsup.supervisor.tls import SPIFFE_PREFIX
+from ftsup.common.tls import SPIFFE_PREFIX
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ROLES = ("admin", "read")

@@ -35,7 +35,7 @@ def _chaos(argv: list[str]) -> int:
 
 
 def _xid(argv: list[str]) -> int:
-    from ftsup.agent.xid_cli import main
+    from ftsup.harness.xid_cli import main
 
     return main(argv)
 
@@ -53,7 +53,7 @@ def _log(argv: list[str]) -> int:
 
 
 def _checkpoints(argv: list[str]) -> int:
-    from ftsup.trainer.checkpoint.cli import main
+    from ftsup.checkpoint.cli import main
 
     return main(argv)
 

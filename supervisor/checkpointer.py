@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from ftsup.supervisor import logs
+from ftsup.common import logs
 from ftsup.supervisor.config import CheckpointSettings
 from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.events import CheckpointAborted, CheckpointCommitted, Record
@@ -25,7 +25,7 @@ log = logs.get("supervisor.checkpointer")
 
 class Checkpointer:
     def __init__(self, settings: CheckpointSettings, post: Callable[[Input], None]) -> None:
-        from ftsup.trainer.checkpoint.location import open_location
+        from ftsup.checkpoint.location import open_location
 
         self._settings = settings
         self._post = post
@@ -56,10 +56,10 @@ class Checkpointer:
         task.add_done_callback(self._tasks.discard)
 
     async def _commit(self, pending: PendingCheckpoint) -> None:
-        from ftsup.trainer.checkpoint import catalog
-        from ftsup.trainer.checkpoint.errors import CheckpointError
-        from ftsup.trainer.checkpoint.manifest import ShardReport
-        from ftsup.trainer.checkpoint.supervised import JOB_VERSIONS, job_topology
+        from ftsup.checkpoint import catalog
+        from ftsup.checkpoint.errors import CheckpointError
+        from ftsup.checkpoint.manifest import ShardReport
+        from ftsup.checkpoint.supervised import JOB_VERSIONS, job_topology
 
         reports = [ShardReport(r.shard, r.key, r.sha256, r.size_bytes) for r in pending.records]
         try:
@@ -77,8 +77,8 @@ class Checkpointer:
         self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, key))
 
     async def _abort(self, checkpoint_id: str) -> None:
-        from ftsup.trainer.checkpoint import catalog
-        from ftsup.trainer.checkpoint.errors import CheckpointError
+        from ftsup.checkpoint import catalog
+        from ftsup.checkpoint.errors import CheckpointError
 
         self._committing.discard(checkpoint_id)
         try:
@@ -89,8 +89,8 @@ class Checkpointer:
         log.info("checkpoint attempt deleted", checkpoint_id=checkpoint_id, objects=deleted)
 
     async def _gc(self, checkpoint_id: str) -> None:
-        from ftsup.trainer.checkpoint import catalog
-        from ftsup.trainer.checkpoint.errors import CheckpointError
+        from ftsup.checkpoint import catalog
+        from ftsup.checkpoint.errors import CheckpointError
 
         try:
             plan = await asyncio.to_thread(catalog.gc, self._store, self._layout, self._settings.keep)

@@ -17,13 +17,13 @@ import json
 import pathlib
 from dataclasses import dataclass, field
 
-from ftsup.supervisor import tls
-from ftsup.supervisor.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.common import tls
+from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
 from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.policies.interval import IntervalConfig
 from ftsup.supervisor.core.policies.recompute import RecomputeConfig
 from ftsup.supervisor.metrics import ThroughputConfig
-from ftsup.supervisor.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
 from ftsup.supervisor.server.authz import AuthzConfigError, load_token
 
 ENV_PREFIX = "FTSUP_SUPERVISOR_"
@@ -93,7 +93,7 @@ def checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
     if (settings.every_steps or is_auto) and not settings.location:
         raise ValueError(f"--checkpoint-every-steps {raw} needs --checkpoint-location")
     if settings.location:
-        from ftsup.trainer.checkpoint.location import parse_location
+        from ftsup.checkpoint.location import parse_location
 
         parse_location(settings.location)  # ValueError naming the value
     return settings

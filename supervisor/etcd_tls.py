@@ -18,7 +18,7 @@ import grpc
 from aetcd import rpc, watcher
 
 from ftsup.supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, make_client
-from ftsup.supervisor.tls import TlsFiles, channel_credentials
+from ftsup.common.tls import TlsFiles, channel_credentials
 
 
 class TlsClient(aetcd.Client):

@@ -19,7 +19,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
-from ftsup.supervisor import logs, tls
+from ftsup.common import logs, tls
 from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
 from ftsup.supervisor.etcd_tls import make_tls_client
 from ftsup.supervisor.eventlog.api import LogError
@@ -27,11 +27,11 @@ from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.metrics import SupervisorMetrics
-from ftsup.supervisor.metrics_http import MetricsListenError, serve_metrics
+from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.supervisor.replica import run_replica
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.agent_service import AgentService
-from ftsup.supervisor.sdnotify import Notifier, pet_watchdog
+from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
 from ftsup.supervisor.server.operator_guard import guarded
 from ftsup.supervisor.server.operator_service import OperatorService

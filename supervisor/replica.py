@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ftsup.supervisor import logs
+from ftsup.common import logs
 from ftsup.supervisor.eventlog.etcd import EtcdLog
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.runtime import Runtime

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ftsup.v1 import agent_pb2
-from ftsup.supervisor import codec, logs
+from ftsup.common import logs
+from ftsup.supervisor import codec
 from ftsup.supervisor.core import admission, soft as soft_state
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.decide import decide

@@ -1,7 +1,7 @@
 """The trainer's gRPC link to its node's agent (service TrainerLink in peer.proto).
 
 Owns the channel, its message-size limits and per-call deadlines, the snapshot chunk streams in
-both directions (agent/core/chunks.py: ~4 MiB slices, the payload's SHA-256 computed while it is
+both directions (common/chunks.py: ~4 MiB slices, the payload's SHA-256 computed while it is
 sliced and checked while it lands, never in a second pass), and translates every gRPC failure
 into `AgentLinkError` naming the agent address and the call, so a training script never sees raw
 grpc exceptions. Blocking calls only; `session.py` decides what runs in the background.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ftsup.agent.core.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, cut, stream_deadline_s
+from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, cut, stream_deadline_s
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 # Snapshots travel in chunks, so no message comes near this (the agent's endpoints use the same).

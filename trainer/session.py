@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from ftsup.agent.core.chunks import InvalidSnapshot
+from ftsup.common.chunks import InvalidSnapshot
 from ftsup.v1 import agent_pb2, peer_pb2
 from ftsup.trainer import snapshot as snap
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError
-from ftsup.trainer.checkpoint.supervised import CheckpointEnv
+from ftsup.checkpoint.supervised import CheckpointEnv
 from ftsup.trainer.snapshot import SnapshotCorrupt
 
 __all__ = ["AgentLinkError", "LaunchEnv", "Session", "SnapshotCorrupt", "SnapshotStats"]
@@ -238,7 +238,7 @@ class Session:
         """The third rung of the recovery ladder: this rank's state from the committed object-store
         checkpoint the supervisor named (FTSUP_RESTORE_CHECKPOINT). Per rank, not collective:
         ranks whose RAM copies survived restore from RAM at the same step meanwhile."""
-        from ftsup.trainer.checkpoint import supervised
+        from ftsup.checkpoint import supervised
 
         checkpoint_id = self.checkpoints.restore_checkpoint_id
         store, layout = self._open_checkpoint_store()
@@ -266,7 +266,7 @@ class Session:
         saving is collective, so they agree with one all-reduce (MIN) of the next requested step
         each knows: if any rank heard of it in time, all save at it; if none did, none does (the
         supervisor then withdraws the request)."""
-        from ftsup.trainer.checkpoint.supervised import is_due
+        from ftsup.checkpoint.supervised import is_due
 
         if not self.checkpoints.location:
             return False
@@ -289,7 +289,7 @@ class Session:
         report it to the agent (the supervisor commits once every rank has). Synchronous: the
         training thread pauses for the encode and the upload. A failed write is reported (the
         supervisor aborts the attempt) and not raised: training goes on without this checkpoint."""
-        from ftsup.trainer.checkpoint import supervised
+        from ftsup.checkpoint import supervised
 
         self._check_open()
         _check_step(step)

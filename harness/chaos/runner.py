@@ -34,7 +34,7 @@ from ftsup.harness.chaos.scenario import Break, Chaos, CheckpointStore, Outcome,
 from ftsup.harness.chaos.store_checks import StoreView, inspect_store
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
 from ftsup.harness.etcd_cluster import EtcdCluster
-from ftsup.trainer.checkpoint.manifest import Layout
+from ftsup.checkpoint.manifest import Layout
 
 HEARTBEAT_INTERVAL_S = 0.5
 # 4 misses (2 s of silence) before a death verdict: the 2-core machines this runs on are loaded.
@@ -194,13 +194,13 @@ def _open_checkpoints(scenario: Scenario, ctx: RunContext, workdir: pathlib.Path
     if not scenario.checkpoint_every_steps:
         return None, ""
     if not scenario.uses_s3:
-        from ftsup.trainer.checkpoint.local import LocalDirStore
+        from ftsup.checkpoint.local import LocalDirStore
 
         directory = workdir / "checkpoints"
         local = LocalDirStore(directory)
         stack.callback(local.close)
         return CheckpointStore(str(directory), Layout(""), local), ""
-    from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
+    from ftsup.checkpoint.s3 import S3Config, S3Store
 
     endpoint = ctx.s3()
     upstream = urllib.parse.urlparse(endpoint.url)

@@ -23,8 +23,8 @@ from ftsup.harness.chaos.s3_proxy import FaultProxy
 from ftsup.harness.chaos.store_checks import StoreView
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.etcd_cluster import EtcdCluster
-from ftsup.trainer.checkpoint.manifest import Layout
-from ftsup.trainer.checkpoint.store import ObjectStore
+from ftsup.checkpoint.manifest import Layout
+from ftsup.checkpoint.store import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from ftsup.harness.chaos.checks import after, kind, of_kind
 from ftsup.harness.chaos.s3_proxy import Fault, FaultRule
 from ftsup.harness.chaos.scenario import Break, Chaos, Outcome, Scenario
 from ftsup.harness.cluster import ClusterError, wait_until
-from ftsup.trainer.checkpoint.supervised import checkpoint_id_for
+from ftsup.checkpoint.supervised import checkpoint_id_for
 
 # -- expectation helpers (each returns problems; [] when the log shows what was expected) ---------
 

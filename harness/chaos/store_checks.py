@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from ftsup.v1 import events_pb2
 from ftsup.harness.chaos.checks import of_kind
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import ObjectNotFound
-from ftsup.trainer.checkpoint.manifest import MANIFEST_NAME, Layout, decode_manifest
-from ftsup.trainer.checkpoint.store import ObjectStore, PendingUpload
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import ObjectNotFound
+from ftsup.checkpoint.manifest import MANIFEST_NAME, Layout, decode_manifest
+from ftsup.checkpoint.store import ObjectStore, PendingUpload
 
 
 @dataclass(frozen=True, slots=True)

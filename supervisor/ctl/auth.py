@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from ftsup.supervisor.tls import TlsConfigError, TlsFiles, channel_credentials, tls_files
+from ftsup.common.tls import TlsConfigError, TlsFiles, channel_credentials, tls_files
 
 
 class CredentialsError(ValueError):

@@ -16,11 +16,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
-from ftsup.supervisor import logs
+from ftsup.common import logs
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
 from ftsup.supervisor.runtime import Outbox, Outcome, Runtime
-from ftsup.supervisor.tls import PeerKind, peer_identity
+from ftsup.common.tls import PeerKind, peer_identity
 
 log = logs.get("supervisor.agents")
 

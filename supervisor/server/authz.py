@@ -22,7 +22,7 @@ from enum import IntEnum
 
 import grpc
 
-from ftsup.supervisor.tls import PeerIdentity, PeerKind, is_loopback
+from ftsup.common.tls import PeerIdentity, PeerKind, is_loopback
 
 READ_ONLY_METHODS = frozenset({"GetStatus", "ListNodes", "GetLeader", "ListEvents",
                                "GetGoodput", "ListStragglers", "ListCheckpoints"})

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from ftsup.supervisor import logs
+from ftsup.common import logs
 from ftsup.supervisor.server.authz import Authorizer
-from ftsup.supervisor.tls import peer_identity
+from ftsup.common.tls import peer_identity
 
 log = logs.get("supervisor.operator")
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import grpc
 
 from ftsup.v1 import operator_pb2
-from ftsup.supervisor import codec, logs
+from ftsup.common import logs
+from ftsup.supervisor import codec
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.admission import MAX_TEXT
 from ftsup.supervisor.core.events import CheckpointRequested, GenerationStarted

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
-from ftsup.supervisor import codec, logs
+from ftsup.common import logs
+from ftsup.supervisor import codec
 from ftsup.supervisor.core.inputs import OperatorRequest
 from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.state import Liveness

@@ -23,17 +23,17 @@ import torch
 import torch.multiprocessing as mp
 
 from ftsup.harness.cluster import wait_until
-from ftsup.supervisor.core.backoff import Backoff
+from ftsup.common.backoff import Backoff
 from tests.support import dcp_ranks
 from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
 from tests.support.s3_fault_proxy import Fault, FaultProxy, FaultRule
 from tests.support.s3_server import S3Server
-from ftsup.trainer.checkpoint import catalog, flows
-from ftsup.trainer.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ReshardRefused
-from ftsup.trainer.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
-from ftsup.trainer.checkpoint.policy import RestoreMode
-from ftsup.trainer.checkpoint.retry import Retrier
-from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
+from ftsup.checkpoint import catalog, flows
+from ftsup.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ReshardRefused
+from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+from ftsup.checkpoint.policy import RestoreMode
+from ftsup.checkpoint.retry import Retrier
+from ftsup.checkpoint.s3 import S3Config, S3Store
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ def test_restore_into_other_data_version_is_refused_before_any_data_is_read(s3_e
 def test_a_checkpoint_is_invisible_until_its_manifest_and_a_manifest_is_never_overwritten(s3_env, layout):
     store = make_store(s3_env)
     cid = checkpoint_id_for(3, "x")
-    from ftsup.trainer.checkpoint.dcp import ObjectStoreWriter
+    from ftsup.checkpoint.dcp import ObjectStoreWriter
     import torch.distributed.checkpoint as dcp
 
     writer = ObjectStoreWriter(store, layout, cid)
@@ -188,7 +188,7 @@ def test_a_checkpoint_is_invisible_until_its_manifest_and_a_manifest_is_never_ov
 def test_commit_refuses_an_object_that_changed_after_it_was_reported(s3_env, layout):
     store = make_store(s3_env)
     cid = checkpoint_id_for(4, "t")
-    from ftsup.trainer.checkpoint.dcp import ObjectStoreWriter
+    from ftsup.checkpoint.dcp import ObjectStoreWriter
     import torch.distributed.checkpoint as dcp
 
     writer = ObjectStoreWriter(store, layout, cid)
@@ -220,7 +220,7 @@ def test_gc_keeps_the_last_k_commits_and_removes_abandoned_attempts_but_not_newe
 _WRITER = """
 import sys
 from tests.support.objectstore_contract import SMALL_CHUNKING
-from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
+from ftsup.checkpoint.s3 import S3Config, S3Store
 endpoint, bucket, key = sys.argv[1:]
 store = S3Store(S3Config(bucket=bucket, endpoint_url=endpoint, region="us-east-1", chunking=SMALL_CHUNKING))
 store.put(key, bytes(12 << 20))
@@ -261,7 +261,7 @@ def test_gc_aborts_the_multipart_upload_of_a_writer_killed_mid_upload_once_it_is
 
 
 def test_ftsup_checkpoints_gc_aborts_stale_multipart_uploads_and_reports_them_as_json(s3_env, layout, capsys):
-    from ftsup.trainer.checkpoint.cli import main
+    from ftsup.checkpoint.cli import main
 
     client = s3_env.client()
     for n in (1, 2):

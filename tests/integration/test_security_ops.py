@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from ftsup.harness.certs import main as certs_main
 from ftsup.harness.cluster import free_port, wait_until
-from ftsup.supervisor import tls
+from ftsup.common import tls
 from ftsup.supervisor.etcd_tls import make_tls_client
 from tests.support.etcd_cluster import free_ports
 

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from ftsup.trainer.checkpoint import flows
-from ftsup.trainer.checkpoint.local import LocalDirStore
-from ftsup.trainer.checkpoint.manifest import Layout, Sharding, Topology, Versions
-from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
+from ftsup.checkpoint import flows
+from ftsup.checkpoint.local import LocalDirStore
+from ftsup.checkpoint.manifest import Layout, Sharding, Topology, Versions
+from ftsup.checkpoint.s3 import S3Config, S3Store
 
 VERSIONS = Versions("data-v1", "tok-v1")
 

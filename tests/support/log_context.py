@@ -1,6 +1,6 @@
 """Checks that every structured log line about a node names the node and the generation.
 
-The rule (supervisor/logs.py): a line that mentions a node (a `node_id`, any `*_node_id(s)` key, or
+The rule (common/logs.py): a line that mentions a node (a `node_id`, any `*_node_id(s)` key, or
 a `rank`) carries `generation`, null only while none is in force. For a supervisor's log the
 generation in force is known exactly: one process writes its lines in order and, while it leads,
 logs an `event` line as each record is applied, so the last GenerationStarted not yet followed by

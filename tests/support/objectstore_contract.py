@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import pytest
 
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import ObjectExists, ObjectNotFound
-from ftsup.trainer.checkpoint.store import ObjectInfo, ObjectStore
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import ObjectExists, ObjectNotFound
+from ftsup.checkpoint.store import ObjectInfo, ObjectStore
 
 SMALL_CHUNKING = digest.Chunking(multipart_threshold_bytes=5 * digest.MIB, part_size_bytes=5 * digest.MIB)
 

@@ -7,8 +7,8 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FOLDERS = ("supervisor", "agent", "trainer", "harness", "bench", "tests")
-BARE = {"supervisor", "agent", "trainer", "harness", "bench"}
+FOLDERS = ("common", "checkpoint", "supervisor", "agent", "trainer", "harness", "bench", "tests")
+BARE = {"common", "checkpoint", "supervisor", "agent", "trainer", "harness", "bench"}
 
 
 def python_files() -> list[pathlib.Path]:
@@ -59,3 +59,35 @@ def test_every_package_folder_is_installed_under_ftsup():
         for folder in BARE for init in (ROOT / folder).rglob("__init__.py")
     }
     assert on_disk - listed == set(), f"packages on disk but not installed: {sorted(on_disk - listed)}"
+
+
+# Which ftsup packages each may import (besides itself and the generated `ftsup.v1` wire types).
+# One way only: common <- checkpoint <- trainer; common <- supervisor, agent; harness and bench on top.
+ALLOWED_IMPORTS = {
+    "common": set(),
+    "checkpoint": {"common"},
+    "trainer": {"common", "checkpoint"},
+    "supervisor": {"common", "checkpoint"},
+    "agent": {"common"},
+}
+
+
+def ftsup_imports(path: pathlib.Path) -> set[tuple[int, str]]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+        )
+        found |= {(node.lineno, n) for n in names if n.startswith("ftsup.")}
+    return found
+
+
+def test_package_dependencies_point_one_way():
+    offenders = []
+    for package, allowed in ALLOWED_IMPORTS.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for line, name in ftsup_imports(path):
+                target = name.split(".")[1]
+                if target not in {package, "v1", *allowed}:
+                    offenders.append(f"{path.relative_to(ROOT)}:{line} ({package}) imports {name}")
+    assert not offenders, "\n".join(sorted(offenders))

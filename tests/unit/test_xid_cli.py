@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from ftsup.agent.xid_cli import main
+from ftsup.harness.xid_cli import main
 from ftsup.harness import cli
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "xid"

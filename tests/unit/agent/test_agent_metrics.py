@@ -8,7 +8,7 @@ from ftsup.agent.link import Reports
 from ftsup.agent.metrics import AgentCollector, agent_registry
 from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.snapshots import Blob, SnapshotStore
-from ftsup.supervisor.metrics_http import serve_metrics
+from ftsup.common.metrics_http import serve_metrics
 from tests.unit.supervisor.test_metrics import sample, scrape
 
 

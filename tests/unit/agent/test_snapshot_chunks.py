@@ -1,4 +1,4 @@
-"""agent/core/chunks.py: cutting a payload into chunks and putting it back, pure and in milliseconds."""
+"""common/chunks.py: cutting a payload into chunks and putting it back, pure and in milliseconds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftsup.agent.core.chunks import (
+from ftsup.common.chunks import (
     Assembly,
     HashMismatch,
     InvalidSnapshot,

@@ -22,7 +22,7 @@ import pytest
 import structlog
 from ftsup.v1 import events_pb2, peer_pb2, peer_pb2_grpc
 
-from ftsup.agent.core.chunks import InvalidSnapshot, TruncatedStream
+from ftsup.common.chunks import InvalidSnapshot, TruncatedStream
 from ftsup.agent.grpc_options import message_options
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import PeerClient, SnapshotMissing

@@ -8,9 +8,9 @@ import torch
 
 from ftsup.v1 import events_pb2
 from ftsup.harness.chaos.store_checks import inspect_store
-from ftsup.trainer.checkpoint import flows
-from ftsup.trainer.checkpoint.local import LocalDirStore
-from ftsup.trainer.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+from ftsup.checkpoint import flows
+from ftsup.checkpoint.local import LocalDirStore
+from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 L = Layout("job")

@@ -7,7 +7,7 @@ import pytest
 
 from ftsup.v1 import operator_pb2
 from ftsup.supervisor.server.authz import READ_ONLY_METHODS, Authorizer, Role, required_role
-from ftsup.supervisor.tls import PeerIdentity, PeerKind
+from ftsup.common.tls import PeerIdentity, PeerKind
 
 ADMIN = "admin-token-0123456789"
 READ = "read-token-0123456789"

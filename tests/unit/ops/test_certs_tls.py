@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 
 from ftsup.harness.certs import main as certs_main
-from ftsup.supervisor import tls
+from ftsup.common import tls
 
 
 def test_certs_writes_a_ca_and_one_identity_per_subject(tmp_path: pathlib.Path) -> None:

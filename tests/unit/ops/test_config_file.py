@@ -13,7 +13,7 @@ from ftsup.agent.config import parse_config
 from ftsup.supervisor.config import ConfigError as SupervisorConfigError
 from ftsup.supervisor.config import load as load_supervisor
 from ftsup.supervisor.config import parser as supervisor_parser
-from ftsup.supervisor.config_file import options
+from ftsup.common.config_file import options
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 JOB = '{"name": "t", "nodes": 1, "argv": ["true"]}'
@@ -118,7 +118,7 @@ def uncommented(example: pathlib.Path) -> str:
 def test_the_example_file_documents_every_option_with_a_valid_value(example: str, make_parser) -> None:  # type: ignore[no-untyped-def]
     import tomllib
 
-    from ftsup.supervisor.config_file import from_toml_value
+    from ftsup.common.config_file import from_toml_value
 
     path = ROOT / "systemd" / example
     documented = tomllib.loads(uncommented(path))

@@ -8,7 +8,7 @@ import json
 
 import structlog
 
-from ftsup.supervisor import logs
+from ftsup.common import logs
 from tests.support.log_context import agent_problems, supervisor_problems
 
 

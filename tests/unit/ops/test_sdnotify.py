@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftsup.supervisor.sdnotify import Notifier, pet_watchdog
+from ftsup.common.sdnotify import Notifier, pet_watchdog
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from ftsup.supervisor.core.events import (
 from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
 from ftsup.supervisor.core.state import ClusterState, CommittedCheckpoint, Generation
-from ftsup.trainer.checkpoint import supervised
+from ftsup.checkpoint import supervised
 
 LOC = "/tmp/ckpt"
 MEMBERS = (RankAssignment("n1", (0,), "n2"), RankAssignment("n2", (1,), "n1"))

@@ -10,7 +10,7 @@ import pytest
 from ftsup.supervisor.core.inputs import StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.metrics import SupervisorMetrics, ThroughputConfig
-from ftsup.supervisor.metrics_http import MetricsListenError, serve_metrics, split_listen
+from ftsup.common.metrics_http import MetricsListenError, serve_metrics, split_listen
 from ftsup.supervisor.runtime import Runtime
 from tests.support.builders import config, hello
 
@@ -102,7 +102,7 @@ async def test_with_the_daemons_tls_files_metrics_are_https_and_need_a_client_ce
     import ssl
 
     from ftsup.harness.certs import main as certs_main
-    from ftsup.supervisor import tls
+    from ftsup.common import tls
 
     pki = tmp_path / "pki"
     assert certs_main(["--out", str(pki), "--supervisors", "sup-1", "--operators", "prometheus:read"]) == 0

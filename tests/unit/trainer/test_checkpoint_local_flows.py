@@ -10,11 +10,11 @@ import warnings
 import pytest
 import torch
 
-from ftsup.trainer.checkpoint import catalog, flows
-from ftsup.trainer.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ObjectCorrupt, StoreUnavailable
-from ftsup.trainer.checkpoint.local import LocalDirStore
-from ftsup.trainer.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
-from ftsup.trainer.checkpoint.policy import RestoreMode
+from ftsup.checkpoint import catalog, flows
+from ftsup.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ObjectCorrupt, StoreUnavailable
+from ftsup.checkpoint.local import LocalDirStore
+from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+from ftsup.checkpoint.policy import RestoreMode
 
 V = Versions("data-1", "tok-1")
 ONE = Topology(1, 1)
@@ -180,7 +180,7 @@ def test_gc_leaves_a_young_temp_file_alone(store):
 
 
 def test_abort_upload_refuses_a_key_that_is_an_object(store):
-    from ftsup.trainer.checkpoint.store import PendingUpload
+    from ftsup.checkpoint.store import PendingUpload
 
     store.put("ck/obj", b"x")
     with pytest.raises(ValueError, match="not a pending upload"):

@@ -9,14 +9,14 @@ import pathlib
 
 import pytest
 
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import IncompleteCheckpoint
-from ftsup.trainer.checkpoint.manifest import (
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import IncompleteCheckpoint
+from ftsup.checkpoint.manifest import (
     Layout, Manifest, ShardIndex, ShardReport, Sharding, Topology, Versions, check_shard_indexes,
     check_shard_reports, checkpoint_id_for, decode_manifest, decode_shard_index, encode_manifest,
     encode_shard_index, mismatch, step_of,
 )
-from ftsup.trainer.checkpoint.store import ObjectInfo
+from ftsup.checkpoint.store import ObjectInfo
 
 L = Layout("jobs/j1")
 CID = checkpoint_id_for(42, "abc")
@@ -140,18 +140,18 @@ ALLOWED = {"__future__", "dataclasses", "enum", "typing", "re", "json", "hashlib
 
 @pytest.mark.parametrize("name", PURE)
 def test_the_checkpoint_logic_modules_stay_pure(name):
-    path = pathlib.Path(__file__).resolve().parents[3] / "trainer" / "checkpoint" / name
+    path = pathlib.Path(__file__).resolve().parents[3] / "checkpoint" / name
     imported = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module)
-    assert {m for m in imported if m not in ALLOWED and not m.startswith("ftsup.trainer.checkpoint.")} == set()
+    assert {m for m in imported if m not in ALLOWED and not m.startswith("ftsup.checkpoint.")} == set()
 
 
 def test_checkpoint_locations_parse_and_bad_ones_are_named():
-    from ftsup.trainer.checkpoint.location import Location, parse_location
+    from ftsup.checkpoint.location import Location, parse_location
 
     assert parse_location("s3://bkt/jobs/a/") == Location("s3", "bkt", "jobs/a")
     assert parse_location("file:///var/ckpt") == Location("file", "/var/ckpt", "")

@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from ftsup.supervisor.core.backoff import Backoff
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import ReshardRefused, StoreUnavailable
-from ftsup.trainer.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, checkpoint_id_for
-from ftsup.trainer.checkpoint.policy import RestoreMode, plan_gc, plan_restore, plan_stale_uploads
-from ftsup.trainer.checkpoint.store import PendingUpload
-from ftsup.trainer.checkpoint.retry import Retrier
+from ftsup.common.backoff import Backoff
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import ReshardRefused, StoreUnavailable
+from ftsup.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, checkpoint_id_for
+from ftsup.checkpoint.policy import RestoreMode, plan_gc, plan_restore, plan_stale_uploads
+from ftsup.checkpoint.store import PendingUpload
+from ftsup.checkpoint.retry import Retrier
 
 V = Versions("data-1", "tok-1")
 

@@ -1,4 +1,4 @@
-"""ftsup.trainer.checkpoint.supervised: a rank's shard write and read under the supervisor, one process."""
+"""ftsup.checkpoint.supervised: a rank's shard write and read under the supervisor, one process."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
-from ftsup.trainer.checkpoint import catalog, supervised
-from ftsup.trainer.checkpoint.errors import CheckpointError, StoreUnavailable
-from ftsup.trainer.checkpoint.local import LocalDirStore
-from ftsup.trainer.checkpoint.manifest import Layout
+from ftsup.checkpoint import catalog, supervised
+from ftsup.checkpoint.errors import CheckpointError, StoreUnavailable
+from ftsup.checkpoint.local import LocalDirStore
+from ftsup.checkpoint.manifest import Layout
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 L = Layout("")
@@ -47,7 +47,7 @@ def test_a_written_shard_reads_back_after_its_commit(tmp_path):
 
 
 def test_a_grown_elastic_world_borrows_a_saved_ranks_shard_and_others_are_refused(tmp_path):
-    from ftsup.trainer.checkpoint.errors import ReshardRefused
+    from ftsup.checkpoint.errors import ReshardRefused
 
     store = LocalDirStore(tmp_path)
     payload = b"\x02" * 100

@@ -8,9 +8,9 @@ import pathlib
 
 import torch
 
-from ftsup.trainer.checkpoint import catalog, supervised
-from ftsup.trainer.checkpoint.manifest import ShardReport
-from ftsup.trainer.checkpoint.supervised import CheckpointEnv
+from ftsup.checkpoint import catalog, supervised
+from ftsup.checkpoint.manifest import ShardReport
+from ftsup.checkpoint.supervised import CheckpointEnv
 from ftsup.trainer.session import LaunchEnv, Session
 
 ENV = {

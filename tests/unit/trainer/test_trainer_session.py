@@ -181,7 +181,7 @@ def test_restore_fails_clearly_when_the_agent_has_no_state_for_the_expected_step
 
 
 def test_a_restore_stream_that_fails_its_checks_is_a_corrupt_snapshot_never_loaded():
-    from ftsup.agent.core.chunks import HashMismatch
+    from ftsup.common.chunks import HashMismatch
 
     class CorruptClient(FakeClient):
         def get_restore(self, rank, generation):

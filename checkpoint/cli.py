@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any
 
-from ftsup.trainer.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict
-from ftsup.trainer.checkpoint.store import PendingUpload
+from ftsup.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict
+from ftsup.checkpoint.store import PendingUpload
 
 EXIT_OK, EXIT_STORE, EXIT_USAGE = 0, 1, 2
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -117,9 +117,9 @@ def list_text(d: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from ftsup.trainer.checkpoint import catalog
-    from ftsup.trainer.checkpoint.errors import CheckpointError
-    from ftsup.trainer.checkpoint.location import open_location, parse_location
+    from ftsup.checkpoint import catalog
+    from ftsup.checkpoint.errors import CheckpointError
+    from ftsup.checkpoint.location import open_location, parse_location
 
     try:
         location = parse_location(args.location)

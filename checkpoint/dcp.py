@@ -28,10 +28,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import CheckpointNotCommitted, ObjectCorrupt
-from ftsup.trainer.checkpoint.manifest import DCP_METADATA_NAME, Layout, Manifest, ShardIndex, validate_checkpoint_id
-from ftsup.trainer.checkpoint.store import ObjectInfo, ObjectStore
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import CheckpointNotCommitted, ObjectCorrupt
+from ftsup.checkpoint.manifest import DCP_METADATA_NAME, Layout, Manifest, ShardIndex, validate_checkpoint_id
+from ftsup.checkpoint.store import ObjectInfo, ObjectStore
 
 _ALIGN = 64
 

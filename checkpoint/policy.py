@@ -20,9 +20,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ftsup.trainer.checkpoint.errors import ReshardRefused
-from ftsup.trainer.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, step_of
-from ftsup.trainer.checkpoint.store import PendingUpload
+from ftsup.checkpoint.errors import ReshardRefused
+from ftsup.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, step_of
+from ftsup.checkpoint.store import PendingUpload
 
 DEFAULT_UPLOAD_MAX_AGE_S = 3600.0  # an upload this old is a crashed writer's, not a slow one's
 

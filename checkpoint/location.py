@@ -11,8 +11,8 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from ftsup.trainer.checkpoint.manifest import Layout
-from ftsup.trainer.checkpoint.store import ObjectStore
+from ftsup.checkpoint.manifest import Layout
+from ftsup.checkpoint.store import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +49,8 @@ def open_location(url: str, *, endpoint_url: str | None = None, region: str | No
     if location.scheme == "s3":
         import dataclasses
 
-        from ftsup.trainer.checkpoint.retry import DEFAULT_BACKOFF
-        from ftsup.trainer.checkpoint.s3 import S3Config, S3Store
+        from ftsup.checkpoint.retry import DEFAULT_BACKOFF
+        from ftsup.checkpoint.s3 import S3Config, S3Store
 
         config = S3Config(bucket=location.bucket_or_dir, endpoint_url=endpoint_url, region=region,
                           max_concurrency=max_concurrency)
@@ -62,6 +62,6 @@ def open_location(url: str, *, endpoint_url: str | None = None, region: str | No
             config = dataclasses.replace(config, backoff=dataclasses.replace(DEFAULT_BACKOFF,
                                                                              deadline_s=retry_deadline_s))
         return S3Store(config), Layout(location.prefix)
-    from ftsup.trainer.checkpoint.local import LocalDirStore
+    from ftsup.checkpoint.local import LocalDirStore
 
     return LocalDirStore(location.bucket_or_dir, max_concurrency=max_concurrency), Layout("")

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from typing import Any
 
-from ftsup.trainer.checkpoint.errors import CheckpointError, ReshardRefused
-from ftsup.trainer.checkpoint.location import open_location
-from ftsup.trainer.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
-from ftsup.trainer.checkpoint.store import ObjectStore
+from ftsup.checkpoint.errors import CheckpointError, ReshardRefused
+from ftsup.checkpoint.location import open_location
+from ftsup.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
+from ftsup.checkpoint.store import ObjectStore
 
 JOB_VERSIONS = Versions(data_version="ftsup-job", tokenizer_version="ftsup-job")
 
@@ -106,8 +106,8 @@ def save_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ftsup.trainer.checkpoint.catalog import write_shard_index
-    from ftsup.trainer.checkpoint.dcp import ObjectStoreWriter
+    from ftsup.checkpoint.catalog import write_shard_index
+    from ftsup.checkpoint.dcp import ObjectStoreWriter
 
     writer = ObjectStoreWriter(store, layout, checkpoint_id)
     state = {_payload_key(rank): payload, _sha_key(rank): sha256}
@@ -130,9 +130,9 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ftsup.trainer.checkpoint.catalog import read_manifest
-    from ftsup.trainer.checkpoint.dcp import ObjectStoreReader
-    from ftsup.trainer.checkpoint.policy import plan_restore
+    from ftsup.checkpoint.catalog import read_manifest
+    from ftsup.checkpoint.dcp import ObjectStoreReader
+    from ftsup.checkpoint.policy import plan_restore
 
     manifest = read_manifest(store, layout, checkpoint_id)
     plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftsup.trainer.checkpoint.digest import Chunking, validate_digest
-from ftsup.trainer.checkpoint.errors import IncompleteCheckpoint
-from ftsup.trainer.checkpoint.store import ObjectInfo, join_key, validate_key
+from ftsup.checkpoint.digest import Chunking, validate_digest
+from ftsup.checkpoint.errors import IncompleteCheckpoint
+from ftsup.checkpoint.store import ObjectInfo, join_key, validate_key
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"

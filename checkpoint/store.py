@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ftsup.trainer.checkpoint.digest import Chunking
+from ftsup.checkpoint.digest import Chunking
 
 _KEY = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 

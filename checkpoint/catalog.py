@@ -21,16 +21,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import (
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import (
     CheckpointNotCommitted, IncompleteCheckpoint, ManifestExists, ObjectCorrupt, ObjectExists, ObjectNotFound,
 )
-from ftsup.trainer.checkpoint.manifest import (
+from ftsup.checkpoint.manifest import (
     Layout, Manifest, ShardIndex, ShardReport, Topology, Versions, check_shard_indexes, check_shard_reports,
     decode_manifest, decode_shard_index, encode_manifest, encode_shard_index, mismatch,
 )
-from ftsup.trainer.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict, plan_gc, plan_stale_uploads
-from ftsup.trainer.checkpoint.store import ObjectInfo, ObjectStore
+from ftsup.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict, plan_gc, plan_stale_uploads
+from ftsup.checkpoint.store import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ prometheus_client's stock server runs in a thread and would read the runtime's m
 state while the input loop changes it. Serving from the loop that owns the state makes every
 scrape a consistent read without locks; a scrape costs one loop turn per request.
 
-Same rule as the gRPC listeners (supervisor/tls.py): with the daemon's TLS files it is HTTPS and
+Same rule as the gRPC listeners (common/tls.py): with the daemon's TLS files it is HTTPS and
 requires a client certificate signed by the CA (any ftsup identity may scrape: metrics are
 read-only and hold no secrets); without them it serves plain HTTP on loopback only, unless
 `--insecure` said the network is trusted (`check_metrics_listen`).
@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from ftsup.supervisor import logs, tls
+from ftsup.common import logs, tls
 
 log = logs.get("ftsup.metrics")
 

@@ -1,4 +1,4 @@
-"""Retrying a store call under the project's `Backoff` (supervisor/core/backoff.py), in one place.
+"""Retrying a store call under the project's `Backoff` (common/backoff.py), in one place.
 
 botocore's own retries are switched off in S3Store so that this is the only retry loop: every
 attempt is logged with its cause, the deadline counts real elapsed time (a slow response spends it
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ftsup.supervisor.core.backoff import Backoff
-from ftsup.trainer.checkpoint.errors import StoreUnavailable
+from ftsup.common.backoff import Backoff
+from ftsup.checkpoint.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,12 +17,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ftsup.trainer.checkpoint.catalog import abort, commit, read_manifest, write_shard_index
-from ftsup.trainer.checkpoint.dcp import ObjectStoreReader, ObjectStoreWriter
-from ftsup.trainer.checkpoint.errors import CheckpointError, ManifestExists
-from ftsup.trainer.checkpoint.manifest import Layout, Manifest, ShardReport, Topology, Versions
-from ftsup.trainer.checkpoint.policy import RestoreMode, RestorePlan, plan_restore
-from ftsup.trainer.checkpoint.store import ObjectStore
+from ftsup.checkpoint.catalog import abort, commit, read_manifest, write_shard_index
+from ftsup.checkpoint.dcp import ObjectStoreReader, ObjectStoreWriter
+from ftsup.checkpoint.errors import CheckpointError, ManifestExists
+from ftsup.checkpoint.manifest import Layout, Manifest, ShardReport, Topology, Versions
+from ftsup.checkpoint.policy import RestoreMode, RestorePlan, plan_restore
+from ftsup.checkpoint.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

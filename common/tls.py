@@ -5,7 +5,7 @@ Identity lives in one SAN URI per certificate (written by `ftsup certs`, see doc
   spiffe://ftsup/supervisor/<id>                a supervisor replica
   spiffe://ftsup/operator/<name>/<admin|read>   a person or script using supervisorctl
 The rule enforced here: a daemon never listens beyond loopback without TLS unless the operator
-said `--insecure` (`check_listen`; the /metrics endpoint follows it too, supervisor/metrics_http.py).
+said `--insecure` (`check_listen`; the /metrics endpoint follows it too, common/metrics_http.py).
 Shared by the supervisor, the agent and supervisorctl.
 """
 

@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ftsup.trainer.checkpoint import digest
-from ftsup.trainer.checkpoint.errors import ObjectExists, ObjectNotFound, StoreError
-from ftsup.trainer.checkpoint.store import Buffer, ObjectInfo, PendingUpload, validate_key
+from ftsup.checkpoint import digest
+from ftsup.checkpoint.errors import ObjectExists, ObjectNotFound, StoreError
+from ftsup.checkpoint.store import Buffer, ObjectInfo, PendingUpload, validate_key
 
 _TMP_PREFIX = ".ftsup-tmp-"
 
