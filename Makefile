@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ftsup-installed
+# PyPI's supervisord, for the test that installs our wheel beside it (offline at test time).
+SUPERVISORD_WHEEL := $(VENV)/wheels/.supervisor-4.3.0
 
 .PHONY: demo test unit proto clean-venv etcd-server
 
@@ -31,7 +33,11 @@ etcd-server:
 		apt-get update && apt-get install -y etcd-server etcd-client; \
 	fi
 
-test: $(STAMP) etcd-server
+$(SUPERVISORD_WHEEL): $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps -d $(VENV)/wheels 'supervisor==4.3.0'
+	touch $(SUPERVISORD_WHEEL)
+
+test: $(STAMP) $(SUPERVISORD_WHEEL) etcd-server
 	GRPC_VERBOSITY=ERROR $(BIN)/python -m pytest -q -ra
 
 unit: $(STAMP)
