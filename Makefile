@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ftsup-installed
 
-.PHONY: demo test unit proto clean-venv etcd-server
+.PHONY: demo test unit proto clean-venv etcd-server chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,20 @@ etcd-server:
 		apt-get update && apt-get install -y etcd-server etcd-client; \
 	fi
 
-test: $(STAMP) etcd-server
+# The status page's tests drive Debian's headless Chromium over its DevTools pipe (no driver
+# download). Idempotent like etcd-server.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" != "0" ]; then \
+			echo "error: chromium is not installed and this is not root; run as root:" >&2; \
+			echo "  apt-get update && apt-get install -y chromium" >&2; \
+			exit 1; \
+		fi; \
+		echo "installing chromium (apt)"; \
+		apt-get update && apt-get install -y chromium; \
+	fi
+
+test: $(STAMP) etcd-server chromium
 	GRPC_VERBOSITY=ERROR $(BIN)/python -m pytest -q -ra
 
 unit: $(STAMP)
