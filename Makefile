@@ -7,7 +7,7 @@ STAMP := $(VENV)/.ftsup-installed
 # PyPI's supervisord, for the test that installs our wheel beside it (offline at test time).
 SUPERVISORD_WHEEL := $(VENV)/wheels/.supervisor-4.3.0
 
-.PHONY: demo test unit proto clean-venv etcd-server
+.PHONY: demo test unit proto clean-venv etcd-server chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,20 @@ $(SUPERVISORD_WHEEL): $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps -d $(VENV)/wheels 'supervisor==4.3.0'
 	touch $(SUPERVISORD_WHEEL)
 
-test: $(STAMP) $(SUPERVISORD_WHEEL) etcd-server
+# The status page's tests drive Debian's headless Chromium over its DevTools pipe (no driver
+# download). Idempotent like etcd-server.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" != "0" ]; then \
+			echo "error: chromium is not installed and this is not root; run as root:" >&2; \
+			echo "  apt-get update && apt-get install -y chromium" >&2; \
+			exit 1; \
+		fi; \
+		echo "installing chromium (apt)"; \
+		apt-get update && apt-get install -y chromium; \
+	fi
+
+test: $(STAMP) $(SUPERVISORD_WHEEL) etcd-server chromium
 	GRPC_VERBOSITY=ERROR $(BIN)/python -m pytest -q -ra
 
 unit: $(STAMP)

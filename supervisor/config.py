@@ -24,6 +24,7 @@ from ftsup.supervisor.core.policies.interval import IntervalConfig
 from ftsup.supervisor.core.policies.recompute import RecomputeConfig
 from ftsup.supervisor.metrics import ThroughputConfig
 from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.supervisor.web.server import StatusListenError, check_status_listen
 from ftsup.supervisor.server.authz import AuthzConfigError, load_token
 
 ENV_PREFIX = "FTSUP_SUPERVISOR_"
@@ -52,6 +53,7 @@ class SupervisorConfig:
     operator_read_token: str | None = None  # operator_token is the admin one
     etcd_tls: tls.TlsFiles | None = None
     metrics_listen: str = ""  # empty: no Prometheus endpoint
+    status_listen: str = ""  # empty: no status page (supervisor/web)
     throughput: ThroughputConfig = ThroughputConfig()
     checkpoints: CheckpointSettings = field(default_factory=lambda: CheckpointSettings())
 
@@ -201,6 +203,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-listen", default="", help="host:port for Prometheus to scrape /metrics"
                    " (e.g. 0.0.0.0:9464); HTTPS with client certificates when --tls-* is set, else plain HTTP"
                    " on loopback only (or --insecure); empty: no metrics endpoint")
+    p.add_argument("--status-listen", default="", help="host:port for the read-only status page at /status"
+                   " (e.g. 127.0.0.1:9465); HTTPS needing an operator client certificate when --tls-* is set,"
+                   " else plain HTTP on loopback only (or --insecure); empty: no status page")
     p.add_argument("--flops-per-token", type=float, default=0.0,
                    help="the model's training FLOPs per token (about 6 x parameters), for the MFU metric")
     p.add_argument("--peak-flops-per-rank", type=float, default=0.0,
@@ -299,7 +304,9 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             tls.check_listen(endpoint, etcd_tls, is_insecure_allowed=args.insecure, flag="--etcd")
         if args.metrics_listen:
             check_metrics_listen(args.metrics_listen, server_tls, is_insecure_allowed=args.insecure)
-    except (tls.TlsConfigError, MetricsListenError) as exc:
+        if args.status_listen:
+            check_status_listen(args.status_listen, server_tls, is_insecure_allowed=args.insecure)
+    except (tls.TlsConfigError, MetricsListenError, StatusListenError) as exc:
         raise ConfigError(str(exc)) from exc
     if not 1 <= args.lease_ttl_s <= 60:
         raise ConfigError(f"--lease-ttl-s must be within [1, 60], got {args.lease_ttl_s}")
@@ -323,6 +330,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         log_json=args.log_json,
         log_level=args.log_level,
         metrics_listen=args.metrics_listen,
+        status_listen=args.status_listen,
         throughput=throughput,
         checkpoints=checkpoints,
     )

@@ -30,6 +30,7 @@ from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.supervisor.replica import run_replica
 from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.web.server import StatusListenError
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
@@ -86,6 +87,11 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         runtime.metrics.attach(runtime)
         metrics_server = await serve_metrics(runtime.metrics.registry, config.metrics_listen, runtime.metrics.refresh,
                                              tls_files=config.server_tls)
+    status_server = None
+    if config.status_listen:
+        from ftsup.supervisor.web.server import serve_status
+
+        status_server = await serve_status(runtime, config.status_listen, tls_files=config.server_tls)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     is_tls = config.server_tls is not None
     agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls), server)
@@ -136,6 +142,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     await server.stop(grace=1.0)
     if metrics_server is not None:
         metrics_server.close()
+    if status_server is not None:
+        status_server.close()
     for task in (*tasks, stopper):
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -185,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(json=config.log_json, level=config.log_level)
     try:
         asyncio.run(serve(config))
-    except (ConfigError, LogError, tls.TlsConfigError, MetricsListenError) as exc:
+    except (ConfigError, LogError, tls.TlsConfigError, MetricsListenError, StatusListenError) as exc:
         print(f"ftsup supervisor: {exc}", file=sys.stderr)
         return 1
     return 0

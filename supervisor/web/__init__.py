@@ -1,0 +1,1 @@
+"""The status page the supervisor serves: a live, read-only view of the fleet, the event log and goodput."""
