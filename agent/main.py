@@ -1,7 +1,10 @@
 """`ftsup agent`: parses the config, wires the agent's parts, runs until a signal or a refusal.
 
-Exit codes: 0 after SIGTERM/SIGINT (trainers stopped), 2 for a bad command line or a refused
-Hello (this node may not join; retrying cannot fix it), 1 for an unexpected failure.
+Exit codes: 0 after SIGTERM/SIGINT (trainers stopped), 1 for an unexpected failure, 2 for a bad
+command line or configuration, 3 when the supervisor refused this node for good (a PERMANENT
+Hello refusal: duplicate or unknown node id, a certificate naming another node; restarting cannot
+fix it, so the unit's RestartPreventExitStatus= names 2 and 3). A RETRYABLE refusal (the
+supervisor cannot decide now) never exits: the link retries while the trainers go on.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from ftsup.agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, wat
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2  # bad flags or a refused Hello
+EXIT_USAGE = 2  # bad flags or configuration
+EXIT_REFUSED = 3  # the supervisor refused this node for good (a PERMANENT Hello refusal)
 
 
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["AgentPeer"].full_name
@@ -173,7 +177,7 @@ async def run_agent(config: AgentConfig) -> int:
             if isinstance(exc, HelloRefused):
                 print(f"ftsup agent {config.node_id}: the supervisor refused to admit this node: {exc}", file=sys.stderr)
                 log.error("hello_refused", reason=str(exc))
-                code = EXIT_USAGE
+                code = EXIT_REFUSED
             else:
                 log.error("link_failed", error=repr(exc))
                 code = EXIT_FAILURE
