@@ -14,6 +14,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -23,7 +24,7 @@ from ftsup.common import logs
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
 from ftsup.supervisor.core.token_bucket import TokenBucket
-from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.common.tls import PeerKind, peer_identity
 
@@ -35,17 +36,24 @@ _ROLES = {events_pb2.NODE_ROLE_ACTIVE: NodeRole.ACTIVE, events_pb2.NODE_ROLE_SPA
 RETRYABLE = agent_pb2.REFUSAL_KIND_RETRYABLE
 PERMANENT = agent_pb2.REFUSAL_KIND_PERMANENT
 
-# Flood control per stream (issue 16, item 9). A healthy agent sends a heartbeat a second, a step
-# report per rank per step and, on (re)connecting, its held snapshots and once-only facts (up to a
-# few thousand at once): the burst covers that, the rate covers 64 ranks at 15 steps/s.
-MESSAGES_PER_S = 2_000.0
-MESSAGE_BURST = 20_000.0
-# Refusals are the misbehaving stream's signature (a healthy one gets a few after a restart).
-REFUSALS_PER_S = 20.0
-REFUSAL_BURST = 500.0
-# Inputs of one stream waiting for the loop: the reader stops reading beyond it (gRPC flow control
-# then slows the sender), so one stream cannot fill the runtime's queue for everyone.
-MAX_IN_FLIGHT_PER_STREAM = 256
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Flood control per agent stream (issue 16, item 9); each bound with why.
+
+    A healthy agent sends a heartbeat a second, a step report per rank per step and, on
+    (re)connecting, its held snapshots and once-only facts (a few thousand at once): the burst
+    covers that, the rate 64 ranks at 15 steps/s. Refusals are a misbehaving stream's signature
+    (a healthy one gets a few after a restart). Inputs of one stream waiting for the loop are
+    capped so one stream cannot fill the runtime's queue for everyone: beyond it the reader stops
+    reading and gRPC flow control slows the sender.
+    """
+
+    messages_per_s: float = 2_000.0
+    message_burst: float = 20_000.0
+    refusals_per_s: float = 20.0
+    refusal_burst: float = 500.0
+    max_in_flight: int = 256
+    outbox_capacity: int = OUTBOX_CAPACITY
 
 
 def _refusal(reason: str, refused: str, kind: int = PERMANENT, *, ends_stream: bool = False) -> agent_pb2.SupervisorMessage:
@@ -91,15 +99,18 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
 
 
 class AgentService(agent_pb2_grpc.SupervisorServicer):
-    def __init__(self, runtime: Runtime, *, is_tls: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, runtime: Runtime, *, is_tls: bool = False, limits: StreamLimits = StreamLimits(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._runtime = runtime
+        self._limits = limits
+        self.limit_closures: list[str] = []  # why each stream a limit ended was ended, oldest first (bounded)
         self._is_tls = is_tls  # mTLS: the client certificate must name the Hello's node id
         self._clock = clock
 
     async def Connect(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.SupervisorMessage]:
-        outbox = StreamOutbox()
+        outbox = StreamOutbox(self._limits.outbox_capacity)
         stream_id = self._runtime.open_stream(outbox)
         peer = context.peer()
         try:
@@ -164,31 +175,32 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             log.info("node stream closed", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                      incarnation=hello.incarnation, peer=peer)
         if outbox.close_reason:
+            self.limit_closures = [*self.limit_closures[-99:], outbox.close_reason]
             log.warning("agent stream closed by a limit", node_id=hello.node_id, reason=outbox.close_reason,
                         generation=self._runtime.generation_in_force, peer=peer)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.close_reason)
 
     async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage],
                     outbox: StreamOutbox) -> None:
-        now = self._clock()
-        messages = TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, now)
-        refusals = TokenBucket.full(REFUSALS_PER_S, REFUSAL_BURST, now)
-        in_flight = asyncio.Semaphore(MAX_IN_FLIGHT_PER_STREAM)
+        limits, now = self._limits, self._clock()
+        messages = TokenBucket.full(limits.messages_per_s, limits.message_burst, now)
+        refusals = TokenBucket.full(limits.refusals_per_s, limits.refusal_burst, now)
+        in_flight = asyncio.Semaphore(limits.max_in_flight)
 
         def refuse(reason: str, kind: str, refusal_kind: int = PERMANENT) -> None:
             if refusals.take(self._clock()):
                 outbox.put(_refusal(reason, kind, refusal_kind))
             else:
-                outbox.close(f"too many refused messages (over {REFUSALS_PER_S:g}/s after a burst of"
-                             f" {REFUSAL_BURST:g}): closing the stream")
+                outbox.close(f"too many refused messages (over {limits.refusals_per_s:g}/s after a burst of"
+                             f" {limits.refusal_burst:g}): closing the stream")
 
         try:
             async for message in requests:
                 if outbox.is_closed:
                     return
                 if not messages.take(self._clock()):
-                    outbox.close(f"flooding: more than {MESSAGES_PER_S:g} messages/s after a burst of"
-                                 f" {MESSAGE_BURST:g}; closing the stream")
+                    outbox.close(f"flooding: more than {limits.messages_per_s:g} messages/s after a burst of"
+                                 f" {limits.message_burst:g}; closing the stream")
                     return
                 inp = to_input(node_id, incarnation, message)
                 if inp is None:
