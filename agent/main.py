@@ -34,7 +34,7 @@ from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnat
 from ftsup.agent.metrics import AgentCollector, agent_registry
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import PeerClient
-from ftsup.agent.process import AsyncioProcessRunner, default_base_env
+from ftsup.agent.process import AsyncioProcessRunner, default_base_env, drop_ambient_capabilities
 from ftsup.agent.restore import RestoreBook
 from ftsup.agent.sdc_check import SdcChecker
 from ftsup.agent.snapshots import SnapshotStore
@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: usage error (2) or --help (0)
         return int(exc.code or 0)
     logs.configure(json=config.log_json, level=config.log_level)
+    # Before any thread starts, on the thread that will spawn trainers: they inherit no capability.
+    drop_ambient_capabilities()
     try:
         return asyncio.run(run_agent(config))
     except (tls.TlsConfigError, MetricsListenError) as exc:
