@@ -64,6 +64,8 @@ async def run_agent(config: AgentConfig) -> int:
     generation_now = logs.Live(lambda: None)
     log = logs.get("agent", node_id=config.node_id, incarnation=incarnation, generation=generation_now)
     log.info("agent_starting", **config.effective())
+    if config.tls_files is None and not tls.is_loopback(f"{config.host}:0"):
+        log.warning("insecure_mode", detail=tls.INSECURE_WARNING)
     config.workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         config.socket_path.unlink()  # a stale socket from a previous agent process
@@ -109,9 +111,8 @@ async def run_agent(config: AgentConfig) -> int:
         config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link"), progress
     )
     peer_pb2_grpc.add_TrainerLinkServicer_to_server(trainer_service, trainer_server)
-    trainer_server.add_insecure_port(config.trainer_link_address)
     await peer_server.start()
-    await trainer_server.start()
+    await start_private_unix_server(trainer_server, config.socket_path)
     log.info("agent_listening", peer_port=peer_port, trainer_link=config.trainer_link_address)
 
     # One task owns the launcher: directives are applied in arrival order, never concurrently.
@@ -205,6 +206,20 @@ async def run_agent(config: AgentConfig) -> int:
             config.socket_path.unlink()
         log.info("agent_stopped", exit_code=code, reports_unsent=len(reports), reports_dropped=reports.dropped)
     return code
+
+
+async def start_private_unix_server(server: grpc.aio.Server, path: pathlib.Path) -> None:
+    """Serves `server` on the Unix socket `path`, connectable by this user alone (mode 0600)
+    whatever the umask: the trainer link hands out snapshots and takes step reports, so only the
+    agent's own trainers (same user) may reach it. The umask covers the moment between bind and
+    chmod; the chmod is what holds."""
+    server.add_insecure_port(f"unix:{path}")
+    previous = os.umask(0o077)
+    try:
+        await server.start()
+    finally:
+        os.umask(previous)
+    os.chmod(path, 0o600)
 
 
 def open_xid_source(setting: str, log: structlog.typing.FilteringBoundLogger) -> tuple[AsyncIterator[str], str] | None:

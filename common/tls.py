@@ -195,6 +195,14 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+INSECURE_WARNING = (
+    "plaintext beyond loopback (--insecure): node ids are unauthenticated claims. Anyone who can reach"
+    " the supervisor's port can take a node's id (the real agent is then refused) or register as a spare"
+    " and, once picked, receive the job's argv and env (secrets included) and fetch snapshots from peers."
+    " Use mTLS (`ftsup certs`, docs/ops.md) outside a lab."
+)
+
+
 def check_listen(address: str, files: TlsFiles | None, *, is_insecure_allowed: bool, flag: str) -> None:
     """Refuses a plaintext listener beyond loopback unless --insecure says so."""
     if files is None and not is_insecure_allowed and not is_loopback(address):
