@@ -293,8 +293,9 @@ async def test_a_retryable_hello_refusal_keeps_the_trainers_and_the_agent_joins_
     proc = await agents.start("slow")
     await until(lambda: fake.of("slow", "heartbeat"), what="the agent joined")
     fake.send("slow", stepper(1, out))
-    await until(lambda: (out / "pid0").exists(), what="the trainer started")
-    pid = int((out / "pid0").read_text())
+    pid_file = out / "pid0"  # written by the trainer: wait for its content, not just the file
+    await until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the trainer started")
+    pid = int(pid_file.read_text())
     # The supervisor restarts and cannot decide (its log is unavailable): every Hello is deferred.
     fake.defer["slow"] = "not decided: event log unavailable: No space left on device"
     hellos = len(fake.of("slow", "hello"))
