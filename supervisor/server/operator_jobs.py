@@ -169,7 +169,8 @@ class JobMethods:
         assert asked is not None
         detail = (f"checkpoint {asked.checkpoint_id} requested: every rank saves at step {asked.step} of"
                   f" generation {asked.generation}; `supervisorctl checkpoints` shows its progress")
-        log.info("operator command", command="checkpoint now", operator=request.operator, principal=principal(), reason=request.reason,
+        log.info("operator command", command="checkpoint now", operator=request.operator, principal=principal(),
+                 reason=request.reason,
                  checkpoint_id=asked.checkpoint_id, step=asked.step, generation=asked.generation)
         return operator_pb2.CommandResponse(detail=detail, seq=outcome.records[0].seq,
                                             checkpoint_id=asked.checkpoint_id, checkpoint_step=asked.step)

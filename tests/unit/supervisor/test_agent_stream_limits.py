@@ -7,7 +7,7 @@ gRPC client that misbehaves: it floods, and never reads what the supervisor send
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import grpc
 import pytest
@@ -85,7 +85,7 @@ async def first_answer(stub: agent_pb2_grpc.SupervisorStub) -> agent_pb2.Supervi
 
 
 async def test_a_hello_the_supervisor_cannot_decide_now_is_refused_as_retryable(served):  # type: ignore[no-untyped-def]
-    runtime, log, stub, _, _ = served
+    _, log, stub, _, _ = served
     log.is_full = True
     answer = await first_answer(stub)
     assert answer.WhichOneof("kind") == "refusal", answer
