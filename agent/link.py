@@ -2,8 +2,13 @@
 
 Owns: Hello (with the per-process incarnation), heartbeats, relaying queued reports, handing
 Directives to the launcher, following NotLeader redirects, and reconnecting with jittered backoff
-across the configured addresses while trainers keep running. A refused Hello is fatal
-(`HelloRefused`): this node may not join (e.g. a duplicate node id), and retrying cannot fix it.
+across the configured addresses while trainers keep running. Under mTLS the handshake accepts only
+a supervisor's certificate (common/tls.expect_supervisor): a node's certificate cannot pass for one.
+
+Refusals are typed (Refusal.kind): a RETRYABLE one ("not decided now": the supervisor's log is
+unavailable, leadership is changing) is retried with the same backoff while trainers go on; only
+a PERMANENT refusal of the Hello is fatal (`HelloRefused`): this node may not join (e.g. a
+duplicate or unknown node id, a certificate naming another node), and retrying cannot fix it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import grpc
 import structlog
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
 from ftsup.common.backoff import Backoff
-from ftsup.common.tls import channel_credentials
+from ftsup.common.tls import channel_credentials, expect_supervisor
 
 from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority
@@ -32,7 +37,11 @@ OUTBOX_CAPACITY = 10_000
 
 
 class HelloRefused(Exception):
-    """The supervisor refused this node's Hello; the message is its reason."""
+    """The supervisor refused this node's Hello for good (a PERMANENT refusal); the message is its reason."""
+
+
+class _RetryLater(Exception):
+    """The supervisor refused for now (a RETRYABLE refusal that ends the stream): reconnect later."""
 
 
 class _Redirect(Exception):
@@ -189,6 +198,9 @@ class SupervisorLink:
                 state.welcomed = True  # a supervisor answered: retry from the first backoff step
             except HelloRefused:
                 raise
+            except _RetryLater as exc:
+                # Not a verdict on this node: keep the trainers, try again after the backoff.
+                log.warning("hello_deferred", reason=str(exc), retry=True)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     # mTLS: our certificate does not name our node id; no retry can fix that.
@@ -204,7 +216,8 @@ class SupervisorLink:
     async def _session(self, address: str, state: _SessionState, log: Logger) -> None:
         files = self._config.tls_files
         # Credentials are re-read per session, so renewed certificates apply at the next reconnect.
-        channel = (grpc.aio.secure_channel(address, channel_credentials(files), options=MESSAGE_OPTIONS)
+        channel = (grpc.aio.secure_channel(address, channel_credentials(files),
+                                           options=[*MESSAGE_OPTIONS, *expect_supervisor()])
                    if files is not None else grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS))
         call = agent_pb2_grpc.SupervisorStub(channel).Connect()
         reader = asyncio.create_task(self._read(call, state, log))
@@ -266,10 +279,14 @@ class SupervisorLink:
                     await result
             elif kind == "refusal":
                 r = message.refusal
-                # Only the Hello's refusal is fatal; other refusals are logged and the stream goes on.
-                if r.refused.lower() == "hello" or (not r.refused and not state.welcomed):
-                    raise HelloRefused(r.reason or "no reason given")
-                log.warning("message_refused", refused=r.refused, reason=r.reason)
+                # A refusal that ends the stream (or comes before the Welcome) answers the Hello:
+                # fatal only when PERMANENT. Others answer one report: logged, the stream goes on.
+                if r.ends_stream or not state.welcomed:
+                    if r.kind == agent_pb2.REFUSAL_KIND_PERMANENT:
+                        raise HelloRefused(r.reason or "no reason given")
+                    raise _RetryLater(r.reason or "no reason given")
+                log.warning("message_refused", refused=r.refused, reason=r.reason,
+                            retryable=r.kind != agent_pb2.REFUSAL_KIND_PERMANENT)
             elif kind == "not_leader":
                 raise _Redirect(message.not_leader.leader_address)
             else:

@@ -1,7 +1,10 @@
 """`ftsup agent`: parses the config, wires the agent's parts, runs until a signal or a refusal.
 
-Exit codes: 0 after SIGTERM/SIGINT (trainers stopped), 2 for a bad command line or a refused
-Hello (this node may not join; retrying cannot fix it), 1 for an unexpected failure.
+Exit codes: 0 after SIGTERM/SIGINT (trainers stopped), 1 for an unexpected failure, 2 for a bad
+command line or configuration, 3 when the supervisor refused this node for good (a PERMANENT
+Hello refusal: duplicate or unknown node id, a certificate naming another node; restarting cannot
+fix it, so the unit's RestartPreventExitStatus= names 2 and 3). A RETRYABLE refusal (the
+supervisor cannot decide now) never exits: the link retries while the trainers go on.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnat
 from ftsup.agent.metrics import AgentCollector, agent_registry
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import PeerClient
-from ftsup.agent.process import AsyncioProcessRunner, default_base_env
+from ftsup.agent.process import AsyncioProcessRunner, default_base_env, drop_ambient_capabilities
 from ftsup.agent.restore import RestoreBook
 from ftsup.agent.sdc_check import SdcChecker
 from ftsup.agent.snapshots import SnapshotStore
@@ -42,7 +45,8 @@ from ftsup.agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, wat
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2  # bad flags or a refused Hello
+EXIT_USAGE = 2  # bad flags or configuration
+EXIT_REFUSED = 3  # the supervisor refused this node for good (a PERMANENT Hello refusal)
 
 
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["AgentPeer"].full_name
@@ -60,6 +64,8 @@ async def run_agent(config: AgentConfig) -> int:
     generation_now = logs.Live(lambda: None)
     log = logs.get("agent", node_id=config.node_id, incarnation=incarnation, generation=generation_now)
     log.info("agent_starting", **config.effective())
+    if config.tls_files is None and not tls.is_loopback(f"{config.host}:0"):
+        log.warning("insecure_mode", detail=tls.INSECURE_WARNING)
     config.workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         config.socket_path.unlink()  # a stale socket from a previous agent process
@@ -105,9 +111,8 @@ async def run_agent(config: AgentConfig) -> int:
         config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link"), progress
     )
     peer_pb2_grpc.add_TrainerLinkServicer_to_server(trainer_service, trainer_server)
-    trainer_server.add_insecure_port(config.trainer_link_address)
     await peer_server.start()
-    await trainer_server.start()
+    await start_private_unix_server(trainer_server, config.socket_path)
     log.info("agent_listening", peer_port=peer_port, trainer_link=config.trainer_link_address)
 
     # One task owns the launcher: directives are applied in arrival order, never concurrently.
@@ -173,7 +178,7 @@ async def run_agent(config: AgentConfig) -> int:
             if isinstance(exc, HelloRefused):
                 print(f"ftsup agent {config.node_id}: the supervisor refused to admit this node: {exc}", file=sys.stderr)
                 log.error("hello_refused", reason=str(exc))
-                code = EXIT_USAGE
+                code = EXIT_REFUSED
             else:
                 log.error("link_failed", error=repr(exc))
                 code = EXIT_FAILURE
@@ -203,6 +208,20 @@ async def run_agent(config: AgentConfig) -> int:
     return code
 
 
+async def start_private_unix_server(server: grpc.aio.Server, path: pathlib.Path) -> None:
+    """Serves `server` on the Unix socket `path`, connectable by this user alone (mode 0600)
+    whatever the umask: the trainer link hands out snapshots and takes step reports, so only the
+    agent's own trainers (same user) may reach it. The umask covers the moment between bind and
+    chmod; the chmod is what holds."""
+    server.add_insecure_port(f"unix:{path}")
+    previous = os.umask(0o077)
+    try:
+        await server.start()
+    finally:
+        os.umask(previous)
+    os.chmod(path, 0o600)
+
+
 def open_xid_source(setting: str, log: structlog.typing.FilteringBoundLogger) -> tuple[AsyncIterator[str], str] | None:
     """The kernel-log line stream to watch for Xids, from --xid-log; None when there is none."""
     if setting == "none":
@@ -229,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: usage error (2) or --help (0)
         return int(exc.code or 0)
     logs.configure(json=config.log_json, level=config.log_level)
+    # Before any thread starts, on the thread that will spawn trainers: they inherit no capability.
+    drop_ambient_capabilities()
     try:
         return asyncio.run(run_agent(config))
     except (tls.TlsConfigError, MetricsListenError) as exc:

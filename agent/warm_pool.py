@@ -20,7 +20,14 @@ from pathlib import Path
 
 import structlog
 
-from ftsup.agent.process import AsyncioHandle, AsyncioProcessRunner, ProcessHandle, SpawnFailed
+from ftsup.agent.process import (
+    TRAINER_OOM_SCORE_ADJ,
+    AsyncioHandle,
+    AsyncioProcessRunner,
+    ProcessHandle,
+    SpawnFailed,
+    adjust_child,
+)
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -67,11 +74,7 @@ class WarmPoolRunner:
                     sys.executable, "-m", "ftsup.agent.warm_start",
                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
                 )
-            if self._nice:
-                try:
-                    os.setpriority(os.PRIO_PROCESS, process.pid, self._nice)
-                except OSError:
-                    pass
+            adjust_child(process.pid, nice=self._nice, oom_score_adj=TRAINER_OOM_SCORE_ADJ)
             self._idle.append(AsyncioHandle(process))
         self._log.debug("warm_pool_filled", idle=len(self._idle))
 

@@ -4,6 +4,14 @@ Identity lives in one SAN URI per certificate (written by `ftsup certs`, see doc
   spiffe://ftsup/node/<node-id>                 an agent; must equal the node id in its Hello
   spiffe://ftsup/supervisor/<id>                a supervisor replica
   spiffe://ftsup/operator/<name>/<admin|read>   a person or script using supervisorctl
+Servers check clients by that URI. Clients check servers at the handshake by an identity host
+name every server certificate also carries (a DNS SAN under `.ftsup.invalid`, a reserved TLD no
+real host has): `supervisor.ftsup.invalid` on every supervisor's, `<node-id>.node.ftsup.invalid`
+on node <node-id>'s. A client asks for the name of the identity it expects (`expect_supervisor`,
+`expect_node`: the channel's TLS target name), so the handshake itself refuses any other
+certificate from the CA: a node's certificate cannot pass for a supervisor, nor for another node.
+(gRPC Python gives a client no hook to read the server's certificate after the handshake; the
+target name is the check the TLS library applies to it.)
 The rule enforced here: a daemon never listens beyond loopback without TLS unless the operator
 said `--insecure` (`check_listen`; the /metrics endpoint follows it too, common/metrics_http.py).
 Shared by the supervisor, the agent and supervisorctl.
@@ -20,6 +28,8 @@ from enum import Enum
 import grpc
 
 SPIFFE_PREFIX = "spiffe://ftsup/"
+IDENTITY_DOMAIN = "ftsup.invalid"  # RFC 2606: .invalid never resolves, so no real host shares these names
+SUPERVISOR_HOST_NAME = f"supervisor.{IDENTITY_DOMAIN}"
 
 
 class TlsConfigError(ValueError):
@@ -103,6 +113,35 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     )
 
 
+def node_host_name(node_id: str) -> str:
+    """The identity host name node `node_id`'s certificate carries (see the module docstring)."""
+    return f"{node_id}.node.{IDENTITY_DOMAIN}"
+
+
+def identity_host_names(kind: PeerKind, name: str) -> tuple[str, ...]:
+    """The identity host names a server certificate of this identity carries (`ftsup certs`)."""
+    if kind is PeerKind.SUPERVISOR:
+        return (SUPERVISOR_HOST_NAME,)
+    if kind is PeerKind.NODE:
+        return (node_host_name(name),)
+    return ()  # operators serve nothing
+
+
+ChannelOptions = tuple[tuple[str, str], ...]
+
+
+def expect_supervisor() -> ChannelOptions:
+    """Channel options under which the TLS handshake accepts only a supervisor's certificate
+    (agents' supervisor link, supervisorctl). Pass them to grpc.secure_channel(..., options=)."""
+    return (("grpc.ssl_target_name_override", SUPERVISOR_HOST_NAME),)
+
+
+def expect_node(node_id: str) -> ChannelOptions:
+    """Channel options under which the TLS handshake accepts only node `node_id`'s certificate
+    (the buddy / restore / SDC peer client talking to that node's AgentPeer service)."""
+    return (("grpc.ssl_target_name_override", node_host_name(node_id)),)
+
+
 def identity_of_cert(pem: bytes) -> PeerIdentity | None:
     """The ftsup identity in a certificate's SAN URIs, or None when it carries none."""
     from cryptography import x509  # only servers read peers' certificates; keeps supervisorctl light
@@ -154,6 +193,14 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+INSECURE_WARNING = (
+    "plaintext beyond loopback (--insecure): node ids are unauthenticated claims. Anyone who can reach"
+    " the supervisor's port can take a node's id (the real agent is then refused) or register as a spare"
+    " and, once picked, receive the job's argv and env (secrets included) and fetch snapshots from peers."
+    " Use mTLS (`ftsup certs`, docs/ops.md) outside a lab."
+)
 
 
 def check_listen(address: str, files: TlsFiles | None, *, is_insecure_allowed: bool, flag: str) -> None:

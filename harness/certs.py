@@ -1,8 +1,10 @@
 """`ftsup certs`: a lab CA and the certificates a small ftsup setup needs, in one directory.
 
 For tests and labs, not production PKI: the CA key is written next to the certificates. Each
-certificate carries its ftsup identity as a SAN URI (see common/tls.py) plus the DNS/IP names
-it serves under, so gRPC's hostname check passes. Keys are ECDSA P-256, files mode 600.
+certificate carries its ftsup identity as a SAN URI (see common/tls.py); server certificates
+(nodes, supervisors) also carry their identity host name (`supervisor.ftsup.invalid`,
+`<id>.node.ftsup.invalid`), which is what ftsup's clients check, plus the DNS/IP names it serves
+under for other TLS clients (curl on /metrics). Keys are ECDSA P-256, files mode 600.
 
 Layout of --out:  ca.pem ca.key  node-<id>.pem/.key  supervisor-<id>.pem/.key  operator-<name>.pem/.key
 """
@@ -23,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ftsup.common.tls import SPIFFE_PREFIX
+from ftsup.common.tls import SPIFFE_PREFIX, PeerKind, identity_host_names
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ROLES = ("admin", "read")
@@ -99,7 +101,7 @@ def issue(subject: Subject, hosts: tuple[str, ...], ca_key: ec.EllipticCurvePriv
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(subject.uri)]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if subject.kind != "operator":  # nodes serve AgentPeer, supervisors serve everyone
-        names += _host_names((*hosts, subject.name))
+        names += _host_names((*identity_host_names(PeerKind(subject.kind), subject.name), *hosts, subject.name))
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
     now = datetime.datetime.now(datetime.timezone.utc)
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, subject.name)]

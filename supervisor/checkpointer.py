@@ -5,6 +5,8 @@ those decisions call for, off the event loop (asyncio.to_thread: a commit reads 
 index back and HEADs every object), and posts each commit's outcome back as an input, so the
 decision to record CheckpointCommitted or CheckpointAborted is the core's. After a commit the
 newest `keep` checkpoints are kept (catalog.gc); an aborted attempt's objects are deleted.
+Commit and abort of one checkpoint id never overlap (catalog.abort's own rule): an abort waits
+for that id's commit to finish, then deletes what it wrote, its manifest included.
 Credentials never pass through here: the store gets them from the environment (boto3's chain).
 """
 
@@ -33,6 +35,7 @@ class Checkpointer:
             settings.location, endpoint_url=settings.endpoint_url or None, region=settings.region or None
         )
         self._committing: set[str] = set()
+        self._commits: dict[str, asyncio.Task[None]] = {}  # commit in flight, per checkpoint id
         self._tasks: set[asyncio.Task[None]] = set()
 
     def after(self, state: ClusterState, records: Iterable[Record]) -> None:
@@ -40,7 +43,7 @@ class Checkpointer:
         for record in records:
             event = record.event
             if isinstance(event, CheckpointAborted):
-                self._spawn(self._abort(event.checkpoint_id))
+                self._spawn(self._abort(event.checkpoint_id, self._commits.get(event.checkpoint_id)))
             elif isinstance(event, CheckpointCommitted):
                 self._committing.discard(event.checkpoint_id)
                 self._spawn(self._gc(event.checkpoint_id))
@@ -48,12 +51,15 @@ class Checkpointer:
         if (pending is not None and pending.is_complete and pending.checkpoint_id not in self._committing
                 and not checkpoints.is_commit_held(state)):  # an SDC check of its step may still fail it
             self._committing.add(pending.checkpoint_id)
-            self._spawn(self._commit(pending))
+            task = self._spawn(self._commit(pending))
+            self._commits[pending.checkpoint_id] = task
+            task.add_done_callback(lambda _, key=pending.checkpoint_id: self._commits.pop(key, None))
 
-    def _spawn(self, coro: object) -> None:
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _commit(self, pending: PendingCheckpoint) -> None:
         from ftsup.checkpoint import catalog
@@ -76,10 +82,12 @@ class Checkpointer:
         key = self._layout.manifest_key(manifest.checkpoint_id)
         self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, key))
 
-    async def _abort(self, checkpoint_id: str) -> None:
+    async def _abort(self, checkpoint_id: str, commit: asyncio.Task[None] | None = None) -> None:
         from ftsup.checkpoint import catalog
         from ftsup.checkpoint.errors import CheckpointError
 
+        if commit is not None:  # a late manifest would otherwise outlive the objects it names
+            await asyncio.wait({commit})
         self._committing.discard(checkpoint_id)
         try:
             deleted = await asyncio.to_thread(catalog.abort, self._store, self._layout, checkpoint_id)

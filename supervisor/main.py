@@ -121,6 +121,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
              dead_after_s=config.core.detector.dead_after_s,
              reconnect_grace_s=config.core.detector.reconnect_grace_s,
              tls="mTLS" if is_tls else "off (plaintext)", operator_auth=authorizer.mode)
+    if not is_tls and not tls.is_loopback(config.listen):
+        log.warning("insecure mode", detail=tls.INSECURE_WARNING)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 
 from ftsup.common import logs
+from ftsup.common.backoff import Backoff
+from ftsup.supervisor.eventlog.api import LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.runtime import Runtime
@@ -37,6 +40,28 @@ async def track_leader(runtime: Runtime, election: LeaderElection, period_s: flo
         await asyncio.sleep(period_s)
 
 
+SYNC_BACKOFF = Backoff(initial_s=0.1, max_s=1.0)
+
+
+async def sync_while_leading(event_log: EtcdLog, election: LeaderElection, backoff: Backoff = SYNC_BACKOFF,
+                             rng: random.Random | None = None) -> bool:
+    """Catches up to the log's head, retrying an etcd timeout (LogUnavailable) while our lease
+    holds: one slow etcd answer must not end the process of a newly elected leader. False when
+    the lease was lost first (the caller resigns and campaigns again)."""
+    rng = rng or random.Random()
+    attempt = 0
+    while not election.lost.is_set():
+        try:
+            await event_log.sync()
+            return True
+        except LogUnavailable as exc:
+            attempt += 1
+            log.warning("log sync failed after winning the election; retrying while the lease holds",
+                        error=str(exc), attempt=attempt)
+            await asyncio.sleep(backoff.delay_s(attempt, rng))
+    return False
+
+
 async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog) -> None:
     runtime.become_follower()
     while True:
@@ -48,7 +73,12 @@ async def run_replica(runtime: Runtime, election: LeaderElection, event_log: Etc
             for task in (follower, tracker):
                 task.cancel()
             await asyncio.gather(follower, tracker, return_exceptions=True)
-        await event_log.sync()
+        if not await sync_while_leading(event_log, election):
+            log.warning("stepping down before leading: the log could not be read while the lease held",
+                        term=leader.term)
+            with contextlib.suppress(Exception):
+                await election.resign()
+            continue
         runtime.become_leader(leader.term, leader.address)
         lost = asyncio.create_task(election.lost.wait())
         deposed = asyncio.create_task(runtime.deposed.wait())

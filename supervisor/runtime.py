@@ -51,13 +51,19 @@ from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, Leadershi
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.views import NodeView, StatusView, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
+from ftsup.supervisor.outbox import StreamOutbox
 
 if TYPE_CHECKING:
     from ftsup.supervisor.metrics import SupervisorMetrics
 
 log = logs.get("supervisor.runtime")
 
-Outbox = asyncio.Queue[agent_pb2.SupervisorMessage | None]
+Outbox = StreamOutbox
+
+# Inputs from agent streams that may wait in the loop's queue at once. A stream that sends faster
+# than the loop decides waits here (and, through gRPC flow control, so does its sender) instead of
+# growing memory. Far above a healthy fleet's backlog: 12,500 nodes' heartbeats and step reports.
+STREAM_INPUT_CAPACITY = 50_000
 
 # Events that can change no directive but the named node's own (a registration of a generation's
 # member may change its peers' buddy and restore addresses: see _affected). Any other event may
@@ -70,10 +76,15 @@ _NODE_LOCAL = (NodeRegistered, NodeSuspected, NodeCleared, NodeDeclaredDead, Nod
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What became of one input: refused (and why), or the records it caused (maybe none)."""
+    """What became of one input: refused (and why), or the records it caused (maybe none).
+
+    `is_retryable` marks a refusal that says nothing about the input: this replica could not
+    decide now (event log unavailable, leadership changing, an internal error). The sender may
+    send it again later; every other refusal is the input's own fault and final."""
 
     refusal: str | None = None
     records: tuple[Record, ...] = ()
+    is_retryable: bool = False
 
 
 @dataclass(slots=True)
@@ -83,6 +94,7 @@ class _Pending:
     # When the input arrived: it is decided as of then. Under load the queue lags, and a Tick
     # judged at its (late) handling time would blame nodes whose heartbeats wait behind it.
     at_s: float | None = None
+    holds_slot: bool = False  # an agent stream's input: frees a stream-input slot once taken
 
 
 class Runtime:
@@ -94,6 +106,7 @@ class Runtime:
         term: int = 0,
         tick_s: float = 0.1,
         snapshot_every: int = 10_000,
+        stream_input_capacity: int = STREAM_INPUT_CAPACITY,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -116,7 +129,10 @@ class Runtime:
         self.is_leader = True
         self.leader_address = ""  # who leads, for NotLeader answers (empty: unknown or us)
         self.deposed = asyncio.Event()  # set when an append shows another replica leads now
+        # Internal inputs (ticks, stream closes, operators, checkpoint results) are few and never
+        # wait; agent streams' inputs are bounded by the slots (submit_from_stream).
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._stream_slots = asyncio.Semaphore(stream_input_capacity)
         self._stream_ids = itertools.count(1)
         self._outboxes: dict[int, Outbox] = {}
         self._node_stream: dict[str, int] = {}
@@ -145,6 +161,18 @@ class Runtime:
     def post(self, inp: Input) -> None:
         self._queue.put_nowait(_Pending(inp, None, self._clock()))
 
+    async def submit_from_stream(self, inp: Input) -> asyncio.Future[Outcome]:
+        """Like submit, for an agent stream's input: waits while STREAM_INPUT_CAPACITY inputs
+        from streams are queued (back-pressure instead of unbounded memory)."""
+        await self._stream_slots.acquire()
+        reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(inp, reply, self._clock(), holds_slot=True))
+        return reply
+
+    def queued(self) -> int:
+        """Inputs waiting for the loop (a gauge, and what the flood test bounds)."""
+        return self._queue.qsize()
+
     def open_stream(self, outbox: Outbox) -> int:
         stream_id = next(self._stream_ids)
         self._outboxes[stream_id] = outbox
@@ -171,7 +199,7 @@ class Runtime:
         self.is_leader = False
         self.leader_address = leader_address
         for outbox in self._outboxes.values():
-            outbox.put_nowait(None)
+            outbox.close()
         self._node_stream.clear()
         self._sent.clear()
         log.info("following", leader=leader_address or "unknown", applied_seq=self.state.applied_seq,
@@ -208,6 +236,8 @@ class Runtime:
         try:
             while True:
                 pending = await self._queue.get()
+                if pending.holds_slot:
+                    self._stream_slots.release()
                 if self._announcement is not None and self.is_leader:
                     await self._announce(self._announcement)
                 try:
@@ -215,7 +245,7 @@ class Runtime:
                 except Exception as exc:  # a bug must not take the control plane down
                     log.exception("input handling failed", input=type(pending.inp).__name__,
                                   node_id=getattr(pending.inp, "node_id", None), generation=self.generation_in_force)
-                    outcome = Outcome(refusal=f"internal error: {exc}")
+                    outcome = Outcome(refusal=f"internal error: {exc}", is_retryable=True)
                 if pending.reply is not None and not pending.reply.done():
                     pending.reply.set_result(outcome)
         finally:
@@ -246,7 +276,8 @@ class Runtime:
 
     async def _handle(self, inp: Input, arrived_s: float | None = None) -> Outcome:
         if not self.is_leader:
-            return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}")
+            return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}",
+                           is_retryable=True)
         reason = admission.refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             log.warning("input refused", input=type(inp).__name__, reason=reason,
@@ -275,19 +306,19 @@ class Runtime:
             except Deposed as exc:
                 log.warning("deposed: another replica leads now; stepping down", error=str(exc))
                 self.deposed.set()
-                return Outcome(refusal=f"not decided: {exc}")
+                return Outcome(refusal=f"not decided: {exc}", is_retryable=True)
             except Fenced as exc:
                 # Our state is behind the log (an earlier append whose outcome we did not learn
                 # did commit): catch up and decide again on a later input.
                 await self._catch_up()
-                return Outcome(refusal=f"not decided: {exc}")
+                return Outcome(refusal=f"not decided: {exc}", is_retryable=True)
             except LogError as exc:
                 # Without a durable record nothing may change: the decision is dropped and made
                 # again from the same state on a later input, once the log is writable.
                 if not self.degraded_reason:
                     log.error("event log unavailable: not deciding until it recovers", error=str(exc))
                 self.degraded_reason = f"event log unavailable: {exc}"
-                return Outcome(refusal=f"not decided: {self.degraded_reason}")
+                return Outcome(refusal=f"not decided: {self.degraded_reason}", is_retryable=True)
             if self.degraded_reason:
                 log.info("event log writable again: deciding", was=self.degraded_reason)
                 self.degraded_reason = ""
@@ -396,7 +427,10 @@ class Runtime:
         if outbox is None:
             self._node_stream.pop(node_id, None)
             return False
-        outbox.put_nowait(message)
+        if not outbox.put(message):  # full: the stream is being closed; its next Hello resends
+            log.warning("agent stream closed: outbound queue full", node_id=node_id, capacity=outbox.capacity,
+                        generation=self.generation_in_force)
+            return False
         return True
 
 

@@ -288,8 +288,9 @@ class SdcSuspected:
 class OperatorCommand:
     command: str
     args: tuple[str, ...]
-    operator: str
+    operator: str  # the name the client claimed
     reason: str
+    principal: str = ""  # who authenticated (certificate or token); "" in records from before it was kept
 
 
 @dataclass(frozen=True, slots=True)

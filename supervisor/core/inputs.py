@@ -99,7 +99,8 @@ class OperatorRequest:
     command: str  # "quarantine" | "unquarantine" | "drain" | "restart"
     node_id: str
     reason: str
-    operator: str
+    operator: str  # the name the client claims; `principal` is who authenticated
+    principal: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from ftsup.common.tls import TlsConfigError, TlsFiles, channel_credentials, tls_files
+from ftsup.common.tls import TlsConfigError, TlsFiles, channel_credentials, expect_supervisor, tls_files
 
 
 class CredentialsError(ValueError):
@@ -57,9 +57,11 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
 
 
 def channel(address: str, credentials: Credentials) -> grpc.Channel:
-    """A channel to one supervisor replica: mTLS when configured, token on every call when given."""
+    """A channel to one supervisor replica: mTLS when configured (the handshake accepts only a
+    supervisor's certificate, so the token never reaches a node or anyone else), token on every
+    call when given."""
     if credentials.tls is not None:
-        base = grpc.secure_channel(address, channel_credentials(credentials.tls))
+        base = grpc.secure_channel(address, channel_credentials(credentials.tls), options=expect_supervisor())
     else:
         base = grpc.insecure_channel(address)
     if credentials.token:

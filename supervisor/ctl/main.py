@@ -142,9 +142,16 @@ def cmd_leader(addresses: list[str], args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class UntrustedRedirect(Exception):
+    """A replica named a leader supervisorctl may not send its credentials to."""
+
+
 def pick_replica(addresses: list[str], *, needs_leader: bool, timeout_s: float,
                  credentials: auth.Credentials = auth.Credentials(None, None)) -> str:
-    """Any replica answers reads; commands that change something go to the leader."""
+    """Any replica answers reads; commands that change something go to the leader.
+
+    A replica's answer is not trusted to send our token elsewhere: without TLS (where the
+    handshake proves the leader is a supervisor) the leader must be one of `addresses`."""
     for address in addresses:
         try:
             with auth.channel(address, credentials) as channel:
@@ -153,6 +160,10 @@ def pick_replica(addresses: list[str], *, needs_leader: bool, timeout_s: float,
         except grpc.RpcError:
             continue
         if needs_leader and reply.leader_address:
+            if credentials.tls is None and reply.leader_address not in addresses:
+                raise UntrustedRedirect(
+                    f"{address} names {reply.leader_address} as the leader, which is not in --address; without"
+                    " TLS supervisorctl sends its token only to the replicas you list: add it to --address")
             return reply.leader_address
         return address
     return addresses[0]
@@ -260,8 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "leader":
         return cmd_leader(addresses, args)
-    target = pick_replica(addresses, needs_leader=args.command in MUTATING, timeout_s=args.timeout,
-                          credentials=args.credentials) if len(addresses) > 1 else addresses[0]
+    try:
+        target = pick_replica(addresses, needs_leader=args.command in MUTATING, timeout_s=args.timeout,
+                              credentials=args.credentials) if len(addresses) > 1 else addresses[0]
+    except UntrustedRedirect as exc:
+        print(f"supervisorctl {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNAUTHORIZED
     with auth.channel(target, args.credentials) as channel:
         stub = operator_pb2_grpc.OperatorStub(channel)
         try:

@@ -2,7 +2,9 @@
 
 One stream per node. The first message must be Hello; every later message is stamped with the
 node id of that Hello (an agent cannot speak for another node). Refusals go back on the same
-stream; a refused Hello ends it. Closing the stream is reported to the runtime at once: it is the
+stream, typed RETRYABLE (not decided now) or PERMANENT; a refused Hello ends the stream.
+Every queue is bounded and a stream that floods is closed with RESOURCE_EXHAUSTED (see the limits
+below and supervisor/outbox.py). Closing the stream is reported to the runtime at once: it is the
 fastest death signal there is.
 """
 
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -19,7 +23,9 @@ from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from ftsup.common import logs
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
-from ftsup.supervisor.runtime import Outbox, Outcome, Runtime
+from ftsup.supervisor.core.token_bucket import TokenBucket
+from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
+from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.common.tls import PeerKind, peer_identity
 
 log = logs.get("supervisor.agents")
@@ -27,8 +33,32 @@ log = logs.get("supervisor.agents")
 _ROLES = {events_pb2.NODE_ROLE_ACTIVE: NodeRole.ACTIVE, events_pb2.NODE_ROLE_SPARE: NodeRole.SPARE}
 
 
-def _refusal(reason: str, refused: str) -> agent_pb2.SupervisorMessage:
-    return agent_pb2.SupervisorMessage(refusal=agent_pb2.Refusal(reason=reason, refused=refused))
+RETRYABLE = agent_pb2.REFUSAL_KIND_RETRYABLE
+PERMANENT = agent_pb2.REFUSAL_KIND_PERMANENT
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Flood control per agent stream (issue 16, item 9); each bound with why.
+
+    A healthy agent sends a heartbeat a second, a step report per rank per step and, on
+    (re)connecting, its held snapshots and once-only facts (a few thousand at once): the burst
+    covers that, the rate 64 ranks at 15 steps/s. Refusals are a misbehaving stream's signature
+    (a healthy one gets a few after a restart). Inputs of one stream waiting for the loop are
+    capped so one stream cannot fill the runtime's queue for everyone: beyond it the reader stops
+    reading and gRPC flow control slows the sender.
+    """
+
+    messages_per_s: float = 2_000.0
+    message_burst: float = 20_000.0
+    refusals_per_s: float = 20.0
+    refusal_burst: float = 500.0
+    max_in_flight: int = 256
+    outbox_capacity: int = OUTBOX_CAPACITY
+
+
+def _refusal(reason: str, refused: str, kind: int = PERMANENT, *, ends_stream: bool = False) -> agent_pb2.SupervisorMessage:
+    return agent_pb2.SupervisorMessage(refusal=agent_pb2.Refusal(
+        reason=reason, refused=refused, kind=kind, ends_stream=ends_stream))  # type: ignore[arg-type]
 
 
 def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) -> inputs.Input | None:
@@ -69,14 +99,18 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
 
 
 class AgentService(agent_pb2_grpc.SupervisorServicer):
-    def __init__(self, runtime: Runtime, *, is_tls: bool = False) -> None:
+    def __init__(self, runtime: Runtime, *, is_tls: bool = False, limits: StreamLimits = StreamLimits(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._runtime = runtime
+        self._limits = limits
+        self.limit_closures: list[str] = []  # why each stream a limit ended was ended, oldest first (bounded)
         self._is_tls = is_tls  # mTLS: the client certificate must name the Hello's node id
+        self._clock = clock
 
     async def Connect(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.SupervisorMessage]:
-        outbox: Outbox = asyncio.Queue()
+        outbox = StreamOutbox(self._limits.outbox_capacity)
         stream_id = self._runtime.open_stream(outbox)
         peer = context.peer()
         try:
@@ -85,12 +119,13 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             first = None
         except DecodeError as exc:  # bytes that are no AgentMessage: say so, not a bare UNKNOWN
             self._runtime.close_stream(stream_id, None, 0)
-            yield _refusal(f"undecodable message: {exc}", "undecodable")
+            yield _refusal(f"undecodable message: {exc}", "undecodable", ends_stream=True)
             return
         if first is None or first.WhichOneof("kind") != "hello":
             self._runtime.close_stream(stream_id, None, 0)
             got = first.WhichOneof("kind") if first is not None else "nothing"
-            yield _refusal(f"the first message on a stream must be Hello, got {got}", got or "unknown")
+            yield _refusal(f"the first message on a stream must be Hello, got {got}", got or "unknown",
+                           ends_stream=True)
             return
         hello = first.hello
         if self._is_tls:
@@ -112,15 +147,18 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
         role = _ROLES.get(hello.role)
         if role is None:
             self._runtime.close_stream(stream_id, None, 0)
-            yield _refusal(f"Hello has no valid role ({hello.role}); use active or spare", "hello")
+            yield _refusal(f"Hello has no valid role ({hello.role}); use active or spare", "hello", ends_stream=True)
             return
-        reason = (await self._runtime.submit(
+        outcome = await self._runtime.submit(
             inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port, hello.gpus, stream_id,
                               hello.failure_domain)
-        )).refusal
-        if reason is not None:
+        )
+        if outcome.refusal is not None:
             self._runtime.close_stream(stream_id, None, 0)
-            yield _refusal(reason, "hello")
+            # Not decided now (log unavailable, leadership changing) is no verdict on the node:
+            # the agent retries while its trainers go on. Anything else is final for this Hello.
+            yield _refusal(outcome.refusal, "hello", RETRYABLE if outcome.is_retryable else PERMANENT,
+                           ends_stream=True)
             return
         log.info("node connected", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                  incarnation=hello.incarnation, peer=peer)
@@ -129,50 +167,74 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             while True:
                 message = await outbox.get()
                 if message is None:
-                    return
+                    break
                 yield message
         finally:
             reader.cancel()
             self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
             log.info("node stream closed", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                      incarnation=hello.incarnation, peer=peer)
+        if outbox.close_reason:
+            self.limit_closures = [*self.limit_closures[-99:], outbox.close_reason]
+            log.warning("agent stream closed by a limit", node_id=hello.node_id, reason=outbox.close_reason,
+                        generation=self._runtime.generation_in_force, peer=peer)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.close_reason)
 
-    async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage], outbox: Outbox) -> None:
+    async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage],
+                    outbox: StreamOutbox) -> None:
+        limits, now = self._limits, self._clock()
+        messages = TokenBucket.full(limits.messages_per_s, limits.message_burst, now)
+        refusals = TokenBucket.full(limits.refusals_per_s, limits.refusal_burst, now)
+        in_flight = asyncio.Semaphore(limits.max_in_flight)
+
+        def refuse(reason: str, kind: str, refusal_kind: int = PERMANENT) -> None:
+            if refusals.take(self._clock()):
+                outbox.put(_refusal(reason, kind, refusal_kind))
+            else:
+                outbox.close(f"too many refused messages (over {limits.refusals_per_s:g}/s after a burst of"
+                             f" {limits.refusal_burst:g}): closing the stream")
+
         try:
             async for message in requests:
+                if outbox.is_closed:
+                    return
+                if not messages.take(self._clock()):
+                    outbox.close(f"flooding: more than {limits.messages_per_s:g} messages/s after a burst of"
+                                 f" {limits.message_burst:g}; closing the stream")
+                    return
                 inp = to_input(node_id, incarnation, message)
                 if inp is None:
                     kind = message.WhichOneof("kind") or "empty"
-                    outbox.put_nowait(_refusal(f"unexpected {kind} message after Hello", kind))
+                    refuse(f"unexpected {kind} message after Hello", kind)
                     continue
+                await in_flight.acquire()  # back-pressure: stop reading while this stream has many queued
+                reply = await self._runtime.submit_from_stream(inp)  # queued now: order is kept
+                reply.add_done_callback(lambda _: in_flight.release())
                 if isinstance(inp, inputs.Heartbeat):
                     if message.heartbeat.want_ack:  # acked once the runtime loop handled it
-                        self._runtime.submit(inp).add_done_callback(_ack_on(outbox, message.heartbeat.seq))
-                    else:
-                        self._runtime.post(inp)
+                        reply.add_done_callback(_ack_on(outbox, message.heartbeat.seq))
                     continue
-                reply = self._runtime.submit(inp)  # queued now: order is kept
-                reply.add_done_callback(_refuse_on(outbox, type(inp).__name__))
+                reply.add_done_callback(_refuse_on(refuse, type(inp).__name__))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except DecodeError as exc:  # the stream cannot go on after corrupt bytes: end it, saying why
-            outbox.put_nowait(_refusal(f"undecodable message: {exc}; closing the stream", "undecodable"))
+            outbox.put(_refusal(f"undecodable message: {exc}; closing the stream", "undecodable", ends_stream=True))
         finally:
-            outbox.put_nowait(None)
+            outbox.close()
 
 
-def _refuse_on(outbox: Outbox, kind: str):  # type: ignore[no-untyped-def]
+def _refuse_on(refuse: Callable[[str, str, int], None], kind: str) -> Callable[[asyncio.Future[Outcome]], None]:
     def done(reply: asyncio.Future[Outcome]) -> None:
-        reason = reply.result().refusal if not reply.cancelled() else None
-        if reason is not None:
-            outbox.put_nowait(_refusal(reason, kind))
+        outcome = reply.result() if not reply.cancelled() else None
+        if outcome is not None and outcome.refusal is not None:
+            refuse(outcome.refusal, kind, RETRYABLE if outcome.is_retryable else PERMANENT)
 
     return done
 
 
-def _ack_on(outbox: Outbox, seq: int):  # type: ignore[no-untyped-def]
+def _ack_on(outbox: StreamOutbox, seq: int) -> Callable[[asyncio.Future[Outcome]], None]:
     def done(reply: asyncio.Future[Outcome]) -> None:
         if not reply.cancelled() and reply.result().refusal is None:
-            outbox.put_nowait(agent_pb2.SupervisorMessage(heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))
+            outbox.put(agent_pb2.SupervisorMessage(heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))
 
     return done

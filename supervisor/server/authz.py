@@ -101,6 +101,18 @@ class Authorizer:
             role = max(role, Role.ADMIN if identity.role == "admin" else Role.READ)
         return role
 
+    def principal(self, metadata: Sequence[tuple[str, str | bytes]], identity: PeerIdentity | None) -> str:
+        """Who authenticated, for the audit trail (never the token itself): the operator
+        certificate's identity, else which token matched, else "lab:local" (no credentials)."""
+        if identity is not None and identity.kind is PeerKind.OPERATOR:
+            return str(identity)
+        presented = next((str(v) for k, v in metadata if k == "authorization"), "")
+        if presented and _matches(presented, self.token):
+            return "token:admin"
+        if presented and _matches(presented, self.read_token):
+            return "token:read"
+        return "lab:local" if self.is_lab_mode else "anonymous"
+
     def refusal(self, method: str, metadata: Sequence[tuple[str, str | bytes]],
                 identity: PeerIdentity | None = None) -> Refusal | None:
         """Why `method` must be refused for this caller, or None to allow it."""

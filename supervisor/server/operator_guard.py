@@ -8,6 +8,7 @@ lists it as read-only. Refusals are logged with the method, caller and reason, n
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -20,6 +21,15 @@ from ftsup.common.tls import peer_identity
 log = logs.get("supervisor.operator")
 
 Context = grpc.aio.ServicerContext
+
+# Who authenticated for the call being served (each RPC runs in its own task, so its own context):
+# the audit trail records this, not the operator name the client claims.
+_principal: ContextVar[str] = ContextVar("ftsup_operator_principal", default="")
+
+
+def principal() -> str:
+    """The authenticated caller of the Operator call in progress ("" outside one)."""
+    return _principal.get()
 
 
 def guarded(servicer: operator_pb2_grpc.OperatorServicer, authorizer: Authorizer) -> operator_pb2_grpc.OperatorServicer:
@@ -41,6 +51,7 @@ def _wrap(name: str, inner: Callable[..., Any], is_streaming: bool, authorizer: 
             log.warning("operator call refused", method=name, peer=context.peer(),
                         identity=str(identity) if identity else None, code=refusal.code.name, reason=refusal.reason)
             await context.abort(refusal.code, refusal.reason)
+        _principal.set(authorizer.principal(context.invocation_metadata() or (), identity))
 
     if is_streaming:
         async def stream(self: object, request: Any, context: Context) -> AsyncIterator[Any]:

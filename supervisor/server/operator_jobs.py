@@ -25,6 +25,7 @@ from ftsup.supervisor.core.inputs import OperatorRequest
 from ftsup.supervisor.core.views import straggler_views
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest
+from ftsup.supervisor.server.operator_guard import principal
 
 log = logs.get("supervisor.operator")
 
@@ -159,7 +160,7 @@ class JobMethods:
         await require_reason(request.reason, context)
         # No store, no generation running, one in flight: admission refuses, saying which.
         outcome = await self._runtime.submit(
-            OperatorRequest("checkpoint", "", request.reason, request.operator or "unknown"))
+            OperatorRequest("checkpoint", "", request.reason, request.operator or "unknown", principal()))
         if outcome.refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)
         asked = next((r.event for r in outcome.records if isinstance(r.event, CheckpointRequested)), None)
@@ -168,7 +169,8 @@ class JobMethods:
         assert asked is not None
         detail = (f"checkpoint {asked.checkpoint_id} requested: every rank saves at step {asked.step} of"
                   f" generation {asked.generation}; `supervisorctl checkpoints` shows its progress")
-        log.info("operator command", command="checkpoint now", operator=request.operator, reason=request.reason,
+        log.info("operator command", command="checkpoint now", operator=request.operator, principal=principal(),
+                 reason=request.reason,
                  checkpoint_id=asked.checkpoint_id, step=asked.step, generation=asked.generation)
         return operator_pb2.CommandResponse(detail=detail, seq=outcome.records[0].seq,
                                             checkpoint_id=asked.checkpoint_id, checkpoint_step=asked.step)
@@ -177,7 +179,8 @@ class JobMethods:
         self, request: operator_pb2.JobCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
         await require_reason(request.reason, context)
-        outcome = await self._runtime.submit(OperatorRequest("restart", "", request.reason, request.operator or "unknown"))
+        outcome = await self._runtime.submit(OperatorRequest("restart", "", request.reason, request.operator or "unknown",
+                                                             principal()))
         if outcome.refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)
         detail = ", ".join(type(r.event).__name__ for r in outcome.records)
@@ -189,5 +192,5 @@ class JobMethods:
         else:
             detail += "; the next generation starts when enough nodes are healthy (see `supervisorctl status`)"
         log.info("operator command", command="restart", generation=self._runtime.generation_in_force,
-                 operator=request.operator, reason=request.reason, records=detail)
+                 operator=request.operator, principal=principal(), reason=request.reason, records=detail)
         return operator_pb2.CommandResponse(detail=detail, seq=outcome.records[0].seq if outcome.records else 0)

@@ -20,6 +20,7 @@ from ftsup.supervisor.core.state import Liveness
 from ftsup.supervisor.core.views import JobPhase
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest
+from ftsup.supervisor.server.operator_guard import principal
 from ftsup.supervisor.server.operator_jobs import JobMethods, require_reason
 
 _PHASE = {
@@ -136,7 +137,7 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
         # Authorization happened before this method ran: supervisor/server/operator_guard.py.
         await require_reason(request.reason, context)
         outcome = await self._runtime.submit(
-            OperatorRequest(command, request.node_id, request.reason, request.operator or "unknown")
+            OperatorRequest(command, request.node_id, request.reason, request.operator or "unknown", principal())
         )
         if outcome.refusal is not None:
             # A node nobody registered is a wrong name, not a state the cluster is in.
@@ -148,7 +149,7 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
         if command == "drain" and not any(type(r.event).__name__ == "NodeDrained" for r in outcome.records):
             detail += "; the node is drained at its generation's next committed step"
         log.info("operator command", command=command, node_id=request.node_id,
-                 generation=self._runtime.generation_in_force, operator=request.operator,
+                 generation=self._runtime.generation_in_force, operator=request.operator, principal=principal(),
                  reason=request.reason, records=detail)
         return operator_pb2.CommandResponse(detail=detail, seq=first.seq if first else 0)
 

@@ -3,7 +3,9 @@
 Covers the agent's contract end to end: Hello and heartbeats, a RUN directive launching ranks
 with the right env, relayed StepReport / RankFinished / TrainerExit, buddy replication with a
 SnapshotReports from both holders, FetchSnapshot from the buddy, a peer restore through GetRestore, a
-clear FAILED_PRECONDITION when a restore cannot be had, and exit code 2 on a refused Hello.
+clear FAILED_PRECONDITION when a restore cannot be had, exit code 3 on a permanently refused Hello,
+retries (trainers running) on a retryable one, and under mTLS an agent that refuses a server
+presenting a node's certificate instead of a supervisor's.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
     def __init__(self) -> None:
         self.received: dict[str, list[agent_pb2.AgentMessage]] = defaultdict(list)
         self.outgoing: dict[str, asyncio.Queue[agent_pb2.SupervisorMessage]] = defaultdict(asyncio.Queue)
-        self.refuse: dict[str, str] = {}
+        self.refuse: dict[str, str] = {}  # node -> reason of a PERMANENT Hello refusal
+        self.defer: dict[str, str] = {}  # node -> reason of a RETRYABLE one, while listed
         self.redirect_to: str | None = None  # answer every Hello with NotLeader(this)
 
     def of(self, node: str, kind: str) -> list:
@@ -108,10 +111,12 @@ class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
             await context.write(agent_pb2.SupervisorMessage(
                 not_leader=agent_pb2.NotLeader(leader_address=self.redirect_to)))
             return
-        if node in self.refuse:
-            await context.write(agent_pb2.SupervisorMessage(
-                refusal=agent_pb2.Refusal(reason=self.refuse[node], refused="hello")))
-            return
+        for table, kind in ((self.refuse, agent_pb2.REFUSAL_KIND_PERMANENT),
+                            (self.defer, agent_pb2.REFUSAL_KIND_RETRYABLE)):
+            if node in table:
+                await context.write(agent_pb2.SupervisorMessage(refusal=agent_pb2.Refusal(
+                    reason=table[node], refused="hello", kind=kind, ends_stream=True)))
+                return
         await context.write(agent_pb2.SupervisorMessage(welcome=agent_pb2.Welcome(
             node_id=node, incarnation=first.hello.incarnation, heartbeat_interval_s=0.2, term=1)))
 
@@ -125,6 +130,8 @@ class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
                 getter = asyncio.create_task(self.outgoing[node].get())
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
+                    if getter.result() is None:  # the test ends this stream
+                        return
                     await context.write(getter.result())
                 else:
                     getter.cancel()
@@ -271,12 +278,35 @@ async def test_agents_run_ranks_replicate_snapshots_and_restore_from_a_peer(supe
     assert await agents.stop_all() == {"a": 0, "b": 0, "c": 0}
 
 
-async def test_refused_hello_makes_the_agent_exit_2_with_the_reason(supervisor, agents):
+async def test_a_permanently_refused_hello_makes_the_agent_exit_3_with_the_reason(supervisor, agents):
     fake, _ = supervisor
     fake.refuse["dup"] = "node id dup is already connected"
     proc = await agents.start("dup")
-    assert await asyncio.wait_for(proc.wait(), 15) == 2
+    assert await asyncio.wait_for(proc.wait(), 15) == 3
     assert "node id dup is already connected" in agents.stderr("dup")
+
+
+async def test_a_retryable_hello_refusal_keeps_the_trainers_and_the_agent_joins_once_decided(supervisor, agents, tmp_path):
+    fake, _ = supervisor
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = await agents.start("slow")
+    await until(lambda: fake.of("slow", "heartbeat"), what="the agent joined")
+    fake.send("slow", stepper(1, out))
+    pid_file = out / "pid0"  # written by the trainer: wait for its content, not just the file
+    await until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the trainer started")
+    pid = int(pid_file.read_text())
+    # The supervisor restarts and cannot decide (its log is unavailable): every Hello is deferred.
+    fake.defer["slow"] = "not decided: event log unavailable: No space left on device"
+    hellos = len(fake.of("slow", "hello"))
+    fake.outgoing["slow"].put_nowait(None)  # type: ignore[arg-type]  # ends the stream: the agent reconnects
+    await until(lambda: len(fake.of("slow", "hello")) >= hellos + 3, what="three deferred Hellos")
+    assert proc.returncode is None and is_alive(pid)
+    del fake.defer["slow"]
+    beats = len(fake.of("slow", "heartbeat"))
+    await until(lambda: len(fake.of("slow", "heartbeat")) > beats, what="heartbeats after the refusals stop")
+    assert is_alive(pid) and "hello_deferred" in agents.stderr("slow")
+    assert await agents.stop_all() == {"slow": 0}
 
 
 async def serve(fake: FakeSupervisor, port: int = 0) -> tuple[grpc.aio.Server, int]:
@@ -368,3 +398,42 @@ async def test_sigterm_stops_trainers_that_ignore_sigterm_after_the_grace(superv
     assert os.getpgid(pid) == os.getpgid(agents.procs["t"].pid), "trainer must stay in the agent's process group"
     assert await agents.stop_all() == {"t": 0}
     assert not is_alive(pid)
+
+
+async def test_under_mtls_the_agent_refuses_a_server_presenting_a_node_certificate(tmp_path):
+    from ftsup.common import tls
+    from ftsup.harness.certs import main as certs_main
+
+    pki = tmp_path / "pki"
+    assert certs_main(["--out", str(pki), "--nodes", "node-1,node-9", "--supervisors", "sup-1"]) == 0
+
+    def files(stem: str) -> tls.TlsFiles:
+        return tls.TlsFiles(pki / f"{stem}.pem", pki / f"{stem}.key", pki / "ca.pem")
+
+    async def serve_tls(fake: FakeSupervisor, stem: str) -> tuple[grpc.aio.Server, str]:
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_SupervisorServicer_to_server(fake, server)
+        port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(files(stem)))
+        await server.start()
+        return server, f"127.0.0.1:{port}"
+
+    # Both certificates come from the same CA and are valid for 127.0.0.1: only the identity differs.
+    impostor, real = FakeSupervisor(), FakeSupervisor()
+    impostor_server, impostor_address = await serve_tls(impostor, "node-node-9")
+    real_server, real_address = await serve_tls(real, "supervisor-sup-1")
+    group = Agents(tmp_path, f"{impostor_address},{real_address}")  # tried in turn, the impostor first
+    try:
+        f = files("node-node-1")
+        await group.start("node-1", "--tls-cert", str(f.cert), "--tls-key", str(f.key), "--tls-ca", str(f.ca))
+        await until(lambda: len(real.of("node-1", "heartbeat")) >= 2, what="the agent joined the real supervisor")
+        await until(lambda: group.stderr("node-1").count(impostor_address) >= 2,
+                    what="the agent tried the impostor twice")
+        assert impostor.received == {}  # the handshake failed: no Hello, so no directive could be taken
+        assert await group.stop_all() == {"node-1": 0}
+    finally:
+        for proc in group.procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await impostor_server.stop(0)
+        await real_server.stop(0)

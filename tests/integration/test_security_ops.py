@@ -199,13 +199,13 @@ def _scrape_or_none(url: str, lab: Lab, cert: str) -> str | None:
         return None  # not listening yet
 
 
-def test_an_agent_whose_certificate_names_another_node_is_refused_and_exits_2(lab: Lab) -> None:
+def test_an_agent_whose_certificate_names_another_node_is_refused_and_exits_3(lab: Lab) -> None:
     agent = start_agent(lab, "node-2", "node-node-9")
     try:
         code = agent.wait(timeout=DEADLINE_S)
     finally:
         _, err = stop(agent)
-    assert code == 2, err[-2000:]
+    assert code == 3, err[-2000:]  # refused for good: systemd does not restart it
     assert "node/node-9 may not speak for node 'node-2'" in err
     nodes = json.loads(lab.ctl("nodes", "--json", cert="operator-alice").stdout)["nodes"]
     assert "node-2" not in {n["node_id"] for n in nodes}

@@ -113,7 +113,7 @@ def test_bad_step_reports_are_refused_and_the_supervisor_keeps_serving(
     agent.close()
 
 
-def test_a_real_agent_with_a_taken_node_id_exits_with_code_2(cluster: LocalCluster, tmp_path: pathlib.Path) -> None:
+def test_a_real_agent_with_a_taken_node_id_exits_with_code_3(cluster: LocalCluster, tmp_path: pathlib.Path) -> None:
     holder = RawAgent(cluster.address)
     holder.send(hello=hello("taken", 1))
     holder.next_of("welcome")
@@ -122,7 +122,7 @@ def test_a_real_agent_with_a_taken_node_id_exits_with_code_2(cluster: LocalClust
          "--workdir", str(tmp_path), "--no-log-json"],
         capture_output=True, text=True, timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3  # a PERMANENT refusal: refused for good
     assert "duplicate node id 'taken'" in result.stderr
     holder.close()
 

@@ -43,6 +43,38 @@ ACTION_RUN: Action.ValueType  # 2
 """run `ranks` in `generation`"""
 Global___Action: _TypeAlias = Action  # noqa: Y015
 
+class _RefusalKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RefusalKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RefusalKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REFUSAL_KIND_UNSPECIFIED: _RefusalKind.ValueType  # 0
+    """an older supervisor: treated as retryable"""
+    REFUSAL_KIND_RETRYABLE: _RefusalKind.ValueType  # 1
+    """Nothing is wrong with the message: the supervisor could not decide now (its event log is
+    unavailable, leadership is changing). Retry with backoff; trainers keep running meanwhile.
+    """
+    REFUSAL_KIND_PERMANENT: _RefusalKind.ValueType  # 2
+    """The message can never be accepted as sent (an invalid or unknown node id, a duplicate
+    node id, a bad port): retrying cannot help.
+    """
+
+class RefusalKind(_RefusalKind, metaclass=_RefusalKindEnumTypeWrapper):
+    """Whether the refused sender may try again. Machines branch on this, people read `reason`."""
+
+REFUSAL_KIND_UNSPECIFIED: RefusalKind.ValueType  # 0
+"""an older supervisor: treated as retryable"""
+REFUSAL_KIND_RETRYABLE: RefusalKind.ValueType  # 1
+"""Nothing is wrong with the message: the supervisor could not decide now (its event log is
+unavailable, leadership is changing). Retry with backoff; trainers keep running meanwhile.
+"""
+REFUSAL_KIND_PERMANENT: RefusalKind.ValueType  # 2
+"""The message can never be accepted as sent (an invalid or unknown node id, a duplicate
+node id, a bad port): retrying cannot help.
+"""
+Global___RefusalKind: _TypeAlias = RefusalKind  # noqa: Y015
+
 @_typing.final
 class Hello(_message.Message):
     """First message on every stream; anything before it is refused."""
@@ -780,18 +812,25 @@ class Refusal(_message.Message):
 
     REASON_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    ENDS_STREAM_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     refused: _builtins.str
-    """which message kind was refused"""
+    """which message kind was refused, for people and logs"""
+    kind: Global___RefusalKind.ValueType
+    ends_stream: _builtins.bool
+    """the supervisor closes the stream after this (e.g. the Hello was refused)"""
     def __init__(
         self,
         *,
         reason: _builtins.str = ...,
         refused: _builtins.str = ...,
+        kind: Global___RefusalKind.ValueType = ...,
+        ends_stream: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "refused", b"refused"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ends_stream", b"ends_stream", "kind", b"kind", "reason", b"reason", "refused", b"refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1085,10 +1085,16 @@ class OperatorCommand(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     OPERATOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
     command: _builtins.str
     """e.g. "quarantine", "drain", "checkpoint", "restart" """
     operator: _builtins.str
+    """the name the client claimed (supervisorctl --operator)"""
     reason: _builtins.str
+    principal: _builtins.str
+    """Who authenticated: "operator/NAME/ROLE" from the client certificate, "token:admin" or
+    "token:read" from a bearer token, "lab:local" without credentials. Empty in older records.
+    """
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -1098,10 +1104,11 @@ class OperatorCommand(_message.Message):
         args: _abc.Iterable[_builtins.str] | None = ...,
         operator: _builtins.str = ...,
         reason: _builtins.str = ...,
+        principal: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "operator", b"operator", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "operator", b"operator", "principal", b"principal", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,6 +18,7 @@ import pytest
 import structlog
 
 from ftsup.v1 import operator_pb2_grpc
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.inputs import AgentHello, OperatorRequest, SnapshotReport, StepReport
 from ftsup.supervisor.core.events import NodeRole
@@ -141,7 +142,7 @@ async def history() -> AsyncIterator[Cluster]:
         runtime, wall = cluster.runtime, cluster.wall
         for i in range(4):
             await drive(runtime, AgentHello(f"n{i + 1}", 1, NodeRole.ACTIVE, "127.0.0.1", 9000 + i, 8,
-                                            runtime.open_stream(asyncio.Queue())))
+                                            runtime.open_stream(StreamOutbox())))
         wall.now = 1010.0
         await steps(runtime, 1, range(1, 5), slow_rank=3)
         wall.now = 1060.0

@@ -80,3 +80,13 @@ def test_a_read_certificate_plus_the_admin_token_is_admin() -> None:
 def test_the_mode_line_never_contains_a_token() -> None:
     mode = Authorizer(ADMIN, is_local_only=False, read_token=READ, is_tls=True).mode
     assert ADMIN not in mode and READ not in mode and "admin token" in mode
+
+
+def test_the_audit_principal_is_who_authenticated_never_the_token() -> None:
+    authz = Authorizer(ADMIN, is_local_only=False, read_token=READ, is_tls=True)
+    alice = PeerIdentity(PeerKind.OPERATOR, "alice", "admin")
+    assert authz.principal(bearer(ADMIN), alice) == "operator/alice/admin"  # the certificate wins
+    assert authz.principal(bearer(ADMIN), None) == "token:admin"
+    assert authz.principal(bearer(READ), None) == "token:read"
+    assert authz.principal([], None) == "anonymous"
+    assert Authorizer(None, is_local_only=True).principal([], None) == "lab:local"

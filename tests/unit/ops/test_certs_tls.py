@@ -125,3 +125,38 @@ def test_a_plaintext_public_metrics_address_is_refused_saying_what_to_do(tmp_pat
     with_tls = load(["--job", str(job), "--metrics-listen", "0.0.0.0:9464", "--tls-cert", str(pki / "supervisor-s.pem"),
                      "--tls-key", str(pki / "supervisor-s.key"), "--tls-ca", str(pki / "ca.pem")])
     assert with_tls.server_tls is not None and with_tls.metrics_listen == "0.0.0.0:9464"
+
+
+async def test_a_peer_client_expecting_one_node_accepts_only_that_nodes_certificate(tmp_path: pathlib.Path) -> None:
+    """The helper the peer client uses (tls.expect_node): another node's certificate from the same
+    CA, valid for the same host, fails the handshake; a supervisor's does not pass for a node."""
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    pki = tmp_path / "pki"
+    assert certs_main(["--out", str(pki), "--nodes", "node-1,node-9", "--supervisors", "sup-1"]) == 0
+
+    def files(stem: str) -> tls.TlsFiles:
+        return tls.TlsFiles(pki / f"{stem}.pem", pki / f"{stem}.key", pki / "ca.pem")
+
+    async def answers(server_stem: str, options: tls.ChannelOptions) -> bool:
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+        port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(files(server_stem)))
+        await server.start()
+        try:
+            async with grpc.aio.secure_channel(f"127.0.0.1:{port}", tls.channel_credentials(files("node-node-1")),
+                                               options=options) as channel:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            return True
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE  # the handshake, not the service, said no
+            return False
+        finally:
+            await server.stop(0)
+
+    assert await answers("node-node-1", tls.expect_node("node-1"))
+    assert not await answers("node-node-9", tls.expect_node("node-1"))
+    assert not await answers("supervisor-sup-1", tls.expect_node("node-1"))
+    assert await answers("supervisor-sup-1", tls.expect_supervisor())
+    assert not await answers("node-node-9", tls.expect_supervisor())

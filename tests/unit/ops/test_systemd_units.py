@@ -74,3 +74,15 @@ def test_the_units_notify_watchdog_restart_and_read_etc_ftsup(unit: str) -> None
     daemon = unit.removeprefix("ftsup-").removesuffix(".service")
     assert f"--config /etc/ftsup/{daemon}.toml" in settings["ExecStart"]
     assert settings["EnvironmentFile"] == f"-/etc/ftsup/{daemon}.env"
+
+
+def test_the_agent_unit_keeps_the_node_through_a_trainer_oom_and_stops_retrying_a_refusal() -> None:
+    text = (ROOT / "systemd" / "ftsup-agent.service").read_text()
+    settings = dict(re.findall(r"^(\w+)=(.*)$", text, flags=re.MULTILINE))
+    from ftsup.agent.main import EXIT_REFUSED, EXIT_USAGE
+    from ftsup.agent.process import TRAINER_OOM_SCORE_ADJ
+
+    assert settings["OOMPolicy"] == "continue"  # systemd's default (stop) loses the node on one rank's OOM
+    assert int(settings["OOMScoreAdjust"]) < 0 < TRAINER_OOM_SCORE_ADJ
+    assert set(settings["RestartPreventExitStatus"].split()) == {str(EXIT_USAGE), str(EXIT_REFUSED)}
+    assert "CAP_KILL" not in settings["CapabilityBoundingSet"]

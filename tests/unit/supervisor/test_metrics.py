@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.core.inputs import StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.metrics import SupervisorMetrics, ThroughputConfig
@@ -37,7 +38,7 @@ async def running_job(metrics: SupervisorMetrics) -> Runtime:
     runtime.metrics = metrics
     metrics.attach(runtime)
     for node in ("n1", "n2"):
-        await runtime._handle(hello(node, stream_id=runtime.open_stream(asyncio.Queue())))
+        await runtime._handle(hello(node, stream_id=runtime.open_stream(StreamOutbox())))
     await runtime._handle(Tick())
     assert runtime.state.generation is not None
     return runtime

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.api import LogUnavailable
@@ -43,11 +44,11 @@ async def test_with_an_unwritable_log_nothing_is_decided_and_it_resumes_when_wri
     clock = Clock()
     runtime = Runtime(config(nodes=1, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0)
     log.is_full = True
-    await handle(runtime, hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+    await handle(runtime, hello("n1", stream_id=runtime.open_stream(StreamOutbox())))
     assert runtime.state.applied_seq == 0 and not runtime.state.nodes
     assert "No space left on device" in runtime.degraded_reason
     log.is_full = False
-    await handle(runtime, hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+    await handle(runtime, hello("n1", stream_id=runtime.open_stream(StreamOutbox())))
     assert runtime.degraded_reason == ""
     assert "n1" in runtime.state.nodes and runtime.state.applied_seq == log.head_seq >= 1
 
@@ -58,7 +59,7 @@ async def test_a_restarted_runtime_replays_from_its_snapshot_to_the_same_state()
     runtime = Runtime(config(nodes=2, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0,
                       snapshot_every=2)
     for i, node in enumerate(("n1", "n2")):
-        await handle(runtime, hello(node, stream_id=runtime.open_stream(asyncio.Queue())))
+        await handle(runtime, hello(node, stream_id=runtime.open_stream(StreamOutbox())))
     await handle(runtime, Tick())
     assert runtime.state.generation is not None
     assert log.load_snapshot() is not None, "a snapshot is due every 2 events"
@@ -76,10 +77,10 @@ async def test_a_new_leaders_first_record_is_leader_elected_even_when_the_log_re
     try:
         log.is_full = True
         runtime.become_leader(term=3, address="10.0.0.7:7000")
-        refused = await runtime.submit(hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+        refused = await runtime.submit(hello("n1", stream_id=runtime.open_stream(StreamOutbox())))
         assert refused.refusal and log.head_seq == 0, "nothing may be decided while the log refuses"
         log.is_full = False
-        accepted = await runtime.submit(hello("n1", stream_id=runtime.open_stream(asyncio.Queue())))
+        accepted = await runtime.submit(hello("n1", stream_id=runtime.open_stream(StreamOutbox())))
         assert accepted.refusal is None
         records = list(log.read(1))
         assert records[0].event == LeaderElected(term=3, address="10.0.0.7:7000", caught_up_seq=0)
