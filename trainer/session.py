@@ -339,13 +339,16 @@ class Session:
         grad_norm: float | None = None,
         tokens: int = 0,
         local_grad_digest: str = "",
+        replica_group: int | None = None,
     ) -> None:
         """Queue a StepReport for the agent; returns without waiting for the send.
 
         `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
         (gradient norm, tokens/s, MFU); leave them out when unknown. `local_grad_digest` (a
         `trainer.digest.GradDigester` of this rank's gradients before the all-reduce) lets the
-        supervisor's SDC recompute check replay this step elsewhere and compare.
+        supervisor's SDC recompute check replay this step elsewhere and compare. `replica_group`
+        (`trainer.replicas.replica_group(model, rank, world).id`) names the ranks this rank's
+        digest is compared with; left out, the supervisor's configured layout decides.
         Raises ValueError for a negative step, a negative/non-finite time, a negative norm or
         token count (the loss and the norm are reported as given, NaN included), and
         AgentLinkError if an earlier send failed.
@@ -369,6 +372,7 @@ class Session:
             grad_norm=None if grad_norm is None else float(grad_norm),
             tokens=int(tokens),
             local_grad_digest=str(local_grad_digest),
+            replica_group=None if replica_group is None else int(replica_group),
         )
         self._raise_report_errors()
         if len(self._pending_reports) >= MAX_PENDING_REPORTS:
