@@ -1,10 +1,12 @@
 """Checkpoints of a job run under the ftsup supervisor: what each rank saves, and the topology
 and versions the supervisor commits them with.
 
-Each rank saves its whole snapshot payload (the same bytes as its RAM snapshot: model,
-optimizer, RNG state, `extra`) as one DCP item under its own key, so restoring from the object
-store is bit-identical to restoring from RAM. Per-rank items make the state `Sharding.MANUAL`:
-it restores at the same world size only (resharding needs DTensor state and `flows` directly).
+Each rank saves its modules' and optimizers' state dicts through DCP as they live (DTensor shards
+of FSDP2/TP state with their layout, replicated plain tensors once), so DCP can map them onto
+another world size at load (`Sharding.DTENSOR`), plus one per-rank item: the rest of its snapshot
+payload (RNG state, `Stateful` objects such as a data loader, `extra`), checked by its SHA-256.
+Checkpoints of earlier versions hold the whole payload per rank (`Sharding.MANUAL`) and restore
+at the same world size only (`load_rank`).
 The supervisor's shell imports this module for `job_topology`/`JOB_VERSIONS`, so the commit
 and the trainers' loads agree without asking each other.
 """
@@ -25,7 +27,9 @@ JOB_VERSIONS = Versions(data_version="ftsup-job", tokenizer_version="ftsup-job")
 
 
 def job_topology(world_size: int) -> Topology:
-    return Topology(world_size=world_size, dp=world_size, sharding=Sharding.MANUAL)
+    return Topology(world_size=world_size, dp=world_size, sharding=Sharding.DTENSOR)
+
+
 
 
 def checkpoint_id_for(step: int, generation: int) -> str:
@@ -135,13 +139,18 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     from ftsup.checkpoint.policy import plan_restore
 
     manifest = read_manifest(store, layout, checkpoint_id)
-    plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
+    # Committed as MANUAL by earlier supervisors, as DTENSOR by this one: the payloads decide.
+    target = Topology(world_size=world_size, dp=world_size, sharding=manifest.topology.sharding)
+    plan_restore(manifest, target, JOB_VERSIONS)  # raises ReshardRefused, saying why
     saved_world = manifest.topology.world_size
     if rank >= saved_world:
         if not replicated:
             raise ReshardRefused(f"checkpoint {checkpoint_id!r} was saved by {saved_world} rank(s): rank {rank}"
                                  " has no shard (only an elastic job's replicated state can borrow another's)")
         rank = rank % saved_world
+    elif saved_world != world_size and not replicated:
+        raise ReshardRefused(f"checkpoint {checkpoint_id!r} holds one opaque payload per rank of {saved_world}"
+                             f" rank(s): it restores at that world size only, not {world_size}")
     state: dict[str, object] = {_payload_key(rank): b"", _sha_key(rank): ""}
     try:
         dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
@@ -151,3 +160,75 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
     if not isinstance(payload, bytes) or not isinstance(sha, str) or not payload:
         raise ValueError(f"checkpoint {checkpoint_id!r} holds no payload for rank {rank}")
     return payload, sha
+
+
+def _local_key(rank: int) -> str:
+    return f"rank-{rank:05d}-local"
+
+
+def _local_sha_key(rank: int) -> str:
+    return f"rank-{rank:05d}-local-sha256"
+
+
+def is_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str) -> bool:
+    """Was the committed checkpoint written by `save_sharded` (False: one payload per rank, as
+    earlier versions wrote)? Its DCP metadata (checked against the manifest) lists the items."""
+    from ftsup.checkpoint.catalog import read_manifest
+    from ftsup.checkpoint.dcp import ObjectStoreReader
+
+    manifest = read_manifest(store, layout, checkpoint_id)
+    return _local_key(0) in ObjectStoreReader(store, layout, manifest).read_metadata().state_dict_metadata
+
+
+def save_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, tensors: dict[str, Any],
+                 local_payload: bytes, local_sha256: str) -> ShardReport:
+    """Collective (every rank of the default process group): DCP-save `tensors` (state dicts as they
+    live: DTensor shards, replicated plain tensors written once) and this rank's `local_payload`;
+    returns the report for the supervisor. Nothing is committed here."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from ftsup.checkpoint.catalog import write_shard_index
+    from ftsup.checkpoint.dcp import ObjectStoreWriter
+
+    reserved = {k for k in tensors if k.startswith("rank-")}
+    if reserved:
+        raise ValueError(f"state names {sorted(reserved)} clash with the per-rank items (rank-NNNNN-*)")
+    writer = ObjectStoreWriter(store, layout, checkpoint_id)
+    state = {**tensors, _local_key(rank): local_payload, _local_sha_key(rank): local_sha256}
+    try:
+        dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+    except CheckpointException as exc:
+        raise _dcp_error(f"writing checkpoint {checkpoint_id!r}", exc) from exc
+    return write_shard_index(store, layout, writer.shard_index())
+
+
+def load_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int,
+                 template: dict[str, Any]) -> tuple[bytes, str, int]:
+    """Fill `template` (state dicts laid out as this job's live ones) in place from a committed
+    `save_sharded` checkpoint, resharding through DCP when the world changed; returns this rank's
+    local payload, its SHA-256 and the saved world size. Not collective: each rank reads the
+    chunks its own shards overlap. A rank beyond the saved world gets rank `rank % saved world`'s
+    local payload (its RNG and data position are another rank's: docs/state.md)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from ftsup.checkpoint.catalog import read_manifest
+    from ftsup.checkpoint.dcp import ObjectStoreReader
+    from ftsup.checkpoint.policy import plan_restore
+
+    manifest = read_manifest(store, layout, checkpoint_id)
+    plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
+    saved_world = manifest.topology.world_size
+    source = rank % saved_world
+    state = {**template, _local_key(source): b"", _local_sha_key(source): ""}
+    try:
+        dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
+    except CheckpointException as exc:
+        raise _dcp_error(f"reading rank {rank} of checkpoint {checkpoint_id!r}", exc) from exc
+    payload, sha = state[_local_key(source)], state[_local_sha_key(source)]
+    if not isinstance(payload, bytes) or not isinstance(sha, str) or not payload:
+        raise ValueError(f"checkpoint {checkpoint_id!r} holds no local payload for rank {source}")
+    template.update({k: state[k] for k in template})
+    return payload, sha, saved_world

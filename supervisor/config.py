@@ -22,6 +22,7 @@ from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_lay
 from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.policies.interval import IntervalConfig
 from ftsup.supervisor.core.policies.recompute import RecomputeConfig
+from ftsup.supervisor.core.policies.sdc import Replicas, SdcConfig
 from ftsup.supervisor.metrics import ThroughputConfig
 from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
 from ftsup.supervisor.web.server import StatusListenError, check_status_listen
@@ -123,7 +124,7 @@ def load_job(path: pathlib.Path) -> JobSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"job file {path} must hold a JSON object")
     known = {"name", "nodes", "ranks_per_node", "argv", "env", "master_port_base", "master_port_span",
-             "code_version", "data_version", "min_nodes"}
+             "code_version", "data_version", "min_nodes", "sdc_replicas", "model_parallel_size"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"job file {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
@@ -149,6 +150,29 @@ def load_job(path: pathlib.Path) -> JobSpec:
     except KeyError as exc:
         raise ConfigError(f"job file {path}: missing key {exc}") from exc
     except (TypeError, ValueError) as exc:
+        raise ConfigError(f"job file {path}: {exc}") from exc
+
+
+def load_job_sdc(path: pathlib.Path) -> SdcConfig:
+    """The job file's statement of which ranks are replicas, for the SDC vote: `sdc_replicas`
+    ("reported": each rank's replica group from its device mesh, the default; "layout": rank %
+    `model_parallel_size`; "none": nobody is a replica, no vote) and `model_parallel_size`."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read job file {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"job file {path} must hold a JSON object")
+    replicas = raw.get("sdc_replicas", Replicas.REPORTED.value)
+    known = [r.value for r in Replicas]
+    if replicas not in known:
+        raise ConfigError(f"job file {path}: sdc_replicas must be one of {known}, got {replicas!r}")
+    size = raw.get("model_parallel_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ConfigError(f"job file {path}: model_parallel_size must be an integer, got {size!r}")
+    try:
+        return SdcConfig(model_parallel_size=size, replicas=Replicas(replicas))
+    except ValueError as exc:
         raise ConfigError(f"job file {path}: {exc}") from exc
 
 
@@ -263,6 +287,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         checkpoints = checkpoint_settings(args)
         core = CoreConfig(
             job=with_checkpoint_env(load_job(args.job), checkpoints),
+            sdc=load_job_sdc(args.job),
             checkpoint_location=checkpoints.location,
             checkpoint_every_steps=checkpoints.every_steps,
             checkpoint_timing=CheckpointTiming(

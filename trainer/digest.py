@@ -10,6 +10,8 @@ the words. One flipped bit changes a word by +-2^b with b < 32, so its product c
 changes the digest (the unit tests flip every bit position). Integer addition is associative,
 so the result is exact whatever order the device reduces in, and only 16 bytes cross to the host
 per device. int32 products keep the multiply in the device's fast path (int32 x int64 costs ~6x). Names, dtypes and shapes are hashed on the host.
+A DTensor (FSDP2, TP) is digested over this rank's LOCAL shard (never gathered), its local shape
+and placements in the header: ranks holding the same shard (trainer/replicas.py) agree.
 Needs torch, hence outside `core/`.
 """
 
@@ -19,6 +21,7 @@ import hashlib
 from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 DIGEST_BYTES = 16
 # Words reduced per pass: bounds the extra device memory to 12 bytes per word of this chunk
@@ -59,19 +62,21 @@ class Digester:
     def _plan(self) -> None:
         header = hashlib.blake2b(digest_size=DIGEST_BYTES)
         by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for name, tensor in self._named:
-            header.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-            words = _words(tensor.detach())
+        for name, live in self._named:
+            tensor = _local(live)
+            layout = f"|{[str(p) for p in live.placements]}" if isinstance(live, DTensor) else ""
+            header.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}{layout}\n".encode())
+            words = _words(tensor)
             if words.numel():
                 by_device.setdefault(words.device, []).append(words)
         self._header = header.digest()
         self._devices = [_DevicePlan(device, words) for device, words in by_device.items()]
         self._pointers = self._storage_key()
         # A non-contiguous tensor's words are a copy: re-read them on every call.
-        self._is_live = all(t.is_contiguous() for _, t in self._named)
+        self._is_live = all(_local(t).is_contiguous() for _, t in self._named)
 
     def _storage_key(self) -> tuple[int, ...]:
-        return tuple(t.data_ptr() for _, t in self._named)
+        return tuple(_local(t).data_ptr() for _, t in self._named)
 
     def __call__(self) -> str:
         if not self._is_live or self._storage_key() != self._pointers:
@@ -115,6 +120,13 @@ class _DevicePlan:
         stacked = torch.stack(sums).view(-1, 2)
         low, high = (stacked * self._weights).sum(dim=0).tolist()  # the one device-to-host copy
         return low & _MASK64, high & _MASK64
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself, or this rank's shard of a DTensor (no communication, no copy)."""
+    if isinstance(tensor, DTensor):
+        return tensor.to_local().detach()
+    return tensor.detach()
 
 
 def _words(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,11 +31,13 @@ import torch
 from ftsup.common.chunks import InvalidSnapshot
 from ftsup.v1 import agent_pb2, peer_pb2
 from ftsup.trainer import snapshot as snap
+from ftsup.trainer import state as state_module
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError
 from ftsup.checkpoint.supervised import CheckpointEnv
 from ftsup.trainer.snapshot import SnapshotCorrupt
+from ftsup.trainer.state import StateError
 
-__all__ = ["AgentLinkError", "LaunchEnv", "Session", "SnapshotCorrupt", "SnapshotStats"]
+__all__ = ["AgentLinkError", "LaunchEnv", "Session", "SnapshotCorrupt", "SnapshotStats", "StateError"]
 
 # Step reports queued beyond this make `report_step` wait for the oldest: bounded memory.
 MAX_PENDING_REPORTS = 256
@@ -194,8 +196,11 @@ class Session:
 
     # -- restore ---------------------------------------------------------------------------
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """Load the agent's snapshot into `model`/`optimizer`/RNGs; return the steps done.
+    def restore(self, model_or_state: Any, optimizer: torch.optim.Optimizer | None = None) -> int:
+        """Load the agent's snapshot into the state (a mapping of names to modules, optimizers and
+        `Stateful` objects, as given to `snapshot`, or `(model, optimizer)`) and the RNGs; return
+        the steps done. The ladder: the agent's RAM copy, else the object-store checkpoint the
+        supervisor named (resharded when the world changed; docs/state.md).
 
         Returns 0 on a fresh start (FTSUP_RESTORE_STEP empty). Otherwise returns S, the step of
         the snapshot, so training continues with step S + 1; `restored_extra` holds the `extra`
@@ -203,6 +208,7 @@ class Session:
         least before the first step.
         """
         self._check_open()
+        objects = state_module.objects_of(model_or_state, optimizer)
         expected = self.launch.restore_step
         if expected is None:
             return 0
@@ -212,7 +218,7 @@ class Session:
             raise SnapshotCorrupt(f"restore from agent at {self._client.address!r}: {exc}") from exc
         if held is None and self.checkpoints.restore_checkpoint_id:
             # The agent holds no RAM copy for this rank: the supervisor chose the object store.
-            return self._restore_checkpoint(expected, model, optimizer)
+            return self._restore_checkpoint(expected, objects)
         if held is None:
             raise RuntimeError(
                 f"agent at {self._client.address!r} has no snapshot for rank {self.rank} "
@@ -226,7 +232,7 @@ class Session:
                 f"step {held.step}, expected rank {self.rank} step {expected}"
             )
         state = snap.load(held.payload)  # its SHA-256 was checked while it streamed in
-        restored = snap.apply_state(state, _unwrap(model), optimizer)
+        restored = snap.apply_objects(state, objects)
         if restored.step != expected:
             raise SnapshotCorrupt(
                 f"snapshot payload holds step {restored.step}, its blob says step {expected}"
@@ -234,18 +240,22 @@ class Session:
         self.restored_extra = restored.extra
         return restored.step
 
-    def _restore_checkpoint(self, expected: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    def _restore_checkpoint(self, expected: int, objects: dict[str, Any]) -> int:
         """The third rung of the recovery ladder: this rank's state from the committed object-store
         checkpoint the supervisor named (FTSUP_RESTORE_CHECKPOINT). Per rank, not collective:
         ranks whose RAM copies survived restore from RAM at the same step meanwhile."""
         from ftsup.checkpoint import supervised
 
+        from ftsup.trainer import sharded_checkpoint
+
         checkpoint_id = self.checkpoints.restore_checkpoint_id
         store, layout = self._open_checkpoint_store()
-        payload, sha256 = supervised.load_rank(store, layout, checkpoint_id, self.rank, self.world_size,
-                                               replicated=self.launch.full_world_size is not None)
-        state = snap.decode(payload, sha256)
-        restored = snap.apply_state(state, _unwrap(model), optimizer)
+        if supervised.is_sharded(store, layout, checkpoint_id):
+            restored = sharded_checkpoint.load(store, layout, checkpoint_id, self.rank, self.world_size, objects)
+        else:  # a per-rank checkpoint of an earlier version: same world size only
+            payload, sha256 = supervised.load_rank(store, layout, checkpoint_id, self.rank, self.world_size,
+                                                   replicated=self.launch.full_world_size is not None)
+            restored = snap.apply_objects(snap.decode(payload, sha256), objects)
         if restored.step != expected:
             raise SnapshotCorrupt(
                 f"checkpoint {checkpoint_id!r} holds step {restored.step}, FTSUP_RESTORE_STEP={expected}"
@@ -283,24 +293,28 @@ class Session:
             with self._lock:
                 self._requested_steps.update(s for s in steps if s > report.step)
 
-    def save_checkpoint(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    def save_checkpoint(self, step: int, model_or_state: Any, optimizer: torch.optim.Optimizer | None = None,
                         extra: Any = None) -> None:
-        """Collective: write this rank's shard of the checkpoint of `step` to the object store and
+        """Collective: write this rank's shards of the checkpoint of `step` to the object store (through
+        DCP: modules and optimizers sharded as they live, restorable at another world size) and
         report it to the agent (the supervisor commits once every rank has). Synchronous: the
         training thread pauses for the encode and the upload. A failed write is reported (the
         supervisor aborts the attempt) and not raised: training goes on without this checkpoint."""
         from ftsup.checkpoint import supervised
 
+        from ftsup.trainer import sharded_checkpoint
+
         self._check_open()
         _check_step(step)
+        objects = state_module.objects_of(model_or_state, optimizer)
+        state_module.validate(extra, "extra")
         checkpoint_id = supervised.checkpoint_id_for(step, self.generation)
         self.wait_for_capture()
-        payload, sha256 = snap.encode(snap.build_state(step, _unwrap(model), optimizer, extra))
         shard = agent_pb2.CheckpointShard(generation=self.generation, rank=self.rank,
                                           checkpoint_id=checkpoint_id, step=step)
         try:
             store, layout = self._open_checkpoint_store()
-            report = supervised.save_rank(store, layout, checkpoint_id, self.rank, payload, sha256)
+            report = sharded_checkpoint.save(store, layout, checkpoint_id, self.rank, step, objects, extra)
             shard.key, shard.sha256, shard.size_bytes = report.key, report.sha256, report.size_bytes
         except Exception as exc:  # noqa: BLE001 - reported; the supervisor aborts the attempt
             shard.error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -325,13 +339,16 @@ class Session:
         grad_norm: float | None = None,
         tokens: int = 0,
         local_grad_digest: str = "",
+        replica_group: int | None = None,
     ) -> None:
         """Queue a StepReport for the agent; returns without waiting for the send.
 
         `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
         (gradient norm, tokens/s, MFU); leave them out when unknown. `local_grad_digest` (a
         `trainer.digest.GradDigester` of this rank's gradients before the all-reduce) lets the
-        supervisor's SDC recompute check replay this step elsewhere and compare.
+        supervisor's SDC recompute check replay this step elsewhere and compare. `replica_group`
+        (`trainer.replicas.replica_group(model, rank, world).id`) names the ranks this rank's
+        digest is compared with; left out, the supervisor's configured layout decides.
         Raises ValueError for a negative step, a negative/non-finite time, a negative norm or
         token count (the loss and the norm are reported as given, NaN included), and
         AgentLinkError if an earlier send failed.
@@ -355,6 +372,7 @@ class Session:
             grad_norm=None if grad_norm is None else float(grad_norm),
             tokens=int(tokens),
             local_grad_digest=str(local_grad_digest),
+            replica_group=None if replica_group is None else int(replica_group),
         )
         self._raise_report_errors()
         if len(self._pending_reports) >= MAX_PENDING_REPORTS:
@@ -365,11 +383,16 @@ class Session:
     def snapshot(
         self,
         step: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        model_or_state: Any,
+        optimizer: torch.optim.Optimizer | None = None,
         extra: Any = None,
     ) -> None:
         """Hand the state after `step` optimizer steps to the agent, in the background.
+
+        The state is a mapping of names to modules (plain, DDP, FSDP2, TP), optimizers and
+        `Stateful` objects (schedulers, GradScaler, StatefulDataLoader), or `(model, optimizer)`;
+        sharded tensors are captured as this rank's local shards (docs/state.md). A value a restore
+        could not load (numpy, custom classes, functions) raises StateError here, naming its key.
 
         Blocks only to collect the state's tensors (with `background_capture` False: to copy
         them into reused host buffers), plus, when the previous snapshot is still in flight,
@@ -379,9 +402,11 @@ class Session:
         """
         self._check_open()
         _check_step(step)
+        objects = state_module.objects_of(model_or_state, optimizer)
+        state_module.validate(extra, "extra")
         self._await_inflight(count_wait=True)
         started = time.monotonic()
-        state = snap.build_state(step, _unwrap(model), optimizer, extra)
+        state = snap.build_objects_state(step, state_module.collect(objects), extra)
         if not self.background_capture:
             captured = self._buffers.capture(state)
             self.stats.last_copy_s = time.monotonic() - started
@@ -389,12 +414,13 @@ class Session:
             self.stats.host_buffer_bytes = self._buffers.nbytes
             self._inflight = self._snapshots.submit(self._hand_off, step, captured, started)
             return
-        self._guard(optimizer)
+        for each in state_module.optimizers(objects):
+            self._guard(each)
         copied = threading.Event()
         self._copied = copied
         # The copy must see the state as of now: on GPU the side stream waits for this point of
         # the training stream; on CPU nothing changes it before optimizer.step() (guarded).
-        ready = _record_ready_event(model)
+        ready = _record_ready_event(state_module.first_module(objects))
         self._inflight = self._snapshots.submit(self._capture_and_hand_off, step, state, copied, ready, started)
         self.stats.capture_s += time.monotonic() - started
 
@@ -614,21 +640,14 @@ class _Ready:
     event: Any  # torch.cuda.Event recorded on the training stream
 
 
-def _record_ready_event(model: torch.nn.Module) -> _Ready | None:
+def _record_ready_event(model: torch.nn.Module | None) -> _Ready | None:
     """A CUDA event at the current point of the training stream, or None for a CPU model."""
-    first = next(iter(model.parameters()), None)
+    first = None if model is None else next(iter(model.parameters()), None)
     if first is None or not first.is_cuda:
         return None
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(first.device))
     return _Ready(first.device, event)
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    # Snapshots hold the plain module's state dict, so keys never carry DDP's "module." prefix.
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return model.module
-    return model
 
 
 def _check_step(step: int) -> None:

@@ -1,10 +1,12 @@
 """Capture and restore of a rank's training state, to and from snapshot bytes.
 
-Owns the snapshot format: model and optimizer state dicts, every RNG state (torch CPU, CUDA when
+Owns the snapshot format: the named objects' state dicts (trainer/state.py collects them: modules,
+optimizers, any `Stateful`; format 2; format 1 held one model and one optimizer), every RNG state (torch CPU, CUDA when
 in use, python `random`), the data cursor and the step, kept to tensors, numbers, strings, None,
 dicts, lists and tuples so `torch.load(weights_only=True)` can read it back (no pickled code).
 Capture copies into pre-allocated host buffers (`HostBuffers`), allocated on the first snapshot
-and reused while the layout holds (pinned when the source is on a GPU); `Session` runs it off the
+and reused while the layout holds (pinned when the source is on a GPU); a DTensor is copied as its local shard beside its layout,
+never gathered; `Session` runs it off the
 training thread, and encoding happens after it, also in the background. A snapshot handed to the
 agent is hashed while it streams out (trainer/agent_client.py); a restored one was checked while it
 streamed in, and `decode` checks the SHA-256 of any other payload first: a corrupt snapshot must
@@ -20,8 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
-FORMAT_VERSION = 1
+from ftsup.trainer.state import DTENSOR_KEY, dtensor_layout
+
+FORMAT_VERSION = 2  # what Session writes: {"objects": {name: state dict}}
+LEGACY_FORMAT = 1  # one model, one optimizer: still read (replays, old snapshots)
 
 
 class SnapshotCorrupt(Exception):
@@ -35,12 +41,24 @@ class RestoredState:
     extra: Any
 
 
+def build_objects_state(step: int, objects: dict[str, Any], extra: Any = None) -> dict[str, Any]:
+    """The live state after `step` optimizer steps from collected state dicts (state.collect)."""
+    return {
+        "format": FORMAT_VERSION,
+        "step": int(step),
+        "data_cursor": int(step),
+        "objects": objects,
+        "rng": _rng_state(),
+        "extra": extra,
+    }
+
+
 def build_state(
     step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: Any = None
 ) -> dict[str, Any]:
-    """The live state after `step` optimizer steps (tensors still alias the model's)."""
+    """The live format-1 state after `step` optimizer steps (tensors still alias the model's)."""
     return {
-        "format": FORMAT_VERSION,
+        "format": LEGACY_FORMAT,
         "step": int(step),
         # Batches are a pure function of (seed, step, rank): the cursor is the batches consumed.
         "data_cursor": int(step),
@@ -71,6 +89,10 @@ class HostBuffers:
 
         def copy(path: str, value: Any) -> Any:
             nonlocal has_cuda
+            if isinstance(value, DTensor):
+                # This rank's shard only, beside the layout a restore checks it against.
+                local = copy(f"{path}/{DTENSOR_KEY}", value.to_local())
+                return {DTENSOR_KEY: local, **dtensor_layout(value)}
             if isinstance(value, torch.Tensor):
                 buf = self._buffers.get(path)
                 if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
@@ -126,9 +148,9 @@ def load(payload: bytes | memoryview) -> dict[str, Any]:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise SnapshotCorrupt(f"snapshot payload could not be loaded: {exc}") from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT_VERSION, LEGACY_FORMAT):
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise SnapshotCorrupt(f"snapshot format {found!r} is not {FORMAT_VERSION}")
+        raise SnapshotCorrupt(f"snapshot format {found!r} is not {FORMAT_VERSION} (or {LEGACY_FORMAT})")
     return state
 
 
@@ -136,8 +158,24 @@ def apply_state(
     state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> RestoredState:
     """Load `state` into `model`, `optimizer` and the process RNGs."""
+    if state["format"] == FORMAT_VERSION:
+        return apply_objects(state, {"model": model, "optimizer": optimizer})
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    _set_rng_state(state["rng"])
+    return RestoredState(step=state["step"], data_cursor=state["data_cursor"], extra=state["extra"])
+
+
+def apply_objects(state: dict[str, Any], objects: dict[str, Any]) -> RestoredState:
+    """Load a decoded snapshot into named objects (trainer/state.py) and the process RNGs."""
+    if state["format"] == LEGACY_FORMAT:
+        if set(objects) != {"model", "optimizer"}:
+            raise SnapshotCorrupt(f"a format-{LEGACY_FORMAT} snapshot holds one model and one optimizer,"
+                                  f" the restore was given {sorted(objects)}")
+        return apply_state(state, objects["model"], objects["optimizer"])
+    from ftsup.trainer import state as state_module
+
+    state_module.apply(objects, state["objects"])
     _set_rng_state(state["rng"])
     return RestoredState(step=state["step"], data_cursor=state["data_cursor"], extra=state["extra"])
 

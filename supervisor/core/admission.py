@@ -260,4 +260,7 @@ def _check_step_report(state: ClusterState, report: StepReport) -> str | None:
         return f"tokens={report.tokens} is outside [0, {MAX_TOKENS_PER_STEP}]"
     if len(report.local_grad_digest) > MAX_DIGEST:
         return f"local_grad_digest of {len(report.local_grad_digest)} characters is longer than {MAX_DIGEST}"
+    if report.replica_group is not None and not 0 <= report.replica_group <= report.rank:
+        return (f"replica_group={report.replica_group} is not the lowest rank of rank {report.rank}'s group"
+                f" (it must lie within [0, {report.rank}])")
     return _check_rank(state, report.node_id, report.generation, report.rank)

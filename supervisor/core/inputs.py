@@ -43,6 +43,7 @@ class StepReport:
     grad_norm: float = float("nan")  # NaN: not reported
     tokens: int = 0  # this rank's tokens in the step; 0: not reported
     local_grad_digest: str = ""  # its local gradients before the all-reduce; "": not reported
+    replica_group: int | None = None  # the lowest rank holding the same shards; None: not reported
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,15 +139,19 @@ def _vote_digests(progress: GenerationProgress, state: ClusterState, report: Ste
     digests[report.rank] = report.param_digest
     grads = progress.grad_digests.setdefault(report.step, {})
     grads[report.rank] = report.local_grad_digest
+    if report.replica_group is not None:
+        progress.replica_groups.setdefault(report.step, {})[report.rank] = report.replica_group
     world = generation.world_size
     if len(digests) < world:
         for stale in sorted(progress.digests)[:-MAX_OPEN_STEPS]:
             del progress.digests[stale]
             progress.grad_digests.pop(stale, None)
+            progress.replica_groups.pop(stale, None)
         return
     del progress.digests[report.step]
     progress.grad_digests.pop(report.step, None)
-    vote = sdc_policy.vote_step(report.step, digests, world, config)
+    groups = progress.replica_groups.pop(report.step, None)
+    vote = sdc_policy.vote_step(report.step, digests, world, config, groups)
     progress.new_sdc_vote = vote
     progress.new_vote_reports = VoteReports(digests, grads, generation)
     if vote.is_clear:

@@ -249,6 +249,7 @@ class GenerationProgress:
     new_sdc_vote: StepVote | None = None  # the vote completed by the input being observed now
     # step -> rank -> the rank's local-gradient digest, until the step is voted on
     grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
+    replica_groups: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> rank -> reported group
     # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
     new_vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports, records made when read
 

@@ -70,7 +70,8 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         r = message.step_report
         return inputs.StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s,
                                  r.loss, r.param_digest,
-                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest)
+                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest,
+                                 r.replica_group if r.HasField("replica_group") else None)
     if kind == "snapshot_report":
         s = message.snapshot_report
         return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes)

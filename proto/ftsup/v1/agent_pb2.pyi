@@ -167,6 +167,7 @@ class StepReport(_message.Message):
     GRAD_NORM_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     LOCAL_GRAD_DIGEST_FIELD_NUMBER: _builtins.int
+    REPLICA_GROUP_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     rank: _builtins.int
     step: _builtins.int
@@ -187,6 +188,12 @@ class StepReport(_message.Message):
     over the per-parameter local gradients): what an SDC recompute of the step is compared with.
     Empty: the trainer does not report it (no recompute check of this rank is possible).
     """
+    replica_group: _builtins.int
+    """The rank's replica group: the lowest rank of the ranks that must hold the same parameter
+    bits as this one (derived from the device mesh by trainer.replicas; a rank alone in its group,
+    e.g. under FSDP over every rank, is compared with nobody). The SDC vote compares digests only
+    within a group. Absent: the supervisor's configured layout decides (sdc_replicas).
+    """
     def __init__(
         self,
         *,
@@ -200,14 +207,20 @@ class StepReport(_message.Message):
         grad_norm: _builtins.float | None = ...,
         tokens: _builtins.int = ...,
         local_grad_digest: _builtins.str = ...,
+        replica_group: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "grad_norm", b"grad_norm"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "_replica_group", b"_replica_group", "grad_norm", b"grad_norm", "replica_group", b"replica_group"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "compute_time_s", b"compute_time_s", "generation", b"generation", "grad_norm", b"grad_norm", "local_grad_digest", b"local_grad_digest", "loss", b"loss", "param_digest", b"param_digest", "rank", b"rank", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm", "_replica_group", b"_replica_group", "compute_time_s", b"compute_time_s", "generation", b"generation", "grad_norm", b"grad_norm", "local_grad_digest", b"local_grad_digest", "loss", b"loss", "param_digest", b"param_digest", "rank", b"rank", "replica_group", b"replica_group", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__grad_norm: _TypeAlias = _typing.Literal["grad_norm"]  # noqa: Y015
     _WhichOneofArgType__grad_norm: _TypeAlias = _typing.Literal["_grad_norm", b"_grad_norm"]  # noqa: Y015
+    _WhichOneofReturnType__replica_group: _TypeAlias = _typing.Literal["replica_group"]  # noqa: Y015
+    _WhichOneofArgType__replica_group: _TypeAlias = _typing.Literal["_replica_group", b"_replica_group"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__grad_norm) -> _WhichOneofReturnType__grad_norm | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__replica_group) -> _WhichOneofReturnType__replica_group | None: ...
 
 Global___StepReport: _TypeAlias = StepReport  # noqa: Y015
 

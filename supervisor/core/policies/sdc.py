@@ -2,8 +2,12 @@
 
 Pure. Every data-parallel replica must hold the same parameter bits after each step (DESIGN.md:
 one logical model state), so ranks that hold the same shard report the same digest. Per step the
-ranks are grouped by shard (`SdcConfig.shard_group`: with tensor/pipeline parallelism only ranks
-holding identical shards are compared), and within a group a digest held by a strict majority
+ranks are grouped by shard, and only ranks of one group are compared. Where the groups come from
+is `SdcConfig.replicas`: REPORTED (default) takes each rank's reported replica group (derived
+from its device mesh by trainer.replicas: under FSDP over every rank each rank is alone and
+nothing is compared; under HSDP or TP the ranks holding the same shard vote together), and a
+rank that reported none falls back to the layout rule; LAYOUT uses only the layout rule
+(`model_parallel_size`, data parallelism outermost); NONE compares nobody. Within a group a digest held by a strict majority
 wins: the others are *minorities* (their nodes are SDC suspects). A group with no strict
 majority (2 vs 2, or 1 vs 1) is *split*: something is wrong but the vote cannot say who, which is
 what the recompute check (`policies/recompute.py`) is for. A rank that reported no digest is
@@ -13,10 +17,19 @@ only when every rank reported and no group disagreed.
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import compress
+
+
+class Replicas(enum.Enum):
+    """Which ranks must hold the same parameter bits (the job file's `sdc_replicas`)."""
+
+    REPORTED = "reported"  # each rank's reported replica group; the layout rule for ranks that report none
+    LAYOUT = "layout"  # rank % model_parallel_size, whatever the ranks report
+    NONE = "none"  # nobody is a replica of anybody (e.g. a pipeline without data parallelism): no vote
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +41,7 @@ class SdcConfig:
     # A minority digest in a group of at least this many ranks quarantines the rank's node: the
     # majority, on other ranks, is the confirmation. Smaller groups can only split.
     min_group_to_convict: int = 3
+    replicas: Replicas = Replicas.REPORTED
 
     def __post_init__(self) -> None:
         if not 1 <= self.model_parallel_size <= 65536:
@@ -64,13 +78,26 @@ class StepVote:
         return bool(self.minorities or self.split)
 
 
-def vote_step(step: int, digests: Mapping[int, str], world_size: int, config: SdcConfig) -> StepVote:
-    """Votes on one step's digests (rank -> digest; "" = not reported) once every rank reported."""
+def vote_step(step: int, digests: Mapping[int, str], world_size: int, config: SdcConfig,
+              reported_groups: Mapping[int, int] | None = None) -> StepVote:
+    """Votes on one step's digests (rank -> digest; "" = not reported) once every rank reported.
+
+    `reported_groups`: rank -> the replica group it reported (ranks absent reported none)."""
     if len(digests) < world_size:
         missing = sorted(set(range(world_size)) - set(digests))
         return StepVote(step, False, (), (), f"step {step}: waiting for ranks {missing[:8]}")
     groups: dict[int, dict[int, str]] = {}
-    if config.model_parallel_size == 1:  # one group: every reported digest (12,500 at 100k GPUs, in C)
+    if config.replicas is Replicas.NONE:
+        return StepVote(step, True, (), (), f"step {step}: no replicas configured, nothing compared")
+    if config.replicas is Replicas.REPORTED and reported_groups:
+        # Reported groups are named by their lowest rank; a rank that reported none keeps the
+        # layout rule's group, kept apart from the reported ones (negative ids).
+        for rank, digest in digests.items():
+            if digest:
+                group = reported_groups.get(rank)
+                key = group if group is not None else -1 - config.shard_group(rank)
+                groups.setdefault(key, {})[rank] = digest
+    elif config.model_parallel_size == 1:  # one group: every reported digest (12,500 at 100k GPUs, in C)
         reported = dict(compress(digests.items(), digests.values()))
         if reported:
             groups[0] = reported

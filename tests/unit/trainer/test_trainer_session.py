@@ -307,5 +307,5 @@ def test_synchronous_capture_copies_before_snapshot_returns_and_never_blocks_the
     assert session.stats.capture_waits == 0 and session.stats.last_copy_s > 0
     assert session.stats.last_held_s >= session.stats.last_copy_s
     state = snapshot_module.decode(client.calls[-1][1].payload, client.calls[-1][1].sha256)
-    assert torch.equal(state["model"]["weight"], at_step_0)
+    assert torch.equal(state["objects"]["model"]["weight"], at_step_0)
     session.close()
