@@ -18,11 +18,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-
 from ftsup.trainer import offline
 from ftsup.trainer.digest import param_digest
 from ftsup.trainer.integrations import hf
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 VOCAB = 64
 

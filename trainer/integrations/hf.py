@@ -28,13 +28,23 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-
 from ftsup.trainer.digest import Digester, param_digest
 from ftsup.trainer.integrations.state import (
-    Protected, ResumePosition, plain, resume_position, rng_state, set_rng_state,
+    Protected,
+    ResumePosition,
+    plain,
+    resume_position,
+    rng_state,
+    set_rng_state,
 )
 from ftsup.trainer.session import Session
+from transformers import (
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 __all__ = ["FtsupCallback", "attach", "capture", "restore"]
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from ftsup.trainer.session import Session
 
 # What torch.load(weights_only=True) reads back besides tensors and containers.
@@ -54,7 +53,7 @@ class ResumePosition:
 def plain(value: Any, path: str = "extra") -> Any:
     """`value` with every mapping turned into a plain dict; raises TypeError (naming the path and
     the type) for anything a weights-only load cannot read, e.g. a pickled object or a numpy array."""
-    if isinstance(value, torch.Tensor) or isinstance(value, _SCALARS):
+    if isinstance(value, (torch.Tensor, *_SCALARS)):
         return value
     if isinstance(value, Mapping):
         out = {}

@@ -4,9 +4,9 @@ round trip through a real (tiny, CPU, single-process) Lightning fit over a fake 
 import lightning as L
 import pytest
 import torch
-
 from ftsup.trainer.integrations import lightning as ftsup_lightning
-from tests.unit.trainer.test_trainer_session import ENV, FakeClient, make_session
+
+from tests.unit.trainer.test_trainer_session import FakeClient, make_session
 
 NODE_2 = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
@@ -95,4 +95,3 @@ def test_a_snapshot_taken_in_fit_restores_through_lightnings_own_resume(tmp_path
     assert torch.equal(target.layer.weight, source.layer.weight)
     assert trainer.global_step == 3
     assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 3
-    assert ENV["FTSUP_NODE_ID"] == "node-a"  # the fake link's identity, unchanged

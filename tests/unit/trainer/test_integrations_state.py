@@ -5,9 +5,18 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+from ftsup.trainer.integrations.state import (
+    ResumePosition,
+    plain,
+    restore_parts,
+    resume_position,
+)
 
-from ftsup.trainer.integrations.state import ResumePosition, plain, restore_parts, resume_position
-from tests.unit.trainer.test_trainer_session import FakeClient, make_session, model_and_optimizer
+from tests.unit.trainer.test_trainer_session import (
+    FakeClient,
+    make_session,
+    model_and_optimizer,
+)
 
 
 class AttributeDict(dict):
