@@ -29,6 +29,7 @@ from ftsup.trainer.integrations.state import (
     Protected,
     RestoredParts,
     plain,
+    framework_state,
     restore_parts,
     set_rng_state,
 )
@@ -231,10 +232,10 @@ class FtsupCallback(Callback):
                                  _loss_of(outputs), self._digest() if self._digest is not None else "")
         if self.session.checkpoint_due(step):
             protected = capture(trainer)
-            self.session.save_checkpoint(step, protected.model, protected.optimizer, protected.extra)
+            self.session.save_checkpoint(step, framework_state(protected), extra=protected.extra)
         if self.snapshot_every and step % self.snapshot_every == 0:
             protected = capture(trainer)
-            self.session.snapshot(step, protected.model, protected.optimizer, extra=protected.extra)
+            self.session.snapshot(step, framework_state(protected), extra=protected.extra)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.session is None:

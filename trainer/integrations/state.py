@@ -99,35 +99,36 @@ def set_rng_state(rng: Mapping[str, Any]) -> None:
     random.setstate(rng["python"])
 
 
-class _HeldModule(torch.nn.Module):
-    """Stands in for the model in `Session.restore`: keeps the state dict it is given."""
+class _FrameworkStateDict:
+    """A model or optimizer as its framework saves and loads it: `state_dict()` kept verbatim
+    (the optimizer's state keyed by parameter index, as `Optimizer.load_state_dict` and Lightning's
+    checkpoint dict expect), instead of torch's distributed state-dict API keyed by parameter name.
+    For unsharded models only: a sharded one goes through `Session.snapshot` directly."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, obj: Any = None) -> None:
+        self.obj = obj
         self.held: dict[str, Any] | None = None
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        self.held = dict(state_dict)
-        return None
-
-
-class _HeldOptimizer:
-    """Stands in for the optimizer in `Session.restore`: keeps the state dict it is given."""
-
-    def __init__(self) -> None:
-        self.held: dict[str, Any] | None = None
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.obj.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.held = state_dict
 
 
+def framework_state(protected: Protected) -> dict[str, Any]:
+    """The state to hand `Session.snapshot` / `save_checkpoint` when `restore_parts` will read it back."""
+    return {"model": _FrameworkStateDict(protected.model), "optimizer": _FrameworkStateDict(protected.optimizer)}
+
+
 def restore_parts(session: Session) -> RestoredParts | None:
-    """The snapshot the agent holds for this rank as pieces, or None on a fresh start. Sets the
-    process RNGs as `Session.restore` does; `rng` holds them to set again at the right point."""
+    """The snapshot the agent holds for this rank (taken with `framework_state`) as pieces, or None
+    on a fresh start. Sets the process RNGs as `Session.restore` does; `rng` holds them to set again
+    at the right point."""
     if session.launch.restore_step is None:
         return None
-    model, optimizer = _HeldModule(), _HeldOptimizer()
-    step = session.restore(model, optimizer)  # type: ignore[arg-type]  # duck-typed holders
+    model, optimizer = _FrameworkStateDict(), _FrameworkStateDict()
+    step = session.restore({"model": model, "optimizer": optimizer})
     if model.held is None or optimizer.held is None:
         raise RuntimeError(f"rank {session.rank}: the restore of step {step} loaded no model or optimizer state")
     return RestoredParts(step=step, model_state=model.held, optimizer_state=optimizer.held,

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 from ftsup.trainer.integrations.state import (
+    Protected,
     ResumePosition,
+    framework_state,
     plain,
     restore_parts,
     resume_position,
@@ -58,7 +60,7 @@ def test_restore_parts_hands_back_the_snapshot_pieces_without_live_objects():
     model, optimizer = model_and_optimizer()
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    session.snapshot(7, model, optimizer, extra={"framework": {"k": 1}})
+    session.snapshot(7, framework_state(Protected(model, optimizer, {})), extra={"framework": {"k": 1}})
     session.wait_for_snapshots()
     assert restore_parts(make_session(client)) is None  # a fresh start asks nothing
     client.restore_blob = client.calls[-1][1]
