@@ -196,7 +196,7 @@ class Launcher:
         the next RUN directive adopts them. Not on a quarantined or drained node, and not once
         the job completed: those stop. True: every live trainer is parked, nothing to stop."""
         run = self.run
-        if run is None or d.reason.startswith(("quarantined", "drained", "job completed")):
+        if run is None or d.reason.startswith(("quarantined", "drained", "job completed", "job failed")):
             return False
         live = run.live()
         if not live or not all(t.can_rejoin for t in live):
