@@ -87,7 +87,7 @@ def test_a_lost_node_counts_against_the_budget_and_a_spare_takes_over_while_it_l
     sim.events(StreamClosed("n1", 1, 1), at=NOW + 1)
     events = []
     for t in (1.1, 2.6, 3.5):  # suspected, dead (budget 1 of 1 used), then the spare grace is over
-        sim.events(Heartbeat("s1", 1, 0), at=NOW + t - 0.05)
+        events += sim.events(Heartbeat("s1", 1, 0), at=NOW + t - 0.05)
         events += sim.events(Tick(), at=NOW + t)
     assert not any(isinstance(e, JobFailed) for e in events)
     started = [e for e in events if isinstance(e, GenerationStarted)]
