@@ -21,6 +21,9 @@ class RankProgress:
     last_step: int = 0
     step_times_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
     is_hang_reported: bool = False
+    # Only ranks that use a Session are judged for hangs: a plain torchrun script (level 0)
+    # never reports progress, so silence says nothing about it (issue 13).
+    is_watched: bool = False
 
 
 class ProgressTracker:
@@ -38,6 +41,11 @@ class ProgressTracker:
         self._generation = generation
         self.ranks = {rank: RankProgress(started_s=now, last_progress_s=now) for rank in ranks}
 
+    def attach(self, generation: int, rank: int) -> None:
+        progress = self.ranks.get(rank)
+        if generation == self._generation and progress is not None:
+            progress.is_watched = True
+
     def record_step(self, generation: int, rank: int, step: int, step_time_s: float) -> None:
         progress = self.ranks.get(rank)
         if generation != self._generation or progress is None:
@@ -46,6 +54,7 @@ class ProgressTracker:
         progress.last_step = step
         progress.step_times_s.append(step_time_s)
         progress.is_hang_reported = False
+        progress.is_watched = True
 
     def now(self) -> float:
         return self._clock()

@@ -56,6 +56,11 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports = reports
         self._log = log
 
+    def _attach(self, generation: int, rank: int) -> None:
+        """The rank uses a Session: its exit 0 is not a finish by itself, and hangs are watched."""
+        self._launcher.mark_attached(generation, rank)
+        self._progress.attach(generation, rank)
+
     async def _check_rank(self, context: Context, what: str, generation: int, rank: int) -> None:
         run = self._launcher.run
         if run is None or run.generation != generation:
@@ -69,6 +74,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:  # noqa: N802
+        self._attach(request.generation, request.rank)
         try:
             blob = await self._restores.get(request.rank, request.generation)
         except UnknownRank as exc:
@@ -82,6 +88,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
+        self._attach(request.generation, request.rank)
         self._progress.record_step(request.generation, request.rank, request.step, request.step_time_s)
         self._reports.send(agent_pb2.AgentMessage(step_report=request))
         run = self._launcher.run
@@ -90,6 +97,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportFinished", request.generation, request.rank)
+        self._attach(request.generation, request.rank)
         self._launcher.mark_finished(request.generation, request.rank)
         self._log.info("rank_finished", generation=request.generation, rank=request.rank, step=request.step)
         self._reports.send(agent_pb2.AgentMessage(rank_finished=request), sticky=True)
@@ -119,6 +127,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
     async def WatchGeneration(  # noqa: N802
         self, request: peer_pb2.WatchGenerationRequest, context: Context
     ) -> peer_pb2.LinkAck:
+        self._attach(request.generation, request.rank)
         run = self._launcher.watching(request.generation, request.rank)
         if run is not None:
             await run.replaced.wait()

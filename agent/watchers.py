@@ -41,7 +41,7 @@ async def watch_hangs(
             tracker.start_generation(generation, ranks)  # a new generation's clock starts now
         now = tracker.now()
         for rank, progress in tracker.ranks.items():
-            if rank not in live or progress.is_hang_reported:
+            if rank not in live or progress.is_hang_reported or not progress.is_watched:
                 continue
             hang = check_hang(list(progress.step_times_s), progress.last_progress_s, now, config)
             if hang is None:
