@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ftsup.agent.core.hang import Phase
+
 WINDOW = 32
 
 
@@ -24,6 +26,7 @@ class RankProgress:
     # Only ranks that use a Session are judged for hangs: a plain torchrun script (level 0)
     # never reports progress, so silence says nothing about it (issue 13).
     is_watched: bool = False
+    phase: Phase | None = None  # the named phase it is in (level 1), None while training steps
 
 
 class ProgressTracker:
@@ -45,6 +48,16 @@ class ProgressTracker:
         progress = self.ranks.get(rank)
         if generation == self._generation and progress is not None:
             progress.is_watched = True
+
+    def record_liveness(self, generation: int, rank: int, phase: Phase | None) -> None:
+        """A heartbeat, or entering/leaving a phase: progress, and the limit that applies from now."""
+        progress = self.ranks.get(rank)
+        if generation != self._generation or progress is None:
+            return
+        progress.last_progress_s = self._clock()
+        progress.phase = phase
+        progress.is_hang_reported = False
+        progress.is_watched = True
 
     def record_step(self, generation: int, rank: int, step: int, step_time_s: float) -> None:
         progress = self.ranks.get(rank)

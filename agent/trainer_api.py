@@ -18,6 +18,7 @@ import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
+from ftsup.agent.core.hang import MAX_PHASE_TIMEOUT_S, Phase
 from ftsup.common.chunks import CHUNK_BYTES
 from ftsup.agent.launcher import Launcher
 from ftsup.agent.link import Reports
@@ -131,6 +132,19 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         run = self._launcher.watching(request.generation, request.rank)
         if run is not None:
             await run.replaced.wait()
+        return peer_pb2.LinkAck()
+
+    async def ReportLiveness(self, request: peer_pb2.LivenessReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+        """Level 1: a heartbeat or a phase change counts as progress for the hang watcher."""
+        await self._check_rank(context, "ReportLiveness", request.generation, request.rank)
+        timeout_s = request.phase_timeout_s
+        if not (0.0 <= timeout_s <= MAX_PHASE_TIMEOUT_S) or len(request.phase) > 128:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"phase must be at most 128 characters and phase_timeout_s within"
+                                f" [0, {MAX_PHASE_TIMEOUT_S:g}], got {request.phase[:40]!r}, {timeout_s!r}")
+        phase = Phase(request.phase, timeout_s) if request.phase else None
+        self._attach(request.generation, request.rank)
+        self._progress.record_liveness(request.generation, request.rank, phase)
         return peer_pb2.LinkAck()
 
     async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
