@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 
@@ -103,8 +103,16 @@ def _write_run_file(cluster: LocalCluster, run_dir: pathlib.Path) -> None:
 
 
 def _follow(cluster: LocalCluster, output: RankOutput, run_dir: pathlib.Path) -> Outcome:
+    with open(run_dir / "events.jsonl", "a") as events:
+        return _follow_into(cluster, output, run_dir, events)
+
+
+def _follow_into(cluster: LocalCluster, output: RankOutput, run_dir: pathlib.Path, events: TextIO) -> Outcome:
+    """Until the job completes or fails: rank output, notable events on stderr, every event
+    record (as `supervisorctl events --json` prints it) into events.jsonl, readable after the run."""
     next_seq = 1
     next_status = 0.0
+    failure: dict[str, Any] | None = None
     while True:
         output.poll()
         if time.monotonic() < next_status:
@@ -120,14 +128,15 @@ def _follow(cluster: LocalCluster, output: RankOutput, run_dir: pathlib.Path) ->
         except grpc.RpcError as exc:
             say(f"supervisor not answering ({exc.code().name}); retrying")
             continue
-        failure = None
         for record in records:
             next_seq = record.seq + 1
+            events.write(json.dumps(render.record_dict(record)) + "\n")
             line = event_line(record)
             if line:
                 say(line)
             if record.event.WhichOneof("kind") == "job_failed":
                 failure = render.record_dict(record)
+        events.flush()
         if status.phase == operator_pb2.JOB_PHASE_COMPLETED:
             output.finish()
             say(f"job completed after {status.restarts} restart(s); run dir {run_dir}")
@@ -137,10 +146,9 @@ def _follow(cluster: LocalCluster, output: RankOutput, run_dir: pathlib.Path) ->
             say(status.failure)
             if status.failure_tail:
                 say("last output of the failed rank:\n" + status.failure_tail)
-            if failure is None:
-                failed = [r for r in cluster.events(1) if r.event.WhichOneof("kind") == "job_failed"]
-                failure = render.record_dict(failed[-1]) if failed else {"detail": status.failure}
-            say(f"run dir {run_dir} (supervisorctl --address {cluster.address} events, while it runs)")
+            if failure is None:  # decided before this poll's events were read: read on
+                continue
+            say(f"run dir {run_dir}; every event in {run_dir / 'events.jsonl'}")
             return Outcome(EXIT_JOB_FAILED, "failed", str(run_dir), status.restarts, failure)
 
 

@@ -109,7 +109,8 @@ def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size:
         final_digest=state.completion.param_digest if state.completion else "",
         failure=budget.describe(state.failed) if state.failed is not None else "",
         failure_tail=state.failed.output_tail if state.failed is not None else "",
-        restarts=state.failures,
+        # gang restarts made: the failure that spent the budget restarted nothing
+        restarts=state.failures - (1 if state.failed is not None else 0),
     )
 
 
