@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ftsup.agent.core.hang import Phase
 
 WINDOW = 32
+MAX_EARLY = 1024  # attachments remembered ahead of the watcher's generation switch
 
 
 @dataclass(slots=True)
@@ -34,6 +35,8 @@ class ProgressTracker:
         self._clock = clock
         self._generation = 0
         self.ranks: dict[int, RankProgress] = {}
+        # Ranks of a newer generation that attached before the watcher switched to it.
+        self._early: set[tuple[int, int]] = set()
 
     @property
     def generation(self) -> int:
@@ -42,12 +45,16 @@ class ProgressTracker:
     def start_generation(self, generation: int, ranks: tuple[int, ...]) -> None:
         now = self._clock()
         self._generation = generation
-        self.ranks = {rank: RankProgress(started_s=now, last_progress_s=now) for rank in ranks}
+        self.ranks = {rank: RankProgress(started_s=now, last_progress_s=now,
+                                         is_watched=(generation, rank) in self._early) for rank in ranks}
+        self._early = {(g, r) for g, r in self._early if g > generation}
 
     def attach(self, generation: int, rank: int) -> None:
         progress = self.ranks.get(rank)
         if generation == self._generation and progress is not None:
             progress.is_watched = True
+        elif generation > self._generation and len(self._early) < MAX_EARLY:
+            self._early.add((generation, rank))
 
     def record_liveness(self, generation: int, rank: int, phase: Phase | None) -> None:
         """A heartbeat, or entering/leaving a phase: progress, and the limit that applies from now."""

@@ -75,6 +75,9 @@ def test_the_agent_judges_only_ranks_that_report_and_a_heartbeat_is_progress():
     assert tracker.ranks[0].phase is None
     tracker.record_liveness(2, 1, None)  # another generation's: ignored
     assert not tracker.ranks[1].is_watched
+    tracker.attach(2, 1)  # a Session of generation 2 spoke before the watcher switched to it
+    tracker.start_generation(2, (0, 1))
+    assert tracker.ranks[1].is_watched and not tracker.ranks[0].is_watched
 
 
 def test_session_from_env_outside_ftsup_is_a_no_op_with_one_warning(monkeypatch):
