@@ -100,3 +100,37 @@ def test_operator_restarts_and_completion_are_not_failures():
     assert not budget.is_failure(EndReason.COMPLETED)
     assert not budget.is_failure(EndReason.ELASTIC_GROW)
     assert budget.is_failure(EndReason.NODE_LOST) and budget.is_failure(EndReason.HUNG)
+
+
+def test_a_failed_job_survives_a_state_snapshot_and_shows_failed_in_status():
+    from ftsup.supervisor import codec
+    from ftsup.supervisor.core.views import JobPhase, status_view
+    from ftsup.supervisor.ctl import render
+    from ftsup.v1 import operator_pb2
+
+    sim = cluster(max_restarts=0)
+    crash(sim)
+    restored = codec.state_from_proto(codec.state_to_proto(sim.state))
+    assert restored.failed == sim.state.failed and restored.failures == 1
+    view = status_view(restored, sim.soft, "test", 2)
+    assert view.phase is JobPhase.FAILED and view.restarts == 0 and "RuntimeError: boom" in view.failure_tail
+    response = operator_pb2.GetStatusResponse(job_name="test", phase=operator_pb2.JOB_PHASE_FAILED,
+                                              failure=view.failure, failure_tail=view.failure_tail, max_restarts=0)
+    text = render.status_text(response)
+    assert "FAILED      job failed after 0 restart(s) (max_restarts=0): trainer_exited rank 1 on n1" in text
+    assert "RuntimeError: boom" in text and "restarts    0 after failures (max 0)" in text
+    import argparse
+
+    from ftsup.supervisor.ctl.main import EXIT_JOB_FAILED, EXIT_OK, cmd_status
+
+    class Stub:
+        def __init__(self, reply: operator_pb2.GetStatusResponse) -> None:
+            self.reply = reply
+
+        def GetStatus(self, _request: object, timeout: float) -> operator_pb2.GetStatusResponse:  # noqa: N802
+            return self.reply
+
+    args = argparse.Namespace(json=True, timeout=1.0)
+    assert cmd_status(Stub(response), args) == EXIT_JOB_FAILED  # type: ignore[arg-type]
+    running = operator_pb2.GetStatusResponse(phase=operator_pb2.JOB_PHASE_RUNNING)
+    assert cmd_status(Stub(running), args) == EXIT_OK  # type: ignore[arg-type]
