@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-
 from ftsup.harness.cluster import wait_until
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,14 @@ import json
 import pathlib
 
 import pytest
-
 from ftsup.harness.rank_output import RankOutput
-from ftsup.harness.run_args import DEFAULT_MAX_RESTARTS, REFUSED, RunUsageError, job_dict, parse
+from ftsup.harness.run_args import (
+    DEFAULT_MAX_RESTARTS,
+    REFUSED,
+    RunUsageError,
+    job_dict,
+    parse,
+)
 from ftsup.supervisor.config import load_job
 
 

@@ -7,8 +7,15 @@ import dataclasses
 
 from ftsup.supervisor.core import budget
 from ftsup.supervisor.core.directives import Action, directive_for
-from ftsup.supervisor.core.events import EndReason, GenerationEnded, GenerationStarted, JobCompleted, JobFailed
+from ftsup.supervisor.core.events import (
+    EndReason,
+    GenerationEnded,
+    GenerationStarted,
+    JobCompleted,
+    JobFailed,
+)
 from ftsup.supervisor.core.inputs import Heartbeat, StreamClosed, Tick, TrainerExit
+
 from tests.support.builders import NOW, Sim, config, hello
 
 
@@ -127,7 +134,7 @@ def test_a_failed_job_survives_a_state_snapshot_and_shows_failed_in_status():
         def __init__(self, reply: operator_pb2.GetStatusResponse) -> None:
             self.reply = reply
 
-        def GetStatus(self, _request: object, timeout: float) -> operator_pb2.GetStatusResponse:  # noqa: N802
+        def GetStatus(self, _request: object, timeout: float) -> operator_pb2.GetStatusResponse:
             return self.reply
 
     args = argparse.Namespace(json=True, timeout=1.0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-
 from ftsup.agent.core.hang import HangConfig, Phase, check_hang, hang_limit_s
 from ftsup.agent.progress import ProgressTracker
 from ftsup.trainer import offline
@@ -49,9 +48,8 @@ def test_liveness_reports_phases_nested_and_rate_limits_heartbeats():
     clock.now += 1.0
     live.heartbeat()
     assert len(sent) == 6
-    with pytest.raises(ValueError, match="timeout_s"):
-        with live.phase("eval", timeout_s=-1):
-            pass
+    with pytest.raises(ValueError, match="timeout_s"), live.phase("eval", timeout_s=-1):
+        pass
 
 
 def test_a_lost_liveness_report_is_logged_not_raised():
@@ -89,8 +87,8 @@ def test_session_from_env_outside_ftsup_is_a_no_op_with_one_warning(monkeypatch)
         session = Session.from_env(env)
         Session.from_env(env)
     assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == [
-        "ftsup: no FTSUP_AGENT_ADDRESS (not launched by ftsup): Session is a no-op here;"
-        " nothing is snapshotted, reported or restored"]
+        ("ftsup: no FTSUP_AGENT_ADDRESS (not launched by ftsup): Session is a no-op here;"
+         " nothing is snapshotted, reported or restored")]
     assert (session.rank, session.world_size, session.node_id) == (1, 2, "offline")
     session.heartbeat()
     with session.phase("eval", timeout_s=60):
