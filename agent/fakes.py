@@ -40,17 +40,20 @@ class ScriptedProcessRunner:
 
     def __init__(self, dies_on: Sequence[int] = (signals.SIGKILL, signals.SIGTERM)) -> None:
         self.spawned: list[FakeProcess] = []
+        self.cwds: list[Path | None] = []
         self.dies_on = set(dies_on)
         self.fail_spawn: str | None = None
         self._next_pid = 1000
 
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+                    cwd: Path | None = None) -> ProcessHandle:
         if self.fail_spawn is not None:
             from ftsup.agent.process import SpawnFailed
 
             raise SpawnFailed(self.fail_spawn)
         self._next_pid += 1
         process = FakeProcess(self._next_pid, tuple(argv), dict(env), log_path)
+        self.cwds.append(cwd)
         self.spawned.append(process)
         return process
 

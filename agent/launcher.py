@@ -9,6 +9,9 @@ before any trainer of the new one starts, so two generations never share the nod
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import pathlib
 import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +21,8 @@ from ftsup.v1 import agent_pb2
 
 from ftsup.agent.config import AgentConfig
 from ftsup.agent.core.directives import Action, Applied, Decision, Step, diff_directive, validate_run
-from ftsup.agent.core.trainer_env import RankSpec, log_file_name, trainer_env
+from ftsup.agent.core.output_tail import READ_BYTES, failure_tail
+from ftsup.agent.core.trainer_env import RankSpec, error_file_name, log_file_name, trainer_env
 from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from ftsup.agent.restore import RestoreBook, RestoreSource
 from ftsup.agent.snapshots import SnapshotStore
@@ -46,6 +50,8 @@ class Trainer:
     # given the next generation's rank in place of a restart (the in-process fast path).
     rejoin: asyncio.Future[dict[str, str] | str] | None = None
     can_rejoin: bool = False  # it watches its generation (WatchGeneration): it takes the fast path
+    log_path: pathlib.Path | None = None
+    error_file: pathlib.Path | None = None
 
 
 @dataclass(eq=False)
@@ -61,6 +67,10 @@ class Run:
     checkpoint_steps: tuple[int, ...] = ()  # requested off the cadence; ranks learn them from step acks
     trainers: dict[int, Trainer] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
+    # Ranks that opened a Session (talked to the trainer service): their exit 0 must be a
+    # finish they reported. A rank that never did is a plain torchrun script (level 0).
+    attached: set[int] = field(default_factory=set)
+    stop_grace_s: float = 0.0  # the job's SIGTERM grace; 0: the agent's default
     # Set once a directive replaces this generation: work still under way for it (a snapshot
     # hand-off waiting on a dead buddy) ends at once, so its ranks reach the fast path.
     replaced: asyncio.Event = field(default_factory=asyncio.Event)
@@ -78,6 +88,26 @@ def _merged(known: tuple[int, ...], sent: Iterable[int]) -> tuple[int, ...]:
 
 def _action(value: int) -> Action | None:
     return {agent_pb2.ACTION_RUN: Action.RUN, agent_pb2.ACTION_STANDBY: Action.STANDBY}.get(value)
+
+
+def _read_tail(trainer: Trainer) -> str:
+    """The failure record's output: torch's recorded exception, else the end of the rank's log."""
+    log_end = b""
+    if trainer.log_path is not None:
+        try:
+            with open(trainer.log_path, "rb") as log:
+                log.seek(max(0, os.fstat(log.fileno()).st_size - READ_BYTES))
+                log_end = log.read(READ_BYTES)
+        except OSError:
+            pass
+    recorded = None
+    if trainer.error_file is not None:
+        try:
+            with open(trainer.error_file, "rb") as error_file:
+                recorded = json.loads(error_file.read(READ_BYTES * 4))
+        except (OSError, ValueError):
+            pass
+    return failure_tail(log_end, recorded)
 
 
 class Launcher:
@@ -113,6 +143,11 @@ class Launcher:
     def running_generation(self) -> int:
         """The generation whose trainers are alive on this node, 0 when none are."""
         return self.run.generation if self.run is not None and self.run.live() else 0
+
+    def mark_attached(self, generation: int, rank: int) -> None:
+        """The rank uses a Session (it called the trainer service): not a plain script."""
+        if self.run is not None and self.run.generation == generation and rank in self.run.ranks:
+            self.run.attached.add(rank)
 
     def mark_finished(self, generation: int, rank: int) -> bool:
         """Records ReportFinished; False when (generation, rank) is not run here."""
@@ -159,7 +194,8 @@ class Launcher:
                 self._applied = Applied(directive.generation, Action.STANDBY)
                 if await self._park_rejoiners(directive):
                     return decision
-                await self.stop(self._stop_grace_s)
+                grace = self.run.stop_grace_s if self.run is not None and self.run.stop_grace_s > 0 else 0.0
+                await self.stop(grace or self._stop_grace_s)
             case Step.NOOP:
                 pass
         return decision
@@ -196,7 +232,7 @@ class Launcher:
         the next RUN directive adopts them. Not on a quarantined or drained node, and not once
         the job completed: those stop. True: every live trainer is parked, nothing to stop."""
         run = self.run
-        if run is None or d.reason.startswith(("quarantined", "drained", "job completed")):
+        if run is None or d.reason.startswith(("quarantined", "drained", "job completed", "job failed")):
             return False
         live = run.live()
         if not live or not all(t.can_rejoin for t in live):
@@ -250,6 +286,7 @@ class Launcher:
             buddy_address=d.buddy_address,
             retain_from_step=d.retain_from_step,
             checkpoint_steps=_merged((), d.checkpoint_steps),
+            stop_grace_s=d.stop_grace_s,
         )
         self.run = run
         self._store.set_retain_from_step(d.retain_from_step)
@@ -274,24 +311,29 @@ class Launcher:
                 node_id=self._config.node_id,
                 agent_address=self._config.trainer_link_address,
                 restore_step=restore_step,
+                restart_count=d.restart_count,
+                max_restarts=d.max_restarts,
+                run_id=d.job_name,
+                error_file=str(self._config.workdir / error_file_name(rank, d.generation)),
             )
-            env = {**self._base_env, **trainer_env(spec, directive_env)}
+            env = {**self._base_env, **trainer_env(spec, directive_env, self._base_env)}
             log_path = self._config.workdir / log_file_name(rank, d.generation)
             if adopted:
                 trainer = adopted[local_rank]
                 assert trainer.rejoin is not None
                 trainer.rank, trainer.local_rank, trainer.generation = rank, local_rank, d.generation
                 run.trainers[rank] = trainer
-                trainer.rejoin.set_result(trainer_env(spec, directive_env))
+                trainer.rejoin.set_result(trainer_env(spec, directive_env, self._base_env))
                 self._log.info("trainer_rejoined", generation=d.generation, rank=rank, pid=trainer.handle.pid)
                 continue
             try:
-                handle = await self._runner.spawn(list(d.argv), env, log_path)
+                handle = await self._runner.spawn(list(d.argv), env, log_path, pathlib.Path(d.cwd) if d.cwd else None)
             except SpawnFailed as exc:
                 self._log.error("trainer_spawn_failed", generation=d.generation, rank=rank, error=str(exc))
-                self._send_exit(run.generation, rank, SPAWN_FAILED_EXIT_CODE, finished=False)
+                self._send_exit(run.generation, rank, SPAWN_FAILED_EXIT_CODE, finished=False, tail=str(exc))
                 continue
-            trainer = Trainer(rank, local_rank, handle, generation=d.generation)
+            trainer = Trainer(rank, local_rank, handle, generation=d.generation, log_path=log_path,
+                              error_file=pathlib.Path(spec.error_file))
             trainer.watcher = asyncio.create_task(self._watch(trainer))
             run.trainers[rank] = trainer
             self._log.info("trainer_started", generation=d.generation, rank=rank, pid=handle.pid, log=str(log_path))
@@ -300,15 +342,19 @@ class Launcher:
         code = await self._runner.wait(trainer.handle)
         trainer.exit_code = code
         # The generation it ran when it exited: a rejoined process may have moved on since start.
-        finished = self.run is not None and self.run.generation == trainer.generation and \
-            trainer.rank in self.run.finished
+        current = self.run is not None and self.run.generation == trainer.generation
+        finished = current and self.run is not None and trainer.rank in self.run.finished
+        is_plain = current and self.run is not None and trainer.rank not in self.run.attached
+        tail = "" if code == 0 else _read_tail(trainer)
         self._log.info("trainer_exited", generation=trainer.generation, rank=trainer.rank, exit_code=code,
-                       finished=finished)
-        self._send_exit(trainer.generation, trainer.rank, code, finished)
+                       finished=finished, is_plain_script=is_plain)
+        self._send_exit(trainer.generation, trainer.rank, code, finished, tail=tail, is_plain_script=is_plain)
 
-    def _send_exit(self, generation: int, rank: int, code: int, finished: bool) -> None:
+    def _send_exit(self, generation: int, rank: int, code: int, finished: bool, *, tail: str = "",
+                   is_plain_script: bool = False) -> None:
         self._report(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(
-            generation=generation, rank=rank, exit_code=code, finished=finished)))
+            generation=generation, rank=rank, exit_code=code, finished=finished, output_tail=tail,
+            is_plain_script=is_plain_script)))
 
     async def _kill_all(self) -> None:
         """SIGKILLs every trainer (they belong to a dead generation) and waits until reaped."""

@@ -32,8 +32,9 @@ class ProcessHandle(Protocol):
 
 
 class ProcessRunner(Protocol):
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
-        """Starts `argv` with exactly `env`, stdout and stderr appended to `log_path`."""
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+                    cwd: Path | None = None) -> ProcessHandle:
+        """Starts `argv` with exactly `env` in `cwd` (None: the agent's), stdout and stderr appended to `log_path`."""
         ...
 
     def signal(self, handle: ProcessHandle, sig: int) -> None:
@@ -104,7 +105,8 @@ class AsyncioProcessRunner:
         self._nice = nice
         self._oom_score_adj = oom_score_adj
 
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+                    cwd: Path | None = None) -> ProcessHandle:
         if not argv:
             raise SpawnFailed("empty trainer argv")
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +119,7 @@ class AsyncioProcessRunner:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=False,
+                    cwd=cwd,
                 )
             except OSError as exc:
                 raise SpawnFailed(f"cannot start {argv[0]!r}: {exc}") from exc

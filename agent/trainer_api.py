@@ -18,6 +18,7 @@ import structlog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
+from ftsup.agent.core.hang import MAX_PHASE_TIMEOUT_S, Phase
 from ftsup.common.chunks import CHUNK_BYTES
 from ftsup.agent.launcher import Launcher
 from ftsup.agent.link import Reports
@@ -56,6 +57,11 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports = reports
         self._log = log
 
+    def _attach(self, generation: int, rank: int) -> None:
+        """The rank uses a Session: its exit 0 is not a finish by itself, and hangs are watched."""
+        self._launcher.mark_attached(generation, rank)
+        self._progress.attach(generation, rank)
+
     async def _check_rank(self, context: Context, what: str, generation: int, rank: int) -> None:
         run = self._launcher.run
         if run is None or run.generation != generation:
@@ -69,6 +75,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:  # noqa: N802
+        self._attach(request.generation, request.rank)
         try:
             blob = await self._restores.get(request.rank, request.generation)
         except UnknownRank as exc:
@@ -82,6 +89,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
+        self._attach(request.generation, request.rank)
         self._progress.record_step(request.generation, request.rank, request.step, request.step_time_s)
         self._reports.send(agent_pb2.AgentMessage(step_report=request))
         run = self._launcher.run
@@ -90,6 +98,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportFinished", request.generation, request.rank)
+        self._attach(request.generation, request.rank)
         self._launcher.mark_finished(request.generation, request.rank)
         self._log.info("rank_finished", generation=request.generation, rank=request.rank, step=request.step)
         self._reports.send(agent_pb2.AgentMessage(rank_finished=request), sticky=True)
@@ -119,9 +128,23 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
     async def WatchGeneration(  # noqa: N802
         self, request: peer_pb2.WatchGenerationRequest, context: Context
     ) -> peer_pb2.LinkAck:
+        self._attach(request.generation, request.rank)
         run = self._launcher.watching(request.generation, request.rank)
         if run is not None:
             await run.replaced.wait()
+        return peer_pb2.LinkAck()
+
+    async def ReportLiveness(self, request: peer_pb2.LivenessReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+        """Level 1: a heartbeat or a phase change counts as progress for the hang watcher."""
+        await self._check_rank(context, "ReportLiveness", request.generation, request.rank)
+        timeout_s = request.phase_timeout_s
+        if not (0.0 <= timeout_s <= MAX_PHASE_TIMEOUT_S) or len(request.phase) > 128:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"phase must be at most 128 characters and phase_timeout_s within"
+                                f" [0, {MAX_PHASE_TIMEOUT_S:g}], got {request.phase[:40]!r}, {timeout_s!r}")
+        phase = Phase(request.phase, timeout_s) if request.phase else None
+        self._attach(request.generation, request.rank)
+        self._progress.record_liveness(request.generation, request.rank, phase)
         return peer_pb2.LinkAck()
 
     async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:  # noqa: N802

@@ -89,10 +89,11 @@ class WarmPoolRunner:
                 return handle
         return None
 
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
-        handle = self._take() if is_warmable(argv) else None
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+                    cwd: Path | None = None) -> ProcessHandle:
+        handle = self._take() if is_warmable(argv) and cwd is None else None  # warm ones sit in the agent's cwd
         if handle is None:
-            return await self._inner.spawn(argv, env, log_path)
+            return await self._inner.spawn(argv, env, log_path, cwd)
         launch = json.dumps({"argv": list(argv), "env": dict(env), "log_path": str(log_path)}) + "\n"
         stdin = handle.process.stdin
         assert stdin is not None

@@ -41,14 +41,15 @@ async def watch_hangs(
             tracker.start_generation(generation, ranks)  # a new generation's clock starts now
         now = tracker.now()
         for rank, progress in tracker.ranks.items():
-            if rank not in live or progress.is_hang_reported:
+            if rank not in live or progress.is_hang_reported or not progress.is_watched:
                 continue
-            hang = check_hang(list(progress.step_times_s), progress.last_progress_s, now, config)
+            hang = check_hang(list(progress.step_times_s), progress.last_progress_s, now, config, progress.phase)
             if hang is None:
                 continue
             progress.is_hang_reported = True
             log.warning("trainer_hung", generation=tracker.generation, rank=rank, last_step=progress.last_step,
-                        silent_for_s=round(hang.silent_for_s, 1), limit_s=round(hang.limit_s, 1))
+                        silent_for_s=round(hang.silent_for_s, 1), limit_s=round(hang.limit_s, 1),
+                        phase=hang.phase or None)
             report(agent_pb2.AgentMessage(trainer_hung=agent_pb2.TrainerHung(
                 generation=tracker.generation, rank=rank, last_step=progress.last_step,
                 silent_for_s=hang.silent_for_s, limit_s=hang.limit_s)))

@@ -1,4 +1,4 @@
-"""`ftsup`: one entry point for the daemons and the tools (supervisor, agent, demo, xid, log, bench, checkpoints)."""
+"""`ftsup`: one entry point for the daemons and the tools (run, supervisor, agent, demo, xid, log, bench, checkpoints)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ import pathlib
 import re
 import sys
 from collections.abc import Callable
+
+
+def _run(argv: list[str]) -> int:
+    from ftsup.harness.run import main
+
+    return main(argv)
 
 
 def _supervisor(argv: list[str]) -> int:
@@ -99,6 +105,7 @@ def _bench(argv: list[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "run": (_run, "run a torchrun-style script under ftsup on this machine (torchrun's flags; see --help)"),
     "supervisor": (_supervisor, "run the supervisor daemon"),
     "agent": (_agent, "run the node agent daemon"),
     "demo": (_demo, "train on a local cluster, kill a node, recover (see --help)"),

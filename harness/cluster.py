@@ -72,6 +72,11 @@ class ClusterSpec:
     agent_args: tuple[str, ...] = ()  # extra agent flags (e.g. short --hang-* limits for chaos runs)
     supervisor_args: tuple[str, ...] = ()  # extra supervisor flags (e.g. --checkpoint-location DIR)
     min_nodes: int = 0  # elastic: the job may shrink to this many nodes (0: never)
+    # More job-file keys, set last (`ftsup run`: cwd, max_restarts, sigterm_grace_s, env, ports).
+    job_keys: tuple[tuple[str, object], ...] = ()
+    # The test harness's isolation: TMPDIR inside the workdir and OMP_NUM_THREADS=1 for every
+    # trainer. `ftsup run` turns it off: the user's script sees the user's environment.
+    is_isolated: bool = True
 
 
 @dataclass(slots=True)
@@ -122,9 +127,11 @@ class LocalCluster:
             "nodes": self.spec.nodes,
             "ranks_per_node": self.spec.ranks_per_node,
             "argv": list(self.spec.trainer_argv),
-            "env": {"OMP_NUM_THREADS": "1", "TMPDIR": str(self.workdir / "tmp"), **dict(self.spec.trainer_env)},
+            "env": {**({"OMP_NUM_THREADS": "1", "TMPDIR": str(self.workdir / "tmp")} if self.spec.is_isolated else {}),
+                    **dict(self.spec.trainer_env)},
             "master_port_base": free_port() % 20000 + 20000,
             **({"min_nodes": self.spec.min_nodes} if self.spec.min_nodes else {}),
+            **dict(self.spec.job_keys),
         }
         job_path = self.workdir / "job.json"
         job_path.write_text(json.dumps(job, indent=2))
@@ -132,7 +139,7 @@ class LocalCluster:
             raise ClusterError("more than one supervisor replica needs etcd_endpoints")
         for index in range(self.spec.supervisors):
             address = f"127.0.0.1:{free_port()}"
-            argv = [self.python, "-m", "supervisor", "--listen", address, "--job", str(job_path),
+            argv = [self.python, "-m", "ftsup.supervisor", "--listen", address, "--job", str(job_path),
                     "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
                     "--heartbeat-misses", str(self.spec.heartbeat_misses),
                     "--reconnect-grace-s", str(self.spec.reconnect_grace_s), "--log-json",
@@ -154,7 +161,7 @@ class LocalCluster:
         node_dir = self.workdir / "nodes" / node_id
         node_dir.mkdir(parents=True, exist_ok=True)
         process = self._spawn(
-            [self.python, "-m", "agent", "--node-id", node_id, "--role", role,
+            [self.python, "-m", "ftsup.agent", "--node-id", node_id, "--role", role,
              "--supervisor", self.agent_routes.get(node_id) or ",".join(self.addresses),
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
              "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
@@ -168,7 +175,7 @@ class LocalCluster:
 
     def _spawn(self, argv: list[str], log_path: pathlib.Path) -> subprocess.Popen[bytes]:
         env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1",
-               "TMPDIR": str(self.workdir / "tmp")}
+               **({"TMPDIR": str(self.workdir / "tmp")} if self.spec.is_isolated else {})}
         with open(log_path, "ab") as log:
             # A new session per process: killpg() then takes an agent and all its ranks.
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -4,7 +4,10 @@ The job file (JSON) says what to train and on how many nodes:
   {"name": "gpt-demo", "nodes": 3, "ranks_per_node": 2,
    "argv": ["python", "-m", "ftsup.trainer.examples.gpt", "--steps", "100"],
    "env": {"OMP_NUM_THREADS": "1"}, "master_port_base": 29500,
-   "code_version": "git:1a2b3c4", "data_version": "c4-en@2024-05"}
+   "code_version": "git:1a2b3c4", "data_version": "c4-en@2024-05",
+   "cwd": "/srv/train", "max_restarts": 3, "sigterm_grace_s": 30}
+`cwd`, `max_restarts` (absent: unlimited) and `sigterm_grace_s` (default 3) are the keys
+`ftsup run` also sets from torchrun-style flags, so both describe the same JobSpec.
 The two versions are optional; with the spec's hash they form the experiment record every
 GenerationStarted carries.
 """
@@ -124,7 +127,8 @@ def load_job(path: pathlib.Path) -> JobSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"job file {path} must hold a JSON object")
     known = {"name", "nodes", "ranks_per_node", "argv", "env", "master_port_base", "master_port_span",
-             "code_version", "data_version", "min_nodes", "sdc_replicas", "model_parallel_size"}
+             "code_version", "data_version", "min_nodes", "sdc_replicas", "model_parallel_size", "cwd",
+             "max_restarts", "sigterm_grace_s"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"job file {path}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
@@ -146,6 +150,9 @@ def load_job(path: pathlib.Path) -> JobSpec:
             code_version=_version(raw, "code_version"),
             data_version=_version(raw, "data_version"),
             min_nodes=int(raw.get("min_nodes", 0)),
+            max_restarts=_optional_int(raw, "max_restarts"),
+            sigterm_grace_s=float(raw.get("sigterm_grace_s", 3.0)),
+            cwd=_string(raw, "cwd"),
         )
     except KeyError as exc:
         raise ConfigError(f"job file {path}: missing key {exc}") from exc
@@ -174,6 +181,23 @@ def load_job_sdc(path: pathlib.Path) -> SdcConfig:
         return SdcConfig(model_parallel_size=size, replicas=Replicas(replicas))
     except ValueError as exc:
         raise ConfigError(f"job file {path}: {exc}") from exc
+
+
+def _optional_int(raw: dict[str, object], key: str) -> int | None:
+    """An integer key whose absence (or null) means "no limit"."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer or null, got {value!r}")
+    return value
+
+
+def _string(raw: dict[str, object], key: str) -> str:
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {value!r}")
+    return value
 
 
 def _version(raw: dict[str, object], key: str) -> str:

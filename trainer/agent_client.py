@@ -114,6 +114,9 @@ class AgentClient:
         self._call("PutSnapshot", self._stub.PutSnapshot, chunks(), deadline_s)
         return sent[-1]
 
+    def report_liveness(self, report: peer_pb2.LivenessReport) -> None:
+        self._call("ReportLiveness", self._stub.ReportLiveness, report, REPORT_DEADLINE_S)
+
     def report_finished(self, finished: agent_pb2.RankFinished) -> None:
         self._call("ReportFinished", self._stub.ReportFinished, finished, REPORT_DEADLINE_S)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+import warnings
 from collections.abc import Mapping
 
 from google.protobuf import json_format
@@ -50,6 +51,9 @@ class OfflineClient:
         (self._keep_dir / f"{stem}.sha256").write_text(sha256)
         return sha256
 
+    def report_liveness(self, report: peer_pb2.LivenessReport) -> None:
+        return None
+
     def report_finished(self, finished: agent_pb2.RankFinished) -> None:
         self.finished = finished
 
@@ -65,3 +69,18 @@ def offline_session(environ: Mapping[str, str]) -> Session:
     keep = environ.get(KEEP_DIR_ENV, "")
     client = OfflineClient(pathlib.Path(keep) if keep else None)
     return Session(LaunchEnv.from_mapping(env), client=client)  # type: ignore[arg-type]
+
+
+_warned = False
+
+
+def unsupervised_session(environ: Mapping[str, str]) -> Session:
+    """`Session.from_env()` outside ftsup (plain torchrun, plain python): the offline session,
+    after one warning per process, so a script adopting ftsup still runs where ftsup is absent."""
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("ftsup: no FTSUP_AGENT_ADDRESS (not launched by ftsup): Session is a no-op here;"
+                      " nothing is snapshotted, reported or restored", RuntimeWarning, stacklevel=3)
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    return offline_session({**defaults, **environ})

@@ -15,6 +15,7 @@ mutates them elsewhere calls `wait_for_capture()` first, or sets `background_cap
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -30,6 +31,7 @@ import torch
 
 from ftsup.common.chunks import InvalidSnapshot
 from ftsup.v1 import agent_pb2, peer_pb2
+from ftsup.trainer import liveness
 from ftsup.trainer import snapshot as snap
 from ftsup.trainer import state as state_module
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError
@@ -153,8 +155,13 @@ class Session:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, background_capture: bool = True) -> Session:
-        """A session for the rank described by `environ` (default: `os.environ`)."""
+        """A session for the rank described by `environ` (default: `os.environ`). Launched without
+        ftsup (plain torchrun or python: no FTSUP_AGENT_ADDRESS), a no-op session with one warning,
+        so one script runs everywhere."""
         env = os.environ if environ is None else environ
+        if not env.get("FTSUP_AGENT_ADDRESS"):
+            from ftsup.trainer.offline import unsupervised_session  # offline imports this module
+            return unsupervised_session(env)
         return cls(LaunchEnv.from_mapping(env), background_capture=background_capture,
                    checkpoints=CheckpointEnv.from_mapping(env))
 
@@ -537,6 +544,22 @@ class Session:
                 generation=self.generation, rank=self.rank, step=step, param_digest=param_digest
             )
         )
+
+    # -- liveness (level 1): trainer/liveness.py ------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Alive between steps: the agent's hang watcher counts it as progress."""
+        self._liveness().heartbeat()
+
+    def phase(self, name: str, timeout_s: float = 0.0) -> contextlib.AbstractContextManager[None]:
+        """`with session.phase("eval", timeout_s=1800): ...`: a named stretch with its own hang limit."""
+        return self._liveness().phase(name, timeout_s)
+
+    def _liveness(self) -> liveness.Liveness:
+        if getattr(self, "_liveness_state", None) is None:
+            self._liveness_state = liveness.Liveness(self._client.report_liveness,
+                                                     lambda: (self.launch.generation, self.launch.rank))
+        return self._liveness_state
 
     def close(self) -> None:
         """Stop the background threads (finishing queued work) and close the channel."""

@@ -46,6 +46,13 @@ class JobSpec:
     # whose every rank holds the whole model and optimizer state (any rank's snapshot restores
     # any rank). A world of k nodes is allowed when k divides `nodes` (the accumulation is whole).
     min_nodes: int = 0
+    # The restart budget: the job ends FAILED (JobFailed) at the failure after this many gang
+    # restarts caused by failures (see budget.FAILURE_REASONS). None: unlimited, ftsup's default
+    # for a job file (a fleet job expects failures); `ftsup run` defaults to 3.
+    max_restarts: int | None = None
+    # SIGTERM, then SIGKILL after this: room for a script's save-on-SIGTERM handler.
+    sigterm_grace_s: float = 3.0
+    cwd: str = ""  # the trainers' working directory; empty: the agent's node workdir
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -65,6 +72,12 @@ class JobSpec:
             raise ValueError(f"master_port_span must be >= 1, got {self.master_port_span}")
         if not 0 <= self.min_nodes <= self.nodes:
             raise ValueError(f"min_nodes must be within [0, nodes={self.nodes}] (0: never shrink), got {self.min_nodes}")
+        if self.max_restarts is not None and not 0 <= self.max_restarts <= 1_000_000:
+            raise ValueError(f"max_restarts must be within [0, 1000000] (absent: unlimited), got {self.max_restarts}")
+        if not (isinstance(self.sigterm_grace_s, (int, float)) and 0 <= self.sigterm_grace_s <= 3600):
+            raise ValueError(f"sigterm_grace_s must be within [0, 3600], got {self.sigterm_grace_s!r}")
+        if len(self.cwd) > 4096 or "\0" in self.cwd:
+            raise ValueError(f"cwd must be a path of at most 4096 characters, got {self.cwd[:80]!r}")
         for key in ("code_version", "data_version"):
             value = getattr(self, key)
             if len(value) > 256 or not value.isprintable():
@@ -75,7 +88,13 @@ class JobSpec:
         """sha256 of a canonical text of the spec (versions excluded): equal configs, equal hashes."""
         shape = (self.name, self.nodes, self.ranks_per_node, self.argv, tuple(sorted(self.env)),
                  self.master_port_base, self.master_port_span)
-        canonical = repr(shape if not self.min_nodes else (*shape, self.min_nodes))
+        if self.min_nodes:
+            shape = (*shape, self.min_nodes)
+        # Added keys join the text only when set, so existing jobs keep their hash.
+        extra = tuple((k, v) for k, v, default in (("max_restarts", self.max_restarts, None),
+                                                    ("sigterm_grace_s", self.sigterm_grace_s, 3.0),
+                                                    ("cwd", self.cwd, "")) if v != default)
+        canonical = repr(shape if not extra else (*shape, extra))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property

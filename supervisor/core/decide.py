@@ -52,7 +52,7 @@ from ftsup.supervisor.core.inputs import (
     TrainerExit,
 )
 from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core import checkpoints, sdc_checks, taint
+from ftsup.supervisor.core import budget, checkpoints, sdc_checks, taint
 from ftsup.supervisor.core.policies import failure, planner
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import xid as xid_policy
@@ -106,6 +106,10 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
     # Events of one decision are folded before planning, so a death and its replacement
     # generation can be decided (and appended) together.
     folded = evolve_all(state, events)
+    given_up = budget.on_ended(folded, events, config.job)  # the last failure the budget allows
+    if given_up:
+        events.extend(given_up)
+        folded = evolve_all(folded, given_up)
     abandoned = checkpoints.abandoned(folded)  # its generation ended: its shards will never all come
     if abandoned:
         events.extend(abandoned)
@@ -436,8 +440,14 @@ def _complete_if_finished(state: ClusterState, soft: SoftState) -> list[Event]:
 
 
 def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -> list[Event]:
+    """A rank exited. Finished (it said so, or a plain script exited 0: torchrun's rule, level 0)
+    -> the job completes when every rank has; anything else ends the generation (gang restart)."""
     generation = state.generation
-    if generation is None or generation.number != exit_.generation or exit_.finished:
+    if generation is None or generation.number != exit_.generation:
+        return []
+    if exit_.is_plain_script and exit_.exit_code == 0:
+        return _complete_if_finished(state, soft)  # soft.observe counted it finished
+    if exit_.finished:
         return []
     progress = soft.progress
     if progress is not None and progress.generation == generation.number and exit_.rank in progress.finished:
@@ -448,9 +458,18 @@ def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -
             reason=EndReason.TRAINER_EXITED,
             node_id=exit_.node_id,
             last_step=_last_step(soft, generation.number),
-            detail=f"rank {exit_.rank} exited with code {exit_.exit_code}",
+            detail=f"rank {exit_.rank} exited with {_exit_text(exit_.exit_code)}",
+            rank=exit_.rank,
+            exit_code=exit_.exit_code,
+            output_tail=exit_.output_tail,
         )
     ]
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        return f"signal {-code}"
+    return f"code {code}"
 
 
 def _on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:

@@ -74,6 +74,12 @@ class Directive:
     reason: str = ""
     checkpoint_steps: tuple[int, ...] = ()
     sdc_checks: tuple[SdcCheckOrder, ...] = ()
+    # torchrun's contract (issue 13): where and how ranks run, and the restart budget they see.
+    cwd: str = ""
+    stop_grace_s: float = 0.0
+    restart_count: int = 0
+    max_restarts: int = -1  # -1: unlimited
+    job_name: str = ""
 
 
 def project_directives(state: ClusterState, job: JobSpec, waiting_reason: str) -> Mapping[str, Directive]:
@@ -159,6 +165,12 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
         retain_from_step=retain,
         reason=f"generation {generation.number}",
         checkpoint_steps=_requested_steps(state, generation),
+        cwd=job.cwd,
+        stop_grace_s=job.sigterm_grace_s,
+        # Failures before this generation started: it is the count-th restart.
+        restart_count=state.failures,
+        max_restarts=-1 if job.max_restarts is None else job.max_restarts,
+        job_name=job.name,
     )
 
 
@@ -186,6 +198,8 @@ def _standby_reason(state: ClusterState, node_id: str, waiting_reason: str) -> s
     node = state.node(node_id)
     if state.completion is not None:
         return "job completed"
+    if state.failed is not None:
+        return "job failed: restart budget spent"
     if node is not None and node.is_quarantined:
         return f"quarantined: {node.quarantine_reason}"
     if node is not None and node.is_drained:

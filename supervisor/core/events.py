@@ -138,6 +138,11 @@ class GenerationEnded:
     # How long the culprit had been silent (no heartbeat, no step progress) when this verdict
     # came: the detection delay goodput accounting charges (0 when the failure reported itself).
     silent_for_s: float = 0.0
+    # A rank's exit: which rank, its code (negative: the signal) and its last lines of output,
+    # so the failure record carries the traceback a person needs (empty/None when not an exit).
+    rank: int | None = None
+    exit_code: int | None = None
+    output_tail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,22 @@ class JobCompleted:
     generation: int
     step: int
     param_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    """The job gave up: its restart budget is spent. Names the last failure (the cause), so
+    `supervisorctl status` and `ftsup run`'s exit code say why without reading logs."""
+
+    generation: int  # the generation whose failure exhausted the budget
+    cause: EndReason  # why that generation ended
+    node_id: str
+    rank: int | None
+    exit_code: int | None
+    detail: str
+    output_tail: str
+    restarts: int  # gang restarts made before giving up
+    max_restarts: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +346,7 @@ Event = (
     | OperatorCommand
     | LeaderElected
     | CheckpointRequested
+    | JobFailed
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

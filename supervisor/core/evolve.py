@@ -18,6 +18,7 @@ from ftsup.supervisor.core.events import (
     GenerationRunning,
     GenerationStarted,
     JobCompleted,
+    JobFailed,
     LeaderElected,
     NodeCleared,
     NodeDeclaredDead,
@@ -36,7 +37,7 @@ from ftsup.supervisor.core.state import (
     NodeRecord,
     node_index,
 )
-from ftsup.supervisor.core import checkpoints, frozen, sdc_checks, taint
+from ftsup.supervisor.core import budget, checkpoints, frozen, sdc_checks, taint
 from ftsup.supervisor.core.errors import InvalidEvent
 from ftsup.supervisor.core.events import (
     CheckpointAborted,
@@ -78,6 +79,8 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
             return _on_generation_ended(state, event)
         case JobCompleted():
             return _on_job_completed(state, event)
+        case JobFailed():
+            return _on_job_failed(state, event)
         case XidReported():
             node = _require_node(state, event.node_id)
             return _with_node(state, frozen.replace(node, xid_count=node.xid_count + 1))
@@ -236,6 +239,8 @@ def _on_drained(state: ClusterState, event: NodeDrained) -> ClusterState:
 def _on_generation_started(state: ClusterState, event: GenerationStarted) -> ClusterState:
     if state.completion is not None:
         raise InvalidEvent("the job has completed; no generation may start")
+    if state.failed is not None:
+        raise InvalidEvent("the job has failed (restart budget spent); no generation may start")
     if state.generation is not None:
         raise InvalidEvent(
             f"generation {event.generation} cannot start while {state.generation.number} is in force"
@@ -326,7 +331,16 @@ def _on_generation_running(state: ClusterState, event: GenerationRunning) -> Clu
 def _on_generation_ended(state: ClusterState, event: GenerationEnded) -> ClusterState:
     _require_current(state, event.generation, "GenerationEnded")
     ended = EndedGeneration(event.generation, event.reason, event.node_id, event.last_step)
-    return frozen.replace(state, generation=None, last_ended=ended)
+    failures = state.failures + (1 if budget.is_failure(event.reason) else 0)
+    return frozen.replace(state, generation=None, last_ended=ended, failures=failures)
+
+
+def _on_job_failed(state: ClusterState, event: JobFailed) -> ClusterState:
+    if state.completion is not None or state.failed is not None:
+        raise InvalidEvent("the job has already ended")
+    if state.generation is not None:
+        raise InvalidEvent("JobFailed must follow the end of the last generation")
+    return frozen.replace(state, failed=event)
 
 
 def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> ClusterState:
@@ -342,8 +356,8 @@ def _on_snapshot_committed(state: ClusterState, event: SnapshotCommitted) -> Clu
 
 
 def _on_job_completed(state: ClusterState, event: JobCompleted) -> ClusterState:
-    if state.completion is not None:
-        raise InvalidEvent("the job has already completed")
+    if state.completion is not None or state.failed is not None:
+        raise InvalidEvent("the job has already ended")
     if state.generation is not None:
         raise InvalidEvent("JobCompleted must follow the end of the last generation")
     if state.sdc_checks:

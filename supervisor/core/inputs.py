@@ -72,6 +72,8 @@ class TrainerExit:
     rank: int
     exit_code: int
     finished: bool
+    output_tail: str = ""  # the rank's last lines of output (bounded by the agent)
+    is_plain_script: bool = False  # it never opened a Session: exit 0 means done (level 0)
 
 
 @dataclass(frozen=True, slots=True)

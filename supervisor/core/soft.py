@@ -81,8 +81,15 @@ def observe(
             if node is not None and node.stream_id == inp.stream_id:
                 node.stream_id = None
                 node.disconnected_at_s = now
-        case Heartbeat() | TrainerExit():
+        case Heartbeat():
             _heard(soft, inp.node_id, now)
+        case TrainerExit():
+            _heard(soft, inp.node_id, now)
+            if inp.exit_code == 0 and inp.is_plain_script:
+                # Level 0: a plain script's exit 0 is its "finished" (torchrun's rule).
+                progress = _progress_for(soft, state, inp.generation)
+                if progress is not None:
+                    progress.finished[inp.rank] = ""
         case StepReport():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)

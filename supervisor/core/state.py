@@ -16,7 +16,7 @@ from itertools import chain, repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from ftsup.supervisor.core.events import EndReason, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
+from ftsup.supervisor.core.events import EndReason, JobFailed, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
 from ftsup.supervisor.core.policies.straggler import StragglerState, StragglerVerdict
@@ -212,6 +212,8 @@ class ClusterState:
     # The open SDC recompute checks (oldest first). While one is open on step S, no step >= S is
     # committed (snapshot, checkpoint, job completion): a recompute may still prove S corrupt.
     sdc_checks: tuple[SdcCheckStarted, ...] = ()
+    failures: int = 0  # generations ended by a failure (the restart budget counts these)
+    failed: JobFailed | None = None  # the budget ran out: the job is over, no generation starts
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)

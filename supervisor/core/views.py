@@ -9,6 +9,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+from ftsup.supervisor.core import budget
 from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
 
@@ -18,6 +19,7 @@ class JobPhase(enum.Enum):
     STARTING = "starting"
     RUNNING = "running"
     COMPLETED = "completed"
+    FAILED = "failed"  # the restart budget is spent
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,9 @@ class StatusView:
     spares_ready: int
     waiting_reason: str
     final_digest: str
+    failure: str = ""  # when FAILED: budget.describe(JobFailed)
+    failure_tail: str = ""
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,8 @@ def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size:
     has_progress = progress is not None and generation is not None and progress.generation == generation.number
     if state.completion is not None:
         phase = JobPhase.COMPLETED
+    elif state.failed is not None:
+        phase = JobPhase.FAILED
     elif generation is None:
         phase = JobPhase.WAITING
     elif generation.is_running:
@@ -100,6 +107,10 @@ def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size:
         ),
         waiting_reason=soft.waiting_reason if phase is JobPhase.WAITING else "",
         final_digest=state.completion.param_digest if state.completion else "",
+        failure=budget.describe(state.failed) if state.failed is not None else "",
+        failure_tail=state.failed.output_tail if state.failed is not None else "",
+        # gang restarts made: the failure that spent the budget restarted nothing
+        restarts=state.failures - (1 if state.failed is not None else 0),
     )
 
 

@@ -24,6 +24,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_UNAUTHORIZED = 4
+EXIT_JOB_FAILED = 5  # `status`: the job ended FAILED (its restart budget is spent)
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 
@@ -49,7 +50,7 @@ def cmd_status(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -
         _print_json(render.status_dict(status))
     else:
         print(render.status_text(status))
-    return EXIT_OK
+    return EXIT_JOB_FAILED if status.phase == operator_pb2.JOB_PHASE_FAILED else EXIT_OK
 
 
 def cmd_nodes(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:

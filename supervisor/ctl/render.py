@@ -40,6 +40,10 @@ def status_dict(status: operator_pb2.GetStatusResponse) -> dict[str, Any]:
         "final_digest": status.final_digest or None,
         "degraded_reason": status.degraded_reason or None,
         "first_seq": status.first_seq,
+        "restarts": status.restarts,
+        "max_restarts": status.max_restarts if status.HasField("max_restarts") else None,
+        "failure": status.failure or None,
+        "failure_tail": status.failure_tail or None,
     }
 
 
@@ -65,6 +69,13 @@ def status_text(status: operator_pb2.GetStatusResponse) -> str:
         lines.append(f"waiting     {d['waiting_reason']}")
     if d["final_digest"]:
         lines.append(f"final       parameter digest {d['final_digest']}")
+    if d["restarts"] or d["max_restarts"] is not None:
+        budget = "unlimited" if d["max_restarts"] is None else str(d["max_restarts"])
+        lines.append(f"restarts    {d['restarts']} after failures (max {budget})")
+    if d["failure"]:
+        lines.append(f"FAILED      {d['failure']}")
+        if d["failure_tail"]:
+            lines.append("output      " + "\n            ".join(d["failure_tail"].splitlines()))
     return "\n".join(lines)
 
 

@@ -33,6 +33,9 @@ log = logs.get("supervisor.agents")
 _ROLES = {events_pb2.NODE_ROLE_ACTIVE: NodeRole.ACTIVE, events_pb2.NODE_ROLE_SPARE: NodeRole.SPARE}
 
 
+MAX_OUTPUT_TAIL = 8192  # characters of a rank's output kept in the log: a bound whatever an agent sends
+
+
 RETRYABLE = agent_pb2.REFUSAL_KIND_RETRYABLE
 PERMANENT = agent_pb2.REFUSAL_KIND_PERMANENT
 
@@ -80,7 +83,8 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         return inputs.RankFinished(node_id, f.generation, f.rank, f.step, f.param_digest)
     if kind == "trainer_exit":
         e = message.trainer_exit
-        return inputs.TrainerExit(node_id, e.generation, e.rank, e.exit_code, e.finished)
+        return inputs.TrainerExit(node_id, e.generation, e.rank, e.exit_code, e.finished,
+                                  output_tail=e.output_tail[:MAX_OUTPUT_TAIL], is_plain_script=e.is_plain_script)
     if kind == "xid_event":
         x = message.xid_event
         return inputs.XidReport(node_id, x.pci, x.gpu if x.HasField("gpu") else None, x.code, x.message)

@@ -28,6 +28,7 @@ _PHASE = {
     JobPhase.STARTING: operator_pb2.JOB_PHASE_STARTING,
     JobPhase.RUNNING: operator_pb2.JOB_PHASE_RUNNING,
     JobPhase.COMPLETED: operator_pb2.JOB_PHASE_COMPLETED,
+    JobPhase.FAILED: operator_pb2.JOB_PHASE_FAILED,
 }
 _LIVENESS = {
     Liveness.ALIVE: state_pb2.LIVENESS_ALIVE,
@@ -69,7 +70,13 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
             final_digest=view.final_digest,
             degraded_reason=self._runtime.degraded_reason,
             first_seq=self._runtime.event_log.first_seq,
+            failure=view.failure,
+            failure_tail=view.failure_tail,
+            restarts=view.restarts,
         )
+        max_restarts = self._runtime.config.job.max_restarts
+        if max_restarts is not None:
+            response.max_restarts = max_restarts
         if view.last_snapshot_step is not None:
             response.last_snapshot_step = view.last_snapshot_step
         if self._runtime.state.checkpoint is not None:

@@ -9,6 +9,7 @@ from ftsup.supervisor.core import events as ev
 text = st.text(max_size=12)
 u64 = st.integers(0, 2**63)
 u32 = st.integers(0, 2**31)
+i32 = st.integers(-(2**31), 2**31 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
 assignment = st.builds(ev.RankAssignment, text, st.lists(u32, max_size=4).map(tuple), text)
@@ -26,9 +27,12 @@ STRATEGIES = {
         st.none() | u64, u64, st.lists(restore, max_size=3).map(tuple), text, text, text, text,
     ),
     ev.GenerationRunning: st.builds(ev.GenerationRunning, u64, u64),
-    ev.GenerationEnded: st.builds(ev.GenerationEnded, u64, st.sampled_from(ev.EndReason), text, u64, text, finite),
+    ev.GenerationEnded: st.builds(ev.GenerationEnded, u64, st.sampled_from(ev.EndReason), text, u64, text, finite,
+                                  st.none() | u32, st.none() | i32, text),
     ev.SnapshotCommitted: st.builds(ev.SnapshotCommitted, u64, u64),
     ev.JobCompleted: st.builds(ev.JobCompleted, u64, u64, text),
+    ev.JobFailed: st.builds(ev.JobFailed, u64, st.sampled_from(ev.EndReason), text, st.none() | u32,
+                            st.none() | i32, text, text, u64, u64),
     ev.XidReported: st.builds(ev.XidReported, text, text, st.none() | u32, u32, st.sampled_from(ev.XidAction), text,
                               st.booleans()),
     ev.NodeUnquarantined: st.builds(ev.NodeUnquarantined, text, text, text),

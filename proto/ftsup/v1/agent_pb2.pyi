@@ -300,12 +300,20 @@ class TrainerExit(_message.Message):
     RANK_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
+    OUTPUT_TAIL_FIELD_NUMBER: _builtins.int
+    IS_PLAIN_SCRIPT_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     rank: _builtins.int
     exit_code: _builtins.int
     """negative: killed by that signal"""
     finished: _builtins.bool
     """the rank had reported RankFinished before exiting"""
+    output_tail: _builtins.str
+    """Field numbers 100-119: `ftsup run` (issue 13).
+    the rank's last lines of output (bounded), for the failure record
+    """
+    is_plain_script: _builtins.bool
+    """it never opened a Session: exit 0 means done, as under torchrun"""
     def __init__(
         self,
         *,
@@ -313,10 +321,12 @@ class TrainerExit(_message.Message):
         rank: _builtins.int = ...,
         exit_code: _builtins.int = ...,
         finished: _builtins.bool = ...,
+        output_tail: _builtins.str = ...,
+        is_plain_script: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "finished", b"finished", "generation", b"generation", "rank", b"rank"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "finished", b"finished", "generation", b"generation", "is_plain_script", b"is_plain_script", "output_tail", b"output_tail", "rank", b"rank"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -753,6 +763,11 @@ class Directive(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     CHECKPOINT_STEPS_FIELD_NUMBER: _builtins.int
     SDC_CHECKS_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    STOP_GRACE_S_FIELD_NUMBER: _builtins.int
+    RESTART_COUNT_FIELD_NUMBER: _builtins.int
+    MAX_RESTARTS_FIELD_NUMBER: _builtins.int
+    JOB_NAME_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     action: Global___Action.ValueType
     world_size: _builtins.int
@@ -767,6 +782,18 @@ class Directive(_message.Message):
     """snapshots older than this may be dropped"""
     reason: _builtins.str
     """for standby: why, in words"""
+    cwd: _builtins.str
+    """Field numbers 100-119: torchrun's contract (issue 13).
+    trainers start here; empty: the agent's workdir
+    """
+    stop_grace_s: _builtins.float
+    """SIGTERM, then SIGKILL after this; 0: the agent's default"""
+    restart_count: _builtins.int
+    """gang restarts so far (TORCHELASTIC_RESTART_COUNT)"""
+    max_restarts: _builtins.int
+    """the job's budget (TORCHELASTIC_MAX_RESTARTS); -1: unlimited"""
+    job_name: _builtins.str
+    """TORCHELASTIC_RUN_ID"""
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """global ranks; local rank = index"""
@@ -806,10 +833,15 @@ class Directive(_message.Message):
         reason: _builtins.str = ...,
         checkpoint_steps: _abc.Iterable[_builtins.int] | None = ...,
         sdc_checks: _abc.Iterable[Global___SdcCheckOrder] | None = ...,
+        cwd: _builtins.str = ...,
+        stop_grace_s: _builtins.float = ...,
+        restart_count: _builtins.int = ...,
+        max_restarts: _builtins.int = ...,
+        job_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "restore_step", b"restore_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "env", b"env", "generation", b"generation", "master_addr", b"master_addr", "master_port", b"master_port", "ranks", b"ranks", "reason", b"reason", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "cwd", b"cwd", "env", b"env", "generation", b"generation", "job_name", b"job_name", "master_addr", b"master_addr", "master_port", b"master_port", "max_restarts", b"max_restarts", "ranks", b"ranks", "reason", b"reason", "restart_count", b"restart_count", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "stop_grace_s", b"stop_grace_s", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__restore_step: _TypeAlias = _typing.Literal["restore_step"]  # noqa: Y015
     _WhichOneofArgType__restore_step: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step"]  # noqa: Y015

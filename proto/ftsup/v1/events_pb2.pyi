@@ -519,6 +519,9 @@ class GenerationEnded(_message.Message):
     LAST_STEP_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     SILENT_FOR_S_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    OUTPUT_TAIL_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     reason: Global___EndReason.ValueType
     node_id: _builtins.str
@@ -528,6 +531,12 @@ class GenerationEnded(_message.Message):
     detail: _builtins.str
     silent_for_s: _builtins.float
     """the culprit's silence when ended: the detection delay (0: it said so itself)"""
+    rank: _builtins.int
+    """Field numbers 100-119: `ftsup run` (issue 13). A rank's exit: which, its code, its last output."""
+    exit_code: _builtins.int
+    """negative: killed by that signal"""
+    output_tail: _builtins.str
+    """bounded (agent/core/output_tail.py): the traceback a person needs"""
     def __init__(
         self,
         *,
@@ -537,12 +546,22 @@ class GenerationEnded(_message.Message):
         last_step: _builtins.int = ...,
         detail: _builtins.str = ...,
         silent_for_s: _builtins.float = ...,
+        rank: _builtins.int | None = ...,
+        exit_code: _builtins.int | None = ...,
+        output_tail: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_rank", b"_rank", "exit_code", b"exit_code", "rank", b"rank"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "generation", b"generation", "last_step", b"last_step", "node_id", b"node_id", "reason", b"reason", "silent_for_s", b"silent_for_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_rank", b"_rank", "detail", b"detail", "exit_code", b"exit_code", "generation", b"generation", "last_step", b"last_step", "node_id", b"node_id", "output_tail", b"output_tail", "rank", b"rank", "reason", b"reason", "silent_for_s", b"silent_for_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
+    _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
 
 Global___GenerationEnded: _TypeAlias = GenerationEnded  # noqa: Y015
 
@@ -569,6 +588,58 @@ class SnapshotCommitted(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotCommitted: _TypeAlias = SnapshotCommitted  # noqa: Y015
+
+@_typing.final
+class JobFailed(_message.Message):
+    """The restart budget (job max_restarts) is spent: the job ends FAILED. Names the last failure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    OUTPUT_TAIL_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    MAX_RESTARTS_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    cause: Global___EndReason.ValueType
+    node_id: _builtins.str
+    rank: _builtins.int
+    exit_code: _builtins.int
+    detail: _builtins.str
+    output_tail: _builtins.str
+    restarts: _builtins.int
+    max_restarts: _builtins.int
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        cause: Global___EndReason.ValueType = ...,
+        node_id: _builtins.str = ...,
+        rank: _builtins.int | None = ...,
+        exit_code: _builtins.int | None = ...,
+        detail: _builtins.str = ...,
+        output_tail: _builtins.str = ...,
+        restarts: _builtins.int = ...,
+        max_restarts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_rank", b"_rank", "exit_code", b"exit_code", "rank", b"rank"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_rank", b"_rank", "cause", b"cause", "detail", b"detail", "exit_code", b"exit_code", "generation", b"generation", "max_restarts", b"max_restarts", "node_id", b"node_id", "output_tail", b"output_tail", "rank", b"rank", "restarts", b"restarts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
+    _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
+
+Global___JobFailed: _TypeAlias = JobFailed  # noqa: Y015
 
 @_typing.final
 class JobCompleted(_message.Message):
@@ -1173,6 +1244,7 @@ class Event(_message.Message):
     OPERATOR_COMMAND_FIELD_NUMBER: _builtins.int
     LEADER_ELECTED_FIELD_NUMBER: _builtins.int
     CHECKPOINT_REQUESTED_FIELD_NUMBER: _builtins.int
+    JOB_FAILED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def node_registered(self) -> Global___NodeRegistered: ...
     @_builtins.property
@@ -1221,6 +1293,8 @@ class Event(_message.Message):
     def leader_elected(self) -> Global___LeaderElected: ...
     @_builtins.property
     def checkpoint_requested(self) -> Global___CheckpointRequested: ...
+    @_builtins.property
+    def job_failed(self) -> Global___JobFailed: ...
     def __init__(
         self,
         *,
@@ -1248,12 +1322,13 @@ class Event(_message.Message):
         operator_command: Global___OperatorCommand | None = ...,
         leader_elected: Global___LeaderElected | None = ...,
         checkpoint_requested: Global___CheckpointRequested | None = ...,
+        job_failed: Global___JobFailed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_requested", b"checkpoint_requested", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_requested", b"checkpoint_requested", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "job_failed", b"job_failed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_requested", b"checkpoint_requested", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_aborted", b"checkpoint_aborted", "checkpoint_committed", b"checkpoint_committed", "checkpoint_requested", b"checkpoint_requested", "checkpoint_shard_written", b"checkpoint_shard_written", "checkpoint_started", b"checkpoint_started", "generation_ended", b"generation_ended", "generation_running", b"generation_running", "generation_started", b"generation_started", "job_completed", b"job_completed", "job_failed", b"job_failed", "kind", b"kind", "leader_elected", b"leader_elected", "node_cleared", b"node_cleared", "node_declared_dead", b"node_declared_dead", "node_drained", b"node_drained", "node_quarantined", b"node_quarantined", "node_registered", b"node_registered", "node_suspected", b"node_suspected", "node_unquarantined", b"node_unquarantined", "operator_command", b"operator_command", "sdc_check_finished", b"sdc_check_finished", "sdc_check_started", b"sdc_check_started", "sdc_suspected", b"sdc_suspected", "snapshot_committed", b"snapshot_committed", "straggler_detected", b"straggler_detected", "xid_reported", b"xid_reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command", "leader_elected", "checkpoint_requested"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["node_registered", "node_suspected", "node_cleared", "node_declared_dead", "node_quarantined", "generation_started", "generation_running", "generation_ended", "snapshot_committed", "job_completed", "xid_reported", "node_unquarantined", "node_drained", "straggler_detected", "checkpoint_started", "checkpoint_shard_written", "checkpoint_committed", "checkpoint_aborted", "sdc_check_started", "sdc_check_finished", "sdc_suspected", "operator_command", "leader_elected", "checkpoint_requested", "job_failed"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -34,6 +34,8 @@ class _JobPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobPhase.Val
     """generation started, no step completed in it yet"""
     JOB_PHASE_RUNNING: _JobPhase.ValueType  # 3
     JOB_PHASE_COMPLETED: _JobPhase.ValueType  # 4
+    JOB_PHASE_FAILED: _JobPhase.ValueType  # 100
+    """the restart budget is spent (JobFailed); 100+: issue 13's range"""
 
 class JobPhase(_JobPhase, metaclass=_JobPhaseEnumTypeWrapper): ...
 
@@ -44,6 +46,8 @@ JOB_PHASE_STARTING: JobPhase.ValueType  # 2
 """generation started, no step completed in it yet"""
 JOB_PHASE_RUNNING: JobPhase.ValueType  # 3
 JOB_PHASE_COMPLETED: JobPhase.ValueType  # 4
+JOB_PHASE_FAILED: JobPhase.ValueType  # 100
+"""the restart budget is spent (JobFailed); 100+: issue 13's range"""
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
 
 @_typing.final
@@ -225,6 +229,10 @@ class GetStatusResponse(_message.Message):
     FIRST_SEQ_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     ETTR_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    FAILURE_TAIL_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     job_name: _builtins.str
     phase: Global___JobPhase.ValueType
     generation: _builtins.int
@@ -254,6 +262,16 @@ class GetStatusResponse(_message.Message):
     """newest committed object-store checkpoint"""
     ettr: _builtins.float
     """goodput: effective training time ratio (GetGoodput has the rest)"""
+    failure: _builtins.str
+    """Field numbers 100-119: issue 13.
+    when FAILED: the last failure, in one line
+    """
+    failure_tail: _builtins.str
+    """when FAILED: that rank's last lines of output"""
+    restarts: _builtins.int
+    """gang restarts after failures so far"""
+    max_restarts: _builtins.int
+    """the budget; absent: unlimited"""
     def __init__(
         self,
         *,
@@ -277,10 +295,14 @@ class GetStatusResponse(_message.Message):
         first_seq: _builtins.int = ...,
         last_checkpoint_step: _builtins.int | None = ...,
         ettr: _builtins.float | None = ...,
+        failure: _builtins.str = ...,
+        failure_tail: _builtins.str = ...,
+        restarts: _builtins.int = ...,
+        max_restarts: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_ettr", b"_ettr", "_last_checkpoint_step", b"_last_checkpoint_step", "_last_snapshot_step", b"_last_snapshot_step", "ettr", b"ettr", "last_checkpoint_step", b"last_checkpoint_step", "last_snapshot_step", b"last_snapshot_step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ettr", b"_ettr", "_last_checkpoint_step", b"_last_checkpoint_step", "_last_snapshot_step", b"_last_snapshot_step", "_max_restarts", b"_max_restarts", "ettr", b"ettr", "last_checkpoint_step", b"last_checkpoint_step", "last_snapshot_step", b"last_snapshot_step", "max_restarts", b"max_restarts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ettr", b"_ettr", "_last_checkpoint_step", b"_last_checkpoint_step", "_last_snapshot_step", b"_last_snapshot_step", "degraded_reason", b"degraded_reason", "ettr", b"ettr", "final_digest", b"final_digest", "first_seq", b"first_seq", "generation", b"generation", "head_seq", b"head_seq", "job_name", b"job_name", "last_checkpoint_step", b"last_checkpoint_step", "last_snapshot_step", b"last_snapshot_step", "leader_address", b"leader_address", "loss", b"loss", "nodes_alive", b"nodes_alive", "nodes_dead", b"nodes_dead", "nodes_quarantined", b"nodes_quarantined", "nodes_suspect", b"nodes_suspect", "phase", b"phase", "spares_ready", b"spares_ready", "step", b"step", "waiting_reason", b"waiting_reason", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ettr", b"_ettr", "_last_checkpoint_step", b"_last_checkpoint_step", "_last_snapshot_step", b"_last_snapshot_step", "_max_restarts", b"_max_restarts", "degraded_reason", b"degraded_reason", "ettr", b"ettr", "failure", b"failure", "failure_tail", b"failure_tail", "final_digest", b"final_digest", "first_seq", b"first_seq", "generation", b"generation", "head_seq", b"head_seq", "job_name", b"job_name", "last_checkpoint_step", b"last_checkpoint_step", "last_snapshot_step", b"last_snapshot_step", "leader_address", b"leader_address", "loss", b"loss", "max_restarts", b"max_restarts", "nodes_alive", b"nodes_alive", "nodes_dead", b"nodes_dead", "nodes_quarantined", b"nodes_quarantined", "nodes_suspect", b"nodes_suspect", "phase", b"phase", "restarts", b"restarts", "spares_ready", b"spares_ready", "step", b"step", "waiting_reason", b"waiting_reason", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__ettr: _TypeAlias = _typing.Literal["ettr"]  # noqa: Y015
     _WhichOneofArgType__ettr: _TypeAlias = _typing.Literal["_ettr", b"_ettr"]  # noqa: Y015
@@ -288,12 +310,16 @@ class GetStatusResponse(_message.Message):
     _WhichOneofArgType__last_checkpoint_step: _TypeAlias = _typing.Literal["_last_checkpoint_step", b"_last_checkpoint_step"]  # noqa: Y015
     _WhichOneofReturnType__last_snapshot_step: _TypeAlias = _typing.Literal["last_snapshot_step"]  # noqa: Y015
     _WhichOneofArgType__last_snapshot_step: _TypeAlias = _typing.Literal["_last_snapshot_step", b"_last_snapshot_step"]  # noqa: Y015
+    _WhichOneofReturnType__max_restarts: _TypeAlias = _typing.Literal["max_restarts"]  # noqa: Y015
+    _WhichOneofArgType__max_restarts: _TypeAlias = _typing.Literal["_max_restarts", b"_max_restarts"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ettr) -> _WhichOneofReturnType__ettr | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_checkpoint_step) -> _WhichOneofReturnType__last_checkpoint_step | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_snapshot_step) -> _WhichOneofReturnType__last_snapshot_step | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_restarts) -> _WhichOneofReturnType__max_restarts | None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
 

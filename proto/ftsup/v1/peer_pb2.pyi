@@ -134,6 +134,36 @@ class FetchSnapshotRequest(_message.Message):
 Global___FetchSnapshotRequest: _TypeAlias = FetchSnapshotRequest  # noqa: Y015
 
 @_typing.final
+class LivenessReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    PHASE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    rank: _builtins.int
+    phase: _builtins.str
+    """empty: training steps (the step-time based limit applies)"""
+    phase_timeout_s: _builtins.float
+    """the phase's hang limit; 0: the step-time based limit"""
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        phase: _builtins.str = ...,
+        phase_timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "phase", b"phase", "phase_timeout_s", b"phase_timeout_s", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LivenessReport: _TypeAlias = LivenessReport  # noqa: Y015
+
+@_typing.final
 class WatchGenerationRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

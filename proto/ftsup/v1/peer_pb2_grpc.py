@@ -194,6 +194,11 @@ class TrainerLinkStub:
                 request_serializer=ftsup_dot_v1_dot_peer__pb2.WatchGenerationRequest.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
                 _registered_method=True)
+        self.ReportLiveness = channel.unary_unary(
+                '/ftsup.v1.TrainerLink/ReportLiveness',
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.LivenessReport.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+                _registered_method=True)
 
 
 class TrainerLinkServicer:
@@ -249,6 +254,14 @@ class TrainerLinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportLiveness(self, request, context):
+        """Level 1 liveness (issue 13): the rank is alive, and in which named phase with which hang
+        limit; the agent's hang watcher counts it as progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerLinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +298,11 @@ def add_TrainerLinkServicer_to_server(servicer, server):
             'WatchGeneration': grpc.unary_unary_rpc_method_handler(
                     servicer.WatchGeneration,
                     request_deserializer=ftsup_dot_v1_dot_peer__pb2.WatchGenerationRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
+            ),
+            'ReportLiveness': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLiveness,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.LivenessReport.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
             ),
     }
@@ -477,6 +495,33 @@ class TrainerLink:
             target,
             '/ftsup.v1.TrainerLink/WatchGeneration',
             ftsup_dot_v1_dot_peer__pb2.WatchGenerationRequest.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLiveness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.TrainerLink/ReportLiveness',
+            ftsup_dot_v1_dot_peer__pb2.LivenessReport.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
             options,
             channel_credentials,

@@ -101,6 +101,10 @@ class TrainerLinkStub:
     one running): a rank then aborts its process group, so ranks blocked in a collective on a
     dead peer get out at once and reach AwaitGeneration together.
     """
+    ReportLiveness: _grpc.UnaryUnaryMultiCallable[_peer_pb2.LivenessReport, _peer_pb2.LinkAck]
+    """Level 1 liveness (issue 13): the rank is alive, and in which named phase with which hang
+    limit; the agent's hang watcher counts it as progress.
+    """
 
 @_typing.type_check_only
 class TrainerLinkAsyncStub(TrainerLinkStub):
@@ -122,6 +126,10 @@ class TrainerLinkAsyncStub(TrainerLinkStub):
     """Answers once a directive replaces `generation` on this node (or at once when it is not the
     one running): a rank then aborts its process group, so ranks blocked in a collective on a
     dead peer get out at once and reach AwaitGeneration together.
+    """
+    ReportLiveness: _aio.UnaryUnaryMultiCallable[_peer_pb2.LivenessReport, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    """Level 1 liveness (issue 13): the rank is alive, and in which named phase with which hang
+    limit; the agent's hang watcher counts it as progress.
     """
 
 class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
@@ -183,6 +191,16 @@ class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
         """Answers once a directive replaces `generation` on this node (or at once when it is not the
         one running): a rank then aborts its process group, so ranks blocked in a collective on a
         dead peer get out at once and reach AwaitGeneration together.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportLiveness(
+        self,
+        request: _peer_pb2.LivenessReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]:
+        """Level 1 liveness (issue 13): the rank is alive, and in which named phase with which hang
+        limit; the agent's hang watcher counts it as progress.
         """
 
 def add_TrainerLinkServicer_to_server(servicer: TrainerLinkServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

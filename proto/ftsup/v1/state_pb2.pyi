@@ -378,12 +378,18 @@ class ClusterState(_message.Message):
     REQUESTED_CHECKPOINT_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_ATTEMPT_FIELD_NUMBER: _builtins.int
     SDC_CHECKS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
     last_generation: _builtins.int
     applied_seq: _builtins.int
     registrations: _builtins.int
     sdc_tainted_from_step: _builtins.int
     last_checkpoint_attempt: _builtins.str
     """the newest checkpoint id started (never started twice)"""
+    failures: _builtins.int
+    """Field numbers 100-119: the restart budget (issue 13).
+    generations ended by a failure so far (gang restarts)
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeRecord]: ...
     @_builtins.property
@@ -406,6 +412,10 @@ class ClusterState(_message.Message):
         the open recompute checks, oldest first
         """
 
+    @_builtins.property
+    def failed(self) -> _events_pb2.JobFailed:
+        """set once the budget is spent: no generation starts again"""
+
     def __init__(
         self,
         *,
@@ -423,10 +433,12 @@ class ClusterState(_message.Message):
         requested_checkpoint: Global___RequestedCheckpoint | None = ...,
         last_checkpoint_attempt: _builtins.str = ...,
         sdc_checks: _abc.Iterable[_events_pb2.SdcCheckStarted] | None = ...,
+        failures: _builtins.int = ...,
+        failed: _events_pb2.JobFailed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "checkpoint", b"checkpoint", "completion", b"completion", "failed", b"failed", "generation", b"generation", "last_ended", b"last_ended", "pending_checkpoint", b"pending_checkpoint", "requested_checkpoint", b"requested_checkpoint", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "generation", b"generation", "last_checkpoint_attempt", b"last_checkpoint_attempt", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_checks", b"sdc_checks", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step", "applied_seq", b"applied_seq", "checkpoint", b"checkpoint", "completion", b"completion", "failed", b"failed", "failures", b"failures", "generation", b"generation", "last_checkpoint_attempt", b"last_checkpoint_attempt", "last_ended", b"last_ended", "last_generation", b"last_generation", "nodes", b"nodes", "pending_checkpoint", b"pending_checkpoint", "registrations", b"registrations", "requested_checkpoint", b"requested_checkpoint", "sdc_checks", b"sdc_checks", "sdc_tainted_from_step", b"sdc_tainted_from_step", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["sdc_tainted_from_step"]  # noqa: Y015
     _WhichOneofArgType__sdc_tainted_from_step: _TypeAlias = _typing.Literal["_sdc_tainted_from_step", b"_sdc_tainted_from_step"]  # noqa: Y015

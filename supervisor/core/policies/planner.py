@@ -39,6 +39,8 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
     """
     if state.completion is not None:
         return Plan(None, "job completed")
+    if state.failed is not None:
+        return Plan(None, "job failed: restart budget spent")
     if state.generation is not None:
         return Plan(None, "")
     if len(state.nodes) < job.nodes and (not job.is_elastic or state.last_generation == 0):

@@ -13,6 +13,8 @@ import ftsup.agent.core
 from ftsup.agent.core.directives import Action, Applied, Step, diff_directive, validate_run
 from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.core.retention import keys_to_drop
+from ftsup.agent.core.output_tail import MAX_BYTES, MAX_LINES, bounded_tail, failure_tail
+from ftsup.agent.core.output_tail import MAX_BYTES, MAX_LINES, bounded_tail, failure_tail
 from ftsup.agent.core.trainer_env import RankSpec, trainer_env
 
 
@@ -99,14 +101,39 @@ def test_outbox_drops_oldest_step_reports_first_and_never_essential_ones():
     assert len(box) == 5 and box.dropped == 1  # past the bound rather than lose an exit
 
 
-def test_trainer_env_puts_ftsup_variables_over_the_directive_env():
-    spec = RankSpec(7, 3, 1, 2, 4, "10.0.0.1", 29500, "n1", "unix:/w/agent.sock", None)
+def test_trainer_env_puts_torchrun_and_ftsup_variables_over_the_directive_env():
+    spec = RankSpec(7, 3, 1, 2, 4, "10.0.0.1", 29500, "n1", "unix:/w/agent.sock", None,
+                    restart_count=2, max_restarts=3, run_id="job", error_file="/w/rank-3.gen-7.error.json")
     env = trainer_env(spec, [("RANK", "99"), ("NCCL_DEBUG", "INFO")])
     assert env == {
         "NCCL_DEBUG": "INFO", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "FTSUP_AGENT_ADDRESS": "unix:/w/agent.sock",
+        "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_NAME": "default", "ROLE_RANK": "3",
+        "ROLE_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+        "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job",
+        "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "TORCHELASTIC_ERROR_FILE": "/w/rank-3.gen-7.error.json",
+        "OMP_NUM_THREADS": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "FTSUP_AGENT_ADDRESS": "unix:/w/agent.sock",
         "FTSUP_GENERATION": "7", "FTSUP_NODE_ID": "n1", "FTSUP_RESTORE_STEP": "", "PYTHONUNBUFFERED": "1",
     }
+
+
+def test_trainer_env_leaves_omp_threads_to_the_user_and_alone_for_one_local_rank():
+    spec = RankSpec(1, 0, 0, 2, 2, "h", 1, "n1", "a", None)
+    assert "OMP_NUM_THREADS" not in trainer_env(spec, [], {"OMP_NUM_THREADS": "8"})
+    assert trainer_env(spec, [("OMP_NUM_THREADS", "4")])["OMP_NUM_THREADS"] == "4"
+    single = RankSpec(1, 0, 0, 1, 1, "h", 1, "n1", "a", None)
+    assert "OMP_NUM_THREADS" not in trainer_env(single, [])
+
+
+def test_a_failure_tail_is_bounded_and_prefers_torchs_recorded_exception():
+    log = b"".join(f"line {i}\n".encode() for i in range(100)) + b"RuntimeError: boom\n"
+    tail = failure_tail(log)
+    assert tail.splitlines()[-1] == "RuntimeError: boom" and len(tail.splitlines()) == MAX_LINES
+    assert len(bounded_tail(b"x" * 10_000 + b"\nend")) <= MAX_BYTES
+    recorded = {"message": {"message": "ValueError: bad", "extraInfo": {"py_callstack": "Traceback...", "timestamp": "1"}}}
+    assert failure_tail(log, recorded) == "Traceback...\nValueError: bad"
+    assert failure_tail(log, ["not", "a", "record"]) == tail
 
 
 def test_agent_core_imports_only_the_stdlib_and_itself():

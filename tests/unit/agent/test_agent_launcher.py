@@ -193,3 +193,35 @@ def test_store_rejects_bad_blobs(payload, sha, match):
 
     with pytest.raises(InvalidSnapshot, match=match):
         SnapshotStore().put(Blob(1, 0, 1, "n", payload, sha))
+
+
+async def test_a_rank_that_never_opened_a_session_reports_a_plain_script_exit_with_its_output_tail(tmp_path):
+    node = Node(tmp_path)
+    await node.launcher.apply(run(3, cwd=str(tmp_path), restart_count=2, max_restarts=3, job_name="j"))
+    assert node.runner.cwds == [tmp_path, tmp_path]
+    env = node.runner.spawned[0].env
+    assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"], env["TORCHELASTIC_RUN_ID"]) == \
+        ("2", "3", "j")
+    assert env["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "rank-4.gen-3.error.json")
+    node.launcher.mark_attached(3, 5)  # rank 5 uses a Session
+    (tmp_path / "rank-4.gen-3.log").write_text("step 1\nTraceback (most recent call last):\nValueError: boom\n")
+    node.runner.spawned[0].exit(1)
+    node.runner.spawned[1].exit(0)
+    await settle()
+    sent = {m.trainer_exit.rank: m.trainer_exit for m in node.reports if m.WhichOneof("kind") == "trainer_exit"}
+    assert sent[4].is_plain_script and sent[4].output_tail.endswith("ValueError: boom")
+    assert not sent[5].is_plain_script and sent[5].output_tail == ""  # exit 0 carries no tail
+
+
+async def test_stop_gives_the_jobs_sigterm_grace_before_sigkill(tmp_path):
+    node = Node(tmp_path)  # the agent's default grace: 0.05 s
+    node.runner.dies_on = {signal.SIGKILL}  # a save-on-SIGTERM handler that takes its time
+    await node.launcher.apply(run(3, stop_grace_s=60.0))
+    standby = agent_pb2.Directive(generation=3, action=agent_pb2.ACTION_STANDBY, reason="job failed")
+    stopping = asyncio.create_task(node.launcher.apply(standby))
+    await asyncio.sleep(0.2)  # well past the agent's default grace, far within the job's
+    assert all(p.signals == [signal.SIGTERM] for p in node.runner.spawned)
+    for process in node.runner.spawned:  # the handlers finish their saves and exit
+        process.exit(0)
+    await asyncio.wait_for(stopping, 10)
+    assert all(p.signals == [signal.SIGTERM] for p in node.runner.spawned)

@@ -70,7 +70,8 @@ class Node:
     async def start(self) -> Node:
         peer_pb2_grpc.add_AgentPeerServicer_to_server(
             PeerService(self.node_id, self.store, self.reports, LOG, chunk_bytes=CHUNK), self.server)
-        link = TrainerLinkService(self.node_id, SimpleNamespace(run=self.run), self.store, self.restores,
+        launcher = SimpleNamespace(run=self.run, mark_attached=lambda generation, rank: None)
+        link = TrainerLinkService(self.node_id, launcher, self.store, self.restores,
                                   self.peers, self.reports, LOG, chunk_bytes=CHUNK)
         peer_pb2_grpc.add_TrainerLinkServicer_to_server(link, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"

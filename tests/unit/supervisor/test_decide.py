@@ -181,7 +181,8 @@ def test_a_trainer_crash_on_a_healthy_node_restarts_the_same_gang_from_local_ram
     step(sim, 1, 2)
     events = sim.events(TrainerExit("n2", 1, 3, -11, False))
     ended, started = events
-    assert ended == GenerationEnded(1, EndReason.TRAINER_EXITED, "n2", 2, "rank 3 exited with code -11")
+    assert ended == GenerationEnded(1, EndReason.TRAINER_EXITED, "n2", 2, "rank 3 exited with signal 11",
+                                     rank=3, exit_code=-11)
     assert isinstance(started, GenerationStarted) and started.restore_step == 2
     assert {m.node_id for m in started.members} == {"n1", "n2", "n3"}
     assert all(r.kind is RestoreKind.LOCAL_SNAPSHOT for r in started.restores)
