@@ -3,7 +3,8 @@
 Owns the bytes held, the bytes arriving, the memory limit over both (`--snapshot-memory-mib`)
 and the retention rule (agent/core/retention.py). A snapshot enters as a stream through
 `receive`: its declared size is reserved against the limit before a byte lands, the bytes go into
-one buffer of that size (common/chunks.py), and only a complete payload whose SHA-256 matches
+one lazily committed buffer of that size (common/chunks.py: RAM follows the bytes that arrived),
+and only a complete payload whose SHA-256 matches
 becomes visible to `get`; a stream that fails or is abandoned is discarded whole. Whatever is in
 the store can therefore be handed out unchecked. Followers (the buddy forwarder) read an incoming
 snapshot while it lands. No proto imports: the services convert with agent/codec.py.
@@ -12,9 +13,10 @@ snapshot while it lands. No proto imports: the services convert with agent/codec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
@@ -187,8 +189,10 @@ class SnapshotStore:
         self._keep_per_rank = keep_per_rank
         # 0: bounded by the machine's RAM only (a declared size beyond it is refused at the header).
         self.memory_limit_bytes = memory_limit_bytes or physical_memory_bytes()
-        self.bytes_held = 0
+        self.bytes_held = 0  # held blobs, and dropped ones a reader still streams (`pinned`)
         self.bytes_incoming = 0  # reserved by snapshots still arriving
+        self._readers: dict[int, int] = {}  # id(blob) -> streams reading it now
+        self._pinned: dict[int, Blob] = {}  # dropped while read: counted until the last reader lets go
 
     def __len__(self) -> int:
         return len(self._blobs)
@@ -226,13 +230,44 @@ class SnapshotStore:
     def _put_verified(self, blob: Blob) -> None:
         old = self._blobs.pop(blob.key, None)
         if old is not None:
-            self.bytes_held -= old.size_bytes
+            self._let_go(old)
         self._blobs[blob.key] = blob
         self.bytes_held += blob.size_bytes
         self._prune()
 
     def get(self, rank: int, step: int) -> Blob | None:
         return self._blobs.get((rank, step))
+
+    @contextlib.contextmanager
+    def reading(self, rank: int, step: int) -> Iterator[Blob | None]:
+        """The held (rank, step) blob for a stream that sends it out: while the stream runs its
+        bytes stay counted against the limit even if retention drops the blob meanwhile (the
+        stream still pins them), so the limit holds what RAM really holds."""
+        blob = self._blobs.get((rank, step))
+        if blob is None:
+            yield None
+            return
+        key = id(blob)
+        self._readers[key] = self._readers.get(key, 0) + 1
+        try:
+            yield blob
+        finally:
+            left = self._readers.pop(key) - 1
+            if left:
+                self._readers[key] = left
+            elif self._pinned.pop(key, None) is not None:
+                self.bytes_held -= blob.size_bytes
+
+    @property
+    def bytes_pinned(self) -> int:
+        """Bytes of dropped blobs that readers still stream (part of `bytes_held`)."""
+        return sum(blob.size_bytes for blob in self._pinned.values())
+
+    def _let_go(self, blob: Blob) -> None:
+        if self._readers.get(id(blob)):
+            self._pinned[id(blob)] = blob
+        else:
+            self.bytes_held -= blob.size_bytes
 
     def keys(self) -> list[tuple[int, int]]:
         return sorted(self._blobs)
@@ -245,4 +280,4 @@ class SnapshotStore:
 
     def _prune(self) -> None:
         for key in keys_to_drop(self._blobs, self._retain_from_step, self._keep_per_rank):
-            self.bytes_held -= self._blobs.pop(key).size_bytes
+            self._let_go(self._blobs.pop(key))
