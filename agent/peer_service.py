@@ -18,6 +18,7 @@ out (try/finally): a refusal, a failed read, a deadline, or the caller's cancell
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -43,7 +44,8 @@ IDLE_TIMEOUT_S = 30.0  # the longest gap between two chunks of a store
 class PeerService(peer_pb2_grpc.AgentPeerServicer):
     def __init__(self, node_id: str, store: SnapshotStore, reports: Reports, log: Logger, authority: PeerAuthority,
                  *, is_tls: bool = False, chunk_bytes: int = CHUNK_BYTES, max_streams: int = MAX_PEER_STREAMS,
-                 header_timeout_s: float = HEADER_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+                 header_timeout_s: float = HEADER_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 deadline_s: Callable[[int], float] = stream_deadline_s) -> None:
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         self._node_id = node_id
@@ -56,6 +58,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         self._max_streams = max_streams
         self._header_timeout_s = header_timeout_s
         self._idle_timeout_s = idle_timeout_s
+        self._deadline_s = deadline_s  # a whole stream of that many bytes, either way
         self.streams = 0  # calls in progress
 
     async def StoreSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
@@ -77,7 +80,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
                 await self._deny(context, "store", denial, header)
             incoming = self._store.receive(ident_of(header), header.size_bytes)
             await context.send_initial_metadata(((ACCEPTED, "1"),))  # the sender's go-ahead (peers.py)
-            async with asyncio.timeout(stream_deadline_s(header.size_bytes)):
+            async with asyncio.timeout(self._deadline_s(header.size_bytes)):
                 blob = await receive(first, self._idle_bounded(context.read), incoming)
         except TimeoutError:
             stalled = "sent no header" if header is None else f"stalled after {incoming.received_bytes if incoming else 0} bytes"
@@ -129,12 +132,17 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
                     self._log.info("peer_fetch_missing", rank=request.rank, step=request.step)
                     await context.abort(grpc.StatusCode.NOT_FOUND, message)
                 try:
-                    async with asyncio.timeout(stream_deadline_s(blob.size_bytes)):
+                    async with asyncio.timeout(self._deadline_s(blob.size_bytes)):
                         await send_blob(context.write, blob, self._chunk_bytes)
+                    return
                 except TimeoutError:
-                    message = f"fetch of rank {request.rank} step {request.step}: the reader stalled; cut off"
-                    self._log.warning("peer_fetch_stalled", peer=context.peer(), rank=request.rank, step=request.step)
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+                    pass
+            # The reader stalled: the blob is let go first (above), then the call ends with a status
+            # set rather than an abort, which would queue behind the cancelled write.
+            message = f"fetch of rank {request.rank} step {request.step}: the reader stalled; cut off"
+            self._log.warning("peer_fetch_stalled", peer=context.peer(), rank=request.rank, step=request.step)
+            context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+            context.set_details(message)
         finally:
             self.streams -= 1
 
