@@ -304,3 +304,33 @@ async def test_with_mtls_the_callers_certificate_decides_not_its_claims(tmp_path
         finally:
             await liar.close()
         assert peer.store.keys() == [(0, 5)]
+
+
+def test_a_pinned_blob_is_counted_until_its_last_reader_lets_go_and_a_foreign_one_never():
+    store = SnapshotStore()
+    held = Blob(1, 0, 5, "a", PAYLOAD, SHA)
+    store.put(held)
+    with store.pin(held), store.reading(0, 5) as again:
+        assert again is held
+        store.set_retain_from_step(6)  # dropped while two readers stream it
+        assert store.keys() == [] and store.bytes_held == store.bytes_pinned == len(PAYLOAD)
+        with store.pin(held):  # a third reader of the pinned blob
+            pass
+        assert store.bytes_held == len(PAYLOAD)
+    assert store.bytes_held == store.bytes_pinned == 0
+    with store.pin(Blob(1, 0, 7, "a", PAYLOAD, SHA)):  # never held here: nothing to count
+        assert store.bytes_held == 0
+
+
+def test_a_rank_s_snapshot_may_not_declare_far_more_than_its_largest_and_the_default_limit_is_half_the_ram():
+    from ftsup.agent.snapshots import SIZE_GROWTH_LIMIT, SnapshotId, physical_memory_bytes
+    from ftsup.common.chunks import OversizedStream
+
+    store = SnapshotStore()
+    assert store.memory_limit_bytes == physical_memory_bytes() // 2
+    store.put(Blob(1, 0, 5, "a", PAYLOAD, SHA))
+    store.receive(SnapshotId(1, 0, 6, "a"), SIZE_GROWTH_LIMIT * len(PAYLOAD)).truncated()  # grows within the bound
+    with pytest.raises(OversizedStream, match=f"over {SIZE_GROWTH_LIMIT}x the largest snapshot of rank 0"):
+        store.receive(SnapshotId(1, 0, 7, "a"), SIZE_GROWTH_LIMIT * len(PAYLOAD) + 1)
+    store.receive(SnapshotId(1, 1, 7, "a"), 200 * MIB).truncated()  # another rank's first: the limit alone
+    assert store.bytes_incoming == 0
