@@ -10,10 +10,11 @@ from ftsup.agent.snapshots import Blob
 
 def holding_report(blob: Blob, holder_node_id: str) -> agent_pb2.AgentMessage:
     """Tells the supervisor this node now holds `blob`: every holder reports only itself, so a
-    step commits even when the owner's agent dies right after its buddy took the copy."""
+    step commits even when the owner's agent dies right after its buddy took the copy. The digest
+    lets the supervisor commit only when the owner's and the buddy's bytes agree."""
     return agent_pb2.AgentMessage(
         snapshot_report=agent_pb2.SnapshotReport(
             generation=blob.generation, rank=blob.rank, step=blob.step,
-            holder_node_ids=[holder_node_id], size_bytes=blob.size_bytes,
+            holder_node_ids=[holder_node_id], size_bytes=blob.size_bytes, sha256=blob.sha256,
         )
     )

@@ -51,7 +51,7 @@ class AgentConfig:
     hang: HangConfig = HangConfig()
     tls_files: tls.TlsFiles | None = None  # mTLS to supervisors and peers; None: plaintext
     metrics_listen: str = ""  # host:port of /metrics; empty: none
-    snapshot_memory_mib: int = 0  # snapshots held + arriving; 0: bounded by the machine's RAM only
+    snapshot_memory_mib: int = 0  # snapshots held + arriving; 0: half the machine's RAM
 
     @property
     def snapshot_memory_bytes(self) -> int:
@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                         " /dev/kmsg, 'auto' (/dev/kmsg when readable) or 'none'")
     p.add_argument("--snapshot-memory-mib", type=int, default=0,
                    help="RAM for snapshots held (own ranks' and buddies') plus those arriving; a snapshot that"
-                        " does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive (0: the machine's RAM)")
+                        " does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive (0: half the machine's"
+                        " RAM); a rank's snapshot may also declare at most 4x the largest of that rank held")
     p.add_argument("--hang-multiple", type=float, default=10.0,
                    help="a rank is hung after this many median step times without progress")
     p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")

@@ -82,7 +82,8 @@ class FakePeers:
         self.blobs = blobs
         self.fetched: list[tuple[str, int, int]] = []
 
-    async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None) -> Blob:
+    async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
+                    *, generation: int = 0) -> Blob:
         self.fetched.append((address, rank, step))
         if (address, rank, step) not in self.blobs:
             raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")

@@ -32,6 +32,7 @@ from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.launcher import STOP_GRACE_S, Launcher
 from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
 from ftsup.agent.metrics import AgentCollector, agent_registry
+from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import PeerClient
 from ftsup.agent.process import AsyncioProcessRunner, default_base_env, drop_ambient_capabilities
@@ -73,7 +74,8 @@ async def run_agent(config: AgentConfig) -> int:
     store = SnapshotStore(memory_limit_bytes=config.snapshot_memory_bytes)
     files = config.tls_files
     peers = PeerClient(random.Random(rng.getrandbits(64)),
-                       credentials=tls.channel_credentials(files) if files is not None else None)
+                       credentials=tls.channel_credentials(files) if files is not None else None,
+                       node_id=config.node_id)
     reports = Reports()
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
     runner: AsyncioProcessRunner | WarmPoolRunner = AsyncioProcessRunner(nice=config.trainer_nice)
@@ -89,9 +91,13 @@ async def run_agent(config: AgentConfig) -> int:
     sdc = SdcChecker(config.node_id, config.workdir, store, peers, AsyncioProcessRunner(nice=config.trainer_nice),
                          default_base_env(), reports.send, log.bind(part="sdc"))
 
+    progress = ProgressTracker()
+    # Peer authorization: each directive says who may store and fetch which ranks here.
+    authority = PeerAuthority(config.node_id, lambda: max((p.last_step for p in progress.ranks.values()), default=0))
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
     peer_pb2_grpc.add_AgentPeerServicer_to_server(
-        PeerService(config.node_id, store, reports, log.bind(part="peer"), is_tls=files is not None), peer_server)
+        PeerService(config.node_id, store, reports, log.bind(part="peer"), authority, is_tls=files is not None),
+        peer_server)
     # The standard health service on the peer port: SERVING while this agent serves its peers.
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, peer_server)
@@ -106,7 +112,6 @@ async def run_agent(config: AgentConfig) -> int:
         log.error("peer_port_unavailable", host=config.host, peer_port=config.peer_port)
         return EXIT_FAILURE
     trainer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
-    progress = ProgressTracker()
     trainer_service = TrainerLinkService(
         config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link"), progress
     )
@@ -122,6 +127,7 @@ async def run_agent(config: AgentConfig) -> int:
         while True:
             directive = await directives.get()
             try:
+                authority.apply(directive)
                 sdc.apply(directive.sdc_checks)
                 await launcher.apply(directive)
                 reports.forget_sticky_before(directive.generation)

@@ -47,7 +47,9 @@ class SnapshotMissing(LookupError):
 
 class PeerClient:
     def __init__(self, rng: random.Random | None = None, credentials: grpc.ChannelCredentials | None = None,
-                 *, chunk_bytes: int = CHUNK_BYTES, options: list[tuple[str, int]] | None = None) -> None:
+                 *, chunk_bytes: int = CHUNK_BYTES, options: list[tuple[str, int]] | None = None,
+                 node_id: str = "") -> None:
+        self._node_id = node_id  # named in fetch requests (without mTLS the source takes it as a claim)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._rng = rng or random.Random()
         self._credentials = credentials  # mTLS to peers (their AgentPeer requires it); None: plaintext
@@ -103,13 +105,14 @@ class PeerClient:
                                 lambda: held_pieces(blob, self._chunk_bytes), backoff)
 
     async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
-                    backoff: Backoff = FETCH_BACKOFF) -> Blob:
+                    backoff: Backoff = FETCH_BACKOFF, *, generation: int = 0) -> Blob:
         """Fetches the (rank, step) snapshot from the peer at `address`, verified as it streams in.
 
         With `store`, it is received into the store (reserved against its memory limit, held once
-        verified); without, into a buffer of its own.
+        verified); without, into a buffer of its own. `generation` is the one the fetch is for: a
+        source that has not applied it yet answers UNAVAILABLE, and the fetch is retried.
         """
-        request = peer_pb2.FetchSnapshotRequest(rank=rank, step=step)
+        request = peer_pb2.FetchSnapshotRequest(rank=rank, step=step, generation=generation, node_id=self._node_id)
 
         async def attempt(stub: peer_pb2_grpc.AgentPeerStub) -> Blob:
             call = stub.FetchSnapshot(request)

@@ -3,7 +3,8 @@
 Owns the bytes held, the bytes arriving, the memory limit over both (`--snapshot-memory-mib`)
 and the retention rule (agent/core/retention.py). A snapshot enters as a stream through
 `receive`: its declared size is reserved against the limit before a byte lands, the bytes go into
-one buffer of that size (common/chunks.py), and only a complete payload whose SHA-256 matches
+one lazily committed buffer of that size (common/chunks.py: RAM follows the bytes that arrived),
+and only a complete payload whose SHA-256 matches
 becomes visible to `get`; a stream that fails or is abandoned is discarded whole. Whatever is in
 the store can therefore be handed out unchecked. Followers (the buddy forwarder) read an incoming
 snapshot while it lands. No proto imports: the services convert with agent/codec.py.
@@ -12,15 +13,22 @@ snapshot while it lands. No proto imports: the services convert with agent/codec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
-from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, check_sha256
+from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, OversizedStream, check_sha256
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
 
 __all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryFull", "SnapshotStore", "verify"]
+
+
+# A rank's snapshot may declare at most this many times the largest one of that rank this store
+# held: a job's state keeps its size from step to step (optimizer moments fill in after the first
+# step, within this factor), so a header far beyond it is a bug or an attack, refused at once.
+SIZE_GROWTH_LIMIT = 4
 
 
 class SnapshotMemoryFull(Exception):
@@ -181,14 +189,18 @@ class SnapshotStore:
 
     def __init__(self, keep_per_rank: int = KEEP_STEPS_PER_RANK, memory_limit_bytes: int = 0) -> None:
         if memory_limit_bytes < 0:
-            raise ValueError(f"memory_limit_bytes must be >= 0 (0: this machine's RAM), got {memory_limit_bytes}")
+            raise ValueError(f"memory_limit_bytes must be >= 0 (0: half this machine's RAM), got {memory_limit_bytes}")
         self._blobs: dict[tuple[int, int], Blob] = {}
         self._retain_from_step = 0
         self._keep_per_rank = keep_per_rank
-        # 0: bounded by the machine's RAM only (a declared size beyond it is refused at the header).
-        self.memory_limit_bytes = memory_limit_bytes or physical_memory_bytes()
-        self.bytes_held = 0
+        # 0: half the machine's RAM (the rest is the trainers'); the job's own snapshot sizes bound
+        # each rank further (`receive`: SIZE_GROWTH_LIMIT).
+        self.memory_limit_bytes = memory_limit_bytes or physical_memory_bytes() // 2
+        self.bytes_held = 0  # held blobs, and dropped ones a reader still streams (`pinned`)
         self.bytes_incoming = 0  # reserved by snapshots still arriving
+        self._readers: dict[int, int] = {}  # id(blob) -> streams reading it now
+        self._pinned: dict[int, Blob] = {}  # dropped while read: counted until the last reader lets go
+        self._largest: dict[int, int] = {}  # rank -> its largest verified snapshot here (the job's sizes)
 
     def __len__(self) -> int:
         return len(self._blobs)
@@ -201,6 +213,12 @@ class SnapshotStore:
         """
         if size_bytes == 0:
             raise InvalidSnapshot(f"{ident.describe()}: empty payload")
+        largest = self._largest.get(ident.rank, 0)
+        if largest and size_bytes > SIZE_GROWTH_LIMIT * largest:
+            raise OversizedStream(
+                f"{ident.describe()}: declared size {size_bytes} bytes is over {SIZE_GROWTH_LIMIT}x the largest "
+                f"snapshot of rank {ident.rank} held here ({largest} bytes): a rank's state does not grow so fast"
+            )
         assembly = Assembly(ident.describe(), size_bytes, self.memory_limit_bytes)
         in_use = self.bytes_held + self.bytes_incoming
         if in_use + size_bytes > self.memory_limit_bytes:
@@ -226,13 +244,54 @@ class SnapshotStore:
     def _put_verified(self, blob: Blob) -> None:
         old = self._blobs.pop(blob.key, None)
         if old is not None:
-            self.bytes_held -= old.size_bytes
+            self._let_go(old)
         self._blobs[blob.key] = blob
         self.bytes_held += blob.size_bytes
+        self._largest[blob.rank] = max(self._largest.get(blob.rank, 0), blob.size_bytes)
         self._prune()
 
     def get(self, rank: int, step: int) -> Blob | None:
         return self._blobs.get((rank, step))
+
+    @contextlib.contextmanager
+    def reading(self, rank: int, step: int) -> Iterator[Blob | None]:
+        """The held (rank, step) blob, pinned (`pin`) while the caller streams it out; None when not held."""
+        blob = self._blobs.get((rank, step))
+        if blob is None:
+            yield None
+            return
+        with self.pin(blob):
+            yield blob
+
+    @contextlib.contextmanager
+    def pin(self, blob: Blob) -> Iterator[Blob]:
+        """Counts `blob` against the limit while a stream sends it out, even if retention drops it
+        meanwhile (the stream still holds its bytes), so the limit bounds what RAM really holds.
+        A blob this store does not hold (anymore) is not counted: it was never (or is no longer) its."""
+        key = id(blob)
+        if self._blobs.get(blob.key) is not blob and key not in self._pinned:
+            yield blob
+            return
+        self._readers[key] = self._readers.get(key, 0) + 1
+        try:
+            yield blob
+        finally:
+            left = self._readers.pop(key) - 1
+            if left:
+                self._readers[key] = left
+            elif self._pinned.pop(key, None) is not None:
+                self.bytes_held -= blob.size_bytes
+
+    @property
+    def bytes_pinned(self) -> int:
+        """Bytes of dropped blobs that readers still stream (part of `bytes_held`)."""
+        return sum(blob.size_bytes for blob in self._pinned.values())
+
+    def _let_go(self, blob: Blob) -> None:
+        if self._readers.get(id(blob)):
+            self._pinned[id(blob)] = blob
+        else:
+            self.bytes_held -= blob.size_bytes
 
     def keys(self) -> list[tuple[int, int]]:
         return sorted(self._blobs)
@@ -245,4 +304,4 @@ class SnapshotStore:
 
     def _prune(self) -> None:
         for key in keys_to_drop(self._blobs, self._retain_from_step, self._keep_per_rank):
-            self.bytes_held -= self._blobs.pop(key).size_bytes
+            self._let_go(self._blobs.pop(key))

@@ -85,7 +85,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         except RestoreUnavailable as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if blob is not None:  # no chunk at all: start fresh
-            await send_blob(context.write, blob, self._chunk_bytes)
+            with self._store.pin(blob):  # counted until the trainer took it, even if retention drops it
+                await send_blob(context.write, blob, self._chunk_bytes)
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
         await self._check_rank(context, "ReportStep", request.generation, request.rank)

@@ -3,8 +3,9 @@
 A snapshot travels as a stream of chunks (peer.proto `SnapshotChunk`): the first declares the
 payload's size, each carries the next slice in order, the last carries the hex SHA-256 of the
 whole payload. `cut` slices a payload and hashes it as it goes; `Assembly` writes slices into one
-buffer allocated from the declared size and hashes each as it lands, so neither side makes a
-second pass over the payload or a second copy of it. The rule it enforces: a payload is handed out
+lazily committed buffer (an anonymous mapping of the declared size: the OS commits a page only
+when a slice lands on it, so a header alone costs no RAM) and hashes each as it lands, so neither
+side makes a second pass over the payload or a second copy of it. The rule it enforces: a payload is handed out
 only once exactly the declared bytes arrived and their SHA-256 matches; anything else raises an
 `InvalidSnapshot` naming what was wrong, and the caller drops the buffer (nothing half-received is
 ever visible). Pure (hashlib only): the trainer, both agent services and the peer client use it.
@@ -13,6 +14,7 @@ ever visible). Pure (hashlib only): the trainer, both agent services and the pee
 from __future__ import annotations
 
 import hashlib
+import mmap
 import re
 from collections.abc import Iterator
 
@@ -79,6 +81,19 @@ def check_sha256(what: str, claimed: str) -> str:
     return lowered
 
 
+def lazy_buffer(size_bytes: int) -> mmap.mmap | bytearray:
+    """A writable buffer of `size_bytes` whose memory is committed only as it is written.
+
+    An anonymous private mapping: its pages are zero-fill-on-demand, so resident memory follows
+    the bytes that arrived, never the size a header declared (`bytearray(n)` zero-fills, which
+    commits every page at once). Unlike a list of chunks joined at the end there is no second
+    copy at the finish, and views of received bytes stay valid as more arrive (nothing moves).
+    """
+    if size_bytes == 0:
+        return bytearray()  # a mapping cannot be empty
+    return mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
 class Assembly:
     """One payload being received: slices land in a buffer of the declared size, hashed on arrival.
 
@@ -95,7 +110,7 @@ class Assembly:
         self.what = what
         self.size_bytes = size_bytes
         self.received_bytes = 0
-        self._buffer = bytearray(size_bytes)  # zero pages until written: the OS commits them as slices land
+        self._buffer = lazy_buffer(size_bytes)
         self._view = memoryview(self._buffer)
         self._digest = hashlib.sha256()
         self._done = False

@@ -307,8 +307,9 @@ def _on_snapshot_report(state: ClusterState, soft: SoftState, report: SnapshotRe
 
 
 def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Event]:
-    """Commits `step` once every rank is held twice and the step's digests agreed (issue 7:
-    a snapshot from a step whose replicas disagreed is never committed, so never restored)."""
+    """Commits `step` once every rank is held twice, the holders of each rank reported the same
+    payload SHA-256 (issue 16) and the step's digests agreed (issue 7: a snapshot from a step whose
+    replicas disagreed is never committed, so never restored)."""
     generation = state.generation
     progress = soft.progress
     if generation is None or progress is None or progress.generation != generation.number:
@@ -319,6 +320,8 @@ def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Eve
         return []
     if sdc_checks.is_held(state, step) or taint.is_tainted(state, step):
         return []  # an open recompute check may still prove it corrupt, or one did
+    if step in progress.holding_mismatches:
+        return []  # owner and buddy reported different bytes for a rank: never a restore source
     if not soft_state.is_held_twice(progress.holdings.get(step, {}), generation.members):
         return []
     committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=step)]

@@ -57,6 +57,17 @@ class SdcCheckOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerGrant:
+    """What node `node_id` may do on the directed node's peer service (the node authorizer's
+    input): store copies of `store_ranks` (the directed node is its buddy), fetch `fetch_ranks`
+    (it restores them, or verifies an SDC check on them, from the directed node's copies)."""
+
+    node_id: str
+    store_ranks: tuple[int, ...] = ()
+    fetch_ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Directive:
     generation: int
     action: Action
@@ -80,37 +91,74 @@ class Directive:
     restart_count: int = 0
     max_restarts: int = -1  # -1: unlimited
     job_name: str = ""
+    peer_grants: tuple[PeerGrant, ...] = ()
 
 
 def project_directives(state: ClusterState, job: JobSpec, waiting_reason: str) -> Mapping[str, Directive]:
-    return {node_id: directive_for(state, job, node_id, waiting_reason) for node_id in state.nodes}
+    grants = peer_grants(state)
+    return {node_id: directive_for(state, job, node_id, waiting_reason, grants=grants) for node_id in state.nodes}
+
+
+def peer_grants(state: ClusterState) -> Mapping[str, tuple[PeerGrant, ...]]:
+    """Per node, what other nodes may store there and fetch from there, in one pass over the
+    generation (members, restores) and the open SDC checks: a node is a buddy of the members that
+    name it, a restore source for the ranks restored from it, a snapshot source for SDC verifiers."""
+    stores: dict[str, dict[str, set[int]]] = {}
+    fetches: dict[str, dict[str, set[int]]] = {}
+    generation = state.generation
+    if generation is not None:
+        for member in generation.members:
+            buddy = member.buddy_node_id
+            if buddy and buddy != member.node_id:
+                stores.setdefault(buddy, {}).setdefault(member.node_id, set()).update(member.ranks)
+        for restore in generation.restores:
+            restorer = generation.node_of_rank(restore.rank)
+            if restore.kind is RestoreKind.PEER_SNAPSHOT and restorer and restorer != restore.source_node_id:
+                rank = restore.rank if restore.source_rank is None else restore.source_rank
+                fetches.setdefault(restore.source_node_id, {}).setdefault(restorer, set()).add(rank)
+    for check in state.sdc_checks:
+        for holder in check.snapshot_holders:
+            if holder != check.verifier_node_id:
+                fetches.setdefault(holder, {}).setdefault(check.verifier_node_id, set()).add(check.rank)
+    return {
+        node: tuple(
+            PeerGrant(other, tuple(sorted(stores.get(node, {}).get(other, ()))),
+                      tuple(sorted(fetches.get(node, {}).get(other, ()))))
+            for other in sorted({*stores.get(node, {}), *fetches.get(node, {})})
+        )
+        for node in {*stores, *fetches}
+    }
 
 
 def directives_for(state: ClusterState, job: JobSpec, node_ids: list[str], waiting_reason: str) -> list[Directive]:
     """`directive_for` of many nodes in linear time: a generation's restores are grouped by rank
     once instead of scanned per node (100k ranks x 12.5k nodes would take minutes)."""
     generation = state.generation
+    grants = peer_grants(state)
     if generation is None or len(node_ids) < 8:
-        return [directive_for(state, job, n, waiting_reason) for n in node_ids]
+        return [directive_for(state, job, n, waiting_reason, grants=grants) for n in node_ids]
     by_rank: dict[int, list[RankRestore]] = {}
     for restore in generation.restores:
         by_rank.setdefault(restore.rank, []).append(restore)
-    return [directive_for(state, job, n, waiting_reason, by_rank) for n in node_ids]
+    return [directive_for(state, job, n, waiting_reason, by_rank, grants=grants) for n in node_ids]
 
 
 def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reason: str,
-                  restores_by_rank: Mapping[int, list[RankRestore]] | None = None) -> Directive:
+                  restores_by_rank: Mapping[int, list[RankRestore]] | None = None, *,
+                  grants: Mapping[str, tuple[PeerGrant, ...]] | None = None) -> Directive:
+    """`grants`: `peer_grants(state)`, computed once for many nodes (computed here when None)."""
     generation = state.generation
     retain = state.snapshot.step if state.snapshot is not None else 0
     checks = _sdc_orders(state, job, node_id) if state.sdc_checks else ()
+    mine = (grants if grants is not None else peer_grants(state)).get(node_id, ())
     if generation is not None:
         member = generation.member(node_id)
         if member is not None:
             run = _run(state, job, generation, node_id, retain, restores_by_rank)
-            return replace(run, sdc_checks=checks) if checks else run
+            return replace(run, sdc_checks=checks, peer_grants=mine)
     number = generation.number if generation else state.last_generation
     return Directive(generation=number, action=Action.STANDBY, retain_from_step=retain,
-                     reason=_standby_reason(state, node_id, waiting_reason), sdc_checks=checks)
+                     reason=_standby_reason(state, node_id, waiting_reason), sdc_checks=checks, peer_grants=mine)
 
 
 def _sdc_orders(state: ClusterState, job: JobSpec, node_id: str) -> tuple[SdcCheckOrder, ...]:

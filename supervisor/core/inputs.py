@@ -54,6 +54,7 @@ class SnapshotReport:
     step: int
     holder_node_ids: tuple[str, ...]
     size_bytes: int
+    sha256: str = ""  # the held payload's digest ("" from an agent that predates it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,15 +106,31 @@ def observe(
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
             if progress is not None:
-                # A node vouches only for itself: each holder reports its own copy.
-                by_rank = progress.holdings.setdefault(inp.step, {})
-                by_rank[inp.rank] = by_rank.get(inp.rank, frozenset()) | {inp.node_id}
+                _hold(progress, inp)
         case RankFinished():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
             if progress is not None:
                 progress.finished[inp.rank] = inp.param_digest
                 progress.max_step = max(progress.max_step, inp.step)
+
+
+MAX_HOLDING_LEAD = 1024  # a holding this far past the generation's progress is absurd: ignored
+
+
+def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
+    """Records one holder's copy. A node vouches only for itself (each holder reports its own
+    copy) and for the bytes it names: a copy whose SHA-256 differs from the rank's first report
+    (a buddy handed other bytes than the owner holds) makes the step uncommittable."""
+    if report.step > progress.max_step + MAX_HOLDING_LEAD:
+        return  # beyond any step the generation could have reached; would only grow `holdings`
+    digests = progress.holding_sha256.setdefault(report.step, {})
+    first = digests.setdefault(report.rank, report.sha256)
+    if first != report.sha256:
+        progress.holding_mismatches.add(report.step)
+        return
+    by_rank = progress.holdings.setdefault(report.step, {})
+    by_rank[report.rank] = by_rank.get(report.rank, frozenset()) | {report.node_id}
 
 
 MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
@@ -267,6 +283,9 @@ def forget_committed(soft: SoftState, up_to_step: int) -> None:
     if soft.progress is not None:
         for step in [s for s in soft.progress.holdings if s <= up_to_step]:
             del soft.progress.holdings[step]
+        for step in [s for s in soft.progress.holding_sha256 if s <= up_to_step]:
+            del soft.progress.holding_sha256[step]
+        soft.progress.holding_mismatches = {s for s in soft.progress.holding_mismatches if s > up_to_step}
         soft.progress.sdc_clear_steps = {s for s in soft.progress.sdc_clear_steps if s > up_to_step}
 
 

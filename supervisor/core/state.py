@@ -237,6 +237,10 @@ class GenerationProgress:
     step_time_s: float | None = None  # the newest step's wall time (sizes checkpoint lead times)
     # step -> rank -> nodes holding that rank's snapshot
     holdings: dict[int, dict[int, frozenset[str]]] = field(default_factory=dict)
+    # step -> rank -> the SHA-256 its first holder reported; a holder reporting other bytes puts
+    # the step in `holding_mismatches` and it never commits (owner and buddy must hold the same)
+    holding_sha256: dict[int, dict[int, str]] = field(default_factory=dict)
+    holding_mismatches: set[int] = field(default_factory=set)
     finished: dict[int, str] = field(default_factory=dict)  # rank -> final digest
     step_reports: int = 0
     # step -> rank -> compute time, until every rank of the step reported (then scored)

@@ -77,7 +77,7 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
                                  r.replica_group if r.HasField("replica_group") else None)
     if kind == "snapshot_report":
         s = message.snapshot_report
-        return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes)
+        return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes, s.sha256)
     if kind == "rank_finished":
         f = message.rank_finished
         return inputs.RankFinished(node_id, f.generation, f.rank, f.step, f.param_digest)

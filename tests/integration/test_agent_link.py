@@ -205,6 +205,10 @@ def peer_address(fake: FakeSupervisor, node: str) -> str:
     return f"{hello.host}:{hello.peer_port}"
 
 
+def standby_directive(generation: int, *grants: agent_pb2.PeerGrant) -> agent_pb2.Directive:
+    return agent_pb2.Directive(generation=generation, action=agent_pb2.ACTION_STANDBY, peer_grants=list(grants))
+
+
 def run_directive(generation: int, ranks: list[int], out: Path, **kw) -> agent_pb2.Directive:
     return agent_pb2.Directive(
         generation=generation, action=agent_pb2.ACTION_RUN, ranks=ranks, world_size=2,
@@ -226,6 +230,8 @@ async def test_agents_run_ranks_replicate_snapshots_and_restore_from_a_peer(supe
     await until(lambda: len(fake.of("a", "heartbeat")) >= 2, what="heartbeats")
     assert fake.of("a", "heartbeat")[0].running_generation == 0
 
+    # b is a's buddy (it stores a's ranks); the test itself fetches from b as "a" (a claim: no TLS).
+    fake.send("b", standby_directive(1, agent_pb2.PeerGrant(node_id="a", store_ranks=[0, 1], fetch_ranks=[0, 1])))
     fake.send("a", run_directive(1, [0, 1], out, buddy_node_id="b", buddy_address=peer_address(fake, "b")))
     await until(lambda: len(fake.of("a", "trainer_exit")) == 2, what="two TrainerExits from a")
     await until(lambda: len(fake.of("a", "snapshot_report")) == 2, what="two SnapshotReports from a")
@@ -253,16 +259,20 @@ async def test_agents_run_ranks_replicate_snapshots_and_restore_from_a_peer(supe
 
     async with grpc.aio.insecure_channel(peer_address(fake, "b")) as channel:
         peer = peer_pb2_grpc.AgentPeerStub(channel)
-        fetched = [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=1))]
+        fetched = [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=1, node_id="a"))]
         assert (fetched[0].header.rank, fetched[0].header.step, fetched[0].header.size_bytes) == (1, 1, 22)
         assert b"".join(c.data for c in fetched) == b"state-of-rank-1-step-1"
         assert fetched[-1].sha256 == hashlib.sha256(b"state-of-rank-1-step-1").hexdigest()
         with pytest.raises(grpc.aio.AioRpcError) as missing:
-            [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=42))]
+            [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=42, node_id="a"))]
+        with pytest.raises(grpc.aio.AioRpcError) as stranger:  # nothing grants node "x" a fetch from b
+            [c async for c in peer.FetchSnapshot(peer_pb2.FetchSnapshotRequest(rank=1, step=1, node_id="x"))]
+        assert stranger.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "rank 1 step 42" in missing.value.details()
 
     # Spare c replaces a: rank 0 restores from b's copy; rank 1 names a source without it.
     peer_kind = events_pb2.RESTORE_KIND_PEER_SNAPSHOT
+    fake.send("b", standby_directive(2, agent_pb2.PeerGrant(node_id="c", fetch_ranks=[0])))
     fake.send("c", run_directive(2, [0, 1], out, restore_step=1, restores=[
         agent_pb2.RestoreFrom(rank=0, kind=peer_kind, source_node_id="b", source_address=peer_address(fake, "b")),
         agent_pb2.RestoreFrom(rank=1, kind=peer_kind, source_node_id="c", source_address=peer_address(fake, "c")),

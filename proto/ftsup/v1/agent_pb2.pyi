@@ -237,10 +237,15 @@ class SnapshotReport(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     HOLDER_NODE_IDS_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     rank: _builtins.int
     step: _builtins.int
     size_bytes: _builtins.int
+    sha256: _builtins.str
+    """Hex SHA-256 of the payload the reporter holds: a step commits only when the owner's and the
+    buddy's copies of every rank report the same digest.
+    """
     @_builtins.property
     def holder_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """the reporter's own id"""
@@ -253,10 +258,11 @@ class SnapshotReport(_message.Message):
         step: _builtins.int = ...,
         holder_node_ids: _abc.Iterable[_builtins.str] | None = ...,
         size_bytes: _builtins.int = ...,
+        sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "holder_node_ids", b"holder_node_ids", "rank", b"rank", "size_bytes", b"size_bytes", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "holder_node_ids", b"holder_node_ids", "rank", b"rank", "sha256", b"sha256", "size_bytes", b"size_bytes", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -768,6 +774,7 @@ class Directive(_message.Message):
     RESTART_COUNT_FIELD_NUMBER: _builtins.int
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     JOB_NAME_FIELD_NUMBER: _builtins.int
+    PEER_GRANTS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     action: Global___Action.ValueType
     world_size: _builtins.int
@@ -814,6 +821,12 @@ class Directive(_message.Message):
     def sdc_checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___SdcCheckOrder]:
         """SDC recomputes this node runs as a verifier"""
 
+    @_builtins.property
+    def peer_grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerGrant]:
+        """Peer authorization (the node authorizer): which other nodes may store snapshots on this node
+        and fetch them from it under this directive; anything not granted here is refused.
+        """
+
     def __init__(
         self,
         *,
@@ -838,16 +851,50 @@ class Directive(_message.Message):
         restart_count: _builtins.int = ...,
         max_restarts: _builtins.int = ...,
         job_name: _builtins.str = ...,
+        peer_grants: _abc.Iterable[Global___PeerGrant] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "restore_step", b"restore_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "cwd", b"cwd", "env", b"env", "generation", b"generation", "job_name", b"job_name", "master_addr", b"master_addr", "master_port", b"master_port", "max_restarts", b"max_restarts", "ranks", b"ranks", "reason", b"reason", "restart_count", b"restart_count", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "stop_grace_s", b"stop_grace_s", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "cwd", b"cwd", "env", b"env", "generation", b"generation", "job_name", b"job_name", "master_addr", b"master_addr", "master_port", b"master_port", "max_restarts", b"max_restarts", "peer_grants", b"peer_grants", "ranks", b"ranks", "reason", b"reason", "restart_count", b"restart_count", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "stop_grace_s", b"stop_grace_s", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__restore_step: _TypeAlias = _typing.Literal["restore_step"]  # noqa: Y015
     _WhichOneofArgType__restore_step: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__restore_step) -> _WhichOneofReturnType__restore_step | None: ...
 
 Global___Directive: _TypeAlias = Directive  # noqa: Y015
+
+@_typing.final
+class PeerGrant(_message.Message):
+    """What one other node may do on this node's AgentPeer service under the current directive."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    STORE_RANKS_FIELD_NUMBER: _builtins.int
+    FETCH_RANKS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    @_builtins.property
+    def store_ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """this node is that node's buddy: it stores copies of these ranks here"""
+
+    @_builtins.property
+    def fetch_ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """it restores (or SDC-verifies) these ranks from this node's copies"""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        store_ranks: _abc.Iterable[_builtins.int] | None = ...,
+        fetch_ranks: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch_ranks", b"fetch_ranks", "node_id", b"node_id", "store_ranks", b"store_ranks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerGrant: _TypeAlias = PeerGrant  # noqa: Y015
 
 @_typing.final
 class Refusal(_message.Message):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ftsup.v1 import agent_pb2 as ftsup_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66tsup/v1/peer.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\"k\n\x0eSnapshotHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"W\n\rSnapshotChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.ftsup.v1.SnapshotHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"/\n\x15StoreSnapshotResponse\x12\x16\n\x0eholder_node_id\x18\x01 \x01(\t\"2\n\x14\x46\x65tchSnapshotRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\"Z\n\x0eLivenessReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x17\n\x0fphase_timeout_s\x18\x04 \x01(\x01\":\n\x16WatchGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\"J\n\x16\x41waitGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"Z\n\x17\x41waitGenerationResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x1d\n\x03\x65nv\x18\x02 \x03(\x0b\x32\x10.ftsup.v1.EnvVar\x12\x0e\n\x06reason\x18\x03 \x01(\t\"5\n\x11GetRestoreRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"#\n\x07LinkAck\x12\x18\n\x10\x63heckpoint_steps\x18\x01 \x03(\x04\x32\xa4\x01\n\tAgentPeer\x12K\n\rStoreSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x1f.ftsup.v1.StoreSnapshotResponse(\x01\x12J\n\rFetchSnapshot\x12\x1e.ftsup.v1.FetchSnapshotRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x32\xaa\x04\n\x0bTrainerLink\x12\x44\n\nGetRestore\x12\x1b.ftsup.v1.GetRestoreRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x12\x35\n\nReportStep\x12\x14.ftsup.v1.StepReport\x1a\x11.ftsup.v1.LinkAck\x12;\n\x0bPutSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x11.ftsup.v1.LinkAck(\x01\x12;\n\x0eReportFinished\x12\x16.ftsup.v1.RankFinished\x1a\x11.ftsup.v1.LinkAck\x12\x45\n\x15ReportCheckpointShard\x12\x19.ftsup.v1.CheckpointShard\x1a\x11.ftsup.v1.LinkAck\x12V\n\x0f\x41waitGeneration\x12 .ftsup.v1.AwaitGenerationRequest\x1a!.ftsup.v1.AwaitGenerationResponse\x12\x46\n\x0fWatchGeneration\x12 .ftsup.v1.WatchGenerationRequest\x1a\x11.ftsup.v1.LinkAck\x12=\n\x0eReportLiveness\x12\x18.ftsup.v1.LivenessReport\x1a\x11.ftsup.v1.LinkAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66tsup/v1/peer.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\"k\n\x0eSnapshotHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"W\n\rSnapshotChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.ftsup.v1.SnapshotHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"/\n\x15StoreSnapshotResponse\x12\x16\n\x0eholder_node_id\x18\x01 \x01(\t\"Y\n\x14\x46\x65tchSnapshotRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x13\n\ngeneration\x18\x8c\x01 \x01(\x04\x12\x10\n\x07node_id\x18\x8d\x01 \x01(\t\"Z\n\x0eLivenessReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x17\n\x0fphase_timeout_s\x18\x04 \x01(\x01\":\n\x16WatchGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\"J\n\x16\x41waitGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"Z\n\x17\x41waitGenerationResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x1d\n\x03\x65nv\x18\x02 \x03(\x0b\x32\x10.ftsup.v1.EnvVar\x12\x0e\n\x06reason\x18\x03 \x01(\t\"5\n\x11GetRestoreRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"#\n\x07LinkAck\x12\x18\n\x10\x63heckpoint_steps\x18\x01 \x03(\x04\x32\xa4\x01\n\tAgentPeer\x12K\n\rStoreSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x1f.ftsup.v1.StoreSnapshotResponse(\x01\x12J\n\rFetchSnapshot\x12\x1e.ftsup.v1.FetchSnapshotRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x32\xaa\x04\n\x0bTrainerLink\x12\x44\n\nGetRestore\x12\x1b.ftsup.v1.GetRestoreRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x12\x35\n\nReportStep\x12\x14.ftsup.v1.StepReport\x1a\x11.ftsup.v1.LinkAck\x12;\n\x0bPutSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x11.ftsup.v1.LinkAck(\x01\x12;\n\x0eReportFinished\x12\x16.ftsup.v1.RankFinished\x1a\x11.ftsup.v1.LinkAck\x12\x45\n\x15ReportCheckpointShard\x12\x19.ftsup.v1.CheckpointShard\x1a\x11.ftsup.v1.LinkAck\x12V\n\x0f\x41waitGeneration\x12 .ftsup.v1.AwaitGenerationRequest\x1a!.ftsup.v1.AwaitGenerationResponse\x12\x46\n\x0fWatchGeneration\x12 .ftsup.v1.WatchGenerationRequest\x1a\x11.ftsup.v1.LinkAck\x12=\n\x0eReportLiveness\x12\x18.ftsup.v1.LivenessReport\x1a\x11.ftsup.v1.LinkAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,21 +39,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STORESNAPSHOTRESPONSE']._serialized_start=253
   _globals['_STORESNAPSHOTRESPONSE']._serialized_end=300
   _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=302
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=352
-  _globals['_LIVENESSREPORT']._serialized_start=354
-  _globals['_LIVENESSREPORT']._serialized_end=444
-  _globals['_WATCHGENERATIONREQUEST']._serialized_start=446
-  _globals['_WATCHGENERATIONREQUEST']._serialized_end=504
-  _globals['_AWAITGENERATIONREQUEST']._serialized_start=506
-  _globals['_AWAITGENERATIONREQUEST']._serialized_end=580
-  _globals['_AWAITGENERATIONRESPONSE']._serialized_start=582
-  _globals['_AWAITGENERATIONRESPONSE']._serialized_end=672
-  _globals['_GETRESTOREREQUEST']._serialized_start=674
-  _globals['_GETRESTOREREQUEST']._serialized_end=727
-  _globals['_LINKACK']._serialized_start=729
-  _globals['_LINKACK']._serialized_end=764
-  _globals['_AGENTPEER']._serialized_start=767
-  _globals['_AGENTPEER']._serialized_end=931
-  _globals['_TRAINERLINK']._serialized_start=934
-  _globals['_TRAINERLINK']._serialized_end=1488
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=391
+  _globals['_LIVENESSREPORT']._serialized_start=393
+  _globals['_LIVENESSREPORT']._serialized_end=483
+  _globals['_WATCHGENERATIONREQUEST']._serialized_start=485
+  _globals['_WATCHGENERATIONREQUEST']._serialized_end=543
+  _globals['_AWAITGENERATIONREQUEST']._serialized_start=545
+  _globals['_AWAITGENERATIONREQUEST']._serialized_end=619
+  _globals['_AWAITGENERATIONRESPONSE']._serialized_start=621
+  _globals['_AWAITGENERATIONRESPONSE']._serialized_end=711
+  _globals['_GETRESTOREREQUEST']._serialized_start=713
+  _globals['_GETRESTOREREQUEST']._serialized_end=766
+  _globals['_LINKACK']._serialized_start=768
+  _globals['_LINKACK']._serialized_end=803
+  _globals['_AGENTPEER']._serialized_start=806
+  _globals['_AGENTPEER']._serialized_end=970
+  _globals['_TRAINERLINK']._serialized_start=973
+  _globals['_TRAINERLINK']._serialized_end=1527
 # @@protoc_insertion_point(module_scope)

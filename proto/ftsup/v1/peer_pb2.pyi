@@ -117,17 +117,25 @@ class FetchSnapshotRequest(_message.Message):
 
     RANK_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     step: _builtins.int
+    generation: _builtins.int
+    """the requester's generation: newer than the source's directive is retried"""
+    node_id: _builtins.str
+    """the requester; with mTLS its certificate decides (and must agree)"""
     def __init__(
         self,
         *,
         rank: _builtins.int = ...,
         step: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        node_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rank", b"rank", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "node_id", b"node_id", "rank", b"rank", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -20,10 +20,11 @@ from types import SimpleNamespace
 import grpc
 import pytest
 import structlog
-from ftsup.v1 import events_pb2, peer_pb2, peer_pb2_grpc
+from ftsup.v1 import agent_pb2, events_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.common.chunks import InvalidSnapshot, TruncatedStream
 from ftsup.agent.grpc_options import message_options
+from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import PeerClient, SnapshotMissing
 from ftsup.agent.restore import RestoreBook, RestoreSource
@@ -60,7 +61,8 @@ class Node:
         self.node_id = node_id
         self.store = SnapshotStore(memory_limit_bytes=memory_limit_bytes)
         self.reports = Sent()
-        self.peers = PeerClient(random.Random(1), chunk_bytes=CHUNK, options=message_options(LIMIT))
+        self.peers = PeerClient(random.Random(1), chunk_bytes=CHUNK, options=message_options(LIMIT), node_id=node_id)
+        self.authority = PeerAuthority(node_id)
         self.restores = RestoreBook(node_id, self.store, self.peers, LOG)
         self.run = SimpleNamespace(generation=1, ranks=(0,), buddy_address="", checkpoint_steps=(),
                                    replaced=asyncio.Event())
@@ -69,7 +71,7 @@ class Node:
 
     async def start(self) -> Node:
         peer_pb2_grpc.add_AgentPeerServicer_to_server(
-            PeerService(self.node_id, self.store, self.reports, LOG, chunk_bytes=CHUNK), self.server)
+            PeerService(self.node_id, self.store, self.reports, LOG, self.authority, chunk_bytes=CHUNK), self.server)
         launcher = SimpleNamespace(run=self.run, mark_attached=lambda generation, rank: None)
         link = TrainerLinkService(self.node_id, launcher, self.store, self.restores,
                                   self.peers, self.reports, LOG, chunk_bytes=CHUNK)
@@ -77,6 +79,14 @@ class Node:
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         await self.server.start()
         return self
+
+    def grant(self, generation: int = 1, stores: dict[str, set[int]] | None = None,
+              fetches: dict[str, set[int]] | None = None) -> None:
+        """What the supervisor's directive would let other nodes store here and fetch from here."""
+        grants = [agent_pb2.PeerGrant(node_id=node, store_ranks=sorted(ranks)) for node, ranks in (stores or {}).items()]
+        grants += [agent_pb2.PeerGrant(node_id=node, fetch_ranks=sorted(ranks)) for node, ranks in (fetches or {}).items()]
+        self.authority.apply(agent_pb2.Directive(generation=generation, action=agent_pb2.ACTION_RUN,
+                                                 ranks=list(self.run.ranks), peer_grants=grants))
 
     async def stop(self) -> None:
         self.restores.cancel()
@@ -99,6 +109,8 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 1
 async def pair():
     a, b = await Node("a").start(), await Node("b").start()
     a.run.buddy_address = b.address
+    b.run.ranks = (1,)
+    b.grant(stores={"a": {0}}, fetches={"a": {0}, "spare": {0}})
     yield a, b
     await a.stop()
     await b.stop()
@@ -242,6 +254,8 @@ async def test_a_snapshot_over_the_memory_limit_is_refused_before_its_bytes_come
 async def test_a_buddy_without_room_refuses_its_copy_and_the_trainer_is_still_answered():
     a, b = await Node("a").start(), await Node("b", memory_limit_bytes=SIZE // 2).start()
     a.run.buddy_address = b.address
+    b.run.ranks = (1,)
+    b.grant(stores={"a": {0}})
     attempts = []
     receive = b.store.receive
     b.store.receive = lambda *args: attempts.append(args) or receive(*args)
@@ -261,6 +275,7 @@ async def test_a_restore_streams_from_the_buddy_into_a_new_node_and_on_to_its_tr
     spare = await Node("spare").start()
     try:
         source = RestoreSource(0, events_pb2.RESTORE_KIND_PEER_SNAPSHOT, "b", b.address)
+        b.grant(generation=2, fetches={"spare": {0}})  # generation 2: the spare restores rank 0 from b
         spare.restores.begin(2, [0], 5, [source])
         held = await asyncio.to_thread(client(spare).get_restore, 0, 2)
         assert isinstance(held, HeldSnapshot) and (held.rank, held.step, held.owner_node_id) == (0, 5, "a")
