@@ -11,6 +11,7 @@ and the trainers' loads agree without asking each other.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,9 @@ from ftsup.checkpoint.errors import CheckpointError, ReshardRefused
 from ftsup.checkpoint.location import open_location
 from ftsup.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
 from ftsup.checkpoint.store import ObjectStore
+from ftsup.checkpoint.verify import validate_manifest_sha256
+
+log = logging.getLogger(__name__)
 
 JOB_VERSIONS = Versions(data_version="ftsup-job", tokenizer_version="ftsup-job")
 
@@ -60,6 +64,9 @@ class CheckpointEnv:
     endpoint_url: str
     region: str
     restore_checkpoint_id: str  # FTSUP_RESTORE_CHECKPOINT: restore from this committed checkpoint
+    # FTSUP_RESTORE_CHECKPOINT_SHA256: its manifest's digest as the log committed it ("" from a
+    # supervisor that predates the pin: the manifest is then trusted as found, with a warning)
+    restore_manifest_sha256: str = ""
     read_timeout_s: float | None = None
     retry_deadline_s: float | None = None
 
@@ -68,6 +75,8 @@ class CheckpointEnv:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"CheckpointEnv.{name} must be > 0, got {value!r}")
+        if self.restore_manifest_sha256:
+            validate_manifest_sha256(self.restore_manifest_sha256)
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str]) -> CheckpointEnv:
@@ -79,7 +88,8 @@ class CheckpointEnv:
         if every < 0:
             raise ValueError(f"FTSUP_CHECKPOINT_EVERY_STEPS={every} must be >= 0")
         return cls(env.get("FTSUP_CHECKPOINT_LOCATION", ""), every, env.get("FTSUP_CHECKPOINT_ENDPOINT", ""),
-                   env.get("FTSUP_CHECKPOINT_REGION", ""), env.get("FTSUP_RESTORE_CHECKPOINT", ""))
+                   env.get("FTSUP_CHECKPOINT_REGION", ""), env.get("FTSUP_RESTORE_CHECKPOINT", ""),
+                   restore_manifest_sha256=env.get("FTSUP_RESTORE_CHECKPOINT_SHA256", ""))
 
     def open(self) -> tuple[ObjectStore, Layout]:
         if not self.location:
@@ -121,20 +131,24 @@ def save_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
 
 
 def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int,
-              *, replicated: bool = False) -> tuple[bytes, str]:
+              *, replicated: bool = False, manifest_sha256: str = "") -> tuple[bytes, str]:
     """This rank's payload and its SHA-256 from a committed checkpoint. Not collective: ranks
     whose RAM copies survived restore from RAM meanwhile. The manifest is checked first (the
     topology and versions must allow the restore) and every object against it before use.
     `replicated`: every rank holds the same state (an elastic job), so a rank beyond the saved
-    world (the job grew) loads rank `rank % saved world`'s payload."""
+    world (the job grew) loads rank `rank % saved world`'s payload. `manifest_sha256`: the digest
+    the log committed (verify.py); without it the manifest is trusted as found (logged)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     from ftsup.checkpoint.catalog import read_manifest
-    from ftsup.checkpoint.dcp import ObjectStoreReader
+    from ftsup.checkpoint.dcp import ObjectStoreReader, SafeLoadPlanner
     from ftsup.checkpoint.policy import plan_restore
 
-    manifest = read_manifest(store, layout, checkpoint_id)
+    if not manifest_sha256:
+        log.warning("restoring checkpoint %s without a committed manifest digest (a supervisor older than"
+                    " the pin): the manifest is trusted as found in the store", checkpoint_id)
+    manifest = read_manifest(store, layout, checkpoint_id, sha256=manifest_sha256 or None)
     plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
     saved_world = manifest.topology.world_size
     if rank >= saved_world:
@@ -144,7 +158,9 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
         rank = rank % saved_world
     state: dict[str, object] = {_payload_key(rank): b"", _sha_key(rank): ""}
     try:
-        dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
+        reader = ObjectStoreReader(store, layout, manifest)
+        reader.verified_metadata()  # its refusals as raised, not wrapped by DCP
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointException as exc:
         raise _dcp_error(f"reading rank {rank} of checkpoint {checkpoint_id!r}", exc) from exc
     payload, sha = state[_payload_key(rank)], state[_sha_key(rank)]

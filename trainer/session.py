@@ -243,7 +243,8 @@ class Session:
         checkpoint_id = self.checkpoints.restore_checkpoint_id
         store, layout = self._open_checkpoint_store()
         payload, sha256 = supervised.load_rank(store, layout, checkpoint_id, self.rank, self.world_size,
-                                               replicated=self.launch.full_world_size is not None)
+                                               replicated=self.launch.full_world_size is not None,
+                                               manifest_sha256=self.checkpoints.restore_manifest_sha256)
         state = snap.decode(payload, sha256)
         restored = snap.apply_state(state, _unwrap(model), optimizer)
         if restored.step != expected:
