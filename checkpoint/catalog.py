@@ -31,6 +31,7 @@ from ftsup.checkpoint.manifest import (
 )
 from ftsup.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict, plan_gc, plan_stale_uploads
 from ftsup.checkpoint.store import ObjectInfo, ObjectStore
+from ftsup.checkpoint.verify import check_manifest, manifest_sha256
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,13 @@ def verify(store: ObjectStore, layout: Layout, checkpoint_id: str, reports: Sequ
 def commit(store: ObjectStore, layout: Layout, checkpoint_id: str, step: int, reports: Sequence[ShardReport],
            topology: Topology, versions: Versions) -> Manifest:
     """Verify the attempt and write its manifest, last and only if none exists. Raises, never half-commits."""
+    return commit_pinned(store, layout, checkpoint_id, step, reports, topology, versions)[0]
+
+
+def commit_pinned(store: ObjectStore, layout: Layout, checkpoint_id: str, step: int, reports: Sequence[ShardReport],
+                  topology: Topology, versions: Versions) -> tuple[Manifest, str]:
+    """commit(), also returning the SHA-256 of the manifest bytes now in the store (the ones this
+    call wrote, or the identical commit found there), for the log to pin (verify.py)."""
     objects = verify(store, layout, checkpoint_id, reports, topology.world_size)
     manifest = Manifest(
         checkpoint_id=checkpoint_id, step=step, topology=topology, versions=versions, chunking=store.chunking,
@@ -110,17 +118,24 @@ def commit(store: ObjectStore, layout: Layout, checkpoint_id: str, step: int, re
                 ) from exc
             log.info("checkpoint %s was already committed with these shards (a retry or a new leader)",
                      checkpoint_id)
-            return existing
+            return existing, manifest_sha256(existing_body)
     log.info("committed checkpoint %s at step %d: %d objects, %d bytes, %s", checkpoint_id, step,
              len(objects), sum(o.size_bytes for o in objects), topology.describe())
-    return manifest
+    return manifest, manifest_sha256(body)
 
 
-def read_manifest(store: ObjectStore, layout: Layout, checkpoint_id: str) -> Manifest:
-    """The checkpoint's manifest; CheckpointNotCommitted when it has none or it is invalid."""
+def read_manifest(store: ObjectStore, layout: Layout, checkpoint_id: str, *, sha256: str | None = None) -> Manifest:
+    """The checkpoint's manifest; CheckpointNotCommitted when it has none or it is invalid.
+
+    `sha256`: the digest the log committed (CheckpointCommitted.manifest_sha256); the bytes are
+    checked against it before they are decoded (UntrustedCheckpoint). Restores pass it.
+    """
     key = layout.manifest_key(checkpoint_id)
     try:
-        manifest = decode_manifest(bytes(store.get(key)))
+        body = bytes(store.get(key))
+        if sha256 is not None:
+            check_manifest(key, body, sha256)
+        manifest = decode_manifest(body)
     except ObjectNotFound as exc:
         raise CheckpointNotCommitted(f"checkpoint {checkpoint_id!r} has no manifest on {store.describe()}") from exc
     except ValueError as exc:

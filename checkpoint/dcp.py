@@ -6,7 +6,10 @@ state and load-time resharding work. This module only stores a rank's items as r
 in one or more objects (`__<rank>_<n>.distcp`, each item 64-byte aligned) uploaded in parallel
 through the store, and the coordinator's `.metadata` (DCP's pickled plan, plus where each item
 lives). The reader checks every object it downloads against the manifest's SHA-256 before any
-byte reaches a tensor. Committing is not done here: see catalog.commit.
+byte reaches a tensor or an unpickler; even then (a rank may have written a poisoned object before
+the commit recorded its digest honestly) `.metadata` is unpickled with an allow-list of DCP's own
+metadata classes, and BYTE_IO items load with `torch.load(weights_only=True)` (verify.py has the
+whole chain of trust). Committing is not done here: see catalog.commit.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint._nested_dict import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
-    LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItem,
+    LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItem,
 )
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
@@ -32,6 +37,7 @@ from ftsup.checkpoint import digest
 from ftsup.checkpoint.errors import CheckpointNotCommitted, ObjectCorrupt
 from ftsup.checkpoint.manifest import DCP_METADATA_NAME, Layout, Manifest, ShardIndex, validate_checkpoint_id
 from ftsup.checkpoint.store import ObjectInfo, ObjectStore
+from ftsup.checkpoint.verify import UntrustedCheckpoint
 
 _ALIGN = 64
 
@@ -154,6 +160,62 @@ class ObjectStoreWriter(StorageWriter):
         return ShardIndex(self.checkpoint_id, self.rank, tuple(sorted(self._written, key=lambda o: o.key)))
 
 
+_METADATA_CLASSES = frozenset({
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "TensorProperties", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "StorageMeta", "_MEM_FORMAT_ENCODING",
+    )
+} | {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+     (__name__, "ItemLocation")})
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's `.metadata` with only the classes it is made of (and torch dtypes): a pickle
+    naming anything else (`os.system`, `builtins.exec`) is refused before that name is looked up."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UntrustedCheckpoint(f"DCP metadata names {module}.{name}, which is not part of DCP metadata;"
+                                  " refusing to unpickle it")
+
+
+def load_metadata(data: bytes | bytearray, where: str) -> Metadata:
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except UntrustedCheckpoint:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to decode verified bytes is corruption
+        raise ObjectCorrupt(f"{where}: DCP metadata does not decode: {exc}") from exc
+    if not isinstance(metadata, Metadata):
+        raise ObjectCorrupt(f"{where}: holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+def load_item_safely(value: io.BytesIO, where: str) -> Any:
+    """A BYTE_IO item through torch's weights-only unpickler (tensors, containers, primitives)."""
+    try:
+        return torch.load(value, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UntrustedCheckpoint(f"{where} needs an unrestricted unpickle (it names code to run or"
+                                  f" classes beyond plain data); refusing to load it: {exc}") from exc
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that BYTE_IO items load with `weights_only=True` (the
+    default planner of torch 2.x uses `weights_only=False`, i.e. runs whatever the pickle says)."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        obj = load_item_safely(value, f"checkpoint item {fqn!r}")
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
 class ObjectStoreReader(StorageReader):
     """DCP StorageReader for a committed checkpoint: reads only objects its manifest lists, verified."""
 
@@ -163,6 +225,7 @@ class ObjectStoreReader(StorageReader):
         self._expected = {o.key: o for o in manifest.objects}
         self._max_concurrency = max_concurrency
         self.storage_data: dict[Any, ItemLocation] = {}
+        self._metadata: Metadata | None = None
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id and str(checkpoint_id) != self.manifest.checkpoint_id:
@@ -183,10 +246,18 @@ class ObjectStoreReader(StorageReader):
         return data
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = pickle.loads(self._fetch(DCP_METADATA_NAME))  # verified against the manifest first
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        return metadata
+        return self.verified_metadata()
+
+    def verified_metadata(self) -> Metadata:
+        """DCP's metadata, checked against the manifest, then unpickled with the allow-list; cached.
+        Call it before dcp.load to get its errors as raised (DCP reports them as an AssertionError)."""
+        if self._metadata is None:
+            where = self.layout.data_key(self.manifest.checkpoint_id, DCP_METADATA_NAME)
+            metadata = load_metadata(self._fetch(DCP_METADATA_NAME), where)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            self._metadata = metadata
+        return self._metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if metadata.storage_data is None:
@@ -210,7 +281,13 @@ class ObjectStoreReader(StorageReader):
             for item in items:
                 loc = self.storage_data[item.storage_index]
                 if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(bytes(data[loc.offset:loc.offset + loc.length])))
+                    raw = io.BytesIO(bytes(data[loc.offset:loc.offset + loc.length]))
+                    if not isinstance(planner, SafeLoadPlanner):
+                        # Another planner may unpickle without restriction: prove the bytes load
+                        # through the weights-only unpickler first (pass SafeLoadPlanner to skip this).
+                        load_item_safely(raw, f"checkpoint item {item.dest_index.fqn!r} in {name!r}")
+                        raw.seek(0)
+                    planner.load_bytes(item, raw)
                     continue
                 tensor = _tensor_at(data, loc)
                 tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)

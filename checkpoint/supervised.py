@@ -13,6 +13,7 @@ and the trainers' loads agree without asking each other.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ from ftsup.checkpoint.errors import CheckpointError, ReshardRefused
 from ftsup.checkpoint.location import open_location
 from ftsup.checkpoint.manifest import Layout, Sharding, ShardReport, Topology, Versions
 from ftsup.checkpoint.store import ObjectStore
+from ftsup.checkpoint.verify import validate_manifest_sha256
+
+log = logging.getLogger(__name__)
 
 JOB_VERSIONS = Versions(data_version="ftsup-job", tokenizer_version="ftsup-job")
 
@@ -64,6 +68,9 @@ class CheckpointEnv:
     endpoint_url: str
     region: str
     restore_checkpoint_id: str  # FTSUP_RESTORE_CHECKPOINT: restore from this committed checkpoint
+    # FTSUP_RESTORE_CHECKPOINT_SHA256: its manifest's digest as the log committed it ("" from a
+    # supervisor that predates the pin: the manifest is then trusted as found, with a warning)
+    restore_manifest_sha256: str = ""
     read_timeout_s: float | None = None
     retry_deadline_s: float | None = None
 
@@ -72,6 +79,8 @@ class CheckpointEnv:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"CheckpointEnv.{name} must be > 0, got {value!r}")
+        if self.restore_manifest_sha256:
+            validate_manifest_sha256(self.restore_manifest_sha256)
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str]) -> CheckpointEnv:
@@ -83,7 +92,8 @@ class CheckpointEnv:
         if every < 0:
             raise ValueError(f"FTSUP_CHECKPOINT_EVERY_STEPS={every} must be >= 0")
         return cls(env.get("FTSUP_CHECKPOINT_LOCATION", ""), every, env.get("FTSUP_CHECKPOINT_ENDPOINT", ""),
-                   env.get("FTSUP_CHECKPOINT_REGION", ""), env.get("FTSUP_RESTORE_CHECKPOINT", ""))
+                   env.get("FTSUP_CHECKPOINT_REGION", ""), env.get("FTSUP_RESTORE_CHECKPOINT", ""),
+                   restore_manifest_sha256=env.get("FTSUP_RESTORE_CHECKPOINT_SHA256", ""))
 
     def open(self) -> tuple[ObjectStore, Layout]:
         if not self.location:
@@ -125,20 +135,24 @@ def save_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
 
 
 def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int,
-              *, replicated: bool = False) -> tuple[bytes, str]:
+              *, replicated: bool = False, manifest_sha256: str = "") -> tuple[bytes, str]:
     """This rank's payload and its SHA-256 from a committed checkpoint. Not collective: ranks
     whose RAM copies survived restore from RAM meanwhile. The manifest is checked first (the
     topology and versions must allow the restore) and every object against it before use.
     `replicated`: every rank holds the same state (an elastic job), so a rank beyond the saved
-    world (the job grew) loads rank `rank % saved world`'s payload."""
+    world (the job grew) loads rank `rank % saved world`'s payload. `manifest_sha256`: the digest
+    the log committed (verify.py); without it the manifest is trusted as found (logged)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     from ftsup.checkpoint.catalog import read_manifest
-    from ftsup.checkpoint.dcp import ObjectStoreReader
+    from ftsup.checkpoint.dcp import ObjectStoreReader, SafeLoadPlanner
     from ftsup.checkpoint.policy import plan_restore
 
-    manifest = read_manifest(store, layout, checkpoint_id)
+    if not manifest_sha256:
+        log.warning("restoring checkpoint %s without a committed manifest digest (a supervisor older than"
+                    " the pin): the manifest is trusted as found in the store", checkpoint_id)
+    manifest = read_manifest(store, layout, checkpoint_id, sha256=manifest_sha256 or None)
     # Committed as MANUAL by earlier supervisors, as DTENSOR by this one: the payloads decide.
     target = Topology(world_size=world_size, dp=world_size, sharding=manifest.topology.sharding)
     plan_restore(manifest, target, JOB_VERSIONS)  # raises ReshardRefused, saying why
@@ -153,7 +167,9 @@ def load_rank(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int,
                              f" rank(s): it restores at that world size only, not {world_size}")
     state: dict[str, object] = {_payload_key(rank): b"", _sha_key(rank): ""}
     try:
-        dcp.load(state, storage_reader=ObjectStoreReader(store, layout, manifest), no_dist=True)
+        reader = ObjectStoreReader(store, layout, manifest)
+        reader.verified_metadata()  # its refusals as raised, not wrapped by DCP
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointException as exc:
         raise _dcp_error(f"reading rank {rank} of checkpoint {checkpoint_id!r}", exc) from exc
     payload, sha = state[_payload_key(rank)], state[_sha_key(rank)]
@@ -170,13 +186,13 @@ def _local_sha_key(rank: int) -> str:
     return f"rank-{rank:05d}-local-sha256"
 
 
-def is_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str) -> bool:
+def is_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str, *, manifest_sha256: str = "") -> bool:
     """Was the committed checkpoint written by `save_sharded` (False: one payload per rank, as
     earlier versions wrote)? Its DCP metadata (checked against the manifest) lists the items."""
     from ftsup.checkpoint.catalog import read_manifest
     from ftsup.checkpoint.dcp import ObjectStoreReader
 
-    manifest = read_manifest(store, layout, checkpoint_id)
+    manifest = read_manifest(store, layout, checkpoint_id, sha256=manifest_sha256 or None)
     return _local_key(0) in ObjectStoreReader(store, layout, manifest).read_metadata().state_dict_metadata
 
 
@@ -205,7 +221,7 @@ def save_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: i
 
 
 def load_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int,
-                 template: dict[str, Any]) -> tuple[bytes, str, int]:
+                 template: dict[str, Any], *, manifest_sha256: str = "") -> tuple[bytes, str, int]:
     """Fill `template` (state dicts laid out as this job's live ones) in place from a committed
     `save_sharded` checkpoint, resharding through DCP when the world changed; returns this rank's
     local payload, its SHA-256 and the saved world size. Not collective: each rank reads the
@@ -218,7 +234,7 @@ def load_sharded(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: i
     from ftsup.checkpoint.dcp import ObjectStoreReader
     from ftsup.checkpoint.policy import plan_restore
 
-    manifest = read_manifest(store, layout, checkpoint_id)
+    manifest = read_manifest(store, layout, checkpoint_id, sha256=manifest_sha256 or None)  # the pin first
     plan_restore(manifest, job_topology(world_size), JOB_VERSIONS)  # raises ReshardRefused, saying why
     saved_world = manifest.topology.world_size
     source = rank % saved_world

@@ -69,8 +69,8 @@ class Checkpointer:
 
         reports = [ShardReport(r.shard, r.key, r.sha256, r.size_bytes) for r in pending.records]
         try:
-            manifest = await asyncio.to_thread(
-                catalog.commit, self._store, self._layout, pending.checkpoint_id, pending.step, reports,
+            manifest, manifest_sha256 = await asyncio.to_thread(
+                catalog.commit_pinned, self._store, self._layout, pending.checkpoint_id, pending.step, reports,
                 job_topology(pending.shards), JOB_VERSIONS,
             )
         except (CheckpointError, ValueError, OSError) as exc:
@@ -80,7 +80,7 @@ class Checkpointer:
             self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, "", f"{type(exc).__name__}: {exc}"))
             return
         key = self._layout.manifest_key(manifest.checkpoint_id)
-        self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, key))
+        self._post(CheckpointCommitResult(pending.checkpoint_id, pending.step, key, manifest_sha256=manifest_sha256))
 
     async def _abort(self, checkpoint_id: str, commit: asyncio.Task[None] | None = None) -> None:
         from ftsup.checkpoint import catalog

@@ -257,11 +257,14 @@ class Session:
 
         checkpoint_id = self.checkpoints.restore_checkpoint_id
         store, layout = self._open_checkpoint_store()
-        if supervised.is_sharded(store, layout, checkpoint_id):
-            restored = sharded_checkpoint.load(store, layout, checkpoint_id, self.rank, self.world_size, objects)
+        manifest_sha256 = self.checkpoints.restore_manifest_sha256
+        if supervised.is_sharded(store, layout, checkpoint_id, manifest_sha256=manifest_sha256):
+            restored = sharded_checkpoint.load(store, layout, checkpoint_id, self.rank, self.world_size, objects,
+                                               manifest_sha256=manifest_sha256)
         else:  # a per-rank checkpoint of an earlier version: same world size only
             payload, sha256 = supervised.load_rank(store, layout, checkpoint_id, self.rank, self.world_size,
-                                                   replicated=self.launch.full_world_size is not None)
+                                                   replicated=self.launch.full_world_size is not None,
+                                                   manifest_sha256=manifest_sha256)
             restored = snap.apply_objects(snap.decode(payload, sha256), objects)
         if restored.step != expected:
             raise SnapshotCorrupt(

@@ -38,11 +38,13 @@ def save(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, step
 
 
 def load(store: ObjectStore, layout: Layout, checkpoint_id: str, rank: int, world_size: int,
-         objects: dict[str, Any]) -> RestoredState:
-    """Restore `objects` and the RNGs from a committed checkpoint, resharded to this world if needed."""
+         objects: dict[str, Any], *, manifest_sha256: str = "") -> RestoredState:
+    """Restore `objects` and the RNGs from a committed checkpoint, resharded to this world if needed;
+    the manifest must have the SHA-256 the supervisor committed (when it recorded one)."""
     sharded, local = _split(objects)
     template = state_module.collect(sharded)  # the live layout: DCP fills it, shard by shard
-    payload, sha256, _saved_world = supervised.load_sharded(store, layout, checkpoint_id, rank, world_size, template)
+    payload, sha256, _saved_world = supervised.load_sharded(store, layout, checkpoint_id, rank, world_size, template,
+                                                              manifest_sha256=manifest_sha256)
     state = snap.decode(payload, sha256)
     if state.get("format") != snap.FORMAT_VERSION:
         raise SnapshotCorrupt(f"checkpoint {checkpoint_id!r} holds a local payload of format {state.get('format')!r}")

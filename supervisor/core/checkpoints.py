@@ -84,7 +84,7 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
                 )
             if state.checkpoint is not None and event.step <= state.checkpoint.step:
                 raise InvalidEvent(f"checkpoint step {event.step} is not newer than {state.checkpoint.step}")
-            committed = CommittedCheckpoint(event.checkpoint_id, event.step, event.manifest_key)
+            committed = CommittedCheckpoint(event.checkpoint_id, event.step, event.manifest_key, event.manifest_sha256)
             return frozen.replace(state, checkpoint=committed, pending_checkpoint=None)
         case CheckpointAborted():
             request = state.requested_checkpoint
@@ -182,7 +182,7 @@ def on_commit_result(state: ClusterState, result: CheckpointCommitResult) -> lis
         return [CheckpointAborted(pending.checkpoint_id, f"step {pending.step} awaits an SDC recompute check")]
     if state.checkpoint is not None and pending.step <= state.checkpoint.step:
         return [CheckpointAborted(pending.checkpoint_id, f"not newer than step {state.checkpoint.step}")]
-    return [CheckpointCommitted(pending.checkpoint_id, pending.step, result.manifest_key)]
+    return [CheckpointCommitted(pending.checkpoint_id, pending.step, result.manifest_key, result.manifest_sha256)]
 
 
 def abandoned(state: ClusterState) -> list[Event]:

@@ -266,4 +266,5 @@ def _checkpoint_env(state: ClusterState, generation: Generation, restores: tuple
         return ()
     if not any(r.kind is RestoreKind.CHECKPOINT for r in restores):
         return ()
-    return (EnvVar("FTSUP_RESTORE_CHECKPOINT", checkpoint.checkpoint_id),)
+    pin = (EnvVar("FTSUP_RESTORE_CHECKPOINT_SHA256", checkpoint.manifest_sha256),) if checkpoint.manifest_sha256 else ()
+    return (EnvVar("FTSUP_RESTORE_CHECKPOINT", checkpoint.checkpoint_id), *pin)

@@ -245,6 +245,7 @@ class CheckpointCommitted:
     checkpoint_id: str
     step: int
     manifest_key: str
+    manifest_sha256: str = ""  # pins the manifest for restores; "" in records from before the pin
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,7 @@ class CheckpointCommitResult:
     step: int
     manifest_key: str
     error: str = ""
+    manifest_sha256: str = ""  # of the manifest bytes committed (catalog.commit_pinned)
 
 
 @dataclass(frozen=True, slots=True)

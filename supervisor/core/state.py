@@ -151,6 +151,7 @@ class CommittedCheckpoint:
     checkpoint_id: str
     step: int
     manifest_key: str
+    manifest_sha256: str = ""  # restores verify the manifest against it (checkpoint/verify.py)
 
 
 @dataclass(frozen=True, slots=True)

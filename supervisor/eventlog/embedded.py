@@ -11,15 +11,16 @@ corrupt tail of the last segment is truncated and reported; a bad frame with goo
 or in any older segment, is corruption and raises LogCorrupt naming the segment and offset.
 Segments are compacted away only once the older retained snapshot covers them, so a damaged
 newest snapshot can always fall back to the older one plus the log.
+Every file call goes through `fileops.FileOps`, so tests can simulate power loss (lost, zeroed or
+torn unsynced bytes; unsynced directory entries) where a killed process would keep the page cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import os
 import pathlib
+from collections.abc import Callable
 import struct
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,13 +30,20 @@ from ftsup.supervisor import codec
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog import frames, snapshots
+from ftsup.supervisor.eventlog.fileops import (
+    OS_FILE_OPS,
+    FileOps,
+    WritableFile,
+    make_dirs,
+    write_all,
+    write_durably,
+)
 from ftsup.supervisor.eventlog.follow import AppendSignal
 from ftsup.supervisor.eventlog.api import (
     Fenced,
     LogCompacted,
     LogCorrupt,
     LogFormatError,
-    LogLocked,
     LogUnavailable,
 )
 
@@ -73,55 +81,37 @@ def segment_name(first_seq: int) -> str:
     return f"{first_seq:020d}{SEGMENT_SUFFIX}"
 
 
-def list_segment_paths(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+def list_segment_paths(directory: pathlib.Path, ops: FileOps = OS_FILE_OPS) -> list[tuple[int, pathlib.Path]]:
     found = []
-    for path in (directory / "segments").glob(f"*{SEGMENT_SUFFIX}"):
-        stem = path.name.removesuffix(SEGMENT_SUFFIX)
-        if stem.isdigit():
-            found.append((int(stem), path))
+    for name in ops.names(directory / "segments"):
+        stem = name.removesuffix(SEGMENT_SUFFIX)
+        if name.endswith(SEGMENT_SUFFIX) and stem.isdigit():
+            found.append((int(stem), directory / "segments" / name))
     return sorted(found)
 
 
-def check_format(directory: pathlib.Path, *, create: bool) -> None:
+def check_format(directory: pathlib.Path, *, create: bool, ops: FileOps = OS_FILE_OPS) -> None:
     """Refuses directories written by a newer ftsup (or by the 0.1 single-file format)."""
     path = directory / "FORMAT"
-    if path.exists():
-        words = path.read_text().split()
+    if ops.exists(path):
+        text = ops.read(path).decode(errors="replace")
+        words = text.split()
         if len(words) != 2 or words[0] != FORMAT_NAME or not words[1].isdigit():
-            raise LogFormatError(f"{path}: not an ftsup event log format file ({path.read_text()[:40]!r})")
+            raise LogFormatError(f"{path}: not an ftsup event log format file ({text[:40]!r})")
         if int(words[1]) > FORMAT_VERSION:
             raise LogFormatError(
                 f"{directory}: event log format {words[1]} was written by a newer ftsup;"
                 f" this one reads format {FORMAT_VERSION}. Upgrade ftsup, do not edit the files."
             )
         return
-    if (directory / "events.log").exists():
+    if ops.exists(directory / "events.log"):
         raise LogFormatError(
             f"{directory}: holds an ftsup 0.1 single-file log (events.log), which this version does"
             " not read; start with an empty --data-dir"
         )
     if create:
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(f"{FORMAT_NAME} {FORMAT_VERSION}\n")
-        os.replace(temporary, path)
-        snapshots.fsync_directory(directory)
-
-
-def _lock(directory: pathlib.Path) -> int:
-    path = directory / "LOCK"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise LogLocked(
-            f"{directory} is in use by another process (pid {holder}): two supervisors must not share"
-            " an event log; stop the other one or use another --data-dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
+        # Written whole (fsynced before the rename): an empty FORMAT after a crash would be refused.
+        write_durably(ops, path, f"{FORMAT_NAME} {FORMAT_VERSION}\n".encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,19 +152,6 @@ def examine_segment(path: pathlib.Path, first_seq: int, data: bytes, *, is_last:
     return SegmentCheck(count, result.good_end, size, problem, is_torn)
 
 
-def _write_all(fd: int, blob: bytes) -> None:
-    """write() may write less than asked (a file size limit, a signal): loop, or fail loudly.
-
-    Treating a short write as done would acknowledge records that are not on disk.
-    """
-    view = memoryview(blob)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(f"write() wrote {written} bytes")
-        view = view[written:]
-
-
 def decode_record(payload: bytes, path: pathlib.Path, position: int) -> Record:
     try:
         return codec.record_from_proto(events_pb2.Record.FromString(payload))
@@ -183,25 +160,28 @@ def decode_record(payload: bytes, path: pathlib.Path, position: int) -> Record:
 
 
 class EmbeddedLog:
-    def __init__(self, directory: pathlib.Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(
+        self, directory: pathlib.Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES, ops: FileOps = OS_FILE_OPS
+    ) -> None:
         if segment_bytes < 4096:
             raise ValueError(f"segment_bytes must be at least 4096, got {segment_bytes}")
         self.directory = directory
         self._segment_bytes = segment_bytes
-        directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock(directory)
+        self._ops = ops
+        make_dirs(ops, directory)
+        self._unlock: Callable[[], None] | None = ops.lock(directory / "LOCK")
         try:
-            check_format(directory, create=True)
-            (directory / "segments").mkdir(exist_ok=True)
-            (directory / "snapshots").mkdir(exist_ok=True)
+            check_format(directory, create=True, ops=ops)
+            make_dirs(ops, directory / "segments")
+            make_dirs(ops, directory / "snapshots")
             self.truncated_bytes = 0  # torn tail removed by this open
             self.truncated_segment: pathlib.Path | None = None
             self.snapshot_warnings: list[str] = []
             self._segments = self._open_segments()
+            self._file: WritableFile | None = ops.open_append(self._segments[-1].path) if self._segments else None
         except BaseException:
-            os.close(self._lock_fd)
+            self._unlock()
             raise
-        self._file = open(self._segments[-1].path, "ab", buffering=0) if self._segments else None
         self._cache: list[Record] = []  # records since `_cache_first`, decoded
         self._cache_first = self.head_seq + 1
         self._pending: list[_PendingAppend] = []
@@ -210,7 +190,7 @@ class EmbeddedLog:
 
     # -- open ---------------------------------------------------------------------------------
     def _open_segments(self) -> list[Segment]:
-        found = list_segment_paths(self.directory)
+        found = list_segment_paths(self.directory, self._ops)
         segments: list[Segment] = []
         for index, (first_seq, path) in enumerate(found):
             is_last = index == len(found) - 1
@@ -224,7 +204,7 @@ class EmbeddedLog:
         return segments
 
     def _open_segment(self, path: pathlib.Path, first_seq: int, is_last: bool) -> Segment:
-        check = examine_segment(path, first_seq, path.read_bytes(), is_last=is_last)
+        check = examine_segment(path, first_seq, self._ops.read(path), is_last=is_last)
         if check.problem and not check.is_torn_tail:
             if check.is_newer_format:
                 raise LogFormatError(check.problem)
@@ -234,9 +214,7 @@ class EmbeddedLog:
             if check.good_end < SEGMENT_HEADER.size:
                 self._write_segment_header(path)  # a crash while creating the newest segment
             else:
-                with open(path, "r+b") as handle:
-                    handle.truncate(check.good_end)
-                    os.fsync(handle.fileno())
+                self._ops.truncate(path, check.good_end)
         return Segment(path, first_seq, check.count, max(check.good_end, SEGMENT_HEADER.size))
 
     def _report_truncation(self, path: pathlib.Path, nbytes: int) -> None:
@@ -244,10 +222,12 @@ class EmbeddedLog:
         self.truncated_segment = path
 
     def _write_segment_header(self, path: pathlib.Path) -> None:
-        with open(path, "wb") as handle:
-            handle.write(SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0))
-            handle.flush()
-            os.fsync(handle.fileno())
+        handle = self._ops.create(path)
+        try:
+            write_all(handle, SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0))
+            handle.sync()
+        finally:
+            handle.close()
 
     # -- positions ----------------------------------------------------------------------------
     @property
@@ -343,18 +323,19 @@ class EmbeddedLog:
                     path = self.directory / "segments" / segment_name(new_first)
                     undo.append((path, None))
                     self._write_segment_header(path)
-                    snapshots.fsync_directory(self.directory / "segments")
+                    self._ops.sync_dir(self.directory / "segments")
                     if self._file is not None:
                         self._file.close()
-                    self._file = open(path, "ab", buffering=0)
+                    self._file = self._ops.open_append(path)
                     segment = Segment(path, new_first, 0, SEGMENT_HEADER.size)
                 else:
                     segment = self._segments[-1]
                     undo.append((segment.path, segment.size))
-                assert self._file is not None
+                if self._file is None:
+                    raise OSError(f"{segment.path} could not be reopened after a failed write")
                 blob = b"".join(framed_list)
-                _write_all(self._file.fileno(), blob)
-                os.fsync(self._file.fileno())
+                write_all(self._file, blob)
+                self._file.sync()
                 written.append((segment, len(blob), len(framed_list)))
         except OSError:
             self._undo(undo)
@@ -372,12 +353,16 @@ class EmbeddedLog:
         for path, size in reversed(undo):
             with contextlib.suppress(OSError):
                 if size is None:
-                    path.unlink()
+                    self._ops.remove(path)
                 else:
-                    os.truncate(path, size)
+                    self._ops.truncate(path, size)
         if self._file is not None:
-            self._file.close()
-        self._file = open(self._segments[-1].path, "ab", buffering=0) if self._segments else None
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+        # Left None when the segment cannot be reopened: the next append fails with LogUnavailable.
+        with contextlib.suppress(OSError):
+            self._file = self._ops.open_append(self._segments[-1].path) if self._segments else None
 
     # -- read ---------------------------------------------------------------------------------
     def read(self, since_seq: int = 1) -> Iterator[Record]:
@@ -399,7 +384,7 @@ class EmbeddedLog:
         for segment in list(self._segments):
             if segment.last_seq < since or segment.first_seq > until:
                 continue
-            data = segment.path.read_bytes()[: segment.size]
+            data = self._ops.read(segment.path)[: segment.size]
             result = frames.scan(data, SEGMENT_HEADER.size)
             start = max(since, segment.first_seq) - segment.first_seq
             stop = min(segment.count, until - segment.first_seq + 1)
@@ -425,12 +410,13 @@ class EmbeddedLog:
             raise ValueError(f"snapshot at seq {state.applied_seq} is beyond the log head {self.head_seq}")
         directory = self.directory / "snapshots"
         try:
-            await asyncio.to_thread(snapshots.write_snapshot, directory, state)
+            await asyncio.to_thread(snapshots.write_snapshot, directory, state, self._ops)
+            kept = snapshots.list_snapshots(directory, self._ops)
         except OSError as exc:
             raise LogUnavailable(f"cannot write a snapshot in {directory}: {exc}") from exc
-        for old in snapshots.list_snapshots(directory)[:-KEEP_SNAPSHOTS]:
+        for old in kept[:-KEEP_SNAPSHOTS]:
             with contextlib.suppress(OSError):
-                old.path.unlink()
+                self._ops.remove(old.path)
         # Records the snapshot covers are no longer needed in memory; reads of them go to disk.
         drop = min(state.applied_seq, self.head_seq) + 1 - self._cache_first
         if drop > 0:
@@ -438,9 +424,9 @@ class EmbeddedLog:
             self._cache_first += drop
 
     def load_snapshot(self) -> ClusterState | None:
-        for snapshot in reversed(snapshots.list_snapshots(self.directory / "snapshots")):
+        for snapshot in reversed(snapshots.list_snapshots(self.directory / "snapshots", self._ops)):
             try:
-                state = snapshots.read_snapshot(snapshot)
+                state = snapshots.read_snapshot(snapshot, self._ops)
             except snapshots.BadSnapshot as exc:
                 self.snapshot_warnings.append(f"skipped unusable snapshot: {exc}")
                 continue
@@ -463,7 +449,7 @@ class EmbeddedLog:
         `through_newest` (the offline tool, after reading the new snapshot back) drops what the
         newest covers instead, trading the fallback for the space.
         """
-        kept = snapshots.list_snapshots(self.directory / "snapshots")
+        kept = snapshots.list_snapshots(self.directory / "snapshots", self._ops)
         if not kept:
             return 0
         covered = kept[-1].seq if through_newest else kept[0].seq
@@ -472,15 +458,15 @@ class EmbeddedLog:
             segment = self._segments.pop(0)
             removed += segment.count
             with contextlib.suppress(FileNotFoundError):
-                segment.path.unlink()
+                self._ops.remove(segment.path)
         if removed:
-            snapshots.fsync_directory(self.directory / "segments")
+            self._ops.sync_dir(self.directory / "segments")
         return removed
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self._unlock is not None:
+            self._unlock()
+            self._unlock = None

@@ -1,7 +1,12 @@
 """EventLog on etcd: the replicated backend. Owns the keys under `<prefix>/` and a hot copy of them.
 
 Keys: `<prefix>/log/<seq:020d>` (one Record proto each), `<prefix>/head` (the last seq, decimal),
-`<prefix>/snapshot` and `<prefix>/snapshot.prev` (the two retained ClusterState protos).
+`<prefix>/snapshot` and `<prefix>/snapshot.prev` (the two retained ClusterState protos), and
+`<prefix>/blob/<sha256>/<n>`: values too large for one etcd request (a 12,500-node snapshot or
+GenerationStarted) are chunked there and the record or snapshot key holds a small pointer written
+last (etcd_blobs.py); reads are paged at one revision, under the client's 4 MiB response limit.
+After each snapshot, compact() drops the records and blobs it covers and compacts etcd's revision
+history to the previous snapshot's revision (docs/ops.md: quota and defragmentation).
 Every append is ONE transaction comparing the head (gapless seqs, the contract's expect_seq) and,
 when the log is fenced, that the leader key's create revision still equals the writer's term: a
 deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed leader cannot append").
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +36,18 @@ from ftsup.supervisor import codec
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog.api import Deposed, Fenced, LogCompacted, LogError, LogUnavailable
+from ftsup.supervisor.eventlog.etcd_blobs import (
+    DEFAULT_CHUNK_BYTES,
+    RESPONSE_BUDGET_BYTES,
+    Pointer,
+    blob_directory,
+    chunk_key,
+    decode_pointer,
+    is_pointer,
+    prefix_end,
+    range_page,
+    split,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +55,8 @@ T = TypeVar("T")
 
 DEFAULT_OP_TIMEOUT_S = 2.0
 DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
+DEFAULT_MAX_TXN_BYTES = 1024 * 1024  # inline values per transaction, under etcd's 1.5 MiB request limit
+DEFAULT_PAGE_KEYS = 1000
 _WATCH_BACKOFF_S = (0.05, 1.0)
 
 
@@ -101,6 +121,10 @@ class EtcdLog:
         fence_key: str | None = None,
         op_timeout_s: float = DEFAULT_OP_TIMEOUT_S,
         max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES,
+        page_keys: int = DEFAULT_PAGE_KEYS,
+        compact_history: bool = True,
     ) -> None:
         if not prefix or prefix.endswith("/"):
             raise ValueError(f"etcd log prefix {prefix!r} must be non-empty without a trailing '/'")
@@ -108,16 +132,30 @@ class EtcdLog:
             raise ValueError(f"op_timeout_s must be > 0, got {op_timeout_s}")
         if max_txn_ops < 3:
             raise ValueError(f"max_txn_ops must be >= 3 (records + head), got {max_txn_ops}")
+        if not 1024 <= chunk_bytes <= max_txn_bytes:
+            raise ValueError(f"chunk_bytes must be in [1024, max_txn_bytes={max_txn_bytes}], got {chunk_bytes}")
+        if page_keys < 1:
+            raise ValueError(f"page_keys must be >= 1, got {page_keys}")
         self._client = client
         self.prefix = prefix
         self._root = f"{prefix}/".encode()
         self._log_prefix = f"{prefix}/log/".encode()
+        self._blob_prefix = f"{prefix}/blob/".encode()
         self._head_key = f"{prefix}/head".encode()
         self._snap_key = f"{prefix}/snapshot".encode()
         self._prev_key = f"{prefix}/snapshot.prev".encode()
         self._fence_key = fence_key.encode() if fence_key else None
         self._timeout_s = op_timeout_s
         self._max_records = max_txn_ops - 1  # one op is the head
+        self._chunk_bytes = chunk_bytes
+        self._max_txn_bytes = max_txn_bytes
+        self._page_keys = page_keys
+        self._compacts_history = compact_history
+        self._record_blobs: dict[int, str] = {}  # seq -> blob of a record stored out of line
+        self._prev_raw = b""  # what snapshot.prev holds (a pointer for a chunked snapshot)
+        self._prev_rev = 0  # mod revision of snapshot.prev
+        self._history_floor = 0  # revision at which the older retained snapshot was written (0: unknown)
+        self.compacted_revision = 0  # the last etcd revision this log compacted history to
         # The hot copy: contiguous records [_first, head]; later ones wait in _ahead.
         self._records: list[Record] = []
         self._first = 1
@@ -145,19 +183,87 @@ class EtcdLog:
 
     async def sync(self) -> None:
         """Reloads everything under the prefix (a linearizable read): after LogUnavailable, after
-        a compacted watch revision, or to be sure the hot copy includes every acknowledged append."""
-        result = await self._call(self._client.get_prefix(self._root))
-        head, records = 0, []
-        for kv in result.kvs:
+        a compacted watch revision, or to be sure the hot copy includes every acknowledged append.
+        Paged at one revision; restarted if etcd compacts that revision away meanwhile."""
+        for attempt in range(3):
+            try:
+                await self._sync_once()
+                return
+            except LogUnavailable as exc:
+                if attempt == 2 or not isinstance(exc.__cause__, aetcd.exceptions.RevisionCompactedError):
+                    raise
+
+    async def _sync_once(self) -> None:
+        head, records, revision = 0, [], 0
+        # Everything after `blob/` (chunks are read through the pointers that reference them).
+        async for kv, revision in self._read_range(self._head_key, prefix_end(self._root)):
+            value = await self._resolve(kv.value, revision)
             if kv.key.startswith(self._log_prefix):
-                records.append(codec.record_from_proto(events_pb2.Record.FromString(kv.value)))
+                record = codec.record_from_proto(events_pb2.Record.FromString(value))
+                if is_pointer(kv.value):
+                    self._record_blobs[record.seq] = decode_pointer(kv.value).sha256
+                records.append(record)
             elif kv.key == self._head_key:
-                head = int(kv.value)
+                head = int(value)
             else:
-                self._absorb_kv(kv.key, kv.value, kv.mod_revision)
+                self._absorb_kv(kv.key, value, kv.mod_revision, kv.value)
         self._absorb_records(records, head)
-        self._revision = max(self._revision, result.header.revision)
+        self._revision = max(self._revision, revision)
         self._notify()
+
+    async def _read_range(self, start: bytes, end: bytes, revision: int = 0) -> AsyncIterator[tuple[Any, int]]:
+        """(kv, revision) for every key in [start, end) at one revision (0: now), a page per call.
+        A page shrinks when its response would pass the client's message limit (large values)."""
+        limit = self._page_keys
+        while True:
+            try:
+                page = await self._call(range_page(self._client, start, end, limit=limit, revision=revision))
+            except LogUnavailable as exc:
+                if limit > 1 and "larger than max" in str(exc):
+                    limit = max(1, limit // 8)
+                    continue
+                raise
+            revision = revision or page.header.revision
+            for kv in page.kvs:
+                yield kv, revision
+            if not page.more or not page.kvs:
+                return
+            start = page.kvs[-1].key + b"\0"
+
+    async def _resolve(self, stored: bytes, revision: int) -> bytes:
+        """The value itself: `stored`, or the chunks its pointer names, read at `revision`."""
+        if not is_pointer(stored):
+            return stored
+        pointer = decode_pointer(stored)
+        directory = blob_directory(self._root, pointer.sha256)
+        limit = max(1, RESPONSE_BUDGET_BYTES // self._chunk_bytes)
+        parts = []
+        while True:  # pages by hand: _read_range's page size is for small values
+            page = await self._call(
+                range_page(self._client, directory, prefix_end(directory), limit=limit, revision=revision)
+            )
+            parts.extend(kv.value for kv in page.kvs)
+            if not page.more or not page.kvs:
+                break
+            directory = page.kvs[-1].key + b"\0"
+        value = b"".join(parts)
+        if len(parts) != pointer.chunks or hashlib.sha256(value).hexdigest() != pointer.sha256:
+            raise LogError(
+                f"etcd log {self.prefix}: blob {pointer.sha256} at revision {revision} has {len(parts)} of"
+                f" {pointer.chunks} chunks ({len(value)} of {pointer.size} bytes) or another SHA-256"
+            )
+        return value
+
+    async def _store_blob(self, value: bytes) -> Pointer:
+        """Writes `value`'s chunks, one request each (content-addressed: a retry rewrites the same)."""
+        pointer, chunks = split(value, self._chunk_bytes)
+        for index, chunk in enumerate(chunks):
+            await self._call(self._client.put(chunk_key(self._root, pointer.sha256, index), chunk))
+        return pointer
+
+    async def _delete_blob(self, sha256: str) -> None:
+        directory = blob_directory(self._root, sha256)
+        await self._call(self._client.delete_range(directory, prefix_end(directory)))
 
     async def _watch(self) -> None:
         delay = _WATCH_BACKOFF_S[0]
@@ -176,8 +282,9 @@ class EtcdLog:
                         kv = event.kv
                         if event.kind == "DELETE":
                             self._absorb_delete(kv.key)
-                        else:
-                            self._absorb_kv(kv.key, kv.value, kv.mod_revision)
+                        elif not kv.key.startswith(self._blob_prefix):  # chunks: read via pointers
+                            value = await self._resolve(kv.value, kv.mod_revision)
+                            self._absorb_kv(kv.key, value, kv.mod_revision, kv.value)
                         # aetcd delivers a whole watch response (one revision) before any stream
                         # error, so resuming at revision + 1 neither skips nor repeats a revision.
                         self._revision = max(self._revision, kv.mod_revision)
@@ -187,8 +294,11 @@ class EtcdLog:
                         await asyncio.wait_for(watch.cancel(), self._timeout_s)
             except asyncio.CancelledError:
                 raise
-            except aetcd.exceptions.RevisionCompactedError:
-                log.warning("etcd compacted past revision %d; reloading %s", self._revision, self.prefix)
+            except (aetcd.exceptions.RevisionCompactedError, LogError) as exc:
+                # Compacted past our revision (a long disconnection), or a blob that could not be
+                # read at its revision: reload everything at one revision, then watch on from there.
+                log.warning("etcd watch on %s cannot go on from revision %d (%r); reloading", self.prefix,
+                            self._revision, exc)
                 with contextlib.suppress(LogError):
                     await self.sync()
             except Exception as exc:  # a broken stream: re-watch from the last revision + 1
@@ -199,16 +309,21 @@ class EtcdLog:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _WATCH_BACKOFF_S[1])
 
-    def _absorb_kv(self, key: bytes, value: bytes, mod_revision: int) -> None:
+    def _absorb_kv(self, key: bytes, value: bytes, mod_revision: int, stored: bytes) -> None:
+        """`value` is the resolved value; `stored` what the key holds (a pointer for a chunked one)."""
         if key.startswith(self._log_prefix):
-            self._absorb_record(codec.record_from_proto(events_pb2.Record.FromString(value)))
+            record = codec.record_from_proto(events_pb2.Record.FromString(value))
+            if is_pointer(stored):
+                self._record_blobs[record.seq] = decode_pointer(stored).sha256
+            self._absorb_record(record)
         elif key == self._head_key:
             self._write_head = max(self._write_head, int(value))
         elif key == self._snap_key and mod_revision > self._snapshot_rev:
             self._snapshot = codec.state_from_proto(state_pb2.ClusterState.FromString(value))
-            self._snapshot_raw, self._snapshot_rev = value, mod_revision
-        elif key == self._prev_key:
+            self._snapshot_raw, self._snapshot_rev = stored, mod_revision
+        elif key == self._prev_key and mod_revision > self._prev_rev:
             self._prev = codec.state_from_proto(state_pb2.ClusterState.FromString(value))
+            self._prev_raw, self._prev_rev = stored, mod_revision
 
     def _absorb_records(self, records: list[Record], head: int) -> None:
         """Records read in one go (sorted) plus the head etcd held at that revision."""
@@ -320,21 +435,25 @@ class EtcdLog:
         if self._fence_key is not None:
             compare.append(tx.Create(self._fence_key) == term)
         records: list[list[Record]] = []
-        puts, seq = [], base
+        values: list[tuple[int, bytes]] = []
+        seq = base
         for pending in batch:
             mine = []
             for event in pending.events:
                 seq += 1
                 record = Record(seq, pending.term, pending.time_unix_s, event)
                 mine.append(record)
-                puts.append(tx.Put(self._log_key(seq), codec.record_to_proto(record).SerializeToString()))
+                values.append((seq, codec.record_to_proto(record).SerializeToString()))
             records.append(mine)
+        blobs = await self._out_of_line(values)
+        puts = [tx.Put(self._log_key(at), value) for at, value in values]
         puts.append(tx.Put(self._head_key, str(seq).encode()))
-        failure = [tx.Get(self._head_key), tx.Get(self._log_key(base + 1), self._log_prefix[:-1] + b"0")]
+        failure = [tx.Get(self._head_key)]
         if self._fence_key is not None:
             failure.append(tx.Get(self._fence_key))
         ok, responses = await self._call(self._client.transaction(compare, puts, failure))
         if ok:
+            self._record_blobs.update(blobs)
             for pending, mine in zip(batch, records):
                 for record in mine:
                     self._absorb_record(record)
@@ -342,12 +461,22 @@ class EtcdLog:
                     pending.done.set_result(mine)
             self._notify()
             return []
+        # Chunks written for records that did not land stay unreferenced: drop them.
+        for sha in set(blobs.values()) - set(self._record_blobs.values()):
+            with contextlib.suppress(LogError):
+                await self._delete_blob(sha)
         head = int(responses[0][0][0]) if responses[0] else 0
-        fetched = [codec.record_from_proto(events_pb2.Record.FromString(value)) for value, _ in responses[1]]
+        fetched = []
+        if head > base:  # what the other writer appended, paged (it may be large)
+            async for kv, revision in self._read_range(self._log_key(base + 1), self._log_key(head + 1)):
+                value = await self._resolve(kv.value, revision)
+                fetched.append(codec.record_from_proto(events_pb2.Record.FromString(value)))
+                if is_pointer(kv.value):
+                    self._record_blobs[fetched[-1].seq] = decode_pointer(kv.value).sha256
         self._absorb_records(fetched, head)
         self._notify()
         if self._fence_key is not None:
-            current = responses[2][0][1].create_revision if responses[2] else 0
+            current = responses[1][0][1].create_revision if responses[1] else 0
             if current != term:
                 for pending in batch:
                     _fail(pending, Deposed(term, current, head))
@@ -359,6 +488,21 @@ class EtcdLog:
             else:
                 _fail(pending, Fenced(pending.expect_seq, head))
         return retry
+
+    async def _out_of_line(self, values: list[tuple[int, bytes]]) -> dict[int, str]:
+        """Replaces the largest values by pointers (their chunks written first) until each is at
+        most chunk_bytes and all fit max_txn_bytes; returns seq -> blob of those replaced."""
+        total = sum(len(value) for _, value in values)
+        blobs: dict[int, str] = {}
+        for index in sorted(range(len(values)), key=lambda i: len(values[i][1]), reverse=True):
+            at, value = values[index]
+            if len(value) <= self._chunk_bytes and total <= self._max_txn_bytes:
+                break
+            pointer = await self._store_blob(value)
+            values[index] = (at, pointer.encode())
+            total += len(values[index][1]) - len(value)
+            blobs[at] = pointer.sha256
+        return blobs
 
     def _log_key(self, seq: int) -> bytes:
         return self._log_prefix + b"%020d" % seq
@@ -382,12 +526,19 @@ class EtcdLog:
     async def save_snapshot(self, state: ClusterState) -> None:
         if state.applied_seq > self.head_seq:
             raise ValueError(f"snapshot at seq {state.applied_seq} is beyond the log head {self.head_seq}")
-        raw = codec.state_to_proto(state).SerializeToString()
+        # The state is immutable: serialize it off the event loop (~0.25 s at 5,000 nodes).
+        raw = await asyncio.to_thread(lambda: codec.state_to_proto(state).SerializeToString())
+        stored, mine = raw, ""
+        if len(raw) > self._chunk_bytes:  # chunks first; the snapshot key gets the pointer, last
+            pointer = await self._store_blob(raw)
+            stored, mine = pointer.encode(), pointer.sha256
         for _ in range(5):
             if self._snapshot is not None and self._snapshot.applied_seq >= state.applied_seq:
+                await self._drop_unreferenced((mine,))
                 return  # a replica already stored this point or a later one
-            replaced = self._snapshot  # the watch may move self._snapshot while we wait
-            success: list[Any] = [tx.Put(self._snap_key, raw), tx.Get(self._snap_key)]
+            replaced, replaced_rev = self._snapshot, self._snapshot_rev  # the watch may move them
+            dropped = self._prev_raw
+            success: list[Any] = [tx.Put(self._snap_key, stored), tx.Get(self._snap_key)]
             if self._snapshot_raw:
                 success.insert(0, tx.Put(self._prev_key, self._snapshot_raw))
             # Compare-and-swap on the newest snapshot's revision, so `prev` is really the one we replace.
@@ -395,12 +546,26 @@ class EtcdLog:
                 self._client.transaction([tx.Mod(self._snap_key) == self._snapshot_rev], success, [])
             )
             if ok:
-                self._prev = replaced
-                self._snapshot, self._snapshot_raw = state, raw
-                self._snapshot_rev = max(self._snapshot_rev, responses[-1][0][1].mod_revision)
+                revision = responses[-1][0][1].mod_revision
+                if self._snapshot_raw:
+                    self._prev, self._prev_raw, self._prev_rev = replaced, self._snapshot_raw, revision
+                self._history_floor = replaced_rev
+                self._snapshot, self._snapshot_raw = state, stored
+                self._snapshot_rev = max(self._snapshot_rev, revision)
+                if is_pointer(dropped):  # the snapshot that fell off; its chunks go too
+                    await self._drop_unreferenced((decode_pointer(dropped).sha256,))
                 return
             await self.sync()  # someone else saved one; rotate against theirs
+        await self._drop_unreferenced((mine,))
         raise LogUnavailable(f"snapshot under {self.prefix} kept changing under us (5 tries)")
+
+    async def _drop_unreferenced(self, shas: Sequence[str]) -> None:
+        """Deletes snapshot blobs neither retained snapshot points at (best effort: gc is idempotent)."""
+        kept = {decode_pointer(raw).sha256 for raw in (self._snapshot_raw, self._prev_raw) if is_pointer(raw)}
+        for sha in shas:
+            if sha and sha not in kept:
+                with contextlib.suppress(LogError):
+                    await self._delete_blob(sha)
 
     def load_snapshot(self) -> ClusterState | None:
         return self._snapshot
@@ -415,7 +580,25 @@ class EtcdLog:
         )
         self._drop_through(covered)
         self._notify()
+        for seq in [seq for seq in self._record_blobs if seq <= covered]:
+            await self._delete_blob(self._record_blobs.pop(seq))
+        await self._compact_history()
         return int(result.deleted)
+
+    async def _compact_history(self) -> None:
+        """Compacts etcd's revision history (MVCC keeps every old value until then, counting against
+        its backend quota) up to where the older retained snapshot was written. A watcher behind
+        that gets RevisionCompactedError and reloads at one revision (sync), so nothing is lost;
+        one within it resumes from its revision."""
+        floor = self._history_floor
+        if not self._compacts_history or floor <= self.compacted_revision:
+            return
+        try:
+            await self._call(self._client.compact(floor))
+        except LogUnavailable as exc:
+            if not isinstance(exc.__cause__, aetcd.exceptions.RevisionCompactedError):
+                raise
+        self.compacted_revision = floor
 
     def close(self) -> None:
         self._closed = True

@@ -3,6 +3,10 @@
 `scan` walks a buffer of frames and stops at the first frame that is incomplete or fails its
 check, saying where; whether that is a torn tail (a crash mid-write: truncate) or corruption
 (good frames follow: refuse) is the caller's judgement, with `has_frame_after` as the evidence.
+
+No record is empty, so a frame of length 0 is never valid. This matters because CRC-32C of no
+bytes is 0: without the rule, a zero-filled tail (what some file systems expose after power loss:
+the size grew, the data never landed) would read as a run of valid empty frames.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ def crc32c(data: bytes) -> int:
 
 
 def frame(payload: bytes) -> bytes:
+    if not payload:
+        raise ValueError("an empty record cannot be framed (a zero-length frame reads as zeroed bytes)")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
     return HEADER.pack(len(payload), google_crc32c.value(payload)) + payload
@@ -43,6 +49,8 @@ def scan(data: bytes, start: int = 0) -> ScanResult:
             return ScanResult(payloads, offset, "incomplete frame header")
         length, crc = HEADER.unpack_from(data, offset)
         body = offset + HEADER.size
+        if length == 0:
+            return ScanResult(payloads, offset, "zero-length frame (zeroed bytes)")
         if length > MAX_PAYLOAD_BYTES:
             return ScanResult(payloads, offset, f"frame length {length} is beyond the limit")
         if body + length > end:

@@ -2,13 +2,12 @@
 
 File = magic "FTSUPSNP", u32 format version, u32 CRC-32C of the payload, u64 payload length,
 payload (`ftsup.v1.StateSnapshot`). Written to a temporary name, fsynced, renamed, directory
-fsynced: a snapshot is either whole or absent. A snapshot that fails its checks is skipped with a
+fsynced (fileops.write_durably): a snapshot is either whole or absent. A snapshot that fails its checks is skipped with a
 warning in favour of an older one (the log keeps the segments that older snapshot needs).
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import struct
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from ftsup.v1 import state_pb2
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog.api import LogFormatError
+from ftsup.supervisor.eventlog.fileops import OS_FILE_OPS, FileOps, write_durably
 from ftsup.supervisor.eventlog.frames import crc32c
 
 MAGIC = b"FTSUPSNP"
@@ -35,32 +35,26 @@ class BadSnapshot(ValueError):
     """A snapshot file that is truncated, corrupt or unreadable; the text says which and why."""
 
 
-def list_snapshots(directory: pathlib.Path) -> list[SnapshotFile]:
+def list_snapshots(directory: pathlib.Path, ops: FileOps = OS_FILE_OPS) -> list[SnapshotFile]:
     found = []
-    for path in directory.glob(f"*{SUFFIX}"):
-        stem = path.name.removesuffix(SUFFIX)
-        if stem.isdigit():
-            found.append(SnapshotFile(path, int(stem)))
+    for name in ops.names(directory):
+        stem = name.removesuffix(SUFFIX)
+        if name.endswith(SUFFIX) and stem.isdigit():
+            found.append(SnapshotFile(directory / name, int(stem)))
     return sorted(found, key=lambda s: s.seq)
 
 
-def write_snapshot(directory: pathlib.Path, state: ClusterState) -> SnapshotFile:
+def write_snapshot(directory: pathlib.Path, state: ClusterState, ops: FileOps = OS_FILE_OPS) -> SnapshotFile:
     message = state_pb2.StateSnapshot(format_version=FORMAT_VERSION, state=codec.state_to_proto(state))
     payload = message.SerializeToString()
     blob = HEADER.pack(MAGIC, FORMAT_VERSION, crc32c(payload), len(payload)) + payload
     final = directory / f"{state.applied_seq:020d}{SUFFIX}"
-    temporary = final.with_suffix(".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(blob)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, final)
-    fsync_directory(directory)
+    write_durably(ops, final, blob)
     return SnapshotFile(final, state.applied_seq)
 
 
-def read_snapshot(snapshot: SnapshotFile) -> ClusterState:
-    data = snapshot.path.read_bytes()
+def read_snapshot(snapshot: SnapshotFile, ops: FileOps = OS_FILE_OPS) -> ClusterState:
+    data = ops.read(snapshot.path)
     if len(data) < HEADER.size:
         raise BadSnapshot(f"{snapshot.path}: truncated ({len(data)} bytes, header needs {HEADER.size})")
     magic, version, crc, length = HEADER.unpack_from(data)
@@ -80,11 +74,3 @@ def read_snapshot(snapshot: SnapshotFile) -> ClusterState:
     if state.applied_seq != snapshot.seq:
         raise BadSnapshot(f"{snapshot.path}: holds seq {state.applied_seq}, its name says {snapshot.seq}")
     return state
-
-
-def fsync_directory(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

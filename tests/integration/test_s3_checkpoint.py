@@ -377,3 +377,48 @@ def test_a_reader_never_sees_a_checkpoint_whose_upload_is_still_in_progress(s3_e
     assert [m.checkpoint_id for m in catalog.list_committed(reader, layout)] == [cid]
     store.close()
     reader.close()
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_restore_refuses_a_manifest_and_metadata_replaced_in_the_bucket_before_unpickling(
+    s3_env, layout, tmp_path
+):
+    import dataclasses
+    import hashlib
+    import pickle
+
+    from ftsup.checkpoint import supervised
+    from ftsup.checkpoint.manifest import DCP_METADATA_NAME, decode_manifest, encode_manifest
+    from ftsup.checkpoint.verify import UntrustedCheckpoint
+
+    store = make_store(s3_env)
+    cid = supervised.checkpoint_id_for(4, 1)
+    payload = os.urandom(4096)
+    report = supervised.save_rank(store, layout, cid, 0, payload, hashlib.sha256(payload).hexdigest())
+    _, pin = catalog.commit_pinned(store, layout, cid, 4, [report], supervised.job_topology(1),
+                                   supervised.JOB_VERSIONS)
+    assert supervised.load_rank(store, layout, cid, 0, 1, manifest_sha256=pin)[0] == payload
+    # Someone with the bucket's write key swaps .metadata for a code-running pickle and rewrites the
+    # manifest to record its digest, straight through the S3 API (manifests are put-if-absent for
+    # ftsup's writers, not for an attacker: delete and re-put).
+    marker = tmp_path / "pwned"
+    client = s3_env.client()
+    meta_key = layout.data_key(cid, DCP_METADATA_NAME)
+    evil = pickle.dumps(_RunsCode(marker))
+    client.put_object(Bucket=s3_env.bucket, Key=meta_key, Body=evil)
+    manifest = decode_manifest(bytes(store.get(layout.manifest_key(cid))))
+    objects = tuple(dataclasses.replace(o, size_bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest())
+                    if o.key == meta_key else o for o in manifest.objects)
+    client.put_object(Bucket=s3_env.bucket, Key=layout.manifest_key(cid),
+                      Body=encode_manifest(dataclasses.replace(manifest, objects=objects)))
+    with pytest.raises(UntrustedCheckpoint, match=f"the committed record pins {pin}"):
+        supervised.load_rank(store, layout, cid, 0, 1, manifest_sha256=pin)
+    assert not marker.exists()
+    store.close()

@@ -40,7 +40,7 @@ STRATEGIES = {
     ev.StragglerDetected: st.builds(ev.StragglerDetected, text, u32, finite, u32, u32, text),
     ev.CheckpointStarted: st.builds(ev.CheckpointStarted, text, u64, u64, u32, text),
     ev.CheckpointShardWritten: st.builds(ev.CheckpointShardWritten, text, u32, text, text, u64),
-    ev.CheckpointCommitted: st.builds(ev.CheckpointCommitted, text, u64, text),
+    ev.CheckpointCommitted: st.builds(ev.CheckpointCommitted, text, u64, text, text),
     ev.CheckpointAborted: st.builds(ev.CheckpointAborted, text, text),
     ev.CheckpointRequested: st.builds(ev.CheckpointRequested, text, u64, u64, text),
     ev.SdcCheckStarted: st.builds(ev.SdcCheckStarted, text, u64, u32, text, text, u64, text, text, rank_digests,

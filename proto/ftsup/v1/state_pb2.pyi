@@ -245,19 +245,23 @@ class CommittedCheckpoint(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     MANIFEST_KEY_FIELD_NUMBER: _builtins.int
+    MANIFEST_SHA256_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     step: _builtins.int
     manifest_key: _builtins.str
+    manifest_sha256: _builtins.str
+    """CheckpointCommitted.manifest_sha256"""
     def __init__(
         self,
         *,
         checkpoint_id: _builtins.str = ...,
         step: _builtins.int = ...,
         manifest_key: _builtins.str = ...,
+        manifest_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "manifest_key", b"manifest_key", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "manifest_key", b"manifest_key", "manifest_sha256", b"manifest_sha256", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,10 +65,12 @@ def test_shards_then_a_successful_commit_result_commit():
     state = evolve_all(state, cp.on_shard_report(state, _shard(1)))
     assert state.pending_checkpoint is not None and state.pending_checkpoint.is_complete
     assert [r.shard for r in state.pending_checkpoint.records] == [0, 1]
-    committed = cp.on_commit_result(state, CheckpointCommitResult("step-0000000004-g1", 4, "k/MANIFEST.json"))
-    assert committed == [CheckpointCommitted("step-0000000004-g1", 4, "k/MANIFEST.json")]
+    pin = "b" * 64
+    committed = cp.on_commit_result(state, CheckpointCommitResult("step-0000000004-g1", 4, "k/MANIFEST.json",
+                                                                  manifest_sha256=pin))
+    assert committed == [CheckpointCommitted("step-0000000004-g1", 4, "k/MANIFEST.json", pin)]
     state = evolve_all(state, committed)
-    assert state.checkpoint == CommittedCheckpoint("step-0000000004-g1", 4, "k/MANIFEST.json")
+    assert state.checkpoint == CommittedCheckpoint("step-0000000004-g1", 4, "k/MANIFEST.json", pin)
     assert state.pending_checkpoint is None
 
 
@@ -98,9 +100,10 @@ def test_ranks_restoring_from_the_store_are_told_the_committed_checkpoint():
     job = JobSpec("j", 2, 1, ("python",))
     restores = (RankRestore(0, RestoreKind.CHECKPOINT, ""), RankRestore(1, RestoreKind.CHECKPOINT, ""))
     gen = Generation(2, MEMBERS, 2, "127.0.0.1", 29500, 4, 1, restores)
-    state = ClusterState(generation=gen, checkpoint=CommittedCheckpoint("step-0000000004-g1", 4, "m"))
+    state = ClusterState(generation=gen, checkpoint=CommittedCheckpoint("step-0000000004-g1", 4, "m", "c" * 64))
     env = {e.name: e.value for e in directive_for(state, job, "n1", "").env}
     assert env["FTSUP_RESTORE_CHECKPOINT"] == "step-0000000004-g1"
+    assert env["FTSUP_RESTORE_CHECKPOINT_SHA256"] == "c" * 64  # the pin the trainer verifies the manifest by
     ram = Generation(2, MEMBERS, 2, "127.0.0.1", 29500, 4, 1, (RankRestore(0, RestoreKind.LOCAL_SNAPSHOT, "n1"),))
     state = ClusterState(generation=ram, checkpoint=CommittedCheckpoint("step-0000000004-g1", 4, "m"))
     assert "FTSUP_RESTORE_CHECKPOINT" not in {e.name for e in directive_for(state, job, "n1", "").env}

@@ -121,3 +121,14 @@ def test_a_newer_format_or_the_old_single_file_log_is_refused(tmp_path: pathlib.
     (old / "events.log").write_bytes(b"\x00" * 16)
     with pytest.raises(LogFormatError, match="ftsup 0.1 single-file log"):
         EmbeddedLog(old)
+
+
+@pytest.mark.parametrize("zeros", [8, 4096])
+async def test_a_zero_filled_tail_is_a_torn_tail_not_empty_records(tmp_path: pathlib.Path, zeros: int):
+    log = await filled(tmp_path, 5)
+    last = log.segments[-1].path
+    log.close()
+    with open(last, "ab") as handle:
+        handle.write(bytes(zeros))  # CRC-32C of nothing is 0: zeros must not read as empty frames
+    reopened = EmbeddedLog(tmp_path)
+    assert reopened.truncated_bytes == zeros and reopened.head_seq == 5
