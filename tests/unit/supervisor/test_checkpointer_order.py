@@ -29,7 +29,7 @@ async def test_an_abort_waits_for_the_same_checkpoints_commit_to_finish(tmp_path
         order.append(f"abort {checkpoint_id}")
         return 0
 
-    monkeypatch.setattr(catalog, "commit", slow_commit)
+    monkeypatch.setattr(catalog, "commit_pinned", slow_commit)
     monkeypatch.setattr(catalog, "abort", abort)
     checkpointer = Checkpointer(CheckpointSettings(location=str(tmp_path)), post=lambda inp: None)
     pending = PendingCheckpoint("ck-1", generation=1, step=10, shards=1, written=(0,))
