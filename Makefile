@@ -7,7 +7,7 @@ STAMP := $(VENV)/.ftsup-installed
 # PyPI's supervisord, for the test that installs our wheel beside it (offline at test time).
 SUPERVISORD_WHEEL := $(VENV)/wheels/.supervisor-4.3.0
 
-.PHONY: demo test unit proto clean-venv etcd-server chromium
+.PHONY: demo test unit lint proto clean-venv etcd-server chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ chromium:
 
 test: $(STAMP) $(SUPERVISORD_WHEEL) etcd-server chromium
 	GRPC_VERBOSITY=ERROR $(BIN)/python -m pytest -q -ra
+
+# ruff over the tree; mypy over the installed layout (strict on supervisor/, agent/, trainer/ cores).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	PYTHON=$(BIN)/python ./scripts/typecheck.sh
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -64,7 +64,7 @@ def _item_bytes(item: WriteItem) -> int:
     numel = 1
     for s in item.tensor_data.size:
         numel *= s
-    return numel * torch._utils._element_size(item.tensor_data.properties.dtype)
+    return numel * int(item.tensor_data.properties.dtype.itemsize)
 
 
 def _split(items: list[WriteItem], bins: int) -> list[list[WriteItem]]:
@@ -312,5 +312,5 @@ def _tensor_at(data: bytearray, loc: ItemLocation) -> torch.Tensor:
     dtype = getattr(torch, loc.dtype)
     if loc.length == 0:
         return torch.empty(loc.shape, dtype=dtype)
-    numel = loc.length // torch._utils._element_size(dtype)
+    numel = loc.length // dtype.itemsize
     return torch.frombuffer(data, dtype=dtype, count=numel, offset=loc.offset).reshape(loc.shape)

@@ -13,6 +13,7 @@ deadline.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -144,8 +145,8 @@ class S3Store:
                     continue
                 upload = _Multipart(index, key, view, ranges, self._call(
                     f"create multipart upload {key!r}",
-                    lambda key=key: self._client.create_multipart_upload(
-                        Bucket=self.config.bucket, Key=key, ChecksumAlgorithm="SHA256"))["UploadId"])
+                    functools.partial(self._client.create_multipart_upload,
+                                      Bucket=self.config.bucket, Key=key, ChecksumAlgorithm="SHA256"))["UploadId"])
                 uploads.append(upload)
                 for number, (a, b) in enumerate(ranges, start=1):
                     futures.append((index, self._pool.submit(self._put_part, upload, number, view[a:b])))
@@ -271,8 +272,8 @@ class S3Store:
         keys = [validate_key(k) for k in keys]
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start:start + 1000]]
-            response = self._call(f"delete {len(batch)} objects", lambda batch=batch: self._client.delete_objects(
-                Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True}))
+            response = self._call(f"delete {len(batch)} objects", functools.partial(
+                self._client.delete_objects, Bucket=self.config.bucket, Delete={"Objects": batch, "Quiet": True}))
             errors = [e for e in response.get("Errors", ()) if e.get("Code") not in _NOT_FOUND_CODES]
             if errors:
                 raise StoreError(f"delete on {self.describe()} failed for {len(errors)} objects, first: {errors[0]}")

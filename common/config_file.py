@@ -46,7 +46,9 @@ def _is_bool(action: argparse.Action) -> bool:
 def _type_name(action: argparse.Action) -> str:
     if _is_bool(action):
         return "a boolean"
-    return {int: "an integer", float: "a number"}.get(action.type, "a string")  # type: ignore[arg-type]
+    if action.type is int:
+        return "an integer"
+    return "a number" if action.type is float else "a string"
 
 
 def _checked(action: argparse.Action, value: Any) -> Any:
@@ -72,8 +74,9 @@ def from_toml_value(action: argparse.Action, value: Any) -> Any:
         if not isinstance(value, (int, float)):
             raise wrong
         return _checked(action, float(value))
-    if isinstance(value, int) and getattr(action.type, "takes_int", False):
-        return action.type(str(value))  # e.g. --checkpoint-every-steps: a count or "auto"
+    convert = action.type
+    if isinstance(value, int) and callable(convert) and getattr(convert, "takes_int", False):
+        return convert(str(value))  # e.g. --checkpoint-every-steps: a count or "auto"
     # String-valued flags; a list of strings stands for a comma-separated flag value.
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         value = ",".join(value)

@@ -19,6 +19,8 @@ Shared by the supervisor, the agent and supervisorctl.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ipaddress
 import pathlib
 import ssl
@@ -175,9 +177,9 @@ def parse_spiffe(uri: str) -> PeerIdentity | None:
     return None
 
 
-def peer_identity(context: grpc.aio.ServicerContext) -> PeerIdentity | None:
+def peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> PeerIdentity | None:
     """Who is on the other end of a TLS connection (verified by the handshake); None without TLS."""
-    pems = context.auth_context().get("x509_pem_cert") or []
+    pems = list(context.auth_context().get("x509_pem_cert") or [])
     return identity_of_cert(pems[0]) if pems else None
 
 

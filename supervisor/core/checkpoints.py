@@ -51,8 +51,8 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
                                    " which is not in force")
             if event.step < 1:
                 raise InvalidEvent(f"checkpoint {event.checkpoint_id!r} requested for step {event.step}")
-            request = RequestedCheckpoint(event.checkpoint_id, event.generation, event.step, event.reason)
-            return frozen.replace(state, requested_checkpoint=request)
+            asked = RequestedCheckpoint(event.checkpoint_id, event.generation, event.step, event.reason)
+            return frozen.replace(state, requested_checkpoint=asked)
         case CheckpointStarted():
             if pending is not None:
                 raise InvalidEvent(f"checkpoint {pending.checkpoint_id!r} is still in flight")

@@ -86,8 +86,8 @@ class JobSpec:
     @property
     def config_hash(self) -> str:
         """sha256 of a canonical text of the spec (versions excluded): equal configs, equal hashes."""
-        shape = (self.name, self.nodes, self.ranks_per_node, self.argv, tuple(sorted(self.env)),
-                 self.master_port_base, self.master_port_span)
+        shape: tuple[object, ...] = (self.name, self.nodes, self.ranks_per_node, self.argv, tuple(sorted(self.env)),
+                                     self.master_port_base, self.master_port_span)
         if self.min_nodes:
             shape = (*shape, self.min_nodes)
         # Added keys join the text only when set, so existing jobs keep their hash.

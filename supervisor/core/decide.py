@@ -235,7 +235,7 @@ def _on_sdc_check_result(state: ClusterState, soft: SoftState, result: SdcCheckR
         folded = evolve_all(folded, resumed)
     for node_id in verdict.convicted:
         ended = _end_if_member(folded, soft, node_id, EndReason.NODE_QUARANTINED, verdict.reason)
-        quarantined = [] if folded.nodes[node_id].is_quarantined else [
+        quarantined: list[Event] = [] if folded.nodes[node_id].is_quarantined else [
             NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq)]
         events += ended + quarantined
         folded = evolve_all(folded, ended + quarantined)

@@ -350,7 +350,7 @@ Event = (
     | JobFailed
 )
 
-EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]
+EVENT_TYPES: tuple[type, ...] = Event.__args__
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ def _names(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
 
 
 def replace(obj: T, **changes: Any) -> T:
-    names, known = _names(type(obj))
+    kind: type = type(obj)
+    names, known = _names(kind)
     for name in changes:
         if name not in known:
             raise TypeError(f"{type(obj).__name__} has no field {name!r}")

@@ -302,7 +302,8 @@ def _reason_sparse(step: int, world_size: int, sources: dict[int, tuple[RestoreK
     for rank, (kind, _) in sources.items():
         by_kind[kind].append(rank)
     elsewhere = [rank for rank, (kind, _) in sources.items() if kind is not RestoreKind.LOCAL_SNAPSHOT]
-    texts = {kind: _ranks_text(ranks) for kind, ranks in by_kind.items() if kind is not RestoreKind.LOCAL_SNAPSHOT}
+    texts: dict[RestoreKind, str] = {
+        kind: _ranks_text(ranks) for kind, ranks in by_kind.items() if kind is not RestoreKind.LOCAL_SNAPSHOT}
     if len(elsewhere) < world_size:
         texts[RestoreKind.LOCAL_SNAPSHOT] = _ranks_text_except(world_size, elsewhere)
     peers = {node for kind, node in sources.values() if kind is RestoreKind.PEER_SNAPSHOT}
