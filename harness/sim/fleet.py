@@ -30,7 +30,15 @@ from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.decide import decide
 from ftsup.supervisor.core.events import Event, NodeRole, RankAssignment, SnapshotCommitted
 from ftsup.supervisor.core.evolve import evolve_all
-from ftsup.supervisor.core.inputs import AgentHello, Input, OperatorRequest, StepReport, StreamClosed, Tick
+from ftsup.supervisor.core.inputs import (
+    AgentHello,
+    Input,
+    OperatorCommandKind,
+    OperatorRequest,
+    StepReport,
+    StreamClosed,
+    Tick,
+)
 from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, NodeSoft, SoftState
 
 HOST = "sim"
@@ -213,5 +221,5 @@ class CoreDriver:
         hello = AgentHello(node_id, incarnation, NodeRole.SPARE, HOST, PEER_PORT, node.gpus, self._new_stream())
         events += self.feed(hello, now)
         if not self.state.nodes[node_id].is_in_service:
-            events += self.feed(OperatorRequest("unquarantine", node_id, "repaired (simulated)", "sim"), now)
+            events += self.feed(OperatorRequest(OperatorCommandKind.UNQUARANTINE, node_id, "repaired (simulated)", "sim"), now)
         return tuple(events)

@@ -13,6 +13,7 @@ import re
 from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.inputs import (
+    OperatorCommandKind,
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
@@ -179,7 +180,7 @@ def _check_xid(report: XidReport) -> str | None:
     return None
 
 
-OPERATOR_COMMANDS = ("quarantine", "unquarantine", "drain", "restart", "checkpoint")
+OPERATOR_COMMANDS = tuple(kind.value for kind in OperatorCommandKind)
 
 
 def _check_operator(state: ClusterState, soft: SoftState, request: OperatorRequest, config: CoreConfig) -> str | None:

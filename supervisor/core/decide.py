@@ -8,6 +8,7 @@ handler; the detectors and the planner are policies it composes. Every event it 
 
 from __future__ import annotations
 
+from typing import assert_never
 from dataclasses import dataclass
 
 from ftsup.supervisor.core.config import CoreConfig
@@ -34,6 +35,7 @@ from ftsup.supervisor.core.events import (
     XidReported,
 )
 from ftsup.supervisor.core.inputs import (
+    OperatorCommandKind,
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
@@ -379,21 +381,23 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest,
     seq = state.applied_seq + 1
     reason = f"{request.command} by {request.operator or 'an operator'}: {request.reason}"
     match request.command:
-        case "quarantine":
+        case OperatorCommandKind.QUARANTINE:
             ended = _end_if_member(state, soft, request.node_id, EndReason.NODE_QUARANTINED, reason)
             return [record, *ended, NodeQuarantined(request.node_id, reason, seq)]
-        case "unquarantine":
+        case OperatorCommandKind.UNQUARANTINE:
             return [record, NodeUnquarantined(request.node_id, request.reason, request.operator)]
-        case "checkpoint":  # ranks save at the lead step; the reply names it
+        case OperatorCommandKind.CHECKPOINT:  # ranks save at the lead step; the reply names it
             return [record, *checkpoints.request(state, soft, config, reason)]
-        case "restart":  # the planner starts the next generation from the newest committed snapshot
+        case OperatorCommandKind.RESTART:  # the planner starts the next generation from the newest committed snapshot
             generation = state.generation
             if generation is None:
                 return [record]  # admission refuses this; kept total for property tests
             last = _last_step(soft, generation.number)
             return [record, GenerationEnded(generation.number, EndReason.OPERATOR_RESTART, "", last, reason)]
-        case _:  # drain: recorded in soft.pending_drains; an idle node goes at once (_drain_idle),
-            return [record]  # a training one at its generation's next committed step
+        case OperatorCommandKind.DRAIN:  # recorded in soft.pending_drains; an idle node goes at once
+            return [record]  # (_drain_idle), a training one at its generation's next committed step
+        case unknown:
+            assert_never(unknown)
 
 
 def _quarantine_reason(death_reason: str) -> str:

@@ -7,6 +7,7 @@ Inputs are facts the shell observed; `decide` turns them into events. They are n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
 
@@ -96,15 +97,30 @@ class TrainerHung:
     limit_s: float
 
 
+class OperatorCommandKind(StrEnum):
+    """What an operator asks; the core branches on this, never on text (the values are the
+    names logged in OperatorCommand records and shown by supervisorctl)."""
+
+    QUARANTINE = "quarantine"
+    UNQUARANTINE = "unquarantine"
+    DRAIN = "drain"
+    RESTART = "restart"
+    CHECKPOINT = "checkpoint"
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorRequest:
-    """An authorized operator command on one node, or on the whole job (restart: node_id "")."""
+    """An authorized operator command on one node, or on the whole job (restart, checkpoint: node_id "")."""
 
-    command: str  # "quarantine" | "unquarantine" | "drain" | "restart"
+    command: OperatorCommandKind
     node_id: str
     reason: str
     operator: str  # the name the client claims; `principal` is who authenticated
     principal: str = ""
+
+    def __post_init__(self) -> None:
+        # Callers may name the command by its logged text; an unknown one fails here, at the edge.
+        object.__setattr__(self, "command", OperatorCommandKind(self.command))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from operator import attrgetter, contains
 
 from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.inputs import (
+    OperatorCommandKind,
     AgentHello,
     OperatorRequest,
     TrainerHung,
@@ -68,9 +69,9 @@ def observe(
         case TrainerHung():
             _heard(soft, inp.node_id, now)
         case OperatorRequest():
-            if inp.command == "drain":
+            if inp.command is OperatorCommandKind.DRAIN:
                 soft.pending_drains.add(inp.node_id)
-            elif inp.command == "unquarantine":
+            elif inp.command is OperatorCommandKind.UNQUARANTINE:
                 soft.pending_drains.discard(inp.node_id)
         case AgentHello():
             soft.nodes[inp.node_id] = NodeSoft(

@@ -21,7 +21,7 @@ from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.admission import MAX_TEXT
 from ftsup.supervisor.core.events import CheckpointRequested, GenerationStarted
 from ftsup.supervisor.core.goodput import GoodputReport
-from ftsup.supervisor.core.inputs import OperatorRequest
+from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
 from ftsup.supervisor.core.views import straggler_views
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest
@@ -160,7 +160,7 @@ class JobMethods:
         await require_reason(request.reason, context)
         # No store, no generation running, one in flight: admission refuses, saying which.
         outcome = await self._runtime.submit(
-            OperatorRequest("checkpoint", "", request.reason, request.operator or "unknown", principal()))
+            OperatorRequest(OperatorCommandKind.CHECKPOINT, "", request.reason, request.operator or "unknown", principal()))
         if outcome.refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)
         asked = next((r.event for r in outcome.records if isinstance(r.event, CheckpointRequested)), None)
@@ -179,7 +179,7 @@ class JobMethods:
         self, request: operator_pb2.JobCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
         await require_reason(request.reason, context)
-        outcome = await self._runtime.submit(OperatorRequest("restart", "", request.reason, request.operator or "unknown",
+        outcome = await self._runtime.submit(OperatorRequest(OperatorCommandKind.RESTART, "", request.reason, request.operator or "unknown",
                                                              principal()))
         if outcome.refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.refusal)

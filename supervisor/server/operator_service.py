@@ -14,7 +14,7 @@ import grpc
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
 from ftsup.common import logs
 from ftsup.supervisor import codec
-from ftsup.supervisor.core.inputs import OperatorRequest
+from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
 from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.state import Liveness
 from ftsup.supervisor.core.views import JobPhase
@@ -126,20 +126,20 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
     async def Quarantine(
         self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
-        return await self._command("quarantine", request, context)
+        return await self._command(OperatorCommandKind.QUARANTINE, request, context)
 
     async def Unquarantine(
         self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
-        return await self._command("unquarantine", request, context)
+        return await self._command(OperatorCommandKind.UNQUARANTINE, request, context)
 
     async def Drain(
         self, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
-        return await self._command("drain", request, context)
+        return await self._command(OperatorCommandKind.DRAIN, request, context)
 
     async def _command(
-        self, command: str, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
+        self, command: OperatorCommandKind, request: operator_pb2.NodeCommandRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.CommandResponse:
         # Authorization happened before this method ran: supervisor/server/operator_guard.py.
         await require_reason(request.reason, context)

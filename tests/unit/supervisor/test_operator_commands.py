@@ -85,3 +85,11 @@ def test_a_generation_ended_by_a_hang_or_a_death_records_how_long_the_culprit_wa
     dead, lost = sim.events(Tick(), at=NOW + 6.1)[:2]
     assert isinstance(dead, NodeDeclaredDead) and isinstance(lost, GenerationEnded)
     assert lost.silent_for_s == dead.silent_for_s == pytest.approx(1.1)
+
+
+def test_an_operator_command_is_a_kind_not_text_and_an_unknown_one_fails_at_the_edge():
+    from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
+
+    assert OperatorRequest("drain", "n1", "why", "op").command is OperatorCommandKind.DRAIN
+    with pytest.raises(ValueError, match="'defenestrate' is not a valid OperatorCommandKind"):
+        OperatorRequest("defenestrate", "n1", "why", "op")  # type: ignore[arg-type]
