@@ -9,11 +9,12 @@ reason: the rendezvous and agent internals that ftsup's supervisor replaces. No 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
+
+from ftsup.common import tls
 
 DEFAULT_MAX_RESTARTS = 3  # `ftsup run`'s budget (a job file without max_restarts: unlimited)
 DEFAULT_SIGTERM_GRACE_S = 3.0
@@ -173,12 +174,7 @@ def parse(argv: Sequence[str], python: str = sys.executable) -> RunSpec:
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return tls.is_loopback(f"{host}:0")
 
 
 def job_dict(spec: RunSpec, cwd: str) -> dict[str, Any]:

@@ -9,18 +9,8 @@ Operator restarts, drains, elastic growth and completion are not failures and co
 from __future__ import annotations
 
 from ftsup.supervisor.core.config import JobSpec
-from ftsup.supervisor.core.events import EndReason, Event, GenerationEnded, JobFailed
+from ftsup.supervisor.core.events import FAILURE_REASONS, EndReason, Event, GenerationEnded, JobFailed
 from ftsup.supervisor.core.state import ClusterState
-
-FAILURE_REASONS: frozenset[EndReason] = frozenset({
-    EndReason.NODE_LOST,
-    EndReason.TRAINER_EXITED,
-    EndReason.NODE_RESTARTED,
-    EndReason.NODE_QUARANTINED,
-    EndReason.HUNG,
-    EndReason.XID,
-    EndReason.SDC,
-})
 
 
 def is_failure(reason: EndReason) -> bool:

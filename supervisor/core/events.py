@@ -37,6 +37,19 @@ class EndReason(enum.Enum):
     ELASTIC_GROW = "elastic_grow"  # a shrunk job had enough nodes again: regrow at a committed snapshot
 
 
+# Generation ends that are faults: each is one interruption of the job. One home for the rule: the
+# restart budget (budget.py) spends one restart on each, the Young/Daly MTBF (interval.py) counts them.
+FAILURE_REASONS: frozenset[EndReason] = frozenset({
+    EndReason.NODE_LOST,
+    EndReason.TRAINER_EXITED,
+    EndReason.NODE_RESTARTED,
+    EndReason.NODE_QUARANTINED,
+    EndReason.HUNG,
+    EndReason.XID,
+    EndReason.SDC,
+})
+
+
 class XidAction(enum.Enum):
     IGNORE = "ignore"
     RESTART_JOB = "restart_job"

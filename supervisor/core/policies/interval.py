@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ftsup.supervisor.core import frozen
 from ftsup.supervisor.core.events import (
+    FAILURE_REASONS,
     CheckpointAborted,
     CheckpointCommitted,
     CheckpointStarted,
@@ -42,17 +43,6 @@ from ftsup.supervisor.core.events import (
     JobCompleted,
     Record,
 )
-
-# Generation ends that are faults: each is one interruption of the job.
-FAILURE_REASONS = frozenset({
-    EndReason.NODE_LOST,
-    EndReason.TRAINER_EXITED,
-    EndReason.NODE_RESTARTED,
-    EndReason.NODE_QUARANTINED,
-    EndReason.HUNG,
-    EndReason.XID,
-    EndReason.SDC,
-})
 
 KEEP_COSTS = 64  # measured costs remembered (the window reads the newest ones)
 
