@@ -53,10 +53,6 @@ EXIT_REFUSED = 3  # the supervisor refused this node for good (a PERMANENT Hello
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["AgentPeer"].full_name
 
 
-class _Stop(Exception):
-    pass
-
-
 async def run_agent(config: AgentConfig) -> int:
     rng = random.SystemRandom()
     incarnation = new_incarnation(rng)

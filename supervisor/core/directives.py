@@ -94,11 +94,6 @@ class Directive:
     peer_grants: tuple[PeerGrant, ...] = ()
 
 
-def project_directives(state: ClusterState, job: JobSpec, waiting_reason: str) -> Mapping[str, Directive]:
-    grants = peer_grants(state)
-    return {node_id: directive_for(state, job, node_id, waiting_reason, grants=grants) for node_id in state.nodes}
-
-
 def peer_grants(state: ClusterState) -> Mapping[str, tuple[PeerGrant, ...]]:
     """Per node, what other nodes may store there and fetch from there, in one pass over the
     generation (members, restores) and the open SDC checks: a node is a buddy of the members that
