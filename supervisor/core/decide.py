@@ -376,7 +376,7 @@ def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Ev
 
 
 def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest, config: CoreConfig) -> list[Event]:
-    record = OperatorCommand(request.command, (request.node_id,) if request.node_id else (), request.operator,
+    record = OperatorCommand(request.command.value, (request.node_id,) if request.node_id else (), request.operator,
                              request.reason, request.principal)
     seq = state.applied_seq + 1
     reason = f"{request.command} by {request.operator or 'an operator'}: {request.reason}"
