@@ -29,6 +29,8 @@ from typing import Any, IO
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
+from ftsup.bench import _scale_plot
+from ftsup.common import plot
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
 
 GOAL_P99_MS = 50.0
@@ -364,7 +366,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the full fleet at the last interval under cProfile and report the top functions")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,
                         help="keep the supervisor's and load processes' logs here (default: a temp dir, removed)")
+    parser.add_argument("--plot", default=None, metavar="FILE.png",
+                        help="also draw latency p50/p99 and supervisor CPU against nodes (needs ftsup[plot])")
+    parser.add_argument("--from-json", type=pathlib.Path, default=None, metavar="FILE",
+                        help="with --plot: draw a saved result instead of running the benchmark")
     args = parser.parse_args(argv)
+    target = None
+    if args.plot:
+        try:
+            target = plot.check_target(args.plot)
+            plot.pyplot()  # a missing matplotlib is said now, not after the benchmark
+        except (ValueError, plot.PlotUnavailable) as exc:
+            parser.error(str(exc))
+    if args.from_json is not None:
+        if target is None:
+            parser.error("--from-json draws a saved result: add --plot FILE.png")
+        try:
+            saved = json.loads(args.from_json.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--from-json {str(args.from_json)!r}: not a readable JSON result ({exc})")
+        if not isinstance(saved, dict) or not isinstance(saved.get("runs"), dict):
+            parser.error(f"--from-json {str(args.from_json)!r}: not an `ftsup bench scale` result (no \"runs\")")
+        _scale_plot.draw(_scale_plot.plot_data(saved), target)
+        _progress(f"wrote {target}")
+        return 0
     try:
         intervals = [args.interval_s] if args.interval_s else [float(v) for v in args.intervals.split(",") if v.strip()]
         sweep = sorted(int(v) for v in args.sweep.split(",") if v.strip())
@@ -410,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             result["profile"] = _safe(args, args.nodes, intervals[-1], root / "profile", profile=True)
     print(json.dumps(result))
+    if target is not None:
+        _scale_plot.draw(_scale_plot.plot_data(result), target)
+        _progress(f"wrote {target}")
     return 0
 
 

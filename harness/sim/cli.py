@@ -20,6 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ftsup.common import plot
+from ftsup.harness.sim import plot as sim_plot
 from ftsup.harness.sim.engine import BUCKETS, NoProgress, RunResult, simulate
 from ftsup.harness.sim.fleet import Fleet, build_fleet
 from ftsup.harness.sim.model import (
@@ -82,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
       " (default: 1 below 5,000 nodes, else one per CPU, at most one per replication)")
     a("--sweep", default=None, metavar="GPUS,GPUS,...", help="simulate each GPU count (e.g. 1000,10000,100000)")
     a("--json", action="store_true", help="print one JSON object")
+    a("--plot", default=None, metavar="FILE.png",
+      help="also draw ETTR against GPUs with 95%% intervals and where the time goes (needs ftsup[plot])")
     return p
 
 
@@ -334,7 +338,10 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--runs must be within [1, 10000], got {args.runs}")
         if args.jobs is not None and not 1 <= args.jobs <= 256:
             raise ValueError(f"--jobs must be within [1, 256], got {args.jobs}")
-    except ValueError as exc:
+        target = plot.check_target(args.plot) if args.plot else None
+        if target is not None:
+            plot.pyplot()  # a missing matplotlib is said now, not after the simulation
+    except (ValueError, plot.PlotUnavailable) as exc:
         print(f"ftsup sim: error: {exc}", file=sys.stderr)
         return 2
     runs = [args.runs or default_runs(s.nodes) for s in specs]
@@ -343,4 +350,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"sweep": results} if args.sweep is not None else results[0], indent=2))
     else:
         print(render_sweep(results) if args.sweep is not None else render(results[0]))
+    if target is not None:
+        sim_plot.draw(sim_plot.plot_data(results), target)
+        print(f"ftsup sim: wrote {target}", file=sys.stderr)
     return 0

@@ -58,6 +58,8 @@ class NodeView:
     is_connected: bool
     xid_count: int = 0
     straggler_score: float = 0.0
+    failure_domain: str = ""  # as the agent registered it ("" when it named none)
+    is_drained: bool = False
 
 
 def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size: int) -> StatusView:
@@ -134,6 +136,8 @@ def node_views(state: ClusterState, soft: SoftState, now: float) -> list[NodeVie
                 is_connected=info is not None and info.stream_id is not None,
                 xid_count=node.xid_count,
                 straggler_score=node.straggler_score,
+                failure_domain=node.failure_domain,
+                is_drained=node.is_drained,
             )
         )
     return views

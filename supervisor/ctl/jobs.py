@@ -26,6 +26,10 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_goodput(stub: Stub, args: argparse.Namespace) -> int:
+    if getattr(args, "plot", None):
+        from ftsup.supervisor.ctl import goodput_plot  # the core fold and codec: only this path needs them
+
+        return goodput_plot.cmd_goodput_plot(stub, args)
     reply = stub.GetGoodput(operator_pb2.GetGoodputRequest(), timeout=args.timeout)
     if args.prometheus:
         job = stub.GetStatus(operator_pb2.GetStatusRequest(), timeout=args.timeout).job_name

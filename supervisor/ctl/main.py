@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from ftsup.supervisor.ctl import auth, completion, jobs, render, sdc_view
+from ftsup.supervisor.ctl import auth, completion, jobs, render, sdc_view, top
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -198,6 +198,7 @@ def parser() -> argparse.ArgumentParser:
                         help="which generation(s) ran step N, with config hash, code and data version")
     goodput = sub.add_parser("goodput", parents=[common], help="effective training time ratio and where the rest went")
     goodput.add_argument("--prometheus", action="store_true", help="Prometheus text format (textfile collector)")
+    goodput.add_argument("--plot", metavar="FILE.png", help="draw the breakdown over time from the event log (needs ftsup[plot])")
     sub.add_parser("stragglers", parents=[common], help="per-rank straggler scores and recent detections")
     sub.add_parser("checkpoints", parents=[common], help="committed RAM snapshot and object-store checkpoints")
     for name, text in (
@@ -216,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
     shells = sub.add_parser("completion", help="print a shell completion script: bash or zsh")
     shells.add_argument("shell", choices=["bash", "zsh"], help="which shell")
     shells.add_argument("--json", action="store_true", help="the commands and their flags as JSON instead")
+    top.add_parser(sub, common)
     sub.add_parser("sdc", parents=[common], help="silent data corruption: checks run, suspects, verdicts, evidence")
     for name, text in (
         ("quarantine", "take a node out of service (its ranks move to a spare now)"),
@@ -242,6 +244,7 @@ COMMANDS: dict[str, Callable[[operator_pb2_grpc.OperatorStub, argparse.Namespace
     "checkpoints": jobs.cmd_checkpoints,
     "checkpoint": jobs.cmd_job_command,
     "restart": jobs.cmd_job_command,
+    "top": top.cmd_top,
 }
 
 

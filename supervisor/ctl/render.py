@@ -93,6 +93,8 @@ def node_dict(node: operator_pb2.NodeInfo) -> dict[str, Any]:
         "connected": node.connected,
         "xid_count": node.xid_count,
         "straggler_score": node.straggler_score,
+        "failure_domain": node.failure_domain,
+        "drained": node.drained,
     }
 
 

@@ -104,6 +104,8 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
                     connected=n.is_connected,
                     xid_count=n.xid_count,
                     straggler_score=n.straggler_score,
+                    failure_domain=n.failure_domain,
+                    drained=n.is_drained,
                 )
                 for n in self._runtime.nodes()
             ]

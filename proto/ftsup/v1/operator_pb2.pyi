@@ -354,6 +354,8 @@ class NodeInfo(_message.Message):
     CONNECTED_FIELD_NUMBER: _builtins.int
     XID_COUNT_FIELD_NUMBER: _builtins.int
     STRAGGLER_SCORE_FIELD_NUMBER: _builtins.int
+    FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
+    DRAINED_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     role: _events_pb2.NodeRole.ValueType
     liveness: _state_pb2.Liveness.ValueType
@@ -368,6 +370,12 @@ class NodeInfo(_message.Message):
     """Xids reported since it registered"""
     straggler_score: _builtins.float
     """robust z of its last straggler verdict (0: none)"""
+    failure_domain: _builtins.str
+    """Field numbers 120-129: issue 17 (supervisorctl top groups and colours the fleet by these).
+    as the agent registered it; "" when it named none
+    """
+    drained: _builtins.bool
+    """held out of service on purpose (supervisorctl drain)"""
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """ranks in the current generation"""
@@ -387,10 +395,12 @@ class NodeInfo(_message.Message):
         connected: _builtins.bool = ...,
         xid_count: _builtins.int = ...,
         straggler_score: _builtins.float = ...,
+        failure_domain: _builtins.str = ...,
+        drained: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "host", b"host", "incarnation", b"incarnation", "last_heartbeat_age_s", b"last_heartbeat_age_s", "liveness", b"liveness", "node_id", b"node_id", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "ranks", b"ranks", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "drained", b"drained", "failure_domain", b"failure_domain", "host", b"host", "incarnation", b"incarnation", "last_heartbeat_age_s", b"last_heartbeat_age_s", "liveness", b"liveness", "node_id", b"node_id", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "ranks", b"ranks", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
