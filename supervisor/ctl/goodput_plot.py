@@ -47,11 +47,11 @@ def series(records: Iterable[Record], now_unix_s: float, samples: int = SAMPLES)
     account = GoodputAccount()
     out = {**empty, "since_unix_s": start, "buckets_s": {b: [] for b in BUCKETS}}
     pending = iter(ordered)
-    record = next(pending, None)
+    upcoming = next(pending, None)
     for t in times:
-        while record is not None and record.time_unix_s <= t:
-            account.add(record)
-            record = next(pending, None)
+        while upcoming is not None and upcoming.time_unix_s <= t:
+            account.add(upcoming)
+            upcoming = next(pending, None)
         report = account.report(t)
         out["t_s"].append(t - start)
         for bucket in BUCKETS:
