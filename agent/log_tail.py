@@ -17,6 +17,7 @@ import os
 import pathlib
 import re
 from collections.abc import AsyncIterator, Callable
+from typing import BinaryIO
 
 from ftsup.v1 import peer_pb2
 
@@ -37,6 +38,12 @@ class LogNotFound(LookupError):
 
 class TooManyTails(RuntimeError):
     """`max_streams` tails are running already."""
+
+
+def _read_at(file: BinaryIO, offset: int, size: int) -> bytes:
+    """Off the event loop (a large read must not delay the agent's heartbeats)."""
+    file.seek(offset)
+    return file.read(size)
 
 
 def newest_generation(workdir: pathlib.Path, rank: int) -> int | None:
@@ -83,9 +90,8 @@ class LogTailer:
             with open(path, "rb") as file:
                 offset = os.fstat(file.fileno()).st_size
                 start = max(0, offset - TAIL_READ_BYTES)
-                file.seek(start)
-                backlog = last_lines(file.read(offset - start), clamp_tail_lines(request.lines),
-                                     is_file_start=start == 0)
+                backlog = last_lines(await asyncio.to_thread(_read_at, file, start, offset - start),
+                                     clamp_tail_lines(request.lines), is_file_start=start == 0)
                 for batch in batches(backlog):
                     yield message(batch)
                 if not request.follow:
@@ -101,8 +107,7 @@ class LogTailer:
                         skipped, offset = size - offset - READ_BYTES, size - READ_BYTES
                         splitter = LineSplitter()
                     while offset < size:
-                        file.seek(offset)
-                        data = file.read(min(READ_BYTES, size - offset))
+                        data = await asyncio.to_thread(_read_at, file, offset, min(READ_BYTES, size - offset))
                         if not data:
                             break
                         offset += len(data)

@@ -30,8 +30,8 @@ from ftsup.agent.codec import holding_report
 from ftsup.agent.config import AgentConfig, ConfigError, parse_config
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.launcher import STOP_GRACE_S, Launcher
-from ftsup.agent.log_tail import LogTailer
 from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
+from ftsup.agent.log_tail import LogTailer
 from ftsup.agent.metrics import AgentCollector, agent_registry
 from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService

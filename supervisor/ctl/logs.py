@@ -12,9 +12,13 @@ import argparse
 import json
 import sys
 
+import grpc
+
 from ftsup.v1 import operator_pb2, operator_pb2_grpc, peer_pb2
 
 EXIT_OK = 0
+EXIT_FAILED = 1
+AGENT_ERROR = "from the node's agent:"  # the supervisor's prefix for an error the agent answered
 
 
 def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -34,7 +38,18 @@ def message_dict(message: peer_pb2.LogLines) -> dict[str, object]:
 
 
 def cmd_logs(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
-    if args.rank is not None and args.rank < 0 or args.lines < 0 or args.generation < 0:
+    try:
+        return _logs(stub, args)
+    except grpc.RpcError as error:
+        details = error.details() if hasattr(error, "details") else ""
+        if details and details.startswith(AGENT_ERROR):  # the supervisor answered: the agent did not
+            print(f"supervisorctl logs: {details}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
+
+
+def _logs(stub: operator_pb2_grpc.OperatorStub, args: argparse.Namespace) -> int:
+    if (args.rank is not None and args.rank < 0) or args.lines < 0 or args.generation < 0:
         print("supervisorctl logs: --rank, --lines and --generation must not be negative", file=sys.stderr)
         return 2
     request = operator_pb2.StreamLogsRequest(node_id=args.node or "", generation=args.generation,

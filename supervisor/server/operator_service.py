@@ -190,4 +190,4 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
             code = error.code()
             if code == grpc.StatusCode.CANCELLED:
                 return
-            await context.abort(code, f"from the node's agent: {error.details()}")
+            await context.abort(code, f"from the node's agent: {error.details()}")  # ctl/logs.py AGENT_ERROR

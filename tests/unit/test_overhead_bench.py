@@ -27,4 +27,15 @@ def test_fractions_pair_each_round_with_its_baseline_and_keep_the_barrier_wait_a
     assert result["pooled_fraction"] == {"level1": 0.01, "level2": 0.05}
     assert result["barrier_wait_s"] == 2.0 and result["barrier_wait_fraction"] == 2.0
     assert result["sdc_digest_s"] == 0.6
-    assert result["goal_met"] is False and result["goal"]["level2_overhead_fraction"] == 0.02
+    # The baseline's own spread (MAD 0.2 of a 1.0 s step) is larger than the goal: no verdict.
+    assert result["noise_fraction"] == 0.2 and result["goal_met"] is None and "not resolved" in result["goal_note"]
+
+
+def test_a_quiet_run_gets_a_verdict() -> None:
+    quiet = {"step_s": 1.0, "barrier_s": 0.0, "snapshot_call_s": 0.0, "capture_wait_s": 0.0}
+    report = {"params": 1, "state_bytes": 1, "payload_bytes": 1, "held_s": 0.0, "digest_s": [0.0],
+              "steps_per_round": 1,
+              "samples": {"baseline": [quiet] * 3, "level1": [quiet] * 3,
+                          "level2": [{**quiet, "step_s": 1.03}] * 3}}
+    result = summarize(report)
+    assert result["noise_fraction"] == 0.0 and result["goal_met"] is False
