@@ -144,6 +144,11 @@ class Launcher:
         """The generation whose trainers are alive on this node, 0 when none are."""
         return self.run.generation if self.run is not None and self.run.live() else 0
 
+    def is_writing(self, log_path: pathlib.Path) -> bool:
+        """Whether a live trainer process still appends to `log_path` (a log follow ends when not)."""
+        trainers = list(self._dying) + (list(self.run.trainers.values()) if self.run is not None else [])
+        return any(t.log_path == log_path and t.exit_code is None for t in trainers)
+
     def mark_attached(self, generation: int, rank: int) -> None:
         """The rank uses a Session (it called the trainer service): not a plain script."""
         if self.run is not None and self.run.generation == generation and rank in self.run.ranks:

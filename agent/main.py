@@ -31,6 +31,7 @@ from ftsup.agent.config import AgentConfig, ConfigError, parse_config
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.launcher import STOP_GRACE_S, Launcher
 from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
+from ftsup.agent.log_tail import LogTailer
 from ftsup.agent.metrics import AgentCollector, agent_registry
 from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
@@ -92,7 +93,8 @@ async def run_agent(config: AgentConfig) -> int:
     authority = PeerAuthority(config.node_id, lambda: max((p.last_step for p in progress.ranks.values()), default=0))
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
     peer_pb2_grpc.add_AgentPeerServicer_to_server(
-        PeerService(config.node_id, store, reports, log.bind(part="peer"), authority, is_tls=files is not None),
+        PeerService(config.node_id, store, reports, log.bind(part="peer"), authority, is_tls=files is not None,
+                    logs=LogTailer(config.node_id, config.workdir, launcher.is_writing)),
         peer_server)
     # The standard health service on the peer port: SERVING while this agent serves its peers.
     checker = health.aio.HealthServicer()

@@ -18,7 +18,7 @@ out (try/finally): a refusal, a failed read, a deadline, or the caller's cancell
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -27,6 +27,7 @@ from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
 from ftsup.agent.link import Reports
+from ftsup.agent.log_tail import LogNotFound, LogTailer, TooManyTails
 from ftsup.agent.peer_auth import Denial, PeerAuthority
 from ftsup.agent.peers import ACCEPTED
 from ftsup.agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
@@ -45,7 +46,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
     def __init__(self, node_id: str, store: SnapshotStore, reports: Reports, log: Logger, authority: PeerAuthority,
                  *, is_tls: bool = False, chunk_bytes: int = CHUNK_BYTES, max_streams: int = MAX_PEER_STREAMS,
                  header_timeout_s: float = HEADER_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 deadline_s: Callable[[int], float] = stream_deadline_s) -> None:
+                 deadline_s: Callable[[int], float] = stream_deadline_s, logs: LogTailer | None = None) -> None:
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         self._node_id = node_id
@@ -60,6 +61,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         self._idle_timeout_s = idle_timeout_s
         self._deadline_s = deadline_s  # a whole stream of that many bytes, either way
         self.streams = 0  # calls in progress
+        self._logs = logs  # ranks' output for supervisorctl logs (None: not served)
 
     async def StoreSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
         caller = await self._caller(context, claimed="")
@@ -161,6 +163,26 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
             self._log.warning("peer_request_denied", peer=context.peer(), request=what, code=denial.code.name,
                               reason=denial.message)
         await context.abort(denial.code, denial.message)
+
+    async def TailLog(self, request: peer_pb2.TailLogRequest, context: Context) -> AsyncIterator[peer_pb2.LogLines]:  # noqa: N802
+        """A rank's output for a supervisor's relay. With mTLS only a supervisor certificate may read
+        it (output can hold paths, hyper-parameters, data samples); its own stream cap bounds it."""
+        if self._is_tls:
+            identity = peer_identity(context)
+            if identity is None or identity.kind is not PeerKind.SUPERVISOR:
+                self._log.warning("log_tail_refused", peer=context.peer(), identity=str(identity) if identity else None)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"ranks' output is served to supervisors only; caller is {identity or 'unknown'}")
+        if self._logs is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"node {self._node_id} does not serve ranks' output")
+        assert self._logs is not None
+        try:
+            async for message in self._logs.tail(request):
+                yield message
+        except LogNotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except TooManyTails as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
     async def _caller(self, context: Context, claimed: str) -> str | None:
         """The caller's node id from its certificate with mTLS (None without TLS: ids are claims)."""

@@ -34,6 +34,7 @@ from ftsup.supervisor.web.server import StatusListenError
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
+from ftsup.supervisor.server.log_relay import LogRelay
 from ftsup.supervisor.server.operator_guard import guarded
 from ftsup.supervisor.server.operator_service import OperatorService
 
@@ -98,8 +99,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen),
                             read_token=config.operator_read_token, is_tls=is_tls)
     operator_pb2_grpc.add_OperatorServicer_to_server(
-        guarded(OperatorService(runtime, config.advertise, runtime.metrics.goodput if runtime.metrics else None),
-                authorizer), server)
+        guarded(OperatorService(runtime, config.advertise, runtime.metrics.goodput if runtime.metrics else None,
+                                LogRelay(lambda: runtime.state, config.server_tls)), authorizer), server)
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     await checker.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -1,4 +1,4 @@
-"""Deterministic gradient averaging for DistributedDataParallel, and compute-time measurement.
+"""Deterministic gradient averaging for DistributedDataParallel (an option), and compute-time measurement.
 
 Owns the invariant "one logical model state": every replica, and every restart of the same
 world size, must produce the same gradient bits. DDP's default hook all-reduces each bucket,
@@ -17,6 +17,13 @@ The hook also records when the last bucket became ready: the end of this rank's 
 in the step, before it waits on the synchronisation (what the straggler detector needs), and
 hands the rank's local gradients to a `GradDigester` before they are communicated: the digest an
 SDC recompute on another node is compared with (docs/sdc.md).
+
+Without the hook (DDP's own all-reduce, in C++, no Python on the gradient path) `ComputeClock`
+gives the same two things by section timing: a post-accumulate-grad hook on every parameter
+stamps when this rank's backward produced its last local gradient (DDP's reducer waits for the
+all-reduce only after that, in its end-of-backward callback) and hands that gradient to the
+digester. Restarts are then correct but not bit-exact: the restarted steps' sums may differ from
+the uninterrupted run's in their last bits (docs/state.md).
 """
 
 from __future__ import annotations
@@ -90,3 +97,39 @@ class DeterministicGradSync:
             return buffer.div_(world)
 
         return work.get_future().then(reduce)
+
+
+class ComputeClock:
+    """Section timing for DDP without a comm hook: when this rank's last local gradient was ready.
+
+    Same surface as `DeterministicGradSync` (`reset()`, `last_ready_s`, `grad_digester`), so a
+    training loop reads compute time the same way whichever it uses. The per-parameter hook only
+    stores a float (and, with a digester, copies the gradient into the digester's buffer).
+    """
+
+    def __init__(self, module: torch.nn.Module, grad_digester: GradDigester | None = None) -> None:
+        self.grad_digester = grad_digester
+        self.last_ready_s: float | None = None
+        self._handles = [p.register_post_accumulate_grad_hook(self._ready)
+                         for p in module.parameters() if p.requires_grad]
+
+    @classmethod
+    def attach(cls, ddp: DistributedDataParallel, grad_digester: GradDigester | None = None) -> ComputeClock:
+        """Hooks every parameter of `ddp`'s module; DDP keeps its own all-reduce."""
+        return cls(ddp.module, grad_digester)
+
+    def reset(self) -> None:
+        """Forget the ready time; call at the start of each step."""
+        self.last_ready_s = None
+
+    def _ready(self, param: torch.Tensor) -> None:
+        # Runs inside the autograd engine right after this parameter's .grad was accumulated and
+        # before DDP's reducer hook copies it into a bucket: .grad is still this rank's own.
+        self.last_ready_s = time.monotonic()
+        if self.grad_digester is not None and param.grad is not None:
+            self.grad_digester.take(param, param.grad)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

@@ -206,12 +206,18 @@ class GradDigester:
     after a plain backward (`take_grads`). Same names, shapes and bits give the same digest, so
     the two are comparable bit for bit, whatever DDP's bucket layout (it changes after the first
     step). A parameter without a gradient in a step counts as zeros.
+
+    Sharded parameters (FSDP2, TP: DTensors) are digested over this rank's LOCAL shard of the
+    gradient (never gathered): its buffers have the local shard's shape, and a DTensor gradient is
+    taken through `to_local()`. Under FSDP2 that shard is the reduce-scattered gradient the rank
+    owns (FSDP2 never holds a rank's whole unreduced gradient); a recompute of the same rank with
+    the same world yields the same shard.
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._by_param = {id(p): n for n, p in named}
-        self._buffers = {n: torch.zeros(p.shape, dtype=p.dtype, device=p.device) for n, p in named}
+        self._buffers = {n: torch.zeros(_local(p).shape, dtype=p.dtype, device=_local(p).device) for n, p in named}
         self._filled: set[str] = set()
         self._digest = Digester(self._buffers.items())
 
@@ -219,8 +225,12 @@ class GradDigester:
         name = self._by_param.get(id(param))
         if name is not None:
             buffer = self._buffers[name]
+            local = _local(grad)  # a DTensor gradient: this rank's shard
+            if local.numel() != buffer.numel():
+                raise ValueError(f"gradient of {name!r} has {local.numel()} local elements, its parameter's local"
+                                 f" shard {buffer.numel()}: a gradient sharded unlike its parameter")
             with torch.no_grad():
-                buffer.copy_(grad.detach().reshape(buffer.shape))
+                buffer.copy_(local.reshape(buffer.shape))
             self._filled.add(name)
 
     def take_bucket(self, bucket: object) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
-from ftsup.supervisor.ctl import auth, completion, jobs, render, sdc_view, top
+from ftsup.supervisor.ctl import auth, completion, jobs, logs, render, sdc_view, top
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -196,6 +196,7 @@ def parser() -> argparse.ArgumentParser:
     events.add_argument("--kind", action="append", help="only this event kind (repeatable), e.g. node_declared_dead")
     events.add_argument("--at-step", type=int, metavar="N",
                         help="which generation(s) ran step N, with config hash, code and data version")
+    logs.add_parser(sub, common)
     goodput = sub.add_parser("goodput", parents=[common], help="effective training time ratio and where the rest went")
     goodput.add_argument("--prometheus", action="store_true", help="Prometheus text format (textfile collector)")
     goodput.add_argument("--plot", metavar="FILE.png", help="draw the breakdown over time from the event log (needs ftsup[plot])")
@@ -235,6 +236,7 @@ COMMANDS: dict[str, Callable[[operator_pb2_grpc.OperatorStub, argparse.Namespace
     "status": cmd_status,
     "nodes": cmd_nodes,
     "events": cmd_events,
+    "logs": logs.cmd_logs,
     "sdc": cmd_sdc,
     "quarantine": cmd_node_command,
     "unquarantine": cmd_node_command,

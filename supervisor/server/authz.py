@@ -25,7 +25,7 @@ import grpc
 from ftsup.common.tls import PeerIdentity, PeerKind, is_loopback
 
 READ_ONLY_METHODS = frozenset({"GetStatus", "ListNodes", "GetLeader", "ListEvents",
-                               "GetGoodput", "ListStragglers", "ListCheckpoints"})
+                               "GetGoodput", "ListStragglers", "ListCheckpoints", "StreamLogs"})
 
 
 class AuthzConfigError(ValueError):

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, state_pb2
+from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, peer_pb2, state_pb2
 from ftsup.common import logs
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
@@ -20,6 +20,7 @@ from ftsup.supervisor.core.state import Liveness
 from ftsup.supervisor.core.views import JobPhase
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest
+from ftsup.supervisor.server.log_relay import LogRelay, RelayRefused
 from ftsup.supervisor.server.operator_guard import principal
 from ftsup.supervisor.server.operator_jobs import JobMethods, require_reason
 
@@ -41,10 +42,13 @@ _ROLE = {NodeRole.ACTIVE: events_pb2.NODE_ROLE_ACTIVE, NodeRole.SPARE: events_pb
 
 
 class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
-    def __init__(self, runtime: Runtime, address: str, digest: LogDigest | None = None) -> None:
+    def __init__(self, runtime: Runtime, address: str, digest: LogDigest | None = None,
+                 relay: LogRelay | None = None) -> None:
         # Callers are authorized by operator_guard.guarded(), which wraps this servicer.
         self._runtime = runtime
         self._address = address
+        # Ranks' output from their agents (plaintext peer channels unless given the replica's TLS files).
+        self._relay = relay if relay is not None else LogRelay(lambda: runtime.state, None)
         # Goodput and recent detections, read from the log once: shared with /metrics when served.
         self._digest = digest if digest is not None else LogDigest()
 
@@ -174,3 +178,18 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
             return
         async for record in log.follow(since):
             yield codec.record_to_proto(record)
+
+    async def StreamLogs(
+        self, request: operator_pb2.StreamLogsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[peer_pb2.LogLines]:
+        """A rank's output from its agent (server/log_relay.py): an agent's refusal passes through."""
+        try:
+            async for message in self._relay.stream(request):
+                yield message
+        except RelayRefused as refused:
+            await context.abort(refused.code, str(refused))
+        except grpc.aio.AioRpcError as error:
+            code = error.code()
+            if code == grpc.StatusCode.CANCELLED:
+                return
+            await context.abort(code, f"from the node's agent: {error.details()}")  # ctl/logs.py AGENT_ERROR

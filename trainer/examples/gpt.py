@@ -33,7 +33,7 @@ from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from ftsup.trainer.core import data  # noqa: E402
-from ftsup.trainer.ddp import DeterministicGradSync  # noqa: E402
+from ftsup.trainer.ddp import ComputeClock, DeterministicGradSync  # noqa: E402
 from ftsup.trainer.digest import Digester, GradDigester, param_digest  # noqa: E402
 from ftsup.trainer import offline, replay, sdc_inject  # noqa: E402
 from ftsup.trainer.session import Session  # noqa: E402
@@ -112,7 +112,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--grad-sync",
         choices=("deterministic", "allreduce"),
         default="deterministic",
-        help="allreduce = DDP's default hook, NOT restart-deterministic (kept to demonstrate why)",
+        help="deterministic: the layout-independent comm hook, restarts bit-exact (each rank receives world x"
+             " gradient bytes); allreduce: DDP's own all-reduce, no comm hook, restarts correct within float"
+             " tolerance but not bit-exact (compute time from section timing)",
     )
     p.add_argument("--slow-rank", type=int, default=None, help="fault injection: this rank computes slower")
     p.add_argument("--slow-ms", type=float, default=50.0, help="extra compute time of --slow-rank per step")
@@ -242,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases["model_s"], mark = time.monotonic() - mark, time.monotonic()
     if args.rejoin and not args.offline:
         session.on_generation_replaced(_abort_process_group)
+    grad_sync: DeterministicGradSync | ComputeClock | None = None
     while True:  # once, unless this rank rejoins a new generation in-process (the fast path)
         try:
             done = session.restore(model, optimizer)
@@ -250,8 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(f"restored step {done} is past --steps {args.steps}")
             ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
             local_grads = GradDigester(model)  # this rank's gradients before the sync: for SDC recomputes
-            grad_sync = DeterministicGradSync.attach(ddp, layout_independent=args.grad_sync != "allreduce",
-                                                     grad_digester=local_grads)
+            grad_sync = (
+                DeterministicGradSync.attach(ddp, grad_digester=local_grads) if args.grad_sync == "deterministic"
+                else ComputeClock.attach(ddp, grad_digester=local_grads))
             digest = Digester.of(model)  # after restore: planned once, recomputed on the device each step
             injector = sdc_inject.Injector(sdc_inject.from_flags(args), session.rank, session.generation, model)
             phases["ddp_s"] = time.monotonic() - mark
@@ -326,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # broken group reaches this point within moments.
         print(f"rank {session.rank} generation {session.generation}: the process group broke ({broken});"
               " asking the agent for the next generation", file=sys.stderr, flush=True)
+        if isinstance(grad_sync, ComputeClock):
+            grad_sync.remove()
         ddp = grad_sync = None
         _leave_process_group()
         gc.collect()

@@ -51,6 +51,48 @@ JOB_PHASE_FAILED: JobPhase.ValueType  # 100
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
 
 @_typing.final
+class StreamLogsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    """absent: the node's only rank (--node must name a node running one)"""
+    node_id: _builtins.str
+    """empty: the node running `rank` in the generation in force"""
+    generation: _builtins.int
+    """0: the generation in force (else the node's newest)"""
+    lines: _builtins.int
+    """the last lines to send first (absent: 100; at most 10,000)"""
+    follow: _builtins.bool
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int | None = ...,
+        node_id: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        lines: _builtins.int | None = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_lines", b"_lines", "_rank", b"_rank", "lines", b"lines", "rank", b"rank"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lines", b"_lines", "_rank", b"_rank", "follow", b"follow", "generation", b"generation", "lines", b"lines", "node_id", b"node_id", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__lines: _TypeAlias = _typing.Literal["lines"]  # noqa: Y015
+    _WhichOneofArgType__lines: _TypeAlias = _typing.Literal["_lines", b"_lines"]  # noqa: Y015
+    _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
+    _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lines) -> _WhichOneofReturnType__lines | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
+
+Global___StreamLogsRequest: _TypeAlias = StreamLogsRequest  # noqa: Y015
+
+@_typing.final
 class GetLeaderRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -5,6 +5,7 @@ import warnings
 
 from ftsup.v1 import events_pb2 as ftsup_dot_v1_dot_events__pb2
 from ftsup.v1 import operator_pb2 as ftsup_dot_v1_dot_operator__pb2
+from ftsup.v1 import peer_pb2 as ftsup_dot_v1_dot_peer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -95,6 +96,11 @@ class OperatorStub:
                 request_serializer=ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
                 _registered_method=True)
+        self.StreamLogs = channel.unary_stream(
+                '/ftsup.v1.Operator/StreamLogs',
+                request_serializer=ftsup_dot_v1_dot_operator__pb2.StreamLogsRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.LogLines.FromString,
+                _registered_method=True)
 
 
 class OperatorServicer:
@@ -179,6 +185,15 @@ class OperatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamLogs(self, request, context):
+        """A rank's output (read role), relayed from the agent that runs it (AgentPeer.TailLog): the
+        last `lines` lines, then with `follow` new ones until the rank's process ends or the client
+        cancels. Field numbers 240-259: issue 13.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +256,11 @@ def add_OperatorServicer_to_server(servicer, server):
                     servicer.Restart,
                     request_deserializer=ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.FromString,
                     response_serializer=ftsup_dot_v1_dot_operator__pb2.CommandResponse.SerializeToString,
+            ),
+            'StreamLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamLogs,
+                    request_deserializer=ftsup_dot_v1_dot_operator__pb2.StreamLogsRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.LogLines.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -567,6 +587,33 @@ class Operator:
             '/ftsup.v1.Operator/Restart',
             ftsup_dot_v1_dot_operator__pb2.JobCommandRequest.SerializeToString,
             ftsup_dot_v1_dot_operator__pb2.CommandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ftsup.v1.Operator/StreamLogs',
+            ftsup_dot_v1_dot_operator__pb2.StreamLogsRequest.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.LogLines.FromString,
             options,
             channel_credentials,
             insecure,

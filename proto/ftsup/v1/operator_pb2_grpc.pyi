@@ -6,6 +6,7 @@ The Operator service behind supervisorctl. Read-only calls are answered by any r
 from collections import abc as _abc
 from ftsup.v1 import events_pb2 as _events_pb2
 from ftsup.v1 import operator_pb2 as _operator_pb2
+from ftsup.v1 import peer_pb2 as _peer_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
@@ -51,6 +52,11 @@ class OperatorStub:
     CheckpointNow: _grpc.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]
     """Job-wide commands (admin): a checkpoint now; end the generation and restart from the snapshot."""
     Restart: _grpc.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]
+    StreamLogs: _grpc.UnaryStreamMultiCallable[_operator_pb2.StreamLogsRequest, _peer_pb2.LogLines]
+    """A rank's output (read role), relayed from the agent that runs it (AgentPeer.TailLog): the
+    last `lines` lines, then with `follow` new ones until the rank's process ends or the client
+    cancels. Field numbers 240-259: issue 13.
+    """
 
 @_typing.type_check_only
 class OperatorAsyncStub(OperatorStub):
@@ -74,6 +80,11 @@ class OperatorAsyncStub(OperatorStub):
     CheckpointNow: _aio.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
     """Job-wide commands (admin): a checkpoint now; end the generation and restart from the snapshot."""
     Restart: _aio.UnaryUnaryMultiCallable[_operator_pb2.JobCommandRequest, _operator_pb2.CommandResponse]  # type: ignore[assignment]
+    StreamLogs: _aio.UnaryStreamMultiCallable[_operator_pb2.StreamLogsRequest, _peer_pb2.LogLines]  # type: ignore[assignment]
+    """A rank's output (read role), relayed from the agent that runs it (AgentPeer.TailLog): the
+    last `lines` lines, then with `follow` new ones until the rank's process ends or the client
+    cancels. Field numbers 240-259: issue 13.
+    """
 
 class OperatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -166,5 +177,16 @@ class OperatorServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.JobCommandRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.CommandResponse, _abc.Awaitable[_operator_pb2.CommandResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StreamLogs(
+        self,
+        request: _operator_pb2.StreamLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_peer_pb2.LogLines], _abc.AsyncIterator[_peer_pb2.LogLines]]:
+        """A rank's output (read role), relayed from the agent that runs it (AgentPeer.TailLog): the
+        last `lines` lines, then with `follow` new ones until the rank's process ends or the client
+        cancels. Field numbers 240-259: issue 13.
+        """
 
 def add_OperatorServicer_to_server(servicer: OperatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,35 +25,39 @@ _sym_db = _symbol_database.Default()
 from ftsup.v1 import agent_pb2 as ftsup_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66tsup/v1/peer.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\"k\n\x0eSnapshotHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"W\n\rSnapshotChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.ftsup.v1.SnapshotHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"/\n\x15StoreSnapshotResponse\x12\x16\n\x0eholder_node_id\x18\x01 \x01(\t\"Y\n\x14\x46\x65tchSnapshotRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x13\n\ngeneration\x18\x8c\x01 \x01(\x04\x12\x10\n\x07node_id\x18\x8d\x01 \x01(\t\"Z\n\x0eLivenessReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x17\n\x0fphase_timeout_s\x18\x04 \x01(\x01\":\n\x16WatchGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\"J\n\x16\x41waitGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"Z\n\x17\x41waitGenerationResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x1d\n\x03\x65nv\x18\x02 \x03(\x0b\x32\x10.ftsup.v1.EnvVar\x12\x0e\n\x06reason\x18\x03 \x01(\t\"5\n\x11GetRestoreRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"#\n\x07LinkAck\x12\x18\n\x10\x63heckpoint_steps\x18\x01 \x03(\x04\x32\xa4\x01\n\tAgentPeer\x12K\n\rStoreSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x1f.ftsup.v1.StoreSnapshotResponse(\x01\x12J\n\rFetchSnapshot\x12\x1e.ftsup.v1.FetchSnapshotRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x32\xaa\x04\n\x0bTrainerLink\x12\x44\n\nGetRestore\x12\x1b.ftsup.v1.GetRestoreRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x12\x35\n\nReportStep\x12\x14.ftsup.v1.StepReport\x1a\x11.ftsup.v1.LinkAck\x12;\n\x0bPutSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x11.ftsup.v1.LinkAck(\x01\x12;\n\x0eReportFinished\x12\x16.ftsup.v1.RankFinished\x1a\x11.ftsup.v1.LinkAck\x12\x45\n\x15ReportCheckpointShard\x12\x19.ftsup.v1.CheckpointShard\x1a\x11.ftsup.v1.LinkAck\x12V\n\x0f\x41waitGeneration\x12 .ftsup.v1.AwaitGenerationRequest\x1a!.ftsup.v1.AwaitGenerationResponse\x12\x46\n\x0fWatchGeneration\x12 .ftsup.v1.WatchGenerationRequest\x1a\x11.ftsup.v1.LinkAck\x12=\n\x0eReportLiveness\x12\x18.ftsup.v1.LivenessReport\x1a\x11.ftsup.v1.LinkAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66tsup/v1/peer.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\"U\n\x0eTailLogRequest\x12\r\n\x04rank\x18\xf0\x01 \x01(\r\x12\x13\n\ngeneration\x18\xf1\x01 \x01(\x04\x12\x0e\n\x05lines\x18\xf2\x01 \x01(\r\x12\x0f\n\x06\x66ollow\x18\xf3\x01 \x01(\x08\"x\n\x08LogLines\x12\x10\n\x07node_id\x18\xf0\x01 \x01(\t\x12\r\n\x04rank\x18\xf1\x01 \x01(\r\x12\x13\n\ngeneration\x18\xf2\x01 \x01(\x04\x12\x0e\n\x05lines\x18\xf3\x01 \x03(\t\x12\x0e\n\x05\x65nded\x18\xf4\x01 \x01(\x08\x12\x16\n\rskipped_bytes\x18\xf5\x01 \x01(\x04\"k\n\x0eSnapshotHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x15\n\rowner_node_id\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"W\n\rSnapshotChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.ftsup.v1.SnapshotHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"/\n\x15StoreSnapshotResponse\x12\x16\n\x0eholder_node_id\x18\x01 \x01(\t\"Y\n\x14\x46\x65tchSnapshotRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x13\n\ngeneration\x18\x8c\x01 \x01(\x04\x12\x10\n\x07node_id\x18\x8d\x01 \x01(\t\"Z\n\x0eLivenessReport\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x17\n\x0fphase_timeout_s\x18\x04 \x01(\x01\":\n\x16WatchGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\"J\n\x16\x41waitGenerationRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"Z\n\x17\x41waitGenerationResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x1d\n\x03\x65nv\x18\x02 \x03(\x0b\x32\x10.ftsup.v1.EnvVar\x12\x0e\n\x06reason\x18\x03 \x01(\t\"5\n\x11GetRestoreRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"#\n\x07LinkAck\x12\x18\n\x10\x63heckpoint_steps\x18\x01 \x03(\x04\x32\xdf\x01\n\tAgentPeer\x12K\n\rStoreSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x1f.ftsup.v1.StoreSnapshotResponse(\x01\x12J\n\rFetchSnapshot\x12\x1e.ftsup.v1.FetchSnapshotRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x12\x39\n\x07TailLog\x12\x18.ftsup.v1.TailLogRequest\x1a\x12.ftsup.v1.LogLines0\x01\x32\xaa\x04\n\x0bTrainerLink\x12\x44\n\nGetRestore\x12\x1b.ftsup.v1.GetRestoreRequest\x1a\x17.ftsup.v1.SnapshotChunk0\x01\x12\x35\n\nReportStep\x12\x14.ftsup.v1.StepReport\x1a\x11.ftsup.v1.LinkAck\x12;\n\x0bPutSnapshot\x12\x17.ftsup.v1.SnapshotChunk\x1a\x11.ftsup.v1.LinkAck(\x01\x12;\n\x0eReportFinished\x12\x16.ftsup.v1.RankFinished\x1a\x11.ftsup.v1.LinkAck\x12\x45\n\x15ReportCheckpointShard\x12\x19.ftsup.v1.CheckpointShard\x1a\x11.ftsup.v1.LinkAck\x12V\n\x0f\x41waitGeneration\x12 .ftsup.v1.AwaitGenerationRequest\x1a!.ftsup.v1.AwaitGenerationResponse\x12\x46\n\x0fWatchGeneration\x12 .ftsup.v1.WatchGenerationRequest\x1a\x11.ftsup.v1.LinkAck\x12=\n\x0eReportLiveness\x12\x18.ftsup.v1.LivenessReport\x1a\x11.ftsup.v1.LinkAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftsup.v1.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SNAPSHOTHEADER']._serialized_start=55
-  _globals['_SNAPSHOTHEADER']._serialized_end=162
-  _globals['_SNAPSHOTCHUNK']._serialized_start=164
-  _globals['_SNAPSHOTCHUNK']._serialized_end=251
-  _globals['_STORESNAPSHOTRESPONSE']._serialized_start=253
-  _globals['_STORESNAPSHOTRESPONSE']._serialized_end=300
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=302
-  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=391
-  _globals['_LIVENESSREPORT']._serialized_start=393
-  _globals['_LIVENESSREPORT']._serialized_end=483
-  _globals['_WATCHGENERATIONREQUEST']._serialized_start=485
-  _globals['_WATCHGENERATIONREQUEST']._serialized_end=543
-  _globals['_AWAITGENERATIONREQUEST']._serialized_start=545
-  _globals['_AWAITGENERATIONREQUEST']._serialized_end=619
-  _globals['_AWAITGENERATIONRESPONSE']._serialized_start=621
-  _globals['_AWAITGENERATIONRESPONSE']._serialized_end=711
-  _globals['_GETRESTOREREQUEST']._serialized_start=713
-  _globals['_GETRESTOREREQUEST']._serialized_end=766
-  _globals['_LINKACK']._serialized_start=768
-  _globals['_LINKACK']._serialized_end=803
-  _globals['_AGENTPEER']._serialized_start=806
-  _globals['_AGENTPEER']._serialized_end=970
-  _globals['_TRAINERLINK']._serialized_start=973
-  _globals['_TRAINERLINK']._serialized_end=1527
+  _globals['_TAILLOGREQUEST']._serialized_start=55
+  _globals['_TAILLOGREQUEST']._serialized_end=140
+  _globals['_LOGLINES']._serialized_start=142
+  _globals['_LOGLINES']._serialized_end=262
+  _globals['_SNAPSHOTHEADER']._serialized_start=264
+  _globals['_SNAPSHOTHEADER']._serialized_end=371
+  _globals['_SNAPSHOTCHUNK']._serialized_start=373
+  _globals['_SNAPSHOTCHUNK']._serialized_end=460
+  _globals['_STORESNAPSHOTRESPONSE']._serialized_start=462
+  _globals['_STORESNAPSHOTRESPONSE']._serialized_end=509
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_start=511
+  _globals['_FETCHSNAPSHOTREQUEST']._serialized_end=600
+  _globals['_LIVENESSREPORT']._serialized_start=602
+  _globals['_LIVENESSREPORT']._serialized_end=692
+  _globals['_WATCHGENERATIONREQUEST']._serialized_start=694
+  _globals['_WATCHGENERATIONREQUEST']._serialized_end=752
+  _globals['_AWAITGENERATIONREQUEST']._serialized_start=754
+  _globals['_AWAITGENERATIONREQUEST']._serialized_end=828
+  _globals['_AWAITGENERATIONRESPONSE']._serialized_start=830
+  _globals['_AWAITGENERATIONRESPONSE']._serialized_end=920
+  _globals['_GETRESTOREREQUEST']._serialized_start=922
+  _globals['_GETRESTOREREQUEST']._serialized_end=975
+  _globals['_LINKACK']._serialized_start=977
+  _globals['_LINKACK']._serialized_end=1012
+  _globals['_AGENTPEER']._serialized_start=1015
+  _globals['_AGENTPEER']._serialized_end=1238
+  _globals['_TRAINERLINK']._serialized_start=1241
+  _globals['_TRAINERLINK']._serialized_end=1795
 # @@protoc_insertion_point(module_scope)

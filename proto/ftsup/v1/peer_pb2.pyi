@@ -22,6 +22,79 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class TailLogRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    generation: _builtins.int
+    """0: the newest generation this node ran the rank in"""
+    lines: _builtins.int
+    """how many of the last lines to send first (capped by the agent; 0: none)"""
+    follow: _builtins.bool
+    """then keep sending new lines until the rank's process ends"""
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        lines: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "generation", b"generation", "lines", b"lines", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TailLogRequest: _TypeAlias = TailLogRequest  # noqa: Y015
+
+@_typing.final
+class LogLines(_message.Message):
+    """Part of a rank's output. Bounded: at most 256 lines per message, each cut at 16 KiB."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    SKIPPED_BYTES_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    """the node that ran the rank"""
+    rank: _builtins.int
+    generation: _builtins.int
+    ended: _builtins.bool
+    """follow: the rank's process has exited and its output is all sent"""
+    skipped_bytes: _builtins.int
+    """output passed over since the previous message (it came faster than it was read)"""
+    @_builtins.property
+    def lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """without their newline; invalid UTF-8 replaced"""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        lines: _abc.Iterable[_builtins.str] | None = ...,
+        ended: _builtins.bool = ...,
+        skipped_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "generation", b"generation", "lines", b"lines", "node_id", b"node_id", "rank", b"rank", "skipped_bytes", b"skipped_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogLines: _TypeAlias = LogLines  # noqa: Y015
+
+@_typing.final
 class SnapshotHeader(_message.Message):
     """What a snapshot is, sent once, in the first chunk of its stream."""
 

@@ -47,6 +47,11 @@ class AgentPeerStub:
                 request_serializer=ftsup_dot_v1_dot_peer__pb2.FetchSnapshotRequest.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
+        self.TailLog = channel.unary_stream(
+                '/ftsup.v1.AgentPeer/TailLog',
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.TailLogRequest.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.LogLines.FromString,
+                _registered_method=True)
 
 
 class AgentPeerServicer:
@@ -68,6 +73,16 @@ class AgentPeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TailLog(self, request, context):
+        """A rank's captured output (its rank-R.gen-G.log in the agent's workdir), for a supervisor that
+        relays it to an operator (Operator.StreamLogs): the last `lines` lines, then with `follow`
+        new lines as they are written, until the rank's process ends or the caller cancels.
+        With mTLS only a supervisor's certificate may call it. Field numbers 240-259: issue 13.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +95,11 @@ def add_AgentPeerServicer_to_server(servicer, server):
                     servicer.FetchSnapshot,
                     request_deserializer=ftsup_dot_v1_dot_peer__pb2.FetchSnapshotRequest.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'TailLog': grpc.unary_stream_rpc_method_handler(
+                    servicer.TailLog,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.TailLogRequest.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.LogLines.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +158,33 @@ class AgentPeer:
             '/ftsup.v1.AgentPeer/FetchSnapshot',
             ftsup_dot_v1_dot_peer__pb2.FetchSnapshotRequest.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TailLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ftsup.v1.AgentPeer/TailLog',
+            ftsup_dot_v1_dot_peer__pb2.TailLogRequest.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.LogLines.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,12 @@ class AgentPeerStub:
     """A buddy copy, streamed while it is still arriving from the trainer."""
     FetchSnapshot: _grpc.UnaryStreamMultiCallable[_peer_pb2.FetchSnapshotRequest, _peer_pb2.SnapshotChunk]
     """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held."""
+    TailLog: _grpc.UnaryStreamMultiCallable[_peer_pb2.TailLogRequest, _peer_pb2.LogLines]
+    """A rank's captured output (its rank-R.gen-G.log in the agent's workdir), for a supervisor that
+    relays it to an operator (Operator.StreamLogs): the last `lines` lines, then with `follow`
+    new lines as they are written, until the rank's process ends or the caller cancels.
+    With mTLS only a supervisor's certificate may call it. Field numbers 240-259: issue 13.
+    """
 
 @_typing.type_check_only
 class AgentPeerAsyncStub(AgentPeerStub):
@@ -54,6 +60,12 @@ class AgentPeerAsyncStub(AgentPeerStub):
     """A buddy copy, streamed while it is still arriving from the trainer."""
     FetchSnapshot: _aio.UnaryStreamMultiCallable[_peer_pb2.FetchSnapshotRequest, _peer_pb2.SnapshotChunk]  # type: ignore[assignment]
     """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held."""
+    TailLog: _aio.UnaryStreamMultiCallable[_peer_pb2.TailLogRequest, _peer_pb2.LogLines]  # type: ignore[assignment]
+    """A rank's captured output (its rank-R.gen-G.log in the agent's workdir), for a supervisor that
+    relays it to an operator (Operator.StreamLogs): the last `lines` lines, then with `follow`
+    new lines as they are written, until the rank's process ends or the caller cancels.
+    With mTLS only a supervisor's certificate may call it. Field numbers 240-259: issue 13.
+    """
 
 class AgentPeerServicer(metaclass=_abc_1.ABCMeta):
     """Served by every agent to other agents. A snapshot travels as a stream of SnapshotChunk
@@ -75,6 +87,18 @@ class AgentPeerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_peer_pb2.SnapshotChunk], _abc.AsyncIterator[_peer_pb2.SnapshotChunk]]:
         """A held snapshot, for a restore or an SDC replay; NOT_FOUND before any chunk when not held."""
+
+    @_abc_1.abstractmethod
+    def TailLog(
+        self,
+        request: _peer_pb2.TailLogRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_peer_pb2.LogLines], _abc.AsyncIterator[_peer_pb2.LogLines]]:
+        """A rank's captured output (its rank-R.gen-G.log in the agent's workdir), for a supervisor that
+        relays it to an operator (Operator.StreamLogs): the last `lines` lines, then with `follow`
+        new lines as they are written, until the rank's process ends or the caller cancels.
+        With mTLS only a supervisor's certificate may call it. Field numbers 240-259: issue 13.
+        """
 
 def add_AgentPeerServicer_to_server(servicer: AgentPeerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
