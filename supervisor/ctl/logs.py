@@ -21,7 +21,7 @@ EXIT_FAILED = 1
 AGENT_ERROR = "from the node's agent:"  # the supervisor's prefix for an error the agent answered
 
 
-def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     logs = sub.add_parser("logs", parents=[common], help="a rank's output (stdout and stderr), with --follow: live")
     logs.add_argument("--rank", type=int, help="global rank (default: the --node's only rank)")
     logs.add_argument("--node", help="node that ran it (default: the node running --rank now)")

@@ -96,5 +96,5 @@ class LogRelay:
                 yield message
         finally:  # the operator cancelled, the agent ended, or it failed: release the call and its channel
             call.cancel()
-            await channel.close()
+            await channel.close(None)  # no grace: the call is already cancelled
             self.relays -= 1
