@@ -457,13 +457,14 @@ class Runtime:
             self.soft.interval_obs = self._interval_obs
 
     def _apply(self, records: list[Record]) -> None:
-        """Folds appended records (one copy of the node map for the lot, see evolve_all)."""
-        if len(records) == 1 or any(isinstance(r.event, _INTERVAL_EVENTS) for r in records):
-            for record in records:
-                self._fold(record)
-        else:
+        """Folds appended records. A batch that cannot change the generation (registrations,
+        liveness) is folded with one copy of the node map (see evolve_all)."""
+        is_bulk = len(records) > 1 and not any(isinstance(r.event, _INTERVAL_EVENTS) for r in records)
+        if is_bulk:
             self.state = apply_records(self.state, records)
         for record in records:
+            if not is_bulk:
+                self._fold(record)
             if self.metrics is not None:
                 self.metrics.on_record(record)
             event = record.event
