@@ -112,6 +112,7 @@ class Runtime:
         tick_s: float = 0.1,
         snapshot_every: int = 10_000,
         stream_input_capacity: int = STREAM_INPUT_CAPACITY,
+        hello_batch: int = HELLO_BATCH,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -122,6 +123,9 @@ class Runtime:
         self._clock = clock
         self._wall = wall_clock
         self._snapshot_every = snapshot_every
+        if hello_batch < 1:
+            raise ValueError(f"hello_batch must be >= 1, got {hello_batch}")
+        self._hello_batch = hello_batch  # 1: every Hello decided and appended alone (the bench's baseline)
         self.state = event_log.load_snapshot() or ClusterState()
         self._snapshot_seq = self.state.applied_seq
         # The Young/Daly inputs (checkpoint costs, failures) as far as the log still shows them.
@@ -277,12 +281,12 @@ class Runtime:
         return pending
 
     async def _gather_hellos(self, first: _Pending) -> list[_Pending]:
-        """`first` and the Hellos of other nodes queued right behind it, up to HELLO_BATCH.
+        """`first` and the Hellos of other nodes queued right behind it, up to `hello_batch`.
         Heartbeats of nodes outside the batch met on the way are handled at once (they change
         soft state only, and no Hello of the batch is about their node); anything else ends the
         batch and is handled right after it, so no input is decided out of its order."""
         batch, named = [first], {first.inp.node_id}  # type: ignore[attr-defined]
-        while len(batch) < HELLO_BATCH and not self._queue.empty():
+        while len(batch) < self._hello_batch and not self._queue.empty():
             pending = self._queue.get_nowait()
             if pending.holds_slot:
                 self._stream_slots.release()

@@ -47,6 +47,7 @@ from ftsup.supervisor.core.inputs import (
     RankFinished,
     SdcCheckResult,
     SnapshotReport,
+    StepAggregate,
     StepReport,
     StreamClosed,
     Tick,
@@ -76,6 +77,10 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
             events += checkpoints.on_step_report(evolve_all(state, events), inp, config.checkpoint_location,
                                                  config.checkpoint_every_steps)
+        case StepAggregate() if len(inp.reports) == 1:
+            return decide(state, soft, inp.reports[0], now, config)
+        case StepAggregate():
+            events = _on_step_aggregate(state, soft, inp, config)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
         case RankFinished():
@@ -202,6 +207,22 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
         events.append(registered)  # also makes a suspect node alive again
     elif node.liveness is Liveness.SUSPECT:
         events.append(NodeCleared(hello.node_id, "reconnected"))
+    return events
+
+
+def _on_step_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate, config: CoreConfig) -> list[Event]:
+    """What its reports decide one by one. Of one step, each rank once: the first report may mark
+    the generation running and start the step's checkpoint; the middle ones change nothing (the
+    state does not change between them); only the last can complete the step, so the vote and the
+    straggler scores (observed already, for every rank) are decided after it, then its own
+    checkpoint check, as the last report's decision would."""
+    first, last = aggregate.reports[0], aggregate.reports[-1]
+    location, every = config.checkpoint_location, config.checkpoint_every_steps
+    events = _on_step_report(state, first)
+    events += checkpoints.on_step_report(evolve_all(state, events), first, location, every)
+    events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
+    events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+    events += checkpoints.on_step_report(evolve_all(state, events), last, location, every)
     return events
 
 
