@@ -16,7 +16,7 @@ from ftsup.supervisor.core.admission import refusal
 from ftsup.supervisor.core.decide import decide_hellos
 from ftsup.supervisor.core.events import Event, GenerationStarted, NodeRegistered, Record
 from ftsup.supervisor.core.evolve import evolve, evolve_all
-from ftsup.supervisor.core.inputs import Heartbeat, OperatorRequest, Tick
+from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, OperatorRequest, Tick
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.outbox import StreamOutbox
@@ -27,7 +27,7 @@ from tests.unit.supervisor.test_properties import inputs
 NODES = ["n1", "n2", "n3", "s1"]
 
 
-def _hello(node_id: str, incarnation: int):  # noqa: ANN202
+def _hello(node_id: str, incarnation: int) -> AgentHello:
     return hello(node_id, spare=node_id.startswith("s"), incarnation=incarnation,
                  stream_id=hash((node_id, incarnation)) % 97 + 1)
 
