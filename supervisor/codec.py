@@ -102,36 +102,61 @@ def _enum_prefix(enum_cls: type[enum.Enum]) -> str:
 
 def to_proto(obj: Any, message: Message) -> Message:
     """Copies a dataclass into `message` field by field."""
-    for field in dataclasses.fields(obj):
-        value = getattr(obj, field.name)
+    for name in _field_names(type(obj)):
+        value = getattr(obj, name)
         try:
-            _set_field(message, field.name, value)
+            _set_field(message, name, value)
         except (AttributeError, TypeError, ValueError) as exc:
-            raise CodecError(f"{type(obj).__name__}.{field.name}={value!r}: {exc}") from exc
+            raise CodecError(f"{type(obj).__name__}.{name}={value!r}: {exc}") from exc
     return message
 
 
+# Encoding is on the hot paths too: every appended record, and every directive (12,500 of them
+# when a 100k-GPU generation starts, where reflecting on each field of each nested dataclass
+# stalled the loop for seconds). What reflection finds is cached per class and per enum value.
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _is_dataclass_type(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls)
+
+
+@functools.cache
+def _enum_number(descriptor: Any, name: str, value: enum.Enum) -> int:
+    enum_type = descriptor.fields_by_name[name].enum_type
+    number: int = enum_type.values_by_name[_enum_prefix(type(value)) + value.name].number
+    return number
+
+
 def _set_field(message: Message, name: str, value: Any) -> None:
+    kind = type(value)
     if value is None:
         message.ClearField(name)
+    elif kind in _SCALARS:
+        setattr(message, name, value)
     elif isinstance(value, enum.Enum):
-        enum_type = message.DESCRIPTOR.fields_by_name[name].enum_type
-        setattr(message, name, enum_type.values_by_name[_enum_prefix(type(value)) + value.name].number)
+        setattr(message, name, _enum_number(message.DESCRIPTOR, name, value))
     elif isinstance(value, Mapping):
         target = getattr(message, name)
         for key in sorted(value):
             to_proto(value[key], target.add())
     elif isinstance(value, tuple):
         target = getattr(message, name)
-        for item in value:
-            if dataclasses.is_dataclass(item):
+        if value and _is_dataclass_type(type(value[0])):
+            for item in value:
                 to_proto(item, target.add())
-            else:
-                target.append(item)
-    elif dataclasses.is_dataclass(value):
+        else:
+            target.extend(value)
+    elif _is_dataclass_type(kind):
         to_proto(value, getattr(message, name))
     else:
         setattr(message, name, value)
+
+
+_SCALARS = frozenset({str, int, float, bool, bytes})
 
 
 def from_proto(cls: type[T], message: Message) -> T:

@@ -28,7 +28,7 @@ from ftsup.supervisor.core.events import (
     Record,
     SnapshotCommitted,
 )
-from ftsup.supervisor.core.inputs import Heartbeat, Input, StepReport
+from ftsup.supervisor.core.inputs import Heartbeat, Input, StepAggregate, StepReport
 from ftsup.supervisor.server.log_digest import LogDigest
 
 if TYPE_CHECKING:
@@ -120,13 +120,19 @@ class SupervisorMetrics:
         if isinstance(inp, Heartbeat):
             self.heartbeats.inc()
         elif isinstance(inp, StepReport):
-            self.step_seconds.observe(inp.step_time_s)
-            self.compute_seconds.observe(inp.compute_time_s)
-            latest = self._ranks.get(inp.rank)
-            if latest is None or inp.step >= latest.step:
-                self._ranks[inp.rank] = _RankLatest(inp.step, inp.step_time_s, inp.compute_time_s, inp.tokens)
-            if inp.rank == 0:
-                self._loss, self._grad_norm = inp.loss, inp.grad_norm
+            self._on_step_report(inp)
+        elif isinstance(inp, StepAggregate):
+            for report in inp.reports:
+                self._on_step_report(report)
+
+    def _on_step_report(self, inp: StepReport) -> None:
+        self.step_seconds.observe(inp.step_time_s)
+        self.compute_seconds.observe(inp.compute_time_s)
+        latest = self._ranks.get(inp.rank)
+        if latest is None or inp.step >= latest.step:
+            self._ranks[inp.rank] = _RankLatest(inp.step, inp.step_time_s, inp.compute_time_s, inp.tokens)
+        if inp.rank == 0:
+            self._loss, self._grad_norm = inp.loss, inp.grad_norm
 
     def on_append(self, seconds: float) -> None:
         self.append_seconds.observe(seconds)

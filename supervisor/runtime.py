@@ -21,7 +21,7 @@ from ftsup.common import logs
 from ftsup.supervisor import codec
 from ftsup.supervisor.core import admission, soft as soft_state
 from ftsup.supervisor.core.config import CoreConfig
-from ftsup.supervisor.core.decide import decide
+from ftsup.supervisor.core.decide import Decision, decide, decide_hellos
 from ftsup.supervisor.core.directives import Directive, directives_for
 from ftsup.supervisor.core.events import (
     CheckpointAborted,
@@ -44,7 +44,7 @@ from ftsup.supervisor.core.events import (
     StragglerDetected,
     XidReported,
 )
-from ftsup.supervisor.core.evolve import apply_record
+from ftsup.supervisor.core.evolve import apply_record, apply_records
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
@@ -64,6 +64,11 @@ Outbox = StreamOutbox
 # than the loop decides waits here (and, through gRPC flow control, so does its sender) instead of
 # growing memory. Far above a healthy fleet's backlog: 12,500 nodes' heartbeats and step reports.
 STREAM_INPUT_CAPACITY = 50_000
+
+# Hellos decided and appended together at most (a connecting fleet's burst): one fsync'd append
+# and one planner pass per batch. Large enough that 12,500 nodes register in a few dozen appends,
+# small enough that one batch keeps the loop from heartbeats for well under a heartbeat interval.
+HELLO_BATCH = 512
 
 # Events that can change no directive but the named node's own (a registration of a generation's
 # member may change its peers' buddy and restore addresses: see _affected). Any other event may
@@ -107,6 +112,7 @@ class Runtime:
         tick_s: float = 0.1,
         snapshot_every: int = 10_000,
         stream_input_capacity: int = STREAM_INPUT_CAPACITY,
+        hello_batch: int = HELLO_BATCH,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -117,6 +123,9 @@ class Runtime:
         self._clock = clock
         self._wall = wall_clock
         self._snapshot_every = snapshot_every
+        if hello_batch < 1:
+            raise ValueError(f"hello_batch must be >= 1, got {hello_batch}")
+        self._hello_batch = hello_batch  # 1: every Hello decided and appended alone (the bench's baseline)
         self.state = event_log.load_snapshot() or ClusterState()
         self._snapshot_seq = self.state.applied_seq
         # The Young/Daly inputs (checkpoint costs, failures) as far as the log still shows them.
@@ -139,6 +148,7 @@ class Runtime:
         self._sent: dict[str, Directive] = {}
         self._waiting_reason = ""
         self._announcement: LeadershipAcquired | None = None  # decided before anything else
+        self._held: _Pending | None = None  # the input that ended a Hello batch: handled next
         self.metrics: SupervisorMetrics | None = None  # set by the daemon when metrics are served
         self.checkpointer: Any = None  # supervisor.checkpointer.Checkpointer, set when a store is configured
         log.info("state replayed", from_snapshot_seq=self._snapshot_seq, head_seq=self.state.applied_seq,
@@ -235,21 +245,66 @@ class Runtime:
         ticker = asyncio.create_task(self._tick_forever())
         try:
             while True:
-                pending = await self._queue.get()
-                if pending.holds_slot:
-                    self._stream_slots.release()
+                pending = self._next_pending() or await self._take()
                 if self._announcement is not None and self.is_leader:
                     await self._announce(self._announcement)
+                if isinstance(pending.inp, AgentHello):
+                    batch = await self._gather_hellos(pending)
+                    try:
+                        outcomes = await self._handle_hellos(batch)
+                    except Exception as exc:  # a bug must not take the control plane down
+                        log.exception("hello batch handling failed", hellos=len(batch),
+                                      generation=self.generation_in_force)
+                        outcomes = [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(batch)
+                    for each, outcome in zip(batch, outcomes):
+                        _reply(each, outcome)
+                    continue
                 try:
                     outcome = await self._handle(pending.inp, pending.at_s)
                 except Exception as exc:  # a bug must not take the control plane down
                     log.exception("input handling failed", input=type(pending.inp).__name__,
                                   node_id=getattr(pending.inp, "node_id", None), generation=self.generation_in_force)
                     outcome = Outcome(refusal=f"internal error: {exc}", is_retryable=True)
-                if pending.reply is not None and not pending.reply.done():
-                    pending.reply.set_result(outcome)
+                _reply(pending, outcome)
         finally:
             ticker.cancel()
+
+    async def _take(self) -> _Pending:
+        pending = await self._queue.get()
+        if pending.holds_slot:
+            self._stream_slots.release()
+        return pending
+
+    def _next_pending(self) -> _Pending | None:
+        """The input a Hello batch stopped at, handled next; else None (take from the queue)."""
+        pending, self._held = self._held, None
+        return pending
+
+    async def _gather_hellos(self, first: _Pending) -> list[_Pending]:
+        """`first` and the Hellos of other nodes queued right behind it, up to `hello_batch`.
+        Heartbeats of nodes outside the batch met on the way are handled at once (they change
+        soft state only, and no Hello of the batch is about their node); anything else ends the
+        batch and is handled right after it, so no input is decided out of its order."""
+        batch, named = [first], {first.inp.node_id}  # type: ignore[attr-defined]
+        while len(batch) < self._hello_batch and not self._queue.empty():
+            pending = self._queue.get_nowait()
+            if pending.holds_slot:
+                self._stream_slots.release()
+            inp = pending.inp
+            if isinstance(inp, AgentHello) and inp.node_id not in named:
+                batch.append(pending)
+                named.add(inp.node_id)
+            elif isinstance(inp, Heartbeat) and inp.node_id not in named:
+                try:
+                    outcome = await self._handle(inp, pending.at_s)
+                except Exception as exc:  # as in run()
+                    log.exception("input handling failed", input="Heartbeat", node_id=inp.node_id)
+                    outcome = Outcome(refusal=f"internal error: {exc}", is_retryable=True)
+                _reply(pending, outcome)
+            else:
+                self._held = pending
+                break
+        return batch
 
     async def _announce(self, announcement: LeadershipAcquired) -> None:
         """Appends LeaderElected; kept for the next input while the log refuses it (degraded)."""
@@ -276,8 +331,48 @@ class Runtime:
 
     async def _handle(self, inp: Input, arrived_s: float | None = None) -> Outcome:
         if not self.is_leader:
-            return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}",
-                           is_retryable=True)
+            return self._not_leader()
+        now = self._clock() if arrived_s is None else arrived_s
+        refused = self._admit(inp, now)
+        if refused is not None:
+            return refused
+        if isinstance(inp, Heartbeat):
+            # The hot path (one per node per interval): a heartbeat only refreshes soft state.
+            # decide() returns no events for it; the detector and the planner act on the next
+            # Tick, so skipping decide here changes no decision, only saves a planner pass.
+            return Outcome()
+        decision = decide(self.state, self.soft, inp, now, self.config)
+        return await self._enact(decision, [inp] if isinstance(inp, AgentHello) else [])
+
+    async def _handle_hellos(self, batch: list[_Pending]) -> list[Outcome]:
+        """A batch of Hellos (distinct nodes, queued back to back): each admitted and observed as
+        alone, then decided together and appended at once, so a fleet connecting costs one fsync'd
+        append per batch instead of one per node."""
+        if not self.is_leader:
+            return [self._not_leader() for _ in batch]
+        outcomes: list[Outcome | None] = []
+        admitted: list[AgentHello] = []
+        now = self._clock()
+        for pending in batch:
+            assert isinstance(pending.inp, AgentHello)
+            now = self._clock() if pending.at_s is None else pending.at_s
+            refused = self._admit(pending.inp, now)
+            outcomes.append(refused)
+            if refused is None:
+                admitted.append(pending.inp)
+        if admitted:
+            decision = decide_hellos(self.state, self.soft, admitted, now, self.config)
+            enacted = await self._enact(decision, admitted)
+        else:
+            enacted = Outcome()
+        return [outcome if outcome is not None else enacted for outcome in outcomes]
+
+    def _not_leader(self) -> Outcome:
+        return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}",
+                       is_retryable=True)
+
+    def _admit(self, inp: Input, now: float) -> Outcome | None:
+        """Refuses a bad input (None: admitted), and folds an admitted one into the soft state."""
         reason = admission.refusal(self.state, self.soft, inp, self.config)
         if reason is not None:
             log.warning("input refused", input=type(inp).__name__, reason=reason,
@@ -287,14 +382,11 @@ class Runtime:
             return Outcome(refusal=reason)
         if self.metrics is not None:
             self.metrics.on_input(inp, None)
-        now = self._clock() if arrived_s is None else arrived_s
         soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
-        if isinstance(inp, Heartbeat):
-            # The hot path (one per node per interval): a heartbeat only refreshes soft state.
-            # decide() returns no events for it; the detector and the planner act on the next
-            # Tick, so skipping decide here changes no decision, only saves a planner pass.
-            return Outcome()
-        decision = decide(self.state, self.soft, inp, now, self.config)
+        return None
+
+    async def _enact(self, decision: Decision, hellos: list[AgentHello]) -> Outcome:
+        """Appends a decision's events, applies them, welcomes the Hellos and pushes directives."""
         if decision.events:
             try:
                 append_started = self._clock()
@@ -322,8 +414,7 @@ class Runtime:
             if self.degraded_reason:
                 log.info("event log writable again: deciding", was=self.degraded_reason)
                 self.degraded_reason = ""
-            for record in records:
-                self._apply(record)
+            self._apply(records)
             if self.checkpointer is not None:
                 self.checkpointer.after(self.state, records)  # commit / abort / gc, off the loop
             await self._maybe_snapshot()
@@ -331,10 +422,10 @@ class Runtime:
             self._waiting_reason = self.soft.waiting_reason = decision.waiting_reason
             if decision.waiting_reason:
                 log.info("waiting", reason=decision.waiting_reason)
-        if isinstance(inp, AgentHello):
-            self._attach(inp)
-        if decision.events or isinstance(inp, AgentHello):
-            self._push_directives(self._affected(decision.events, inp))
+        for hello in hellos:
+            self._attach(hello)
+        if decision.events or hellos:
+            self._push_directives(self._affected(decision.events, hellos))
         return Outcome(records=tuple(records) if decision.events else ())
 
     async def _catch_up(self) -> None:
@@ -369,16 +460,23 @@ class Runtime:
             self._interval_obs = interval_policy.observe(self._interval_obs, shifted)
             self.soft.interval_obs = self._interval_obs
 
-    def _apply(self, record: Record) -> None:
-        self._fold(record)
-        if self.metrics is not None:
-            self.metrics.on_record(record)
-        event = record.event
-        # An event naming its generation keeps it; any other gets the one in force once it applied.
-        fields = {"generation": self.generation_in_force, **_fields(event)}
-        log.info("event", seq=record.seq, kind=type(event).__name__, **fields)
-        if isinstance(event, SnapshotCommitted):
-            soft_state.forget_committed(self.soft, event.step)
+    def _apply(self, records: list[Record]) -> None:
+        """Folds appended records. A batch that cannot change the generation (registrations,
+        liveness) is folded with one copy of the node map (see evolve_all)."""
+        is_bulk = len(records) > 1 and not any(isinstance(r.event, _INTERVAL_EVENTS) for r in records)
+        if is_bulk:
+            self.state = apply_records(self.state, records)
+        for record in records:
+            if not is_bulk:
+                self._fold(record)
+            if self.metrics is not None:
+                self.metrics.on_record(record)
+            event = record.event
+            # An event naming its generation keeps it; any other gets the one in force once applied.
+            fields = {"generation": self.generation_in_force, **_fields(event)}
+            log.info("event", seq=record.seq, kind=type(event).__name__, **fields)
+            if isinstance(event, SnapshotCommitted):
+                soft_state.forget_committed(self.soft, event.step)
 
     def _attach(self, hello: AgentHello) -> None:
         self._node_stream[hello.node_id] = hello.stream_id
@@ -391,14 +489,14 @@ class Runtime:
         )
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 
-    def _affected(self, events: tuple[Event, ...], inp: Input) -> list[str] | None:
+    def _affected(self, events: tuple[Event, ...], hellos: list[AgentHello]) -> list[str] | None:
         """Nodes whose directive the events may have changed; None: possibly every node.
 
         At 10k+ nodes recomputing every directive per registration is quadratic. A change of the
         waiting reason alone is not pushed (it is the note a standby directive carries): agents
         get the current reason with their next directive that changes anything else.
         """
-        named = [inp.node_id] if isinstance(inp, AgentHello) else []
+        named = [hello.node_id for hello in hellos]
         generation = self.state.generation
         for event in events:
             if not isinstance(event, _NODE_LOCAL):
@@ -432,6 +530,11 @@ class Runtime:
                         generation=self.generation_in_force)
             return False
         return True
+
+
+def _reply(pending: _Pending, outcome: Outcome) -> None:
+    if pending.reply is not None and not pending.reply.done():
+        pending.reply.set_result(outcome)
 
 
 def _fields(event: object) -> dict[str, object]:

@@ -25,6 +25,7 @@ from ftsup.supervisor.core.inputs import (
     RankFinished,
     SdcCheckResult,
     SnapshotReport,
+    StepAggregate,
     StepReport,
     StreamClosed,
     LeadershipAcquired,
@@ -57,6 +58,8 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return None if inp.term > 0 else f"term {inp.term} is not a term: terms start at 1"
         case StepReport():
             return _check_sender(state, soft, inp.node_id) or _check_step_report(state, inp)
+        case StepAggregate():
+            return _check_aggregate(state, soft, inp)
         case SnapshotReport():
             return _check_sender(state, soft, inp.node_id) or _check_holder(state, inp)
         case RankFinished():
@@ -245,6 +248,32 @@ def _check_sdc_result(state: ClusterState, result: SdcCheckResult) -> str | None
         return f"SDC check error of {len(result.error)} characters is longer than {MAX_TEXT}"
     if not result.error and not ranks:
         return f"SDC check {result.check_id!r}: an answer needs digests or an error"
+    return None
+
+
+MAX_AGGREGATE_REPORTS = 1 << 20  # a world of a million ranks; larger is a corrupt aggregate
+
+
+def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate) -> str | None:
+    """An aggregate is refused whole, naming the first report at fault: its sender (a link shard)
+    holds the reports and can send the good ones again; a half-applied step would mislead the vote."""
+    if not aggregate.reports:
+        return "a step aggregate with no reports"
+    if len(aggregate.reports) > MAX_AGGREGATE_REPORTS:
+        return f"a step aggregate of {len(aggregate.reports)} reports is larger than any world ({MAX_AGGREGATE_REPORTS})"
+    ranks: set[int] = set()
+    for report in aggregate.reports:
+        if report.generation != aggregate.generation or report.step != aggregate.step:
+            return (f"rank {report.rank}'s report (generation {report.generation}, step {report.step}) is not of the"
+                    f" aggregate's generation {aggregate.generation}, step {aggregate.step}")
+        if report.rank in ranks:
+            return f"rank {report.rank} is reported twice in one step aggregate"
+        ranks.add(report.rank)
+        if not 0 <= report.step <= MAX_STEP:
+            return f"step {report.step} is outside [0, {MAX_STEP}]: not a step count"
+        reason = _check_sender(state, soft, report.node_id) or _check_step_report(state, report)
+        if reason is not None:
+            return f"rank {report.rank} of node {report.node_id!r}: {reason}"
     return None
 
 

@@ -8,8 +8,9 @@ handler; the detectors and the planner are policies it composes. Every event it 
 
 from __future__ import annotations
 
-from typing import assert_never
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import assert_never
 
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.evolve import evolve_all
@@ -48,6 +49,7 @@ from ftsup.supervisor.core.inputs import (
     RankFinished,
     SdcCheckResult,
     SnapshotReport,
+    StepAggregate,
     StepReport,
     StreamClosed,
     Tick,
@@ -77,6 +79,10 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
             events += checkpoints.on_step_report(evolve_all(state, events), inp, config.checkpoint_location,
                                                  config.checkpoint_every_steps)
+        case StepAggregate() if len(inp.reports) == 1:
+            return decide(state, soft, inp.reports[0], now, config)
+        case StepAggregate():
+            events = _on_step_aggregate(state, soft, inp, config)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
         case RankFinished():
@@ -105,6 +111,34 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = []  # liveness changes from these are judged on the next Tick
         case _:
             events = []
+    return _conclude(state, soft, events, now, config)
+
+
+def decide_hellos(
+    state: ClusterState, soft: SoftState, hellos: Sequence[AgentHello], now: float, config: CoreConfig
+) -> Decision:
+    """Decides a batch of Hellos of distinct nodes at once: what `decide` makes of each, in
+    order, with the budget, drain and planner pass done once for the batch instead of once per
+    Hello. A fleet of 12,500 connecting is then a few batches (one append each), not 12,500
+    decisions that each fold and survey the whole fleet.
+
+    The state one Hello is judged against is the batch's earlier events folded in: its own node's
+    record, which no other Hello of the batch names, and the generation, which only a
+    GenerationEnded changes (then the earlier events are folded before the next Hello)."""
+    if len({hello.node_id for hello in hellos}) != len(hellos):
+        raise ValueError("a batch of Hellos names each node at most once")
+    events: list[Event] = []
+    current, folded_upto = state, 0
+    for hello in hellos:
+        new = _on_hello(current, hello)
+        events += new
+        if any(isinstance(e, GenerationEnded) for e in new):
+            current, folded_upto = evolve_all(current, events[folded_upto:]), len(events)
+    return _conclude(state, soft, events, now, config)
+
+
+def _conclude(state: ClusterState, soft: SoftState, events: list[Event], now: float, config: CoreConfig) -> Decision:
+    """What follows any decision: the restart budget, abandoned checkpoints, idle drains, the plan."""
     # Events of one decision are folded before planning, so a death and its replacement
     # generation can be decided (and appended) together.
     folded = evolve_all(state, events)
@@ -175,6 +209,22 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
         events.append(registered)  # also makes a suspect node alive again
     elif node.liveness is Liveness.SUSPECT:
         events.append(NodeCleared(hello.node_id, "reconnected"))
+    return events
+
+
+def _on_step_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate, config: CoreConfig) -> list[Event]:
+    """What its reports decide one by one. Of one step, each rank once: the first report may mark
+    the generation running and start the step's checkpoint; the middle ones change nothing (the
+    state does not change between them); only the last can complete the step, so the vote and the
+    straggler scores (observed already, for every rank) are decided after it, then its own
+    checkpoint check, as the last report's decision would."""
+    first, last = aggregate.reports[0], aggregate.reports[-1]
+    location, every = config.checkpoint_location, config.checkpoint_every_steps
+    events = _on_step_report(state, first)
+    events += checkpoints.on_step_report(evolve_all(state, events), first, location, every)
+    events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
+    events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+    events += checkpoints.on_step_report(evolve_all(state, events), last, location, every)
     return events
 
 

@@ -110,10 +110,27 @@ def evolve(state: ClusterState, event: Event) -> ClusterState:
     raise InvalidEvent(f"unknown event type {type(event).__name__}")
 
 
+class _Scratch(dict):  # type: ignore[type-arg]
+    """The node map of a fold in progress, owned by that fold alone (see `evolve_all`)."""
+
+
 def evolve_all(state: ClusterState, events: Iterable[Event]) -> ClusterState:
+    """Folds events in order. Several events share one copy of the node map: the fold copies it
+    once into a private `_Scratch` that `_with_node` then updates in place (copying 12,500 nodes
+    per event made a batch of registrations quadratic). The result equals folding one at a time;
+    the state passed in is never changed."""
+    events = events if isinstance(events, (list, tuple)) else list(events)
+    if len(events) < 2:
+        return evolve(state, events[0]) if events else state
+    state = frozen.replace(state, nodes=_Scratch(state.nodes))
     for event in events:
         state = evolve(state, event)
-    return state
+    return _sealed(state)
+
+
+def _sealed(state: ClusterState) -> ClusterState:
+    # The scratch map is wrapped read-only; nothing holds it writable once its fold returned.
+    return frozen.replace(state, nodes=MappingProxyType(state.nodes)) if type(state.nodes) is _Scratch else state
 
 
 def apply_record(state: ClusterState, record: Record) -> ClusterState:
@@ -126,15 +143,20 @@ def apply_record(state: ClusterState, record: Record) -> ClusterState:
 def apply_records(state: ClusterState, records: Iterable[Record]) -> ClusterState:
     """Folds stored records in order: replay's bulk path (applied_seq is set once, at the end)."""
     seq = state.applied_seq
+    events: list[Event] = []
     for record in records:
         if record.seq != seq + 1:
             raise InvalidEvent(f"record seq {record.seq} does not follow applied seq {seq}")
-        state = evolve(state, record.event)
+        events.append(record.event)
         seq = record.seq
+    state = evolve_all(state, events)
     return state if seq == state.applied_seq else frozen.replace(state, applied_seq=seq)
 
 
 def _with_node(state: ClusterState, node: NodeRecord) -> ClusterState:
+    if type(state.nodes) is _Scratch:  # inside evolve_all: the fold owns this map
+        state.nodes[node.node_id] = node
+        return state
     # `.copy()` copies the dict behind the proxy in C; `{**proxy}` walks it key by key, 35x slower
     # (1.4 ms at 12,500 nodes, on every node event).
     nodes = state.nodes.copy() if isinstance(state.nodes, (dict, MappingProxyType)) else dict(state.nodes)

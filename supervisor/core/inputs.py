@@ -48,6 +48,20 @@ class StepReport:
 
 
 @dataclass(frozen=True, slots=True)
+class StepAggregate:
+    """One training step of several ranks in one input: a node's ranks (its agent reports them
+    together) or a link shard's nodes' ranks, folded before they reach the leader, so the leader
+    handles one input per node or shard per step instead of one per rank. Observed and decided
+    exactly as its reports would be one by one (tests/unit/supervisor/test_step_aggregates.py):
+    the straggler detector and the SDC vote still see every rank. One generation and one step,
+    each rank once."""
+
+    generation: int
+    step: int
+    reports: tuple[StepReport, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotReport:
     node_id: str
     generation: int
@@ -193,6 +207,7 @@ Input = (
     AgentHello
     | Heartbeat
     | StepReport
+    | StepAggregate
     | SnapshotReport
     | RankFinished
     | TrainerExit

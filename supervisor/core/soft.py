@@ -24,6 +24,7 @@ from ftsup.supervisor.core.inputs import (
     Input,
     RankFinished,
     SnapshotReport,
+    StepAggregate,
     StepReport,
     StreamClosed,
     Tick,
@@ -92,17 +93,10 @@ def observe(
                 if progress is not None:
                     progress.finished[inp.rank] = ""
         case StepReport():
-            _heard(soft, inp.node_id, now)
-            progress = _progress_for(soft, state, inp.generation)
-            if progress is not None:
-                progress.step_reports += 1
-                if inp.step >= progress.max_step:
-                    progress.max_step = inp.step
-                    progress.step_time_s = inp.step_time_s
-                    if math.isfinite(inp.loss):
-                        progress.last_loss = inp.loss
-                _score_compute_time(progress, state, inp, straggler)
-                _vote_digests(progress, state, inp, sdc)
+            _observe_step(soft, state, inp, now, straggler, sdc)
+        case StepAggregate():
+            for report in inp.reports:  # as if they came one by one, in the aggregate's order
+                _observe_step(soft, state, report, now, straggler, sdc)
         case SnapshotReport():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
@@ -114,6 +108,21 @@ def observe(
             if progress is not None:
                 progress.finished[inp.rank] = inp.param_digest
                 progress.max_step = max(progress.max_step, inp.step)
+
+
+def _observe_step(soft: SoftState, state: ClusterState, report: StepReport, now: float, straggler: StragglerConfig,
+                  sdc: SdcConfig) -> None:
+    _heard(soft, report.node_id, now)
+    progress = _progress_for(soft, state, report.generation)
+    if progress is not None:
+        progress.step_reports += 1
+        if report.step >= progress.max_step:
+            progress.max_step = report.step
+            progress.step_time_s = report.step_time_s
+            if math.isfinite(report.loss):
+                progress.last_loss = report.loss
+        _score_compute_time(progress, state, report, straggler)
+        _vote_digests(progress, state, report, sdc)
 
 
 MAX_HOLDING_LEAD = 1024  # a holding this far past the generation's progress is absurd: ignored

@@ -25,6 +25,7 @@ from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
+from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.common.tls import PeerKind, peer_identity
 
@@ -75,6 +76,8 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
                                  r.loss, r.param_digest,
                                  r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest,
                                  r.replica_group if r.HasField("replica_group") else None)
+    if kind == "step_aggregate":  # raises MalformedAggregate, said to the sender as a refusal
+        return step_aggregate.to_input(node_id, message.step_aggregate)
     if kind == "snapshot_report":
         s = message.snapshot_report
         return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes, s.sha256)
@@ -207,7 +210,11 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                     outbox.close(f"flooding: more than {limits.messages_per_s:g} messages/s after a burst of"
                                  f" {limits.message_burst:g}; closing the stream")
                     return
-                inp = to_input(node_id, incarnation, message)
+                try:
+                    inp = to_input(node_id, incarnation, message)
+                except step_aggregate.MalformedAggregate as exc:
+                    refuse(f"malformed step aggregate: {exc}", "step_aggregate")
+                    continue
                 if inp is None:
                     kind = message.WhichOneof("kind") or "empty"
                     refuse(f"unexpected {kind} message after Hello", kind)

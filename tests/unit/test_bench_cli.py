@@ -31,3 +31,14 @@ def test_eventlog_bench_quick_compares_with_sqlite_and_replays(capsys, tmp_path)
     assert {"append_eps_1", "append_eps_64", "sqlite_eps_64", "ratio_64", "replay_from_snapshot_s"} <= set(result)
     assert result["append_eps_64"] > 0 and result["sqlite_eps_64"] > 0
     assert result["ratio_64"] == round(result["append_eps_64"] / result["sqlite_eps_64"], 2)
+
+
+def test_registration_bench_quick_registers_in_batches_without_false_verdicts(capsys, tmp_path):
+    argv = ["bench", "registration", "--quick", "--json", "--nodes", "40", "--ranks-per-node", "1",
+            "--interval-s", "0.5", "--dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    (run,) = result["runs"]
+    assert run["registered"] == 40 and run["generation_started_s"] is not None
+    assert run["appends"] < 40, "Hellos queued together were appended together"
+    assert run["false_suspects"] == 0 and run["false_deaths"] == 0

@@ -484,6 +484,7 @@ class AgentMessage(_message.Message):
     TRAINER_HUNG_FIELD_NUMBER: _builtins.int
     CHECKPOINT_SHARD_FIELD_NUMBER: _builtins.int
     SDC_CHECK_RESULT_FIELD_NUMBER: _builtins.int
+    STEP_AGGREGATE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -504,6 +505,8 @@ class AgentMessage(_message.Message):
     def checkpoint_shard(self) -> Global___CheckpointShard: ...
     @_builtins.property
     def sdc_check_result(self) -> Global___SdcCheckResult: ...
+    @_builtins.property
+    def step_aggregate(self) -> Global___StepAggregate: ...
     def __init__(
         self,
         *,
@@ -517,16 +520,126 @@ class AgentMessage(_message.Message):
         trainer_hung: Global___TrainerHung | None = ...,
         checkpoint_shard: Global___CheckpointShard | None = ...,
         sdc_check_result: Global___SdcCheckResult | None = ...,
+        step_aggregate: Global___StepAggregate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result", "step_aggregate"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class StepAggregate(_message.Message):
+    """One step of several of the sender's ranks in one message (issue 14: an agent reports a step once
+    per node, and a link shard folds its nodes' reports, so the leader handles one message per node
+    or shard per step instead of one per rank). The leader observes and decides it exactly as the
+    same StepReports one by one. Per-rank values are packed arrays in the order of `ranks`; a digest
+    shared by many ranks (the usual case: replicas agree) is sent once with the indexes of its ranks.
+    Refused whole, naming the first rank at fault, when any part is malformed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    STEP_TIME_S_FIELD_NUMBER: _builtins.int
+    COMPUTE_TIME_S_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    GRAD_NORM_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    PARAM_DIGESTS_FIELD_NUMBER: _builtins.int
+    LOCAL_GRAD_DIGESTS_FIELD_NUMBER: _builtins.int
+    REPLICA_GROUPS_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    step: _builtins.int
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """each rank once"""
+
+    @_builtins.property
+    def step_time_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """one per rank"""
+
+    @_builtins.property
+    def compute_time_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """one per rank"""
+
+    @_builtins.property
+    def loss(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """one per rank"""
+
+    @_builtins.property
+    def grad_norm(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """one per rank, or empty: not reported (NaN: not reported for that rank)"""
+
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one per rank, or empty: not reported"""
+
+    @_builtins.property
+    def param_digests(self) -> _containers.RepeatedCompositeFieldContainer[Global___DigestGroup]:
+        """every rank in exactly one group"""
+
+    @_builtins.property
+    def local_grad_digests(self) -> _containers.RepeatedCompositeFieldContainer[Global___DigestGroup]:
+        """ranks in no group did not report one"""
+
+    @_builtins.property
+    def replica_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Each rank's replica group (StepReport.replica_group), or empty: not reported."""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        step_time_s: _abc.Iterable[_builtins.float] | None = ...,
+        compute_time_s: _abc.Iterable[_builtins.float] | None = ...,
+        loss: _abc.Iterable[_builtins.float] | None = ...,
+        grad_norm: _abc.Iterable[_builtins.float] | None = ...,
+        tokens: _abc.Iterable[_builtins.int] | None = ...,
+        param_digests: _abc.Iterable[Global___DigestGroup] | None = ...,
+        local_grad_digests: _abc.Iterable[Global___DigestGroup] | None = ...,
+        replica_groups: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_time_s", b"compute_time_s", "generation", b"generation", "grad_norm", b"grad_norm", "local_grad_digests", b"local_grad_digests", "loss", b"loss", "param_digests", b"param_digests", "ranks", b"ranks", "replica_groups", b"replica_groups", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepAggregate: _TypeAlias = StepAggregate  # noqa: Y015
+
+@_typing.final
+class DigestGroup(_message.Message):
+    """A digest and the positions (indexes into StepAggregate.ranks) of the ranks that reported it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    INDEXES_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    @_builtins.property
+    def indexes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        indexes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "indexes", b"indexes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DigestGroup: _TypeAlias = DigestGroup  # noqa: Y015
 
 @_typing.final
 class SdcSnapshotSource(_message.Message):

@@ -1,0 +1,39 @@
+"""Which replica's link shard holds which node: rendezvous (highest-random-weight) hashing.
+
+Every replica and every agent computes the same answer from the same inputs (a node id and the
+set of live replicas), with no table to replicate: each (node, replica) pair gets a weight from a
+keyed hash and the node goes to the replica with the highest. When a replica dies only its own
+nodes move (each to its next-highest replica), spread evenly over the survivors; a replica that
+joins takes about 1/n of every other one's nodes. The hash is BLAKE2b, not Python's `hash`
+(salted per process), so agents and replicas on different hosts agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+
+def weight(node_id: str, replica: str) -> int:
+    """The pair's weight: 64 bits of BLAKE2b over both names (length-prefixed: no ambiguity)."""
+    node, rep = node_id.encode(), replica.encode()
+    digest = hashlib.blake2b(len(node).to_bytes(2, "big") + node + rep, digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def shard_of(node_id: str, replicas: Iterable[str]) -> str:
+    """The replica whose link shard holds `node_id` (ties, astronomically rare, to the lowest name)."""
+    best: tuple[int, str] | None = None
+    for replica in replicas:
+        candidate = (weight(node_id, replica), replica)
+        if best is None or candidate[0] > best[0] or (candidate[0] == best[0] and replica < best[1]):
+            best = candidate
+    if best is None:
+        raise ValueError("no live replica to hold a link shard")
+    return best[1]
+
+
+def ranked(node_id: str, replicas: Iterable[str]) -> list[str]:
+    """The replicas in the order `node_id` tries them: its shard first, then where it moves when
+    that one dies, and so on (an agent whose shard is unreachable tries the next)."""
+    return sorted(replicas, key=lambda replica: (-weight(node_id, replica), replica))

@@ -1,0 +1,103 @@
+"""StepAggregate on the wire <-> the core's StepAggregate of StepReports.
+
+The wire form packs per-rank values into arrays and sends each digest once with the positions of
+the ranks that reported it (at 12,500 nodes the replicas of a data-parallel job agree: a handful
+of distinct digests per step instead of one string per rank). Decoding checks the shape (array
+lengths, every rank in exactly one parameter-digest group) and says what is wrong; the values
+themselves are checked by admission like any StepReport's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ftsup.v1 import agent_pb2
+from ftsup.supervisor.core.inputs import StepAggregate, StepReport
+
+NO_REPLICA_GROUP = 0xFFFFFFFF  # in `replica_groups`: this rank did not report one
+
+
+class MalformedAggregate(ValueError):
+    """A StepAggregate message whose parts do not fit together; the text says which."""
+
+
+def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
+    """The core input; every report is the sender's own (its node id comes from the stream)."""
+    count = len(message.ranks)
+    if count == 0:
+        raise MalformedAggregate("a step aggregate with no ranks")
+    for name in ("step_time_s", "compute_time_s", "loss"):
+        if len(getattr(message, name)) != count:
+            raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks")
+    for name in ("grad_norm", "tokens", "replica_groups"):
+        if len(getattr(message, name)) not in (0, count):
+            raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks (or none)")
+    params = _spread(message.param_digests, count, "param_digests")
+    if any(digest is None for digest in params):
+        missing = next(message.ranks[i] for i, d in enumerate(params) if d is None)
+        raise MalformedAggregate(f"rank {missing} is in no param_digests group")
+    grads = _spread(message.local_grad_digests, count, "local_grad_digests")
+    reports = tuple(
+        StepReport(
+            node_id, message.generation, message.ranks[i], message.step, message.step_time_s[i],
+            message.compute_time_s[i], message.loss[i], params[i] or "",
+            message.grad_norm[i] if message.grad_norm else math.nan,
+            message.tokens[i] if message.tokens else 0,
+            grads[i] or "",
+            _replica_group(message, i),
+        )
+        for i in range(count)
+    )
+    return StepAggregate(message.generation, message.step, reports)
+
+
+def to_proto(reports: Sequence[StepReport]) -> agent_pb2.StepAggregate:
+    """One step's reports (of one generation and step) packed for the wire: what an agent sends
+    for its node's ranks and a link shard for its nodes'."""
+    if not reports:
+        raise ValueError("a step aggregate needs at least one report")
+    first = reports[0]
+    message = agent_pb2.StepAggregate(generation=first.generation, step=first.step)
+    message.ranks.extend(r.rank for r in reports)
+    message.step_time_s.extend(r.step_time_s for r in reports)
+    message.compute_time_s.extend(r.compute_time_s for r in reports)
+    message.loss.extend(r.loss for r in reports)
+    if any(not math.isnan(r.grad_norm) for r in reports):
+        message.grad_norm.extend(r.grad_norm for r in reports)
+    if any(r.tokens for r in reports):
+        message.tokens.extend(r.tokens for r in reports)
+    if any(r.replica_group is not None for r in reports):
+        message.replica_groups.extend(NO_REPLICA_GROUP if r.replica_group is None else r.replica_group
+                                      for r in reports)
+    _group(message.param_digests, [r.param_digest for r in reports])
+    _group(message.local_grad_digests, [r.local_grad_digest for r in reports], skip_empty=True)
+    return message
+
+
+def _group(target, digests: list[str], *, skip_empty: bool = False) -> None:  # type: ignore[no-untyped-def]
+    by_value: dict[str, list[int]] = {}
+    for index, digest in enumerate(digests):
+        if digest or not skip_empty:
+            by_value.setdefault(digest, []).append(index)
+    for digest, indexes in by_value.items():
+        target.add(digest=digest, indexes=indexes)
+
+
+def _spread(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> list[str | None]:
+    spread: list[str | None] = [None] * count
+    for group in groups:
+        for index in group.indexes:
+            if index >= count:
+                raise MalformedAggregate(f"{name}: index {index} is past the {count} ranks")
+            if spread[index] is not None:
+                raise MalformedAggregate(f"{name}: position {index} is in two groups")
+            spread[index] = group.digest
+    return spread
+
+
+def _replica_group(message: agent_pb2.StepAggregate, index: int) -> int | None:
+    if not message.replica_groups:
+        return None
+    value = message.replica_groups[index]
+    return None if value == NO_REPLICA_GROUP else value

@@ -1,0 +1,124 @@
+"""Per-step aggregates: the leader decides from a StepAggregate (a node's or a link shard's ranks
+of one step in one input) exactly what it decides from the same per-rank StepReports fed one by
+one: the same events (straggler verdicts, SDC votes and their convictions, checkpoint starts), the
+same state and the same soft state the detectors keep."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftsup.supervisor.core.events import SdcSuspected, StragglerDetected
+from ftsup.supervisor.core.inputs import StepAggregate, StepReport, Tick
+from tests.support.builders import NOW, Sim, config, hello
+
+NODES, RANKS_PER_NODE = 4, 2
+WORLD = NODES * RANKS_PER_NODE
+
+
+def _started() -> Sim:
+    cfg = dataclasses.replace(config(nodes=NODES, ranks_per_node=RANKS_PER_NODE), checkpoint_location="s3://b/ck",
+                              checkpoint_every_steps=3)
+    sim = Sim(cfg)
+    for i in range(NODES):
+        sim.events(hello(f"n{i}", stream_id=i + 1), at=NOW)
+    sim.events(Tick(), at=NOW + 0.1)
+    assert sim.state.generation is not None
+    return sim
+
+
+def _reports(sim: Sim, step: int, slow_rank: int | None, corrupt_rank: int | None) -> list[StepReport]:
+    generation = sim.state.generation
+    assert generation is not None
+    reports = []
+    for rank in range(WORLD):
+        compute = 0.50 + 0.001 * rank + (0.40 if rank == slow_rank else 0.0)
+        digest = f"d{step}" + ("x" if rank == corrupt_rank else "")
+        reports.append(StepReport(generation.node_of_rank(rank) or "", generation.number, rank, step, compute + 0.1,
+                                  compute, 2.0, digest))
+    return reports
+
+
+def _run(script: list[tuple[int, int | None, int | None, int]], aggregated: bool) -> Sim:
+    sim = _started()
+    now = NOW + 1.0
+    for step, slow_rank, corrupt_rank, seed in script:
+        if sim.state.generation is None:
+            break  # an SDC conviction ended it: both paths stop at the same point
+        reports = _reports(sim, step, slow_rank, corrupt_rank)
+        random.Random(seed).shuffle(reports)  # arrival order, the same for both paths
+        now += 1.0
+        if not aggregated:
+            for report in reports:
+                sim.feed(report, at=now)
+            continue
+        # Split into aggregates at random cut points: per node, per shard, or the whole world.
+        cuts = sorted(random.Random(seed + 1).sample(range(1, WORLD), k=seed % 4))
+        for start, end in zip([0, *cuts], [*cuts, WORLD]):
+            group = reports[start:end]
+            sim.feed(StepAggregate(group[0].generation, step, tuple(group)), at=now)
+    return sim
+
+
+steps = st.lists(
+    st.tuples(st.sampled_from([None, None, 3]), st.sampled_from([None, None, None, None, 5]), st.integers(0, 1000)),
+    min_size=1, max_size=30,
+).map(lambda rows: [(i + 1, slow, bad, seed) for i, (slow, bad, seed) in enumerate(rows)])
+
+
+def _same(one_by_one: Sim, aggregated: Sim) -> None:
+    assert aggregated.log == one_by_one.log
+    assert aggregated.state == one_by_one.state
+    a, b = aggregated.soft.progress, one_by_one.soft.progress
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.straggler == b.straggler
+        assert a.sdc_clear_steps == b.sdc_clear_steps
+        assert a.sdc_diverged_step == b.sdc_diverged_step
+        assert a.max_step == b.max_step and a.step_reports == b.step_reports
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps)
+def test_aggregates_decide_what_their_reports_decide_one_by_one(script):
+    _same(_run(script, aggregated=False), _run(script, aggregated=True))
+
+
+def test_a_straggler_and_a_corrupt_rank_are_found_through_aggregates_as_through_reports():
+    # Rank 3 slow for 20 steps (the straggler detector needs 11 of 16 over), rank 5's digest
+    # differs at step 21 (the vote convicts it): both paths decide the same, and both decide it.
+    script = [(s, 3, None, s) for s in range(1, 21)] + [(21, None, 5, 7)]
+    one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
+    _same(one_by_one, aggregated)
+    assert any(isinstance(e, StragglerDetected) and e.rank == 3 for e in aggregated.log)
+    assert any(isinstance(e, SdcSuspected) and e.rank == 5 for e in aggregated.log)
+
+
+def test_an_aggregate_with_a_bad_report_is_refused_whole_naming_the_rank():
+    sim = _started()
+    reports = _reports(sim, 1, None, None)
+    bad = dataclasses.replace(reports[2], compute_time_s=-1.0)
+    refused = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], reports[1], bad)), at=NOW + 1)
+    assert isinstance(refused, str) and "rank 2" in refused and "compute_time_s" in refused
+    assert sim.soft.progress is None or sim.soft.progress.step_reports == 0, "nothing of it was observed"
+    twice = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], reports[0])), at=NOW + 1)
+    assert isinstance(twice, str) and "twice" in twice
+    mixed = dataclasses.replace(reports[1], step=2)
+    other = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], mixed)), at=NOW + 1)
+    assert isinstance(other, str) and "not of the aggregate's" in other
+
+
+def test_a_checkpoint_step_that_the_vote_convicts_starts_and_aborts_its_checkpoint_as_one_by_one():
+    # Step 3 is a checkpoint step: its first report starts the checkpoint before the last report
+    # completes the vote that ends the generation (the checkpoint is then abandoned). Seed 4 sends
+    # the whole world as one aggregate, seed 3 as four.
+    for seed in (3, 4):
+        script = [(1, None, None, 1), (2, None, None, 2), (3, None, 5, seed)]
+        one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
+        _same(one_by_one, aggregated)
+        kinds = [type(e).__name__ for e in aggregated.log]
+        assert "CheckpointStarted" in kinds and "SdcSuspected" in kinds
+        assert kinds.index("CheckpointStarted") < kinds.index("SdcSuspected")
