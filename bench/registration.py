@@ -44,7 +44,7 @@ class _Appends(EmbeddedLog):
     appends = 0
     events = 0
 
-    async def append(self, events, **kwargs):  # type: ignore[no-untyped-def,override]
+    async def append(self, events, **kwargs):
         self.appends += 1
         self.events += len(events)
         return await super().append(events, **kwargs)

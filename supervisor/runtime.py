@@ -285,7 +285,8 @@ class Runtime:
         Heartbeats of nodes outside the batch met on the way are handled at once (they change
         soft state only, and no Hello of the batch is about their node); anything else ends the
         batch and is handled right after it, so no input is decided out of its order."""
-        batch, named = [first], {first.inp.node_id}  # type: ignore[attr-defined]
+        assert isinstance(first.inp, AgentHello), first.inp  # only a Hello starts a batch
+        batch, named = [first], {first.inp.node_id}
         while len(batch) < self._hello_batch and not self._queue.empty():
             pending = self._queue.get_nowait()
             if pending.holds_slot:

@@ -75,7 +75,7 @@ def to_proto(reports: Sequence[StepReport]) -> agent_pb2.StepAggregate:
     return message
 
 
-def _group(target, digests: list[str], *, skip_empty: bool = False) -> None:  # type: ignore[no-untyped-def]
+def _group(target, digests: list[str], *, skip_empty: bool = False) -> None:
     by_value: dict[str, list[int]] = {}
     for index, digest in enumerate(digests):
         if digest or not skip_empty:
