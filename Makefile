@@ -50,7 +50,7 @@ chromium:
 		apt-get update && apt-get install -y chromium; \
 	fi
 
-test: $(STAMP) $(SUPERVISORD_WHEEL) etcd-server chromium
+test: $(STAMP) $(SUPERVISORD_WHEEL) etcd-server chromium lint
 	GRPC_VERBOSITY=ERROR $(BIN)/python -m pytest -q -ra
 
 # ruff over the tree; mypy over the installed layout (strict on supervisor/, agent/, trainer/ cores).

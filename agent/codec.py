@@ -3,9 +3,8 @@ link (chunk streams: agent/streams.py)."""
 
 from __future__ import annotations
 
-from ftsup.v1 import agent_pb2
-
 from ftsup.agent.snapshots import Blob
+from ftsup.v1 import agent_pb2
 
 
 def holding_report(blob: Blob, holder_node_id: str) -> agent_pb2.AgentMessage:

@@ -13,12 +13,11 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ftsup.v1 import events_pb2
-from ftsup.common import tls
-from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
-from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
-
 from ftsup.agent.core.hang import HangConfig
+from ftsup.common import tls
+from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.v1 import events_pb2
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0

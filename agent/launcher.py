@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
-from ftsup.v1 import agent_pb2
 
 from ftsup.agent.config import AgentConfig
 from ftsup.agent.core.directives import Action, Applied, Decision, Step, diff_directive, validate_run
@@ -26,6 +25,7 @@ from ftsup.agent.core.trainer_env import RankSpec, error_file_name, log_file_nam
 from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from ftsup.agent.restore import RestoreBook, RestoreSource
 from ftsup.agent.snapshots import SnapshotStore
+from ftsup.v1 import agent_pb2
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -225,7 +225,7 @@ class Launcher:
         trainer.rejoin = loop.create_future()
         try:
             return await asyncio.wait_for(asyncio.shield(trainer.rejoin), wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"no new generation for this node within {wait_s:g}s"
         finally:
             if trainer.rejoin is not None and not trainer.rejoin.done():

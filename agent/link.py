@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import structlog
-from ftsup.v1 import agent_pb2, agent_pb2_grpc
-from ftsup.common.backoff import Backoff
-from ftsup.common.tls import channel_credentials, expect_supervisor
 
 from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
+from ftsup.common.backoff import Backoff
+from ftsup.common.tls import channel_credentials, expect_supervisor
+from ftsup.v1 import agent_pb2, agent_pb2_grpc
 
 Logger = structlog.typing.FilteringBoundLogger
 StreamCall = grpc.aio.StreamStreamCall
@@ -206,7 +206,7 @@ class SupervisorLink:
                     # mTLS: our certificate does not name our node id; no retry can fix that.
                     raise HelloRefused(exc.details() or "permission denied") from exc
                 log.warning("stream_error", code=exc.code().name, details=exc.details())
-            except Exception as exc:  # noqa: BLE001 - any other stream failure: reconnect, never die
+            except Exception as exc:
                 log.warning("stream_error", error=repr(exc))
             # Back off from the start after a stream that worked; grow it while nothing answers.
             attempt = 0 if state.welcomed else attempt + 1

@@ -19,10 +19,9 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import BinaryIO
 
-from ftsup.v1 import peer_pb2
-
 from ftsup.agent.core.log_lines import LineSplitter, batches, clamp_tail_lines, last_lines
 from ftsup.agent.core.trainer_env import log_file_name
+from ftsup.v1 import peer_pb2
 
 TAIL_READ_BYTES = 4 * 1024 * 1024  # the backlog is found in at most this much of the file's end
 READ_BYTES = 1024 * 1024  # one read of a follow; more unread than MAX_BEHIND_BYTES is skipped

@@ -20,11 +20,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
-from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from ftsup.common import logs, tls
-from ftsup.common.metrics_http import MetricsListenError, serve_metrics
-from ftsup.common.sdnotify import Notifier, pet_watchdog
 
 from ftsup.agent.codec import holding_report
 from ftsup.agent.config import AgentConfig, ConfigError, parse_config
@@ -37,13 +33,17 @@ from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import PeerClient
 from ftsup.agent.process import AsyncioProcessRunner, default_base_env, drop_ambient_capabilities
+from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.restore import RestoreBook
 from ftsup.agent.sdc_check import SdcChecker
 from ftsup.agent.snapshots import SnapshotStore
 from ftsup.agent.trainer_api import TrainerLinkService
-from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.warm_pool import WarmPoolRunner
 from ftsup.agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_hangs, watch_xids
+from ftsup.common import logs, tls
+from ftsup.common.metrics_http import MetricsListenError, serve_metrics
+from ftsup.common.sdnotify import Notifier, pet_watchdog
+from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -129,7 +129,7 @@ async def run_agent(config: AgentConfig) -> int:
                 sdc.apply(directive.sdc_checks)
                 await launcher.apply(directive)
                 reports.forget_sticky_before(directive.generation)
-            except Exception:  # noqa: BLE001 - a bad directive must not take the agent down
+            except Exception:
                 log.exception("directive_failed", generation=directive.generation)
 
     def holdings() -> list[agent_pb2.AgentMessage]:

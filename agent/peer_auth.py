@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import grpc
+
 from ftsup.v1 import agent_pb2, peer_pb2
 
 MAX_STEP_LEAD = 1024  # steps a buddy copy may be ahead of the progress this node knows of

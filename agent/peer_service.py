@@ -23,7 +23,6 @@ from typing import Any
 
 import grpc
 import structlog
-from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
 from ftsup.agent.link import Reports
@@ -34,6 +33,7 @@ from ftsup.agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull,
 from ftsup.agent.streams import Read, ident_of, opening_header, receive, send_blob
 from ftsup.common.chunks import CHUNK_BYTES, stream_deadline_s
 from ftsup.common.tls import PeerKind, peer_identity
+from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext
@@ -63,7 +63,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         self.streams = 0  # calls in progress
         self._logs = logs  # ranks' output for supervisorctl logs (None: not served)
 
-    async def StoreSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.StoreSnapshotResponse:  # noqa: N802
+    async def StoreSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.StoreSnapshotResponse:
         caller = await self._caller(context, claimed="")
         await self._enter(context)
         try:
@@ -118,7 +118,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
                                            "rank": header.rank, "step": header.step}
         self._log.warning("peer_snapshot_rejected", peer=context.peer(), error=error, **where)
 
-    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> None:  # noqa: N802
+    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> None:
         caller = await self._caller(context, claimed=request.node_id)
         if denial := self._authority.fetch_denial(caller or request.node_id, request):
             await self._deny(context, "fetch", denial, None)
@@ -164,7 +164,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
                               reason=denial.message)
         await context.abort(denial.code, denial.message)
 
-    async def TailLog(self, request: peer_pb2.TailLogRequest, context: Context) -> AsyncIterator[peer_pb2.LogLines]:  # noqa: N802
+    async def TailLog(self, request: peer_pb2.TailLogRequest, context: Context) -> AsyncIterator[peer_pb2.LogLines]:
         """A rank's output for a supervisor's relay. With mTLS only a supervisor certificate may read
         it (output can hold paths, hyper-parameters, data samples); its own stream cap bounds it."""
         if self._is_tls:

@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
-from ftsup.v1 import peer_pb2, peer_pb2_grpc
-from ftsup.common.backoff import Backoff
 
-from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
 from ftsup.agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send
+from ftsup.common.backoff import Backoff
+from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
+from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 FETCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0, deadline_s=30.0)
 T = TypeVar("T")

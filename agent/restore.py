@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
-from ftsup.v1 import events_pb2
 
 from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
 from ftsup.agent.snapshots import Blob, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
+from ftsup.v1 import events_pb2
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -77,7 +77,7 @@ class RestoreBook:
     ) -> None:
         try:
             outcome = await self._obtain(rank, step, source)
-        except Exception as exc:  # noqa: BLE001 - any failure becomes the trainer's error message
+        except Exception as exc:
             outcome = Outcome(None, f"restore of rank {rank} step {step} failed: {exc}")
         if outcome.error:
             self._log.error("restore_failed", generation=self._generation, rank=rank, step=step, reason=outcome.error)

@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
-from ftsup.v1 import agent_pb2, events_pb2
 
 from ftsup.agent.core import sdc_replay
 from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
 from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from ftsup.agent.snapshots import Blob, InvalidSnapshot, SnapshotStore
+from ftsup.v1 import agent_pb2, events_pb2
 
 Logger = structlog.typing.FilteringBoundLogger
 Report = Callable[[agent_pb2.AgentMessage], None]
@@ -90,7 +90,7 @@ class SdcChecker:
             answer = await asyncio.wait_for(self._replay(order), self._deadline_s)
         except TimeoutError:
             answer = sdc_replay.failed(f"the replay took longer than {self._deadline_s:g}s on {self._node_id}")
-        except Exception as exc:  # noqa: BLE001 - any failure is the check's answer, never the agent's death
+        except Exception as exc:
             self._log.exception("sdc_replay_failed", check_id=order.check_id, generation=order.generation,
                                 step=order.step, rank=order.rank)
             answer = sdc_replay.failed(f"{type(exc).__name__}: {exc}")

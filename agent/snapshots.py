@@ -19,8 +19,8 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
-from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, OversizedStream, check_sha256
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
+from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, OversizedStream, check_sha256
 
 __all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryFull", "SnapshotStore", "verify"]
 

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from ftsup.v1 import peer_pb2
 
-from ftsup.common.chunks import CHUNK_BYTES, InvalidSnapshot, spans
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId
+from ftsup.common.chunks import CHUNK_BYTES, InvalidSnapshot, spans
+from ftsup.v1 import peer_pb2
 
 Read = Callable[[], Awaitable[Any]]  # context.read / call.read: a SnapshotChunk or grpc.aio.EOF
 Write = Callable[[peer_pb2.SnapshotChunk], Awaitable[None]]

@@ -15,11 +15,9 @@ from typing import Any
 
 import grpc
 import structlog
-from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.codec import holding_report
 from ftsup.agent.core.hang import MAX_PHASE_TIMEOUT_S, Phase
-from ftsup.common.chunks import CHUNK_BYTES
 from ftsup.agent.launcher import Launcher
 from ftsup.agent.link import Reports
 from ftsup.agent.peers import PeerClient, PeerUnavailable
@@ -27,6 +25,8 @@ from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
 from ftsup.agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
 from ftsup.agent.streams import ident_of, opening_header, receive, send_blob
+from ftsup.common.chunks import CHUNK_BYTES
+from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 Logger = structlog.typing.FilteringBoundLogger
 Context = grpc.aio.ServicerContext
@@ -74,7 +74,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             self._log.warning("trainer_request_rejected", generation=generation, rank=rank, reason=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:  # noqa: N802
+    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:
         self._attach(request.generation, request.rank)
         try:
             blob = await self._restores.get(request.rank, request.generation)
@@ -88,7 +88,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             with self._store.pin(blob):  # counted until the trainer took it, even if retention drops it
                 await send_blob(context.write, blob, self._chunk_bytes)
 
-    async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+    async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
         self._attach(request.generation, request.rank)
         self._progress.record_step(request.generation, request.rank, request.step, request.step_time_s)
@@ -97,7 +97,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         ahead = [s for s in run.checkpoint_steps if s > request.step] if run is not None else []
         return peer_pb2.LinkAck(checkpoint_steps=ahead)
 
-    async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+    async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:
         await self._check_rank(context, "ReportFinished", request.generation, request.rank)
         self._attach(request.generation, request.rank)
         self._launcher.mark_finished(request.generation, request.rank)
@@ -105,14 +105,14 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._reports.send(agent_pb2.AgentMessage(rank_finished=request), sticky=True)
         return peer_pb2.LinkAck()
 
-    async def ReportCheckpointShard(self, request: agent_pb2.CheckpointShard, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+    async def ReportCheckpointShard(self, request: agent_pb2.CheckpointShard, context: Context) -> peer_pb2.LinkAck:
         await self._check_rank(context, "ReportCheckpointShard", request.generation, request.rank)
         self._log.info("checkpoint_shard_written", generation=request.generation, rank=request.rank,
                        checkpoint_id=request.checkpoint_id, step=request.step, error=request.error or None)
         self._reports.send(agent_pb2.AgentMessage(checkpoint_shard=request), sticky=True)
         return peer_pb2.LinkAck()
 
-    async def AwaitGeneration(  # noqa: N802
+    async def AwaitGeneration(
         self, request: peer_pb2.AwaitGenerationRequest, context: Context
     ) -> peer_pb2.AwaitGenerationResponse:
         """The in-process fast path: the rank's group broke; it waits here for the next generation
@@ -126,7 +126,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         return peer_pb2.AwaitGenerationResponse(
             assigned=True, env=[agent_pb2.EnvVar(name=k, value=v) for k, v in sorted(outcome.items())])
 
-    async def WatchGeneration(  # noqa: N802
+    async def WatchGeneration(
         self, request: peer_pb2.WatchGenerationRequest, context: Context
     ) -> peer_pb2.LinkAck:
         self._attach(request.generation, request.rank)
@@ -135,7 +135,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             await run.replaced.wait()
         return peer_pb2.LinkAck()
 
-    async def ReportLiveness(self, request: peer_pb2.LivenessReport, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+    async def ReportLiveness(self, request: peer_pb2.LivenessReport, context: Context) -> peer_pb2.LinkAck:
         """Level 1: a heartbeat or a phase change counts as progress for the hang watcher."""
         await self._check_rank(context, "ReportLiveness", request.generation, request.rank)
         timeout_s = request.phase_timeout_s
@@ -148,7 +148,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         self._progress.record_liveness(request.generation, request.rank, phase)
         return peer_pb2.LinkAck()
 
-    async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:  # noqa: N802
+    async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:
         try:
             first = await context.read()
             header = opening_header(first)
@@ -213,7 +213,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
                                     lambda: incoming.follow(self._chunk_bytes))
         except InvalidSnapshot:
             return  # discarded here: the trainer is told why, the buddy kept nothing
-        except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - the step just stays uncommitted
+        except (PeerUnavailable, Exception) as exc:
             self._log.warning(
                 "buddy_replication_failed", buddy=buddy_address, generation=ident.generation, rank=ident.rank,
                 step=ident.step, error=str(exc)

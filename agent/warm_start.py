@@ -23,7 +23,7 @@ def _preload(modules: list[str]) -> None:
     for name in [*PRELOAD, *modules]:
         try:
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a missing extra only makes the launch colder
+        except Exception as exc:
             print(f"warm start: could not preload {name}: {exc!r}", file=sys.stderr, flush=True)
 
 

@@ -15,11 +15,11 @@ import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import structlog
-from ftsup.v1 import agent_pb2
 
 from ftsup.agent.core.hang import HangConfig, check_hang
 from ftsup.agent.core.xid import XidRecord, normalize_pci, parse_xid_line
 from ftsup.agent.progress import ProgressTracker
+from ftsup.v1 import agent_pb2
 
 Logger = structlog.typing.FilteringBoundLogger
 Report = Callable[[agent_pb2.AgentMessage], None]
@@ -94,7 +94,7 @@ async def follow_file(path: pathlib.Path, poll_s: float = 0.2) -> AsyncIterator[
                     yield line.decode(errors="replace")
                 handle.close()
             skip_old = existed_at_start and inode is None
-            handle = open(path, "rb")
+            handle = open(path, "rb")  # noqa: SIM115 (kept open across polls; closed on rotation and exit)
             inode = stat.st_ino
             position = stat.st_size if skip_old else 0
             handle.seek(position)

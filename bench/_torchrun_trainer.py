@@ -22,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ftsup.trainer.core import data
 from ftsup.trainer.ddp import DeterministicGradSync
-from ftsup.trainer.examples.gpt import GPT, parse_args as gpt_args
+from ftsup.trainer.examples.gpt import GPT
+from ftsup.trainer.examples.gpt import parse_args as gpt_args
 
 
 def main(argv: list[str] | None = None) -> int:

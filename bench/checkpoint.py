@@ -96,10 +96,10 @@ def _rank_main(rank: int, plan: Plan) -> None:
         dist.broadcast_object_list(box, src=0)
         cid = box[0]
 
-        def run_commit() -> None:
+        def run_commit(cid: str = cid, r: int = r) -> None:
             flows.save(state, store, layout, cid, r + 1, topology, versions)
 
-        def run_raw() -> None:
+        def run_raw(r: int = r) -> None:
             client.upload_fileobj(io.BytesIO(raw), plan.bucket, f"{plan.prefix}/raw/{r}/rank{rank}", Config=transfer)
 
         order = (("raw", run_raw), ("commit", run_commit)) if r % 2 == 0 else (("commit", run_commit), ("raw", run_raw))

@@ -29,13 +29,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
 from ftsup.harness.cluster import ClusterSpec, LocalCluster  # noqa: E402
 from ftsup.harness.demo import trainer_argv  # noqa: E402
 from ftsup.supervisor.core.events import NodeCleared, OperatorCommand  # noqa: E402
 from ftsup.supervisor.eventlog.api import Deposed  # noqa: E402
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client  # noqa: E402
 from ftsup.supervisor.leader import LeaderElection  # noqa: E402
+from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 
 PREFIX = "/bench/failover/job"

@@ -26,8 +26,8 @@ import sys
 import tempfile
 from typing import Any
 
-from ftsup.v1 import operator_pb2
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
+from ftsup.v1 import operator_pb2
 
 GOAL_LEVEL2_FRACTION = 0.02  # with a snapshot every step, barrier wait excluded
 VARIANTS = ("baseline", "level1", "level2")

@@ -24,14 +24,14 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, IO
+from typing import IO, Any
 
 import grpc
 
-from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from ftsup.bench import _scale_plot
 from ftsup.common import plot
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
 GOAL_P99_MS = 50.0
 GOAL_DETECT_S = 2.5

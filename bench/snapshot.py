@@ -25,8 +25,8 @@ import tempfile
 import time
 from typing import Any
 
-from ftsup.v1 import operator_pb2
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
+from ftsup.v1 import operator_pb2
 
 GOAL_PAUSE_RATIO = 0.05
 HEARTBEAT_MISSES = 30

@@ -23,11 +23,27 @@ from dataclasses import dataclass
 
 from ftsup.checkpoint import digest
 from ftsup.checkpoint.errors import (
-    CheckpointNotCommitted, IncompleteCheckpoint, ManifestExists, ObjectCorrupt, ObjectExists, ObjectNotFound,
+    CheckpointNotCommitted,
+    IncompleteCheckpoint,
+    ManifestExists,
+    ObjectCorrupt,
+    ObjectExists,
+    ObjectNotFound,
 )
 from ftsup.checkpoint.manifest import (
-    Layout, Manifest, ShardIndex, ShardReport, Topology, Versions, check_shard_indexes, check_shard_reports,
-    decode_manifest, decode_shard_index, encode_manifest, encode_shard_index, mismatch,
+    Layout,
+    Manifest,
+    ShardIndex,
+    ShardReport,
+    Topology,
+    Versions,
+    check_shard_indexes,
+    check_shard_reports,
+    decode_manifest,
+    decode_shard_index,
+    encode_manifest,
+    encode_shard_index,
+    mismatch,
 )
 from ftsup.checkpoint.policy import DEFAULT_UPLOAD_MAX_AGE_S, GcPlan, UploadVerdict, plan_gc, plan_stale_uploads
 from ftsup.checkpoint.store import ObjectInfo, ObjectStore

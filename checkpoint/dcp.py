@@ -28,7 +28,13 @@ from torch.distributed.checkpoint._nested_dict import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
-    LoadItemType, LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItem,
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
 )
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
@@ -187,7 +193,7 @@ def load_metadata(data: bytes | bytearray, where: str) -> Metadata:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except UntrustedCheckpoint:
         raise
-    except Exception as exc:  # noqa: BLE001 - any failure to decode verified bytes is corruption
+    except Exception as exc:
         raise ObjectCorrupt(f"{where}: DCP metadata does not decode: {exc}") from exc
     if not isinstance(metadata, Metadata):
         raise ObjectCorrupt(f"{where}: holds a {type(metadata).__name__}, not DCP Metadata")

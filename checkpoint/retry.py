@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ftsup.common.backoff import Backoff
 from ftsup.checkpoint.errors import StoreUnavailable
+from ftsup.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

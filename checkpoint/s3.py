@@ -25,11 +25,11 @@ import botocore.exceptions as bx
 import urllib3.exceptions
 from botocore.config import Config
 
-from ftsup.common.backoff import Backoff
 from ftsup.checkpoint import digest
 from ftsup.checkpoint.errors import ObjectExists, ObjectNotFound, StoreError, StoreUnavailable
 from ftsup.checkpoint.retry import DEFAULT_BACKOFF, Retrier
 from ftsup.checkpoint.store import Buffer, ObjectInfo, PendingUpload, validate_key
+from ftsup.common.backoff import Backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

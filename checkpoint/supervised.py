@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-
 from typing import Any
 
 from ftsup.checkpoint.errors import CheckpointError, ReshardRefused

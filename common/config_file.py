@@ -35,12 +35,12 @@ def add_config_flag(p: argparse.ArgumentParser, daemon: str, env_prefix: str) ->
 
 def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """Flag destinations that a file or the environment may set (everything but --help/--config)."""
-    return {a.dest: a for a in p._actions if a.option_strings and a.dest not in _SKIP}  # noqa: SLF001
+    return {a.dest: a for a in p._actions if a.option_strings and a.dest not in _SKIP}
 
 
 def _is_bool(action: argparse.Action) -> bool:
-    return isinstance(action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction,  # noqa: SLF001
-                               argparse._StoreFalseAction))  # noqa: SLF001
+    return isinstance(action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction,
+                               argparse._StoreFalseAction))
 
 
 def _type_name(action: argparse.Action) -> str:

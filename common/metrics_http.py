@@ -79,7 +79,7 @@ async def serve_metrics(
             head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             writer.write(head.encode("latin-1") + body)
             await writer.drain()
-        except (asyncio.TimeoutError, OSError, ValueError, asyncio.LimitOverrunError):
+        except (TimeoutError, OSError, ValueError, asyncio.LimitOverrunError):
             pass  # a slow, broken (TLS included) or oversized request: drop it, keep serving
         finally:
             writer.close()

@@ -19,13 +19,12 @@ Shared by the supervisor, the agent and supervisorctl.
 
 from __future__ import annotations
 
-from typing import Any
-
 import ipaddress
 import pathlib
 import ssl
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import grpc
 

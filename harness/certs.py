@@ -80,7 +80,7 @@ def _host_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
 def make_ca(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = _key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ftsup lab CA")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -103,7 +103,7 @@ def issue(subject: Subject, hosts: tuple[str, ...], ca_key: ec.EllipticCurvePriv
     if subject.kind != "operator":  # nodes serve AgentPeer, supervisors serve everyone
         names += _host_names((*identity_host_names(PeerKind(subject.kind), subject.name), *hosts, subject.name))
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, subject.name)]
     if subject.role:
         attributes.append(x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, subject.role))

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftsup.v1 import events_pb2, operator_pb2
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
 from ftsup.supervisor.ctl import render
+from ftsup.v1 import events_pb2, operator_pb2
 
 _RESTORED_FROM = {
     events_pb2.RESTORE_KIND_PEER_SNAPSHOT: "peer_snapshot",
@@ -131,9 +131,9 @@ def measure_failure(failure: Failure, records: list[events_pb2.Record]) -> None:
             ended_last_step = max(body.last_step, failure.at_step)
         elif kind == "node_declared_dead" and body.node_id == failure.node and failure.detected_s is None and not before_kill:
             failure.detected_s = record.time_unix_s - failure.killed_at
-        elif kind == "generation_running" and next_generation is not None and body.generation == next_generation.generation:
-            if failure.resumed_s is None:
-                failure.resumed_s = record.time_unix_s - failure.killed_at
+        elif (kind == "generation_running" and next_generation is not None
+              and body.generation == next_generation.generation and failure.resumed_s is None):
+            failure.resumed_s = record.time_unix_s - failure.killed_at
 
 
 def _ranks_of(generation: events_pb2.GenerationStarted | None, node_id: str) -> set[int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import grpc
+
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
 from ftsup.harness.rank_output import RankOutput
 from ftsup.harness.run_args import RunSpec, RunUsageError, job_dict, parse

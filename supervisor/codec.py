@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
 import re
 import types
-import operator
 import typing
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from ftsup.v1 import agent_pb2, events_pb2, state_pb2
 from ftsup.supervisor.core import events as ev
 from ftsup.supervisor.core.directives import Directive
 from ftsup.supervisor.core.state import ClusterState
+from ftsup.v1 import agent_pb2, events_pb2, state_pb2
 
 T = TypeVar("T")
 
@@ -178,7 +178,7 @@ def _decoder(cls: type) -> Callable[[Message], Any]:
     # temporary list per decoded message.
     names = [f"get{i}" for i in range(len(getters))]
     source = f"lambda message: cls({', '.join(f'{n}(message)' for n in names)})"
-    decode: Callable[[Message], Any] = eval(source, {"cls": cls, **dict(zip(names, getters))})  # noqa: S307
+    decode: Callable[[Message], Any] = eval(source, {"cls": cls, **dict(zip(names, getters))})
     return decode
 
 

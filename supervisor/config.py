@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 
 from ftsup.common import tls
 from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
 from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.policies.interval import IntervalConfig
 from ftsup.supervisor.core.policies.recompute import RecomputeConfig
 from ftsup.supervisor.core.policies.sdc import Replicas, SdcConfig
 from ftsup.supervisor.metrics import ThroughputConfig
-from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
-from ftsup.supervisor.web.server import StatusListenError, check_status_listen
 from ftsup.supervisor.server.authz import AuthzConfigError, load_token
+from ftsup.supervisor.web.server import StatusListenError, check_status_listen
 
 ENV_PREFIX = "FTSUP_SUPERVISOR_"
 

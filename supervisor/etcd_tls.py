@@ -17,8 +17,8 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
-from ftsup.supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, make_client
 from ftsup.common.tls import TlsFiles, channel_credentials
+from ftsup.supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, make_client
 
 
 class TlsClient(aetcd.Client):
@@ -44,6 +44,6 @@ def make_tls_client(endpoints: Sequence[str], files: TlsFiles, *, timeout_s: flo
                     server_name: str = "") -> TlsClient:
     plain = make_client(endpoints, timeout_s=timeout_s)  # the target and channel options to reuse
     host, port = client_target(endpoints)
-    options = dict(plain._options)  # noqa: SLF001 - same keepalive/backoff as the plaintext client
+    options = dict(plain._options)
     options["grpc.ssl_target_name_override"] = server_name or endpoints[0].rpartition(":")[0].strip("[]")
     return TlsClient(channel_credentials(files), host=host, port=port, timeout=timeout_s, options=options)

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 import signal
 import sys
+from typing import Any
 
 import grpc
 import structlog
-
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 from ftsup.common import logs, tls
+from ftsup.common.metrics_http import MetricsListenError, serve_metrics
+from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
 from ftsup.supervisor.etcd_tls import make_tls_client
 from ftsup.supervisor.eventlog.api import LogError
@@ -27,16 +27,15 @@ from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.metrics import SupervisorMetrics
-from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.supervisor.replica import run_replica
 from ftsup.supervisor.runtime import Runtime
-from ftsup.supervisor.web.server import StatusListenError
 from ftsup.supervisor.server.agent_service import AgentService
-from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
 from ftsup.supervisor.server.log_relay import LogRelay
 from ftsup.supervisor.server.operator_guard import guarded
 from ftsup.supervisor.server.operator_service import OperatorService
+from ftsup.supervisor.web.server import StatusListenError
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 
 # Every message on this server is small (agent reports, views, event records; snapshots of the
 # state go to etcd or disk, never over this server): 16 MiB bounds a ListNodes of ~100k nodes.

@@ -34,7 +34,7 @@ async def track_leader(runtime: Runtime, election: LeaderElection, period_s: flo
         try:
             current = await election.current()
             runtime.leader_address = current.address if current is not None else ""
-        except Exception as exc:  # noqa: BLE001 - etcd unreachable: say "unknown", keep trying
+        except Exception as exc:
             runtime.leader_address = ""
             log.debug("leader lookup failed", error=str(exc))
         await asyncio.sleep(period_s)

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ftsup.v1 import agent_pb2
 from ftsup.common import logs
 from ftsup.supervisor import codec
-from ftsup.supervisor.core import admission, soft as soft_state
+from ftsup.supervisor.core import admission
+from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.decide import Decision, decide, decide_hellos
 from ftsup.supervisor.core.directives import Directive, directives_for
@@ -45,13 +45,14 @@ from ftsup.supervisor.core.events import (
     XidReported,
 )
 from ftsup.supervisor.core.evolve import apply_record, apply_records
+from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.policies.interval import IntervalObservations
-from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.views import NodeView, StatusView, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.v1 import agent_pb2
 
 if TYPE_CHECKING:
     from ftsup.supervisor.metrics import SupervisorMetrics

@@ -71,7 +71,7 @@ class DeterministicGradSync:
 
     # DDP checks a hook's __name__ and the `bucket` parameter's annotation, which must be the
     # real class or absent (string annotations fail its check): hence no annotations here.
-    def hook(self, state, bucket):  # noqa: ANN001, ANN201
+    def hook(self, state, bucket):
         """The comm hook: average `bucket` across ranks, independent of its layout."""
         self.last_ready_s = time.monotonic()
         if self.grad_digester is not None:

@@ -70,5 +70,5 @@ class Liveness:
         self._last_sent_s = self._clock()
         try:
             self._send(report)
-        except Exception as exc:  # noqa: BLE001 - any link failure: logged, training goes on
+        except Exception as exc:
             log.warning("ftsup: liveness report (phase %r) not delivered: %s", name, exc)

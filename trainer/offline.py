@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 from google.protobuf import json_format
 
-from ftsup.v1 import agent_pb2, peer_pb2
 from ftsup.trainer.session import LaunchEnv, Session
+from ftsup.v1 import agent_pb2, peer_pb2
 
 KEEP_DIR_ENV = "FTSUP_OFFLINE_DIR"
 

@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
+from ftsup.checkpoint.supervised import CheckpointEnv
 from ftsup.common.chunks import InvalidSnapshot
-from ftsup.v1 import agent_pb2, peer_pb2
 from ftsup.trainer import liveness
 from ftsup.trainer import snapshot as snap
 from ftsup.trainer import state as state_module
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError
-from ftsup.checkpoint.supervised import CheckpointEnv
 from ftsup.trainer.snapshot import SnapshotCorrupt
 from ftsup.trainer.state import StateError
+from ftsup.v1 import agent_pb2, peer_pb2
 
 __all__ = ["AgentLinkError", "LaunchEnv", "Session", "SnapshotCorrupt", "SnapshotStats", "StateError"]
 
@@ -252,7 +252,6 @@ class Session:
         checkpoint the supervisor named (FTSUP_RESTORE_CHECKPOINT). Per rank, not collective:
         ranks whose RAM copies survived restore from RAM at the same step meanwhile."""
         from ftsup.checkpoint import supervised
-
         from ftsup.trainer import sharded_checkpoint
 
         checkpoint_id = self.checkpoints.restore_checkpoint_id
@@ -311,7 +310,6 @@ class Session:
         training thread pauses for the encode and the upload. A failed write is reported (the
         supervisor aborts the attempt) and not raised: training goes on without this checkpoint."""
         from ftsup.checkpoint import supervised
-
         from ftsup.trainer import sharded_checkpoint
 
         self._check_open()
@@ -326,7 +324,7 @@ class Session:
             store, layout = self._open_checkpoint_store()
             report = sharded_checkpoint.save(store, layout, checkpoint_id, self.rank, step, objects, extra)
             shard.key, shard.sha256, shard.size_bytes = report.key, report.sha256, report.size_bytes
-        except Exception as exc:  # noqa: BLE001 - reported; the supervisor aborts the attempt
+        except Exception as exc:
             shard.error = f"{type(exc).__name__}: {exc}"[:2000]
         self._raise_report_errors()
         # Same FIFO as step reports: the supervisor sees this rank's step report first.
@@ -506,14 +504,14 @@ class Session:
         for pending in list(self._pending_reports):
             try:
                 pending.result(timeout=REJOIN_DRAIN_S)
-            except Exception:  # noqa: BLE001 - the old generation's reports are moot
+            except Exception:
                 pass
         self._pending_reports.clear()
         inflight = self._inflight
         if inflight is not None:
             try:
                 inflight.result(timeout=REJOIN_DRAIN_S)
-            except Exception:  # noqa: BLE001 - an uncommitted snapshot of a dead generation
+            except Exception:
                 pass
             self._inflight = None
         try:

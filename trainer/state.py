@@ -23,7 +23,10 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor
 
@@ -120,7 +123,7 @@ def apply(objects: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
 
 def validate(value: Any, path: str) -> None:
     """Raise StateError naming the first value under `path` a weights-only load cannot restore."""
-    if isinstance(value, torch.Tensor) or isinstance(value, _LEAVES):
+    if isinstance(value, (torch.Tensor, *_LEAVES)):
         return
     if type(value) in (dict, OrderedDict):
         for key, item in value.items():

@@ -44,7 +44,7 @@ _PREFIX_PARTS = (
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?",
     r"\[[^\]]{1,40}\]",  # dmesg "[ 1843.308145]" or dmesg -T "[Sun Feb 23 16:24:18 2025]"
 )
-_PREFIX = re.compile(r"(?:(?:%s)\s*)*" % "|".join(_PREFIX_PARTS))
+_PREFIX = re.compile(r"(?:(?:" + "|".join(_PREFIX_PARTS) + r")\s*)*")
 
 _PCI = r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 # The code must end the line or be followed by a comma: "79," yes, "79abc" or "abc" no.

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from ftsup.harness.cluster import ClusterError, free_port
 
-
 EXAMPLE_TRAINER = "ftsup.trainer.examples.gpt"
 
 

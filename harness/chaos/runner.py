@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from ftsup.v1 import events_pb2, operator_pb2
+from ftsup.checkpoint.manifest import Layout
 from ftsup.harness.chaos import checks, needs
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.reference import ReferenceKey, References, trainer_base_argv
@@ -34,7 +34,7 @@ from ftsup.harness.chaos.scenario import Break, Chaos, CheckpointStore, Outcome,
 from ftsup.harness.chaos.store_checks import StoreView, inspect_store
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster
 from ftsup.harness.etcd_cluster import EtcdCluster
-from ftsup.checkpoint.manifest import Layout
+from ftsup.v1 import events_pb2, operator_pb2
 
 HEARTBEAT_INTERVAL_S = 0.5
 # 4 misses (2 s of silence) before a death verdict: the 2-core machines this runs on are loaded.

@@ -130,7 +130,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     owner: FaultProxy
     protocol_version = "HTTP/1.1"  # keep-alive, and 100-continue answered for boto3's Expect header
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet test output
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:

@@ -17,14 +17,14 @@ from typing import Any
 
 import grpc
 
-from ftsup.v1 import events_pb2, operator_pb2
+from ftsup.checkpoint.manifest import Layout
+from ftsup.checkpoint.store import ObjectStore
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.s3_proxy import FaultProxy
 from ftsup.harness.chaos.store_checks import StoreView
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.etcd_cluster import EtcdCluster
-from ftsup.checkpoint.manifest import Layout
-from ftsup.checkpoint.store import ObjectStore
+from ftsup.v1 import events_pb2, operator_pb2
 
 
 @dataclass(frozen=True, slots=True)

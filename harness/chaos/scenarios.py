@@ -13,13 +13,13 @@ import os
 import signal
 import time
 
-from ftsup.v1 import events_pb2
+from ftsup.checkpoint.supervised import checkpoint_id_for
 from ftsup.harness.chaos import checks
 from ftsup.harness.chaos.checks import after, kind, of_kind
 from ftsup.harness.chaos.s3_proxy import Fault, FaultRule
 from ftsup.harness.chaos.scenario import Break, Chaos, Outcome, Scenario
 from ftsup.harness.cluster import ClusterError, wait_until
-from ftsup.checkpoint.supervised import checkpoint_id_for
+from ftsup.v1 import events_pb2
 
 # -- expectation helpers (each returns problems; [] when the log shows what was expected) ---------
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ftsup.v1 import events_pb2
-from ftsup.harness.chaos.checks import of_kind
 from ftsup.checkpoint import digest
 from ftsup.checkpoint.errors import ObjectNotFound
 from ftsup.checkpoint.manifest import MANIFEST_NAME, Layout, decode_manifest
 from ftsup.checkpoint.store import ObjectStore, PendingUpload
+from ftsup.harness.chaos.checks import of_kind
+from ftsup.v1 import events_pb2
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,14 @@ from ftsup.harness.sim.fleet import CoreDriver, Fleet
 from ftsup.harness.sim.model import HOUR_S, SimSpec, analytic, ftsup_snapshots_per_checkpoint, snapshot_cycle_s
 from ftsup.harness.sim.schedule import Schedule, Walk, walk
 from ftsup.supervisor.core.config import DetectorConfig
-from ftsup.supervisor.core.events import Event, GenerationRunning, GenerationStarted, NodeDeclaredDead, RankRestore, RestoreKind
+from ftsup.supervisor.core.events import (
+    Event,
+    GenerationRunning,
+    GenerationStarted,
+    NodeDeclaredDead,
+    RankRestore,
+    RestoreKind,
+)
 
 BUCKETS = ("useful", "checkpoint_pauses", "snapshot_pauses", "detection", "waiting_for_spares", "restart", "lost_work")
 MIN_EXPECTED_ETTR = 0.01  # below this (per the renewal model) a job is reported, not simulated

@@ -13,24 +13,24 @@ import re
 from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.inputs import (
-    OperatorCommandKind,
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
-    OperatorRequest,
-    TrainerHung,
-    XidReport,
     Heartbeat,
     Input,
+    LeadershipAcquired,
+    OperatorCommandKind,
+    OperatorRequest,
     RankFinished,
     SdcCheckResult,
     SnapshotReport,
     StepAggregate,
     StepReport,
     StreamClosed,
-    LeadershipAcquired,
     Tick,
     TrainerExit,
+    TrainerHung,
+    XidReport,
 )
 from ftsup.supervisor.core.state import ClusterState, SoftState
 

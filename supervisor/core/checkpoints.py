@@ -19,19 +19,28 @@ Kept apart from evolve.py so the object-store work (issue 6) grows here, not in 
 
 from __future__ import annotations
 
-
 import math
 
 from ftsup.supervisor.core import frozen, sdc_checks
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.errors import InvalidEvent
 from ftsup.supervisor.core.events import (
-    CheckpointAborted, CheckpointCommitted, CheckpointRequested, CheckpointShardWritten, CheckpointStarted, Event,
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointRequested,
+    CheckpointShardWritten,
+    CheckpointStarted,
+    Event,
 )
 from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import (
-    ClusterState, CommittedCheckpoint, PendingCheckpoint, RequestedCheckpoint, ShardRecord, SoftState,
+    ClusterState,
+    CommittedCheckpoint,
+    PendingCheckpoint,
+    RequestedCheckpoint,
+    ShardRecord,
+    SoftState,
 )
 
 CheckpointEvent = (
@@ -88,9 +97,9 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
             return frozen.replace(state, checkpoint=committed, pending_checkpoint=None)
         case CheckpointAborted():
             request = state.requested_checkpoint
-            if pending is None or pending.checkpoint_id != event.checkpoint_id:
-                if request is not None and request.checkpoint_id == event.checkpoint_id:
-                    return frozen.replace(state, requested_checkpoint=None)  # withdrawn before it started
+            is_other = pending is None or pending.checkpoint_id != event.checkpoint_id
+            if is_other and request is not None and request.checkpoint_id == event.checkpoint_id:
+                return frozen.replace(state, requested_checkpoint=None)  # withdrawn before it started
             _require_pending(state, event.checkpoint_id)
             return frozen.replace(state, pending_checkpoint=None)
 

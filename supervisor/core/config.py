@@ -63,7 +63,7 @@ class JobSpec:
             raise ValueError(f"ranks_per_node must be within [1, 64], got {self.ranks_per_node}")
         if not self.argv:
             raise ValueError("job argv (the trainer command) must not be empty")
-        if not (1024 <= self.master_port_base and self.master_port_base + self.master_port_span <= 65535):
+        if not (self.master_port_base >= 1024 and self.master_port_base + self.master_port_span <= 65535):
             raise ValueError(
                 f"master ports {self.master_port_base}..{self.master_port_base + self.master_port_span}"
                 " must lie within 1024..65535"

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import assert_never
 
+from ftsup.supervisor.core import budget, checkpoints, sdc_checks, taint
+from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.config import CoreConfig
-from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.events import (
     EndReason,
     Event,
@@ -23,9 +24,9 @@ from ftsup.supervisor.core.events import (
     LeaderElected,
     NodeCleared,
     NodeDeclaredDead,
+    NodeDrained,
     NodeQuarantined,
     NodeRegistered,
-    NodeDrained,
     NodeSuspected,
     NodeUnquarantined,
     OperatorCommand,
@@ -35,17 +36,16 @@ from ftsup.supervisor.core.events import (
     XidAction,
     XidReported,
 )
+from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import (
-    OperatorCommandKind,
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
-    OperatorRequest,
-    TrainerHung,
-    XidReport,
     Heartbeat,
     Input,
     LeadershipAcquired,
+    OperatorCommandKind,
+    OperatorRequest,
     RankFinished,
     SdcCheckResult,
     SnapshotReport,
@@ -54,9 +54,9 @@ from ftsup.supervisor.core.inputs import (
     StreamClosed,
     Tick,
     TrainerExit,
+    TrainerHung,
+    XidReport,
 )
-from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core import budget, checkpoints, sdc_checks, taint
 from ftsup.supervisor.core.policies import failure, planner
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import xid as xid_policy

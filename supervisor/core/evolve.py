@@ -12,7 +12,14 @@ from itertools import chain, repeat
 from operator import attrgetter, is_
 from types import MappingProxyType
 
+from ftsup.supervisor.core import budget, checkpoints, frozen, sdc_checks, taint
+from ftsup.supervisor.core.errors import InvalidEvent
 from ftsup.supervisor.core.events import (
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointRequested,
+    CheckpointShardWritten,
+    CheckpointStarted,
     Event,
     GenerationEnded,
     GenerationRunning,
@@ -22,10 +29,19 @@ from ftsup.supervisor.core.events import (
     LeaderElected,
     NodeCleared,
     NodeDeclaredDead,
+    NodeDrained,
     NodeQuarantined,
     NodeRegistered,
+    NodeSuspected,
+    NodeUnquarantined,
+    OperatorCommand,
     Record,
+    SdcCheckFinished,
+    SdcCheckStarted,
+    SdcSuspected,
     SnapshotCommitted,
+    StragglerDetected,
+    XidReported,
 )
 from ftsup.supervisor.core.state import (
     ClusterState,
@@ -36,24 +52,6 @@ from ftsup.supervisor.core.state import (
     Liveness,
     NodeRecord,
     node_index,
-)
-from ftsup.supervisor.core import budget, checkpoints, frozen, sdc_checks, taint
-from ftsup.supervisor.core.errors import InvalidEvent
-from ftsup.supervisor.core.events import (
-    CheckpointAborted,
-    CheckpointCommitted,
-    CheckpointRequested,
-    CheckpointShardWritten,
-    CheckpointStarted,
-    NodeDrained,
-    NodeSuspected,
-    NodeUnquarantined,
-    OperatorCommand,
-    SdcCheckFinished,
-    SdcCheckStarted,
-    SdcSuspected,
-    StragglerDetected,
-    XidReported,
 )
 
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import overload
 from itertools import chain, repeat
 from operator import attrgetter, contains
+from typing import overload
 
-from ftsup.supervisor.core.events import SdcRankDigests
+from ftsup.supervisor.core import checkpoints
+from ftsup.supervisor.core.events import RankAssignment, SdcRankDigests
 from ftsup.supervisor.core.inputs import (
-    OperatorCommandKind,
     AgentHello,
-    OperatorRequest,
-    TrainerHung,
-    XidReport,
     Heartbeat,
     Input,
+    OperatorCommandKind,
+    OperatorRequest,
     RankFinished,
     SnapshotReport,
     StepAggregate,
@@ -29,16 +28,15 @@ from ftsup.supervisor.core.inputs import (
     StreamClosed,
     Tick,
     TrainerExit,
+    TrainerHung,
+    XidReport,
 )
-from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import straggler as straggler_policy
 from ftsup.supervisor.core.policies.sdc import SdcConfig
 from ftsup.supervisor.core.policies.straggler import StragglerConfig
 from ftsup.supervisor.core.policies.xid import XidSighting
-from ftsup.supervisor.core.events import RankAssignment
 from ftsup.supervisor.core.state import ClusterState, Generation, GenerationProgress, NodeSoft, SoftState
-
 
 XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid policy
 XID_HISTORY_MAX = 256

@@ -16,7 +16,15 @@ from itertools import chain, repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from ftsup.supervisor.core.events import EndReason, JobFailed, NodeRole, RankAssignment, RankRestore, SdcCheckStarted, SdcRankDigests
+from ftsup.supervisor.core.events import (
+    EndReason,
+    JobFailed,
+    NodeRole,
+    RankAssignment,
+    RankRestore,
+    SdcCheckStarted,
+    SdcRankDigests,
+)
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
 from ftsup.supervisor.core.policies.straggler import StragglerState, StragglerVerdict

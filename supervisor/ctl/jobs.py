@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any
 
-from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from ftsup.supervisor.ctl import render_jobs
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
 EXIT_OK = 0
 EXIT_FAILED = 1

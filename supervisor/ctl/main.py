@@ -16,8 +16,8 @@ from typing import Any
 
 import grpc
 
-from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from ftsup.supervisor.ctl import auth, completion, jobs, logs, render, sdc_view, top
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
 EXIT_OK = 0
 EXIT_FAILED = 1

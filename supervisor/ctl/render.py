@@ -126,7 +126,7 @@ def record_dict(record: events_pb2.Record) -> dict[str, Any]:
 
 def record_text(record: events_pb2.Record) -> str:
     d = record_dict(record)
-    when = datetime.datetime.fromtimestamp(d["time_unix_s"], tz=datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+    when = datetime.datetime.fromtimestamp(d["time_unix_s"], tz=datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
     skip = {"seq", "term", "time_unix_s", "kind", "members", "restores"}
     detail = " ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v not in ("", [], None))
     if d["kind"] == "generation_started":

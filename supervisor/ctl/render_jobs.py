@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ftsup.v1 import events_pb2, operator_pb2
 from ftsup.supervisor.ctl.render import record_dict, table
+from ftsup.v1 import events_pb2, operator_pb2
 
 BUCKETS = (
     ("productive", "productive_s", "steps that survived"),
@@ -24,7 +24,7 @@ BUCKETS = (
 def _when(unix_s: float | None) -> str | None:
     if unix_s is None:
         return None
-    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _duration(seconds: float) -> str:

@@ -126,7 +126,7 @@ def _pack(fields: Sequence[str], width: int) -> list[str]:
 def header_lines(data: dict[str, Any], width: int) -> list[str]:
     s = data["status"]
     rate = data["step_rate"]
-    when = datetime.datetime.fromtimestamp(data["t"], tz=datetime.timezone.utc).strftime("%H:%M:%S UTC")
+    when = datetime.datetime.fromtimestamp(data["t"], tz=datetime.UTC).strftime("%H:%M:%S UTC")
     lines = _pack([f"ftsup top  {s['job'] or '(no job)'}", s["phase"].upper(), when], width)
     lines += _pack([
         f"gen {s['generation']}", f"step {s['step']:,}",
@@ -207,7 +207,7 @@ def lines(data: dict[str, Any], width: int, height: int, colour: bool = False) -
 
 
 def _event_text(event: dict[str, Any]) -> str:
-    when = datetime.datetime.fromtimestamp(event["time_unix_s"], tz=datetime.timezone.utc).strftime("%H:%M:%S")
+    when = datetime.datetime.fromtimestamp(event["time_unix_s"], tz=datetime.UTC).strftime("%H:%M:%S")
     skip = {"seq", "term", "time_unix_s", "kind", "members", "restores"}
     detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip and v not in ("", [], None, 0, "0"))
     return f"{event['seq']:>6} {when} {event['kind']} {detail}".rstrip()

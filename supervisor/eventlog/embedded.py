@@ -20,16 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
-from collections.abc import Callable
 import struct
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ftsup.v1 import events_pb2
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog import frames, snapshots
+from ftsup.supervisor.eventlog.api import (
+    Fenced,
+    LogCompacted,
+    LogCorrupt,
+    LogFormatError,
+    LogUnavailable,
+)
 from ftsup.supervisor.eventlog.fileops import (
     OS_FILE_OPS,
     FileOps,
@@ -39,13 +44,7 @@ from ftsup.supervisor.eventlog.fileops import (
     write_durably,
 )
 from ftsup.supervisor.eventlog.follow import AppendSignal
-from ftsup.supervisor.eventlog.api import (
-    Fenced,
-    LogCompacted,
-    LogCorrupt,
-    LogFormatError,
-    LogUnavailable,
-)
+from ftsup.v1 import events_pb2
 
 FORMAT_VERSION = 1
 FORMAT_NAME = "ftsup-eventlog"
@@ -155,7 +154,7 @@ def examine_segment(path: pathlib.Path, first_seq: int, data: bytes, *, is_last:
 def decode_record(payload: bytes, path: pathlib.Path, position: int) -> Record:
     try:
         return codec.record_from_proto(events_pb2.Record.FromString(payload))
-    except Exception as exc:  # noqa: BLE001 - any decode failure of a CRC-valid frame is corruption
+    except Exception as exc:
         raise LogCorrupt(f"{path} record {position}: passes its CRC but does not decode: {exc}") from exc
 
 
@@ -394,7 +393,7 @@ class EmbeddedLog:
             for position in range(start, stop):
                 try:
                     record = to_core(parse(result.payloads[position]))
-                except Exception as exc:  # noqa: BLE001 - a CRC-valid frame that does not decode is corrupt
+                except Exception as exc:
                     raise LogCorrupt(f"{segment.path} record {position}: passes its CRC but does not decode: {exc}") from exc
                 if record.seq != seq:
                     raise LogCorrupt(f"{segment.path}: record {position} has seq {record.seq}, expected {seq}")

@@ -31,7 +31,6 @@ import aetcd
 import aetcd.exceptions
 from aetcd import transactions as tx
 
-from ftsup.v1 import events_pb2, state_pb2
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.state import ClusterState
@@ -48,6 +47,7 @@ from ftsup.supervisor.eventlog.etcd_blobs import (
     range_page,
     split,
 )
+from ftsup.v1 import events_pb2, state_pb2
 
 log = logging.getLogger(__name__)
 

@@ -33,5 +33,6 @@ class AppendSignal:
                 yield record
                 next_seq = record.seq + 1
             condition = self._get()
+            wanted = next_seq
             async with condition:
-                await condition.wait_for(lambda: head() >= next_seq)
+                await condition.wait_for(lambda: head() >= wanted)  # noqa: B023 (awaited in this iteration)

@@ -73,8 +73,8 @@ def has_frame_after(data: bytes, offset: int) -> bool:
     while pos != -1:
         candidate = pos - HEADER.size
         length, crc = HEADER.unpack_from(data, candidate)
-        if 0 < length <= MAX_PAYLOAD_BYTES and pos + length <= len(data):
-            if google_crc32c.value(data[pos : pos + length]) == crc:
-                return True
+        if (0 < length <= MAX_PAYLOAD_BYTES and pos + length <= len(data)
+                and google_crc32c.value(data[pos : pos + length]) == crc):
+            return True
         pos = data.find(RECORD_FIRST_BYTE, pos + 1)
     return False

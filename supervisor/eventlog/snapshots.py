@@ -12,12 +12,12 @@ import pathlib
 import struct
 from dataclasses import dataclass
 
-from ftsup.v1 import state_pb2
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog.api import LogFormatError
 from ftsup.supervisor.eventlog.fileops import OS_FILE_OPS, FileOps, write_durably
 from ftsup.supervisor.eventlog.frames import crc32c
+from ftsup.v1 import state_pb2
 
 MAGIC = b"FTSUPSNP"
 FORMAT_VERSION = 1

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from ftsup.common import logs
+from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
-from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.runtime import Outcome, Runtime
-from ftsup.common.tls import PeerKind, peer_identity
+from ftsup.supervisor.server import step_aggregate
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 log = logs.get("supervisor.agents")
 

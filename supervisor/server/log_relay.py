@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-from ftsup.v1 import operator_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.common.tls import TlsFiles, channel_credentials, expect_node
 from ftsup.supervisor.core.state import ClusterState
+from ftsup.v1 import operator_pb2, peer_pb2, peer_pb2_grpc
 
 MAX_RELAYS = 32  # concurrent StreamLogs calls on one replica
 DEFAULT_LINES = 100  # backlog lines when the request does not say (the agent caps what is asked)

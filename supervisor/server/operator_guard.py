@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 
-from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from ftsup.common import logs
-from ftsup.supervisor.server.authz import Authorizer
 from ftsup.common.tls import peer_identity
+from ftsup.supervisor.server.authz import Authorizer
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
 log = logs.get("supervisor.operator")
 

@@ -14,11 +14,10 @@ from collections.abc import Callable
 
 import grpc
 
-from ftsup.v1 import operator_pb2
 from ftsup.common import logs
 from ftsup.supervisor import codec
-from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.admission import MAX_TEXT
+from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.events import CheckpointRequested, GenerationStarted
 from ftsup.supervisor.core.goodput import GoodputReport
 from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
@@ -26,6 +25,7 @@ from ftsup.supervisor.core.views import straggler_views
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest
 from ftsup.supervisor.server.operator_guard import principal
+from ftsup.v1 import operator_pb2
 
 log = logs.get("supervisor.operator")
 

@@ -11,11 +11,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, peer_pb2, state_pb2
 from ftsup.common import logs
 from ftsup.supervisor import codec
-from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
 from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
 from ftsup.supervisor.core.state import Liveness
 from ftsup.supervisor.core.views import JobPhase
 from ftsup.supervisor.runtime import Runtime
@@ -23,6 +22,7 @@ from ftsup.supervisor.server.log_digest import LogDigest
 from ftsup.supervisor.server.log_relay import LogRelay, RelayRefused
 from ftsup.supervisor.server.operator_guard import principal
 from ftsup.supervisor.server.operator_jobs import JobMethods, require_reason
+from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, peer_pb2, state_pb2
 
 _PHASE = {
     JobPhase.WAITING: operator_pb2.JOB_PHASE_WAITING,

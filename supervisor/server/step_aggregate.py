@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ftsup.v1 import agent_pb2
 from ftsup.supervisor.core.inputs import StepAggregate, StepReport
+from ftsup.v1 import agent_pb2
 
 NO_REPLICA_GROUP = 0xFFFFFFFF  # in `replica_groups`: this rank did not report one
 

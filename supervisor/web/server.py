@@ -113,7 +113,7 @@ class StatusServer:
                 await self._route(url.path, urllib.parse.parse_qs(url.query), writer)
             except _Response as answer:
                 await _send(writer, answer.status, "text/plain; charset=utf-8", answer.text.encode())
-        except (asyncio.TimeoutError, OSError, ValueError, asyncio.LimitOverrunError):
+        except (TimeoutError, OSError, ValueError, asyncio.LimitOverrunError):
             pass  # slow, broken or oversized: drop it, keep serving
         finally:
             writer.close()
@@ -196,7 +196,7 @@ class StatusServer:
         queue: asyncio.Queue[Record | None] = asyncio.Queue(maxsize=QUEUE_RECORDS)
         pump: asyncio.Task[None] | None = None
         try:
-            head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
+            head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
                     "Connection: close\r\nX-Accel-Buffering: no\r\n\r\n")
             writer.write(head.encode("latin-1") + b"retry: 2000\n\n")
             first = await self.state()
@@ -247,7 +247,7 @@ async def _take(queue: asyncio.Queue[Record | None], wait_s: float) -> tuple[lis
     ended (the log cannot be followed from here any more)."""
     try:
         item = await asyncio.wait_for(queue.get(), wait_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return [], False
     batch: list[Record] = []
     while item is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, peer_pb2, peer_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -103,7 +104,7 @@ class FakeSupervisor(agent_pb2_grpc.SupervisorServicer):
     def send(self, node: str, directive: agent_pb2.Directive) -> None:
         self.outgoing[node].put_nowait(agent_pb2.SupervisorMessage(directive=directive))
 
-    async def Connect(self, request_iterator, context):  # noqa: N802
+    async def Connect(self, request_iterator, context):
         first = await context.read()
         node = first.hello.node_id
         self.received[node].append(first)
@@ -170,7 +171,7 @@ class Agents:
         workdir.mkdir()
         stderr = open(self.tmp_path / f"{node}.stderr", "wb")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "--node-id", node, "--supervisor", self.address,
+            sys.executable, "-m", "ftsup.agent", "--node-id", node, "--supervisor", self.address,
             "--workdir", str(workdir), "--heartbeat-interval-s", "0.2", "--no-log-json", "--gpus", "0", *extra,
             stdout=asyncio.subprocess.DEVNULL, stderr=stderr, env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
         )

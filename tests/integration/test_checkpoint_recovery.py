@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import pytest
 
-from ftsup.v1 import events_pb2, operator_pb2
 from ftsup.harness.cluster import ClusterSpec, LocalCluster, wait_until
 from ftsup.harness.demo import trainer_argv
+from ftsup.v1 import events_pb2, operator_pb2
 from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration

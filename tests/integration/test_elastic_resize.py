@@ -18,10 +18,10 @@ import sys
 
 import pytest
 
-from ftsup.v1 import events_pb2, operator_pb2
 from ftsup.harness.chaos.reference import ReferenceKey, offline_digest
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.demo import trainer_argv
+from ftsup.v1 import events_pb2, operator_pb2
 
 pytestmark = pytest.mark.integration
 

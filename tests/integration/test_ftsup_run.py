@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ftsup.harness.cluster import wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,8 +33,8 @@ def ftsup_run(tmp_path: pathlib.Path, *flags: str, script: pathlib.Path = SCRIPT
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "GRPC_VERBOSITY": "ERROR"}
     argv = [sys.executable, "-m", "ftsup.harness.cli", "run", "--run-dir", str(run_dir), "--json", *flags,
             str(script), *script_args]
-    out = open(tmp_path / "stdout.txt", "wb")  # noqa: SIM115 - the child holds it; closed with the test
-    err = open(tmp_path / "stderr.txt", "wb")  # noqa: SIM115
+    out = open(tmp_path / "stdout.txt", "wb")
+    err = open(tmp_path / "stderr.txt", "wb")
     process = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=tmp_path, start_new_session=True)
     return process, run_dir
 

@@ -31,7 +31,6 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, operator_pb2, operator_pb2_grpc
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import Record
 from ftsup.supervisor.core.state import ClusterState
@@ -42,6 +41,7 @@ from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.authz import Authorizer
 from ftsup.supervisor.server.operator_guard import guarded
 from ftsup.supervisor.server.operator_service import OperatorService
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, operator_pb2, operator_pb2_grpc
 from tests.support.wire_strategies import (
     ACCEPTED_NOOP,
     NEW_STREAM,
@@ -506,7 +506,7 @@ def real_supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         tokens.append(str(path))
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp / "log"),
+        [sys.executable, "-m", "ftsup.supervisor", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp / "log"),
          "--job", str(job), "--heartbeat-interval-s", "60", "--operator-token-file", tokens[0],
          "--operator-read-token-file", tokens[1], "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -10,9 +10,9 @@ import re
 import sys
 
 import pytest
+
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.v1 import events_pb2, operator_pb2
-
 from tests.support.offline_ranks import run_offline
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from ftsup.v1 import operator_pb2
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.demo import trainer_argv
+from ftsup.v1 import operator_pb2
 from tests.support.log_context import agent_problems, json_lines, supervisor_problems
 
 pytestmark = pytest.mark.integration

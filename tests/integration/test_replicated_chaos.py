@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from ftsup.v1 import events_pb2, operator_pb2
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.demo import trainer_argv
+from ftsup.v1 import events_pb2, operator_pb2
 from tests.support.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.integration

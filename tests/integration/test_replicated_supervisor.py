@@ -15,9 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ftsup.v1 import operator_pb2
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.demo import trainer_argv
+from ftsup.v1 import operator_pb2
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.log_context import json_lines, supervisor_problems
 

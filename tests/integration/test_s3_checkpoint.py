@@ -22,18 +22,18 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ftsup.harness.cluster import wait_until
-from ftsup.common.backoff import Backoff
-from tests.support import dcp_ranks
-from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
-from tests.support.s3_fault_proxy import Fault, FaultProxy, FaultRule
-from tests.support.s3_server import S3Server
 from ftsup.checkpoint import catalog, flows
 from ftsup.checkpoint.errors import CheckpointNotCommitted, ManifestExists, ReshardRefused
 from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
 from ftsup.checkpoint.policy import RestoreMode
 from ftsup.checkpoint.retry import Retrier
 from ftsup.checkpoint.s3 import S3Config, S3Store
+from ftsup.common.backoff import Backoff
+from ftsup.harness.cluster import wait_until
+from tests.support import dcp_ranks
+from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
+from tests.support.s3_fault_proxy import Fault, FaultProxy, FaultRule
+from tests.support.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
 
@@ -158,8 +158,9 @@ def test_restore_into_other_data_version_is_refused_before_any_data_is_read(s3_e
 def test_a_checkpoint_is_invisible_until_its_manifest_and_a_manifest_is_never_overwritten(s3_env, layout):
     store = make_store(s3_env)
     cid = checkpoint_id_for(3, "x")
-    from ftsup.checkpoint.dcp import ObjectStoreWriter
     import torch.distributed.checkpoint as dcp
+
+    from ftsup.checkpoint.dcp import ObjectStoreWriter
 
     writer = ObjectStoreWriter(store, layout, cid)
     dcp.save(state(3), storage_writer=writer, no_dist=True)
@@ -188,8 +189,9 @@ def test_a_checkpoint_is_invisible_until_its_manifest_and_a_manifest_is_never_ov
 def test_commit_refuses_an_object_that_changed_after_it_was_reported(s3_env, layout):
     store = make_store(s3_env)
     cid = checkpoint_id_for(4, "t")
-    from ftsup.checkpoint.dcp import ObjectStoreWriter
     import torch.distributed.checkpoint as dcp
+
+    from ftsup.checkpoint.dcp import ObjectStoreWriter
 
     writer = ObjectStoreWriter(store, layout, cid)
     dcp.save(state(4), storage_writer=writer, no_dist=True)
@@ -362,7 +364,7 @@ def test_a_reader_never_sees_a_checkpoint_whose_upload_is_still_in_progress(s3_e
     def writer() -> None:
         try:
             flows.save(state(13, big=True), store, layout, cid, 13, ONE, VERSIONS)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=writer)

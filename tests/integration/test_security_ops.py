@@ -28,11 +28,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ftsup.v1 import operator_pb2, operator_pb2_grpc
+from ftsup.common import tls
 from ftsup.harness.certs import main as certs_main
 from ftsup.harness.cluster import free_port, wait_until
-from ftsup.common import tls
 from ftsup.supervisor.etcd_tls import make_tls_client
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from tests.support.etcd_cluster import free_ports
 
 pytestmark = pytest.mark.integration
@@ -106,8 +106,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                     f'tls_cert = "{pki / "supervisor-sup-1.pem"}"\ntls_key = "{pki / "supervisor-sup-1.key"}"\n'
                     f'tls_ca = "{pki / "ca.pem"}"\noperator_token_file = "{admin}"\n'
                     f'operator_read_token_file = "{read}"\nmetrics_listen = "127.0.0.1:{metrics_port}"\n')
-    log = open(root / "supervisor.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, "-m", "supervisor", "--config", str(conf)], stdout=log,
+    log = open(root / "supervisor.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "ftsup.supervisor", "--config", str(conf)], stdout=log,
                                stderr=subprocess.STDOUT, env=ENV)
     lab = Lab(pki, f"127.0.0.1:{port}", f"https://127.0.0.1:{metrics_port}/metrics", admin, read, root)
     try:
@@ -124,7 +124,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 def start_agent(lab: Lab, node_id: str, cert: str, *extra: str) -> subprocess.Popen[str]:
     f = lab.files(cert)
     return subprocess.Popen(
-        [sys.executable, "-m", "agent", "--node-id", node_id, "--supervisor", lab.address, "--gpus", "0",
+        [sys.executable, "-m", "ftsup.agent", "--node-id", node_id, "--supervisor", lab.address, "--gpus", "0",
          "--xid-log", "none", "--workdir", str(lab.workdir / f"agent-{node_id}-{cert}"), "--log-json",
          "--tls-cert", str(f.cert), "--tls-key", str(f.key), "--tls-ca", str(f.ca), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -170,7 +170,7 @@ def scrape(url: str, lab: Lab, cert: str | None) -> str:
     context = ssl.create_default_context(cafile=str(lab.pki / "ca.pem"))
     if cert is not None:
         context.load_cert_chain(lab.pki / f"{cert}.pem", lab.pki / f"{cert}.key")
-    with urllib.request.urlopen(url, context=context, timeout=5) as reply:  # noqa: S310 - https only
+    with urllib.request.urlopen(url, context=context, timeout=5) as reply:
         return reply.read().decode()
 
 
@@ -289,7 +289,7 @@ def test_the_supervisor_notifies_systemd_ready_then_watchdog_then_stopping(tmp_p
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"name": "notify", "nodes": 1, "argv": ["true"]}))
     env = {**ENV, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
-    process = subprocess.Popen([sys.executable, "-m", "supervisor", "--listen", f"127.0.0.1:{free_port()}",
+    process = subprocess.Popen([sys.executable, "-m", "ftsup.supervisor", "--listen", f"127.0.0.1:{free_port()}",
                                 "--data-dir", str(tmp_path / "log"), "--job", str(job)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:

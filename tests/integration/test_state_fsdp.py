@@ -16,7 +16,6 @@ import os
 import pathlib
 import subprocess
 import sys
-
 from concurrent import futures
 
 import grpc

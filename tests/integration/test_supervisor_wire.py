@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_a_real_agent_with_a_taken_node_id_exits_with_code_3(cluster: LocalClust
     holder.send(hello=hello("taken", 1))
     holder.next_of("welcome")
     result = subprocess.run(
-        [sys.executable, "-m", "agent", "--node-id", "taken", "--supervisor", cluster.address,
+        [sys.executable, "-m", "ftsup.agent", "--node-id", "taken", "--supervisor", cluster.address,
          "--workdir", str(tmp_path), "--no-log-json"],
         capture_output=True, text=True, timeout=60,
     )
@@ -129,7 +129,7 @@ def test_a_real_agent_with_a_taken_node_id_exits_with_code_3(cluster: LocalClust
 
 def test_a_second_supervisor_on_the_same_event_log_refuses_to_start(cluster: LocalCluster) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor", "--listen", "127.0.0.1:0", "--data-dir",
+        [sys.executable, "-m", "ftsup.supervisor", "--listen", "127.0.0.1:0", "--data-dir",
          str(cluster.workdir / "supervisor"), "--job", str(cluster.workdir / "job.json"), "--no-log-json"],
         capture_output=True, text=True, timeout=60,
     )
@@ -191,7 +191,7 @@ def start_supervisor(tmp_path: pathlib.Path, listen: str, *extra: str) -> tuple[
     job.write_text(json.dumps({"name": "authz", "nodes": 1, "ranks_per_node": 1, "argv": ["true"]}))
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "--listen", f"{listen}:{port}", "--data-dir", str(tmp_path / "log"),
+        [sys.executable, "-m", "ftsup.supervisor", "--listen", f"{listen}:{port}", "--data-dir", str(tmp_path / "log"),
          "--job", str(job), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30

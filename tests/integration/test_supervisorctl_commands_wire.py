@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ftsup.v1 import agent_pb2
 from ftsup.harness.cluster import free_port, wait_until
+from ftsup.v1 import agent_pb2
 from tests.integration.test_supervisor_wire import RawAgent, ctl, hello
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def test_restart_goodput_and_the_experiment_record_over_the_wire(tmp_path: pathl
     port = free_port()
     address = f"127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "--listen", address, "--data-dir", str(tmp_path / "log"),
+        [sys.executable, "-m", "ftsup.supervisor", "--listen", address, "--data-dir", str(tmp_path / "log"),
          "--job", str(job), "--heartbeat-interval-s", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     agent = None
     try:

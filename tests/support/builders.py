@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from ftsup.supervisor.core import soft as soft_state
+from ftsup.supervisor.core.admission import refusal
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.decide import decide
 from ftsup.supervisor.core.events import Event, NodeRole, SnapshotCommitted
 from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import AgentHello, Input
-from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core.admission import refusal
 from ftsup.supervisor.core.state import ClusterState, SoftState
 
 NOW = 1_000.0

@@ -17,6 +17,7 @@ import pathlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+
 def json_lines(path: pathlib.Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each JSON object line; other output (a library's warnings) is skipped."""
     for number, text in enumerate(path.read_text(errors="replace").splitlines(), 1):

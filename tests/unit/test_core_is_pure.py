@@ -44,7 +44,7 @@ def test_core_never_reads_the_clock():
     offenders = []
     for path in core_files():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                if (node.value.id, node.attr) in FORBIDDEN_CALLS:
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and (node.value.id, node.attr) in FORBIDDEN_CALLS):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}")
     assert not offenders, "\n".join(offenders)

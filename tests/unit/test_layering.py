@@ -49,6 +49,21 @@ def test_no_subprocess_runs_a_bare_module():
     assert not offenders, "\n".join(offenders)
 
 
+def test_no_command_line_runs_a_bare_package():
+    """`[python, "-m", "agent", ...]` only works from the checkout's root (its folder shadows): found
+    in argument lists as the word after "-m"."""
+    offenders = []
+    for path in python_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.List, ast.Tuple)):
+                continue
+            words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            for flag, module in zip(words, words[1:], strict=False):
+                if flag == "-m" and isinstance(module, str) and module.split(".")[0] in BARE:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} runs `-m {module}`")
+    assert not offenders, "\n".join(offenders)
+
+
 def test_every_package_folder_is_installed_under_ftsup():
     """A package folder missing from pyproject's list would import from the checkout and not from a wheel."""
     import tomllib

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-from ftsup.harness.xid_cli import main
 from ftsup.harness import cli
+from ftsup.harness.xid_cli import main
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "xid"
 

@@ -19,8 +19,8 @@ _STARTED = time.monotonic()  # restart cost is mostly start-up: measure its phas
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import gc  # noqa: E402
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -32,10 +32,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
+from ftsup.trainer import offline, replay, sdc_inject  # noqa: E402
 from ftsup.trainer.core import data  # noqa: E402
 from ftsup.trainer.ddp import ComputeClock, DeterministicGradSync  # noqa: E402
 from ftsup.trainer.digest import Digester, GradDigester, param_digest  # noqa: E402
-from ftsup.trainer import offline, replay, sdc_inject  # noqa: E402
 from ftsup.trainer.session import Session  # noqa: E402
 
 _IMPORTED = time.monotonic()
@@ -161,7 +161,7 @@ def _abort_process_group() -> None:
         return
     try:
         abort()
-    except Exception as exc:  # noqa: BLE001 - the main thread's collective fails either way
+    except Exception as exc:
         print(f"abort of the replaced generation's process group: {exc}", file=sys.stderr, flush=True)
 
 
@@ -174,7 +174,7 @@ def _leave_process_group() -> None:
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"destroy of the broken process group: {exc}", file=sys.stderr, flush=True)
 
 

@@ -18,9 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from ftsup.trainer import offline
-from ftsup.trainer.digest import param_digest
-from ftsup.trainer.integrations import hf
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -28,6 +25,10 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
+
+from ftsup.trainer import offline
+from ftsup.trainer.digest import param_digest
+from ftsup.trainer.integrations import hf
 
 VOCAB = 64
 

@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+
 from ftsup.trainer import offline
 from ftsup.trainer.digest import param_digest
 from ftsup.trainer.examples.gpt import GPT

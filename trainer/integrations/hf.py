@@ -28,6 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from transformers import (
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
 from ftsup.trainer.digest import Digester, param_digest
 from ftsup.trainer.integrations.state import (
     Protected,
@@ -38,13 +46,6 @@ from ftsup.trainer.integrations.state import (
     set_rng_state,
 )
 from ftsup.trainer.session import Session
-from transformers import (
-    Trainer,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
 
 __all__ = ["FtsupCallback", "attach", "capture", "restore"]
 
@@ -253,7 +254,7 @@ def _check_supported(trainer: Trainer) -> None:
     resume speaks to."""
     run_epoch = getattr(trainer, "_run_epoch", None)
     if run_epoch is None or not hasattr(trainer, "_load_rng_state") or \
-            not _RUN_EPOCH_PARAMS <= set(inspect.signature(run_epoch).parameters):
+            not set(inspect.signature(run_epoch).parameters) >= _RUN_EPOCH_PARAMS:
         raise RuntimeError(
             f"transformers {transformers.__version__}: this Trainer has no _run_epoch({', '.join(sorted(_RUN_EPOCH_PARAMS))})"
             " and _load_rng_state, which ftsup's resume drives; ftsup[hf] supports transformers >=5.23,<6"

@@ -24,20 +24,21 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from ftsup.trainer.digest import Digester, param_digest
-from ftsup.trainer.integrations.state import (
-    Protected,
-    RestoredParts,
-    plain,
-    framework_state,
-    restore_parts,
-    set_rng_state,
-)
-from ftsup.trainer.session import Session
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from ftsup.trainer.digest import Digester, param_digest
+from ftsup.trainer.integrations.state import (
+    Protected,
+    RestoredParts,
+    framework_state,
+    plain,
+    restore_parts,
+    set_rng_state,
+)
+from ftsup.trainer.session import Session
 
 __all__ = ["FtsupCallback", "FtsupCheckpointIO", "FtsupEnvironment", "capture", "ckpt_path", "restore",
            "trainer_kwargs"]

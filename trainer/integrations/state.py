@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from ftsup.trainer.session import Session
 
 # What torch.load(weights_only=True) reads back besides tensors and containers.

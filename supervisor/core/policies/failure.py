@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from ftsup.supervisor.core.config import DetectorConfig
 from ftsup.supervisor.core.state import ClusterState, Liveness, NodeSoft, SoftState
 
-
 STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason
 NEVER_HEARD = "not heard from within"  # ...when this supervisor never heard the node at all
 

@@ -42,7 +42,6 @@ from typing import Protocol
 
 from ftsup.supervisor.core.events import XidAction  # one enum: the policy's verdict is what the log records
 
-
 # Escalation never lowers an action: this is the order of "more drastic".
 _RANK = {XidAction.IGNORE: 0, XidAction.RESTART_JOB: 1, XidAction.RESET_GPU: 2, XidAction.QUARANTINE_NODE: 3}
 

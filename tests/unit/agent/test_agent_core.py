@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 import ftsup.agent.core
 from ftsup.agent.core.directives import Action, Applied, Step, diff_directive, validate_run
 from ftsup.agent.core.outbox import Outbox, Priority
+from ftsup.agent.core.output_tail import MAX_BYTES, MAX_LINES, bounded_tail, failure_tail
 from ftsup.agent.core.retention import keys_to_drop
-from ftsup.agent.core.output_tail import MAX_BYTES, MAX_LINES, bounded_tail, failure_tail
-from ftsup.agent.core.output_tail import MAX_BYTES, MAX_LINES, bounded_tail, failure_tail
 from ftsup.agent.core.trainer_env import RankSpec, trainer_env
 
 

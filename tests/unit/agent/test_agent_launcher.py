@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-from ftsup.v1 import agent_pb2, events_pb2
 
 from ftsup.agent.config import parse_config
 from ftsup.agent.core.directives import Step
@@ -17,6 +16,7 @@ from ftsup.agent.fakes import FakePeers, ScriptedProcessRunner
 from ftsup.agent.launcher import SPAWN_FAILED_EXIT_CODE, Launcher
 from ftsup.agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
 from ftsup.agent.snapshots import Blob, SnapshotStore
+from ftsup.v1 import agent_pb2, events_pb2
 
 LOG = structlog.get_logger("test")
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ftsup.v1 import agent_pb2
-
 from ftsup.agent.link import Reports
+from ftsup.v1 import agent_pb2
 
 
 def step(n: int) -> agent_pb2.AgentMessage:

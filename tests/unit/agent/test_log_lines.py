@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from ftsup.v1 import peer_pb2
-from ftsup.agent.core.log_lines import (MAX_TAIL_LINES, LineSplitter, batches, clamp_tail_lines, last_lines)
+from ftsup.agent.core.log_lines import MAX_TAIL_LINES, LineSplitter, batches, clamp_tail_lines, last_lines
 from ftsup.agent.log_tail import LogNotFound, LogTailer, TooManyTails, newest_generation
+from ftsup.v1 import peer_pb2
 
 
 def test_a_split_line_comes_out_once_its_newline_arrives() -> None:

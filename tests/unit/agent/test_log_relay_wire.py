@@ -10,16 +10,16 @@ import pathlib
 import grpc
 import pytest
 import structlog
-from ftsup.v1 import operator_pb2, peer_pb2, peer_pb2_grpc
 
-from ftsup.agent.log_tail import LogTailer
 from ftsup.agent.link import Reports
+from ftsup.agent.log_tail import LogTailer
 from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.snapshots import SnapshotStore
 from ftsup.common import tls
 from ftsup.harness.certs import main as certs_main
 from ftsup.supervisor.server.log_relay import LogRelay
+from ftsup.v1 import operator_pb2, peer_pb2, peer_pb2_grpc
 from tests.support.builders import Sim, config, hello
 from tests.unit.agent.test_peer_hardening import until
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 import grpc
 import pytest
 import structlog
-from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 from ftsup.agent.grpc_options import message_options
 from ftsup.agent.peer_auth import MAX_STEP_LEAD, PeerAuthority
@@ -25,6 +24,7 @@ from ftsup.agent.peers import ACCEPTED, PeerClient, PeerUnavailable
 from ftsup.agent.snapshots import Blob, SnapshotStore
 from ftsup.common import tls
 from ftsup.harness.certs import main as certs_main
+from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 LOG = structlog.get_logger("test")
 LIMIT = 64 * 1024

@@ -11,12 +11,12 @@ import signal
 from pathlib import Path
 
 import structlog
-from ftsup.v1 import agent_pb2
 
 from ftsup.agent.core import sdc_replay
 from ftsup.agent.fakes import FakePeers, ScriptedProcessRunner
 from ftsup.agent.sdc_check import SdcChecker
 from ftsup.agent.snapshots import Blob, SnapshotStore
+from ftsup.v1 import agent_pb2
 
 LOG = structlog.get_logger("test")
 

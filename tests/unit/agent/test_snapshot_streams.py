@@ -20,9 +20,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 import structlog
-from ftsup.v1 import agent_pb2, events_pb2, peer_pb2, peer_pb2_grpc
 
-from ftsup.common.chunks import InvalidSnapshot, TruncatedStream
 from ftsup.agent.grpc_options import message_options
 from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
@@ -30,7 +28,9 @@ from ftsup.agent.peers import PeerClient, SnapshotMissing
 from ftsup.agent.restore import RestoreBook, RestoreSource
 from ftsup.agent.snapshots import SnapshotId, SnapshotStore
 from ftsup.agent.trainer_api import TrainerLinkService
+from ftsup.common.chunks import InvalidSnapshot, TruncatedStream
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot, _assemble
+from ftsup.v1 import agent_pb2, events_pb2, peer_pb2, peer_pb2_grpc
 
 LOG = structlog.get_logger("test")
 LIMIT = 64 * 1024  # per message
@@ -293,7 +293,7 @@ class CorruptPeer(peer_pb2_grpc.AgentPeerServicer):
     def __init__(self, sha256: str) -> None:
         self.sha256 = sha256
 
-    async def FetchSnapshot(self, request, context):  # noqa: N802
+    async def FetchSnapshot(self, request, context):
         await context.write(chunk(PAYLOAD[:CHUNK], head=header()))
         if self.sha256:
             await context.write(chunk(PAYLOAD[CHUNK:], self.sha256))

@@ -17,18 +17,18 @@ import grpc
 import pytest
 import structlog
 
-from ftsup.v1 import operator_pb2_grpc
-from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from ftsup.supervisor.core.inputs import AgentHello, OperatorRequest, SnapshotReport, StepReport
 from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.inputs import AgentHello, OperatorRequest, SnapshotReport, StepReport
 from ftsup.supervisor.core.policies.straggler import StragglerConfig
 from ftsup.supervisor.ctl.main import main
 from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.authz import Authorizer
 from ftsup.supervisor.server.operator_guard import guarded
 from ftsup.supervisor.server.operator_service import OperatorService
+from ftsup.v1 import operator_pb2_grpc
 
 SPEC = JobSpec(name="cli", nodes=4, ranks_per_node=1, argv=("train",), code_version="git:abc123",
                data_version="c4@2024-05")

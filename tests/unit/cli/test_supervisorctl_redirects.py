@@ -9,16 +9,16 @@ from concurrent import futures
 import grpc
 import pytest
 
-from ftsup.v1 import operator_pb2, operator_pb2_grpc
 from ftsup.supervisor.ctl import auth
 from ftsup.supervisor.ctl.main import UntrustedRedirect, pick_replica
+from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
 
 class Follower(operator_pb2_grpc.OperatorServicer):
     def __init__(self, leader: str) -> None:
         self.leader = leader
 
-    def GetLeader(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    def GetLeader(self, request, context):  # type: ignore[no-untyped-def]
         return operator_pb2.GetLeaderResponse(is_leader=False, leader_address=self.leader)
 
 

@@ -6,12 +6,12 @@ import socket
 
 import pytest
 
-from ftsup.v1 import events_pb2
 from ftsup.harness.chaos import checks
 from ftsup.harness.chaos.main import chosen
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.scenario import Scenario
 from ftsup.harness.chaos.scenarios import SCENARIOS
+from ftsup.v1 import events_pb2
 
 BREAK = 100.0
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ftsup.v1 import events_pb2
-from ftsup.harness.chaos.store_checks import inspect_store
 from ftsup.checkpoint import flows
 from ftsup.checkpoint.local import LocalDirStore
 from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+from ftsup.harness.chaos.store_checks import inspect_store
+from ftsup.v1 import events_pb2
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 L = Layout("job")

@@ -8,6 +8,7 @@ import json
 import pathlib
 
 import pytest
+
 from ftsup.harness.rank_output import RankOutput
 from ftsup.harness.run_args import (
     DEFAULT_MAX_RESTARTS,

@@ -8,8 +8,8 @@ import stat
 import pytest
 from cryptography import x509
 
-from ftsup.harness.certs import main as certs_main
 from ftsup.common import tls
+from ftsup.harness.certs import main as certs_main
 
 
 def test_certs_writes_a_ca_and_one_identity_per_subject(tmp_path: pathlib.Path) -> None:
@@ -101,7 +101,8 @@ def test_the_agent_refuses_a_plaintext_public_peer_listener() -> None:
 
 
 def test_a_plaintext_public_metrics_address_is_refused_saying_what_to_do(tmp_path: pathlib.Path) -> None:
-    from ftsup.agent.config import ConfigError as AgentConfigError, parse_config
+    from ftsup.agent.config import ConfigError as AgentConfigError
+    from ftsup.agent.config import parse_config
     from ftsup.supervisor.config import ConfigError, load
 
     job = tmp_path / "job.json"

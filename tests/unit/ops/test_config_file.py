@@ -10,10 +10,10 @@ import pytest
 from ftsup.agent.config import ConfigError as AgentConfigError
 from ftsup.agent.config import build_parser as agent_parser
 from ftsup.agent.config import parse_config
+from ftsup.common.config_file import options
 from ftsup.supervisor.config import ConfigError as SupervisorConfigError
 from ftsup.supervisor.config import load as load_supervisor
 from ftsup.supervisor.config import parser as supervisor_parser
-from ftsup.common.config_file import options
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 JOB = '{"name": "t", "nodes": 1, "argv": ["true"]}'

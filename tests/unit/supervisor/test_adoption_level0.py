@@ -15,7 +15,6 @@ from ftsup.supervisor.core.events import (
     JobFailed,
 )
 from ftsup.supervisor.core.inputs import Heartbeat, StreamClosed, Tick, TrainerExit
-
 from tests.support.builders import NOW, Sim, config, hello
 
 

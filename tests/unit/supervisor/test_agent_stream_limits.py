@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import grpc
 import pytest
 
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from ftsup.harness.cluster import wait_until
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.eventlog.api import LogUnavailable
@@ -21,6 +20,7 @@ from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import agent_service
 from ftsup.supervisor.server.agent_service import AgentService, StreamLimits
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from tests.support.builders import config
 
 LIMITS = StreamLimits(messages_per_s=100.0, message_burst=400.0, refusals_per_s=10.0, refusal_burst=50.0,

@@ -3,17 +3,22 @@ the restore directive. Pure: milliseconds."""
 
 from __future__ import annotations
 
+from ftsup.checkpoint import supervised
 from ftsup.supervisor.core import checkpoints as cp
 from ftsup.supervisor.core.config import JobSpec
 from ftsup.supervisor.core.directives import directive_for
 from ftsup.supervisor.core.events import (
-    CheckpointAborted, CheckpointCommitted, CheckpointShardWritten, CheckpointStarted, RankAssignment, RankRestore,
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointShardWritten,
+    CheckpointStarted,
+    RankAssignment,
+    RankRestore,
     RestoreKind,
 )
 from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
 from ftsup.supervisor.core.state import ClusterState, CommittedCheckpoint, Generation
-from ftsup.checkpoint import supervised
 
 LOC = "/tmp/ckpt"
 MEMBERS = (RankAssignment("n1", (0,), "n2"), RankAssignment("n2", (1,), "n1"))

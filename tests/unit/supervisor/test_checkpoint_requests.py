@@ -5,18 +5,28 @@ attempt whose shards never all come. Pure: milliseconds."""
 from __future__ import annotations
 
 from ftsup.supervisor import codec
-from ftsup.supervisor.core import admission, checkpoints as cp
+from ftsup.supervisor.core import admission
+from ftsup.supervisor.core import checkpoints as cp
 from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, JobSpec
 from ftsup.supervisor.core.decide import decide
 from ftsup.supervisor.core.directives import directive_for
 from ftsup.supervisor.core.events import (
-    CheckpointAborted, CheckpointRequested, CheckpointStarted, OperatorCommand, RankAssignment,
+    CheckpointAborted,
+    CheckpointRequested,
+    CheckpointStarted,
+    OperatorCommand,
+    RankAssignment,
 )
 from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import OperatorRequest, StepReport, Tick
 from ftsup.supervisor.core.policies.interval import IntervalConfig
 from ftsup.supervisor.core.state import (
-    ClusterState, Completion, Generation, GenerationProgress, RequestedCheckpoint, SoftState,
+    ClusterState,
+    Completion,
+    Generation,
+    GenerationProgress,
+    RequestedCheckpoint,
+    SoftState,
 )
 
 LOC = "/tmp/ckpt"

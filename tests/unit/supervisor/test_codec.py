@@ -7,11 +7,12 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftsup.v1 import events_pb2
 from ftsup.supervisor import codec
 from ftsup.supervisor.core import events as ev
 from ftsup.supervisor.core.directives import Action, Directive, EnvVar, RestoreFrom, SdcCheckOrder, SdcSnapshotSource
+from ftsup.v1 import events_pb2
 from tests.support.strategies import STRATEGIES, finite, text, u32, u64
+
 
 def test_every_event_kind_has_a_strategy_and_a_proto_case():
     assert set(STRATEGIES) == set(ev.EVENT_TYPES)
@@ -60,8 +61,8 @@ def test_core_event_fields_match_their_proto_messages():
 
 
 def test_every_cluster_state_field_has_a_snapshot_field():
-    from ftsup.v1 import state_pb2
     from ftsup.supervisor.core import state as core_state
+    from ftsup.v1 import state_pb2
 
     for cls in (core_state.ClusterState, core_state.NodeRecord, core_state.Generation, core_state.EndedGeneration,
                 core_state.CommittedSnapshot, core_state.Completion, core_state.CommittedCheckpoint,
@@ -71,9 +72,9 @@ def test_every_cluster_state_field_has_a_snapshot_field():
 
 
 def test_open_sdc_checks_and_an_sdc_result_round_trip_through_a_state_snapshot_and_the_wire():
-    from ftsup.v1 import agent_pb2, state_pb2
     from ftsup.supervisor.core.state import ClusterState
     from ftsup.supervisor.server.agent_service import to_input
+    from ftsup.v1 import agent_pb2, state_pb2
 
     digests = (ev.SdcRankDigests(0, "n1", "g0", "p"), ev.SdcRankDigests(2, "n3", "g2", "p"))
     check = ev.SdcCheckStarted("sdc-7", 5, 2, "n3", "s1", 1, "scheduled", "", digests, (), ("n4", "n3"), 4)

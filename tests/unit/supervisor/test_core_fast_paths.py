@@ -33,8 +33,8 @@ from ftsup.supervisor.core.events import (
 )
 from ftsup.supervisor.core.evolve import evolve
 from ftsup.supervisor.core.policies import failure, planner, restore
-from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_step
 from ftsup.supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
+from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_step
 from ftsup.supervisor.core.state import (
     ClusterState,
     CommittedCheckpoint,

@@ -12,7 +12,12 @@ import pytest
 from ftsup.supervisor.core.config import CoreConfig, JobSpec
 from ftsup.supervisor.core.directives import directive_for
 from ftsup.supervisor.core.events import (
-    EndReason, GenerationEnded, GenerationStarted, NodeDeclaredDead, NodeQuarantined, RestoreKind,
+    EndReason,
+    GenerationEnded,
+    GenerationStarted,
+    NodeDeclaredDead,
+    NodeQuarantined,
+    RestoreKind,
 )
 from ftsup.supervisor.core.inputs import Heartbeat, StreamClosed, Tick
 from tests.support.builders import NOW, Sim, config, hello
@@ -55,7 +60,7 @@ def test_without_a_spare_a_lost_node_shrinks_the_job_and_ranks_learn_the_full_wo
     step(sim, 1, 2)
     alive(sim, NOW + 4.0)
     events = kill(sim, "n4", 4, NOW + 5.0)
-    kinds = [type(e) for e in events if not type(e).__name__ == "NodeSuspected"]
+    kinds = [type(e) for e in events if type(e).__name__ != "NodeSuspected"]
     assert kinds == [NodeDeclaredDead, GenerationEnded, NodeQuarantined, GenerationStarted], events
     started = events[-1]
     # 3 healthy nodes; 3 does not divide 4: the largest allowed world is 2 nodes (4 ranks).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pathlib
 import itertools
+import pathlib
 
 import pytest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from ftsup.v1 import operator_pb2
 from ftsup.supervisor.server.log_relay import RelayRefused, target_of
+from ftsup.v1 import operator_pb2
 from tests.support.builders import Sim, config, hello
 
 

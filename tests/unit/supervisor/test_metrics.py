@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.common.metrics_http import MetricsListenError, serve_metrics, split_listen
 from ftsup.supervisor.core.inputs import StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.metrics import SupervisorMetrics, ThroughputConfig
-from ftsup.common.metrics_http import MetricsListenError, serve_metrics, split_listen
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from tests.support.builders import config, hello
 
@@ -102,8 +102,8 @@ def test_bad_settings_are_named():
 async def test_with_the_daemons_tls_files_metrics_are_https_and_need_a_client_certificate_from_the_ca(tmp_path):
     import ssl
 
-    from ftsup.harness.certs import main as certs_main
     from ftsup.common import tls
+    from ftsup.harness.certs import main as certs_main
 
     pki = tmp_path / "pki"
     assert certs_main(["--out", str(pki), "--supervisors", "sup-1", "--operators", "prometheus:read"]) == 0

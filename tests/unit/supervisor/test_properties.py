@@ -14,14 +14,14 @@ from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import (
     Heartbeat,
     OperatorRequest,
-    TrainerHung,
-    XidReport,
     RankFinished,
     SnapshotReport,
     StepReport,
     StreamClosed,
     Tick,
     TrainerExit,
+    TrainerHung,
+    XidReport,
 )
 from ftsup.supervisor.core.state import ClusterState
 from tests.support.builders import NOW, Sim, config, hello

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.api import LogUnavailable
 from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from tests.support.builders import config, hello
 
@@ -58,7 +58,7 @@ async def test_a_restarted_runtime_replays_from_its_snapshot_to_the_same_state()
     clock = Clock()
     runtime = Runtime(config(nodes=2, ranks_per_node=1), log, clock=clock, wall_clock=lambda: 0.0,
                       snapshot_every=2)
-    for i, node in enumerate(("n1", "n2")):
+    for node in ("n1", "n2"):
         await handle(runtime, hello(node, stream_id=runtime.open_stream(StreamOutbox())))
     await handle(runtime, Tick())
     assert runtime.state.generation is not None

@@ -84,7 +84,7 @@ async def test_the_page_its_reads_and_its_refusals() -> None:
     from ftsup.harness.status_load import SyntheticStatus
 
     synthetic = SyntheticStatus(nodes=4, spares=1)
-    await synthetic._serve_setup()  # noqa: SLF001 - same loop as the test
+    await synthetic._serve_setup()
     server = await serve_status(synthetic.runtime, "127.0.0.1:0")  # type: ignore[arg-type]
     port = server.sockets[0].getsockname()[1]
     try:

@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from ftsup.supervisor.core.inputs import StepAggregate, StepReport
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import AgentService
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 from tests.support.builders import config
+
 
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
     """Waits on the loop (the servers run on it) for `predicate`, failing at the deadline."""

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from ftsup.harness import cli as ftsup_cli
 from ftsup.checkpoint import flows
 from ftsup.checkpoint.cli import main, parse_duration_s
 from ftsup.checkpoint.local import LocalDirStore
 from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_for
+from ftsup.harness import cli as ftsup_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 ROOT = Layout("")

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
 from ftsup.checkpoint.errors import ObjectExists, StoreError
 from ftsup.checkpoint.local import LocalDirStore
+from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
 
 
 class TestLocalDirStoreContract(ObjectStoreContract):

@@ -12,9 +12,22 @@ import pytest
 from ftsup.checkpoint import digest
 from ftsup.checkpoint.errors import IncompleteCheckpoint
 from ftsup.checkpoint.manifest import (
-    Layout, Manifest, ShardIndex, ShardReport, Sharding, Topology, Versions, check_shard_indexes,
-    check_shard_reports, checkpoint_id_for, decode_manifest, decode_shard_index, encode_manifest,
-    encode_shard_index, mismatch, step_of,
+    Layout,
+    Manifest,
+    ShardIndex,
+    Sharding,
+    ShardReport,
+    Topology,
+    Versions,
+    check_shard_indexes,
+    check_shard_reports,
+    checkpoint_id_for,
+    decode_manifest,
+    decode_shard_index,
+    encode_manifest,
+    encode_shard_index,
+    mismatch,
+    step_of,
 )
 from ftsup.checkpoint.store import ObjectInfo
 

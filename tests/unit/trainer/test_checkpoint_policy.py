@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from ftsup.common.backoff import Backoff
 from ftsup.checkpoint import digest
 from ftsup.checkpoint.errors import ReshardRefused, StoreUnavailable
 from ftsup.checkpoint.manifest import Layout, Manifest, Sharding, Topology, Versions, checkpoint_id_for
 from ftsup.checkpoint.policy import RestoreMode, plan_gc, plan_restore, plan_stale_uploads
-from ftsup.checkpoint.store import PendingUpload
 from ftsup.checkpoint.retry import Retrier
+from ftsup.checkpoint.store import PendingUpload
+from ftsup.common.backoff import Backoff
 
 V = Versions("data-1", "tok-1")
 

@@ -5,10 +5,10 @@ import random
 
 import pytest
 import torch
-from ftsup.trainer.integrations import hf
-from ftsup.trainer.integrations.state import ResumePosition
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+from ftsup.trainer.integrations import hf
+from ftsup.trainer.integrations.state import ResumePosition
 from tests.unit.trainer.test_trainer_session import FakeClient, make_session
 
 

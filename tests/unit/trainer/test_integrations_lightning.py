@@ -4,8 +4,8 @@ round trip through a real (tiny, CPU, single-process) Lightning fit over a fake 
 import lightning as L
 import pytest
 import torch
-from ftsup.trainer.integrations import lightning as ftsup_lightning
 
+from ftsup.trainer.integrations import lightning as ftsup_lightning
 from tests.unit.trainer.test_trainer_session import FakeClient, make_session
 
 NODE_2 = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",

@@ -5,6 +5,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+
 from ftsup.trainer.integrations.state import (
     Protected,
     ResumePosition,
@@ -13,7 +14,6 @@ from ftsup.trainer.integrations.state import (
     restore_parts,
     resume_position,
 )
-
 from tests.unit.trainer.test_trainer_session import (
     FakeClient,
     make_session,

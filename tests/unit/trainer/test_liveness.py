@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+
 from ftsup.agent.core.hang import HangConfig, Phase, check_hang, hang_limit_s
 from ftsup.agent.progress import ProgressTracker
 from ftsup.trainer import offline

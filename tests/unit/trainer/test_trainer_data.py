@@ -48,7 +48,7 @@ def test_batch_offsets_are_deterministic_and_in_range(seed, step, rank, batch_si
     offsets = data.batch_offsets(seed, step, rank, batch_size, seq_len, CORPUS_LEN)
     assert offsets == data.batch_offsets(seed, step, rank, batch_size, seq_len, CORPUS_LEN)
     assert len(offsets) == batch_size
-    assert all(0 <= o and o + seq_len + 1 <= CORPUS_LEN for o in offsets)
+    assert all(o >= 0 and o + seq_len + 1 <= CORPUS_LEN for o in offsets)
 
 
 def test_different_steps_ranks_and_seeds_get_different_batches():

@@ -11,11 +11,11 @@ import grpc
 import pytest
 import torch
 
-from ftsup.v1 import peer_pb2_grpc
 from ftsup.harness.cluster import ClusterError, wait_until
-from ftsup.trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot
 from ftsup.trainer import snapshot as snapshot_module
+from ftsup.trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot
 from ftsup.trainer.session import LaunchEnv, Session
+from ftsup.v1 import peer_pb2_grpc
 
 ENV = {
     "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
