@@ -170,7 +170,7 @@ class LocalCluster:
             self._master_ports = ports.reserve(MASTER_PORT_SPAN)
         return self._master_ports
 
-    def start_agent(self, node_id: str, role: str) -> NodeProcess:
+    def start_agent(self, node_id: str, role: str, extra_args: tuple[str, ...] = ()) -> NodeProcess:
         node_dir = self.workdir / "nodes" / node_id
         node_dir.mkdir(parents=True, exist_ok=True)
         process = self._spawn(
@@ -179,7 +179,7 @@ class LocalCluster:
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
              "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
              "--warm-trainers", str(self.spec.warm_trainers), "--xid-log", str(node_dir / "kern.log"),
-             "--log-json", *self.spec.agent_args],
+             "--log-json", *self.spec.agent_args, *extra_args],
             node_dir / "agent.log",
         )
         node = NodeProcess(node_id, role, process, node_dir / "agent.log")
