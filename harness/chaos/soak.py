@@ -32,6 +32,7 @@ import grpc
 
 from ftsup.v1 import events_pb2, operator_pb2
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK
+from ftsup.supervisor.eventlog.embedded import DEFAULT_SEGMENT_BYTES, KEEP_SNAPSHOTS
 from ftsup.harness.chaos import checks
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.reference import ReferenceKey, trainer_base_argv
@@ -63,7 +64,6 @@ class Limits:
     fd_growth: int = 16
     thread_growth: int = 8
     task_growth: int = 16
-    log_records_bound: int = 3 * SNAPSHOT_EVERY  # head - first kept seq: two snapshots' worth plus a batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +152,31 @@ def growth_problems(who: str, base: Usage, end: Usage, limits: Limits) -> list[s
     if base.tasks is not None and end.tasks is not None and end.tasks - base.tasks > limits.task_growth:
         problems.append(f"{who}: asyncio tasks grew {end.tasks - base.tasks} > {limits.task_growth}"
                         f" ({base.tasks} -> {end.tasks})")
+    return problems
+
+
+def log_bound_problems(head_seq: int, segments: dict[int, int], snapshots: list[int], snapshot_every: int,
+                       segment_bytes: int = DEFAULT_SEGMENT_BYTES, slack: int = 64) -> list[str]:
+    """The embedded log's compaction bound (supervisor/eventlog/embedded.py): at most KEEP_SNAPSHOTS
+    snapshots, the newest within `snapshot_every` records (plus a batch of `slack`) of the head, and
+    no segment kept that the older snapshot wholly covers. Compaction drops whole segments
+    (`segment_bytes` each), so the records kept are bounded in bytes, not in count: a short job's
+    log stays in its first segment. `segments`: first seq -> bytes."""
+    problems = []
+    if len(snapshots) > KEEP_SNAPSHOTS:
+        problems.append(f"the event log keeps {len(snapshots)} snapshots > {KEEP_SNAPSHOTS}: {snapshots}")
+    if head_seq > snapshot_every + slack and (not snapshots or head_seq - snapshots[-1] > snapshot_every + slack):
+        newest = snapshots[-1] if snapshots else 0
+        problems.append(f"the event log's newest snapshot (seq {newest}) is {head_seq - newest} records behind the"
+                        f" head {head_seq} > --snapshot-every {snapshot_every} + {slack}")
+    firsts = sorted(segments)
+    covered = [first for first, following in zip(firsts, firsts[1:]) if snapshots and following <= snapshots[0] + 1]
+    if covered:
+        problems.append(f"the event log keeps {len(covered)} segment(s) its older snapshot (seq {snapshots[0]})"
+                        f" covers, from seq {covered[0]}")
+    total = sum(segments.values())
+    if total > 2 * segment_bytes:
+        problems.append(f"the event log's segments hold {total} bytes > 2 x {segment_bytes}")
     return problems
 
 
@@ -442,16 +467,13 @@ class Soak:
         return problems
 
     def log_problems(self) -> list[str]:
-        """The event log kept no more than its compaction bound (head - first kept seq)."""
+        """The embedded event log on disk within its compaction bound (log_bound_problems)."""
         assert self.cluster is not None
         try:
-            kept = self.cluster.events(1)
-        except grpc.RpcError as exc:
-            return [f"could not read the event log: {exc.code()}"]
-        if not kept:
-            return ["the event log is empty"]
-        span = kept[-1].seq - kept[0].seq + 1
-        if span > self.limits.log_records_bound:
-            return [f"the event log keeps {span} records (seq {kept[0].seq}..{kept[-1].seq}) > its compaction bound"
-                    f" {self.limits.log_records_bound} (--snapshot-every {SNAPSHOT_EVERY})"]
-        return []
+            head = self.cluster.events(max(self.records, default=1))[-1].seq
+        except (grpc.RpcError, IndexError) as exc:
+            return [f"could not read the event log's head: {exc}"]
+        directory = self.workdir / "supervisor"
+        segments = {int(p.stem): p.stat().st_size for p in (directory / "segments").glob("*.seg")}
+        snapshots = sorted(int(p.stem) for p in (directory / "snapshots").glob("*.snap"))
+        return log_bound_problems(head, segments, snapshots, SNAPSHOT_EVERY)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ftsup.v1 import events_pb2
-from ftsup.harness.chaos.soak import Limits, Usage, growth_problems, restarts_without_progress
+from ftsup.harness.chaos.soak import Limits, Usage, growth_problems, log_bound_problems, restarts_without_progress
 
 LIMITS = Limits(rss_growth_mib=10, fd_growth=2, thread_growth=1, task_growth=3)
 BASE = Usage(rss_kib=50_000, fds=20, threads=10, tasks=30)
@@ -43,3 +43,18 @@ def test_a_generation_that_ended_without_progress_is_named() -> None:
     ]
     problems = restarts_without_progress(records)
     assert len(problems) == 1 and problems[0].startswith("generation 2 ended (END_REASON_HUNG) at step 5"), problems
+
+
+def test_a_log_compacted_to_its_bound_is_no_problem_even_in_one_segment() -> None:
+    assert log_bound_problems(559, {1: 41_048}, [400, 500], 100) == []
+    assert log_bound_problems(50, {1: 4_000}, [], 100) == []  # no snapshot due yet
+    assert log_bound_problems(1_000, {450: 900, 850: 500}, [800, 900], 100) == []  # 450's holds 800
+
+
+def test_a_log_that_stopped_compacting_is_named() -> None:
+    (behind,) = log_bound_problems(900, {1: 41_048}, [400, 500], 100)
+    assert "newest snapshot (seq 500) is 400 records behind" in behind
+    (covered,) = log_bound_problems(1_000, {1: 900, 450: 500, 950: 10}, [800, 900], 100)
+    assert "keeps 1 segment(s) its older snapshot (seq 800) covers, from seq 1" in covered
+    (many,) = log_bound_problems(1_000, {1: 10}, [800, 900, 950], 100)
+    assert "3 snapshots" in many
