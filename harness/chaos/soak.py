@@ -205,6 +205,7 @@ class Soak:
         self.records: dict[int, events_pb2.Record] = {}
         self.spares_started = 0
         self.cluster: LocalCluster | None = None
+        self.supervisor_metrics = ""  # the supervisor's /metrics address, set when the run starts
 
     # -- the cluster ------------------------------------------------------------------------------
     def spec(self) -> ClusterSpec:
@@ -375,7 +376,8 @@ class Soak:
         started = time.monotonic()
         self.supervisor_metrics = f"127.0.0.1:{free_port()}"
         spec = self.spec()
-        spec = dataclasses.replace(spec, supervisor_args=spec.supervisor_args + ("--metrics-listen", self.supervisor_metrics))
+        spec = dataclasses.replace(
+            spec, supervisor_args=spec.supervisor_args + ("--metrics-listen", self.supervisor_metrics))
         try:
             with LocalCluster(spec, self.workdir) as cluster:
                 self.cluster = cluster
