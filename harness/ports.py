@@ -3,7 +3,8 @@
 The rule: a port the harness hands out (a supervisor's listen address, a job's master-port span,
 an etcd member's, an offline reference's rendezvous) is (1) outside the kernel's ephemeral range
 (/proc/sys/net/ipv4/ip_local_port_range), so no outgoing connection of any process can take it
-between our check and the child's bind (the EADDRINUSE once seen at a rendezvous port: a
+between our check and the child's bind, and outside 29400-29999 (torch's and a job file's fixed
+default ports, which other processes bind without asking) (the EADDRINUSE once seen at a rendezvous port: a
 `bind(0)` port is an ephemeral one, and the master-port span overlapped that range), (2) recorded
 in a registry under /tmp (one file per reservation, naming its owner's pid and start time) while
 its owner lives, so two sessions never hand out the same port, and (3) bindable at reservation.
@@ -30,6 +31,9 @@ from dataclasses import dataclass
 LOWEST_PORT = 10000
 HIGHEST_PORT = 65535
 EPHEMERAL_RANGE_PATH = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Fixed defaults others bind without asking the registry: torchrun's rendezvous (29400), torch's
+# MASTER_PORT (29500) and a job file's default master-port span (29500 + 500).
+UNREGISTERED_DEFAULTS = range(29400, 30000)
 
 
 class PortsExhausted(RuntimeError):
@@ -156,6 +160,8 @@ class PortRegistry:
                 low, high = self._rng.choice(spans)
                 first = self._rng.randint(low, high)
                 if any(r.overlaps(first, count) for r in taken):
+                    continue
+                if first < UNREGISTERED_DEFAULTS.stop and UNREGISTERED_DEFAULTS.start < first + count:
                     continue
                 if not all(is_bindable(port) for port in range(first, first + count)):
                     continue

@@ -23,6 +23,7 @@ def test_reserved_ports_avoid_the_ephemeral_range(tmp_path: pathlib.Path) -> Non
     for _ in range(20):
         r = reg.reserve(8)
         assert all(not EPHEMERAL[0] <= p <= EPHEMERAL[1] for p in r.ports), r
+        assert not set(r.ports) & set(range(29400, 30000)), r  # torch's fixed defaults
 
 
 def test_two_sessions_never_get_overlapping_ports(tmp_path: pathlib.Path) -> None:
@@ -69,3 +70,9 @@ def test_release_frees_the_ports(tmp_path: pathlib.Path) -> None:
     r = reg.reserve(2)
     reg.release(r)
     assert reg.held() == []
+
+
+def test_torchs_fixed_default_ports_are_never_handed_out(tmp_path: pathlib.Path) -> None:
+    # Candidates start at 29390..29412 for 8 ports: only 29390..29392 stay clear of 29400.
+    reg = PortRegistry(tmp_path, rng=random.Random(5), ephemeral=(29420, 65535), lowest=29390)
+    assert reg.reserve(8).first in (29390, 29391, 29392)
