@@ -81,10 +81,12 @@ class FakePeers:
     def __init__(self, blobs: dict[tuple[str, int, int], Blob]) -> None:
         self.blobs = blobs
         self.fetched: list[tuple[str, int, int]] = []
+        self.expected_nodes: list[str] = []  # the node each fetch pinned (PeerClient checks it under mTLS)
 
     async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
-                    *, generation: int = 0) -> Blob:
+                    *, generation: int = 0, node_id: str = "") -> Blob:
         self.fetched.append((address, rank, step))
+        self.expected_nodes.append(node_id)
         if (address, rank, step) not in self.blobs:
             raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
         blob = self.blobs[(address, rank, step)]

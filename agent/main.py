@@ -164,7 +164,8 @@ async def run_agent(config: AgentConfig) -> int:
                                                        log.bind(part="xid"))))
     metrics_server = None
     if config.metrics_listen:
-        collector = AgentCollector(config.node_id, store, launcher.running, progress, reports)
+        collector = AgentCollector(config.node_id, store, launcher.running, progress, reports,
+                                   runner.idle if isinstance(runner, WarmPoolRunner) else None)
         metrics_server = await serve_metrics(agent_registry(collector), config.metrics_listen, tls_files=files)
     link_task = asyncio.create_task(link.run())
     applier = asyncio.create_task(apply_directives())

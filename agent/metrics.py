@@ -17,18 +17,21 @@ from prometheus_client.registry import Collector
 from ftsup.agent.link import Reports
 from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.snapshots import SnapshotStore
+from ftsup.common.loop_metrics import LoopCollector
 
 Running = Callable[[], tuple[int, tuple[int, ...], set[int]]]  # Launcher.running
+WarmIdle = Callable[[], int]  # WarmPoolRunner.idle: warm processes ready now
 
 
 class AgentCollector(Collector):
     def __init__(self, node_id: str, store: SnapshotStore, running: Running, progress: ProgressTracker,
-                 reports: Reports) -> None:
+                 reports: Reports, warm_idle: WarmIdle | None = None) -> None:
         self._node_id = node_id
         self._store = store
         self._running = running
         self._progress = progress
         self._reports = reports
+        self._warm_idle = warm_idle
 
     def describe(self) -> Sequence[Metric]:
         return []
@@ -49,6 +52,9 @@ class AgentCollector(Collector):
         yield _gauge("ftsup_agent_reports_queued", "Reports waiting for the supervisor", node, len(self._reports))
         yield _gauge("ftsup_agent_reports_dropped", "Reports dropped because the queue was full", node,
                      self._reports.dropped)
+        if self._warm_idle is not None:
+            yield _gauge("ftsup_agent_warm_trainers_idle", "Pre-warmed trainer processes ready to launch",
+                         node, self._warm_idle())
         last_step = GaugeMetricFamily("ftsup_agent_rank_last_step", "Newest step a rank reported",
                                       labels=["node", "rank"])
         step_time = GaugeMetricFamily("ftsup_agent_rank_step_seconds", "A rank's latest step time",
@@ -69,6 +75,7 @@ class AgentCollector(Collector):
 def agent_registry(collector: AgentCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
+    registry.register(LoopCollector())
     return registry
 
 

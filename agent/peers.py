@@ -1,6 +1,9 @@
 """Client side of AgentPeer: stream a snapshot to a buddy, fetch one from a source node.
 
-Owns the channels to other agents (one per address, reused) and the retry policy for them. Both
+Owns the channels to other agents (one per address and expected node, reused) and the retry
+policy for them. Under mTLS every channel pins the node it expects (common/tls.expect_node): the
+handshake accepts only that node's certificate, so a peer at a reused or hijacked address that
+presents another node's identity is refused before a byte of a snapshot moves. Both
 directions are chunk streams (agent/streams.py): a store may start while the snapshot is still
 arriving from the trainer (pipelined), and a retry restarts it from its first byte.
 Errors leave as `PeerUnavailable` (retryable, raised after the deadline, or refused by the peer),
@@ -19,6 +22,7 @@ import grpc
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
 from ftsup.agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send
+from ftsup.common import tls
 from ftsup.common.backoff import Backoff
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
@@ -38,6 +42,10 @@ class PeerUnavailable(RuntimeError):
     """The peer could not be reached (or refused) until the retry deadline."""
 
 
+class PeerIdentityUnknown(PeerUnavailable):
+    """Under mTLS a peer call must name the node it expects at the address; this one did not."""
+
+
 ACCEPTED = "ftsup-snapshot-accepted"  # initial metadata key: the peer took the header on
 
 
@@ -50,27 +58,33 @@ class PeerClient:
                  *, chunk_bytes: int = CHUNK_BYTES, options: list[tuple[str, int]] | None = None,
                  node_id: str = "") -> None:
         self._node_id = node_id  # named in fetch requests (without mTLS the source takes it as a claim)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}  # (address, expected node id)
         self._rng = rng or random.Random()
         self._credentials = credentials  # mTLS to peers (their AgentPeer requires it); None: plaintext
         self._chunk_bytes = chunk_bytes
         self._options = options if options is not None else MESSAGE_OPTIONS
 
-    def _stub(self, address: str) -> peer_pb2_grpc.AgentPeerStub:
-        channel = self._channels.get(address)
+    def _stub(self, address: str, node_id: str) -> peer_pb2_grpc.AgentPeerStub:
+        channel = self._channels.get((address, node_id))
         if channel is None:
-            channel = (grpc.aio.secure_channel(address, self._credentials, options=self._options)
-                       if self._credentials is not None else grpc.aio.insecure_channel(address, options=self._options))
-            self._channels[address] = channel
+            if self._credentials is not None:
+                if not node_id:
+                    raise PeerIdentityUnknown(f"a peer call to {address} under mTLS must name the node expected there")
+                options = [*self._options, *tls.expect_node(node_id)]
+                channel = grpc.aio.secure_channel(address, self._credentials, options=options)
+            else:  # plaintext (loopback tests, --insecure): nothing to pin
+                channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[(address, node_id)] = channel
         return peer_pb2_grpc.AgentPeerStub(channel)
 
     async def store(self, address: str, ident: SnapshotId, size_bytes: int, pieces: Pieces,
-                    backoff: Backoff = STORE_BACKOFF) -> str:
+                    backoff: Backoff = STORE_BACKOFF, *, node_id: str = "") -> str:
         """Streams a snapshot to the peer at `address`; returns the holder node id it reports.
 
         `pieces()` yields the payload's slices and, with the last, its SHA-256 (`Incoming.follow`
         for a snapshot still arriving); it raising InvalidSnapshot cancels the stream, and the peer
-        keeps nothing.
+        keeps nothing. `node_id` is the node expected at `address` (the directive's buddy): under
+        mTLS the handshake accepts only its certificate.
         """
         header = header_of(ident, size_bytes)
 
@@ -96,21 +110,23 @@ class PeerClient:
                 call.cancel()  # the peer discards the partial stream
                 raise
 
-        response = await self._retry(address, backoff, attempt)
+        response = await self._retry(address, node_id, backoff, attempt)
         return response.holder_node_id
 
-    async def store_blob(self, address: str, blob: Blob, backoff: Backoff = STORE_BACKOFF) -> str:
-        """Streams a held blob to the peer at `address`."""
+    async def store_blob(self, address: str, blob: Blob, backoff: Backoff = STORE_BACKOFF, *,
+                         node_id: str = "") -> str:
+        """Streams a held blob to node `node_id`'s peer at `address`."""
         return await self.store(address, blob.ident, blob.size_bytes,
-                                lambda: held_pieces(blob, self._chunk_bytes), backoff)
+                                lambda: held_pieces(blob, self._chunk_bytes), backoff, node_id=node_id)
 
     async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
-                    backoff: Backoff = FETCH_BACKOFF, *, generation: int = 0) -> Blob:
+                    backoff: Backoff = FETCH_BACKOFF, *, generation: int = 0, node_id: str = "") -> Blob:
         """Fetches the (rank, step) snapshot from the peer at `address`, verified as it streams in.
 
         With `store`, it is received into the store (reserved against its memory limit, held once
         verified); without, into a buffer of its own. `generation` is the one the fetch is for: a
         source that has not applied it yet answers UNAVAILABLE, and the fetch is retried.
+        `node_id` is the source node expected at `address` (pinned under mTLS, as for `store`).
         """
         request = peer_pb2.FetchSnapshotRequest(rank=rank, step=step, generation=generation, node_id=self._node_id)
 
@@ -130,7 +146,7 @@ class PeerClient:
             finally:
                 call.cancel()  # no-op once the stream ended
 
-        return await self._retry(address, backoff, attempt)
+        return await self._retry(address, node_id, backoff, attempt)
 
     @staticmethod
     def _incoming(ident: SnapshotId, size_bytes: int, store: SnapshotStore | None) -> Incoming:
@@ -141,14 +157,15 @@ class PeerClient:
         return Incoming(ident, Assembly(ident.describe(), size_bytes, physical_memory_bytes()))
 
     async def _retry(
-        self, address: str, backoff: Backoff, call: Callable[[peer_pb2_grpc.AgentPeerStub], Awaitable[T]]
+        self, address: str, node_id: str, backoff: Backoff,
+        call: Callable[[peer_pb2_grpc.AgentPeerStub], Awaitable[T]],
     ) -> T:
         """Retries UNAVAILABLE-like failures with jittered backoff until the policy's deadline."""
         waited_s = 0.0
         attempt = 0
         while True:
             try:
-                return await call(self._stub(address))
+                return await call(self._stub(address, node_id))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise SnapshotMissing(f"{address}: {exc.details()}") from exc

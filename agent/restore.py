@@ -106,7 +106,8 @@ class RestoreBook:
             return Outcome(None, f"peer restore of rank {rank} names no source address")
         try:
             # Streamed into the store: verified as it lands, held once whole.
-            blob = await self._peers.fetch(source.source_address, rank, step, self._store, generation=self._generation)
+            blob = await self._peers.fetch(source.source_address, rank, step, self._store, generation=self._generation,
+                                           node_id=source.source_node_id)
         except (PeerUnavailable, SnapshotMissing, InvalidSnapshot, SnapshotMemoryFull) as exc:
             return Outcome(None, f"fetch from {source.source_node_id or '?'} ({source.source_address}): {exc}")
         return Outcome(blob)

@@ -158,7 +158,8 @@ class SdcChecker:
             if source.node_id == self._node_id or not source.address:
                 continue
             try:
-                blob = await self._peers.fetch(source.address, rank, step, generation=order.generation)
+                blob = await self._peers.fetch(source.address, rank, step, generation=order.generation,
+                                               node_id=source.node_id)
             except (PeerUnavailable, SnapshotMissing, InvalidSnapshot) as exc:
                 tried.append(f"{source.node_id}: {exc}")
                 continue

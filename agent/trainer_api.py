@@ -210,7 +210,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
         ident = incoming.ident
         try:
             await self._peers.store(buddy_address, ident, incoming.size_bytes,
-                                    lambda: incoming.follow(self._chunk_bytes))
+                                    lambda: incoming.follow(self._chunk_bytes), node_id=run.buddy_node_id)
         except InvalidSnapshot:
             return  # discarded here: the trainer is told why, the buddy kept nothing
         except (PeerUnavailable, Exception) as exc:

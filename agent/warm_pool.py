@@ -82,6 +82,10 @@ class WarmPoolRunner:
         await asyncio.sleep(self._refill_delay_s)
         await self._fill()
 
+    def idle(self) -> int:
+        """Warm processes alive and ready now (the metrics page's gauge; a soak checks it refills)."""
+        return sum(1 for h in self._idle if h.process.returncode is None)
+
     def _take(self) -> AsyncioHandle | None:
         while self._idle:
             handle = self._idle.pop(0)

@@ -13,7 +13,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +22,15 @@ from typing import TypeVar
 
 import grpc
 
+from ftsup.harness import ports
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc
 
 T = TypeVar("T")
+
+
+# Master ports a local job cycles through (one per generation, reused modulo the span): enough
+# for a soak's generations to never reuse a port still in TIME_WAIT of the previous one.
+MASTER_PORT_SPAN = 64
 
 
 class ClusterError(RuntimeError):
@@ -33,9 +38,9 @@ class ClusterError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port reserved machine-wide until this process exits (harness/ports.py's rule:
+    outside the ephemeral range, never handed to two sessions, bindable when reserved)."""
+    return ports.reserve(1).first
 
 
 def wait_until(check: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.1) -> T:
@@ -105,6 +110,7 @@ class LocalCluster:
     # process groups left behind by an agent killed alone (its trainers); stop() kills them too
     _orphan_groups: list[int] = field(default_factory=list)
     _paused_groups: set[int] = field(default_factory=set)
+    _master_ports: ports.Reservation | None = None  # the job's master-port span, released by stop()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 60.0) -> None:
@@ -129,7 +135,9 @@ class LocalCluster:
             "argv": list(self.spec.trainer_argv),
             "env": {**({"OMP_NUM_THREADS": "1", "TMPDIR": str(self.workdir / "tmp")} if self.spec.is_isolated else {}),
                     **dict(self.spec.trainer_env)},
-            "master_port_base": free_port() % 20000 + 20000,
+            # The whole span the planner cycles through (base + generation % span) is reserved.
+            "master_port_base": self._reserve_master_ports().first,
+            "master_port_span": MASTER_PORT_SPAN,
             **({"min_nodes": self.spec.min_nodes} if self.spec.min_nodes else {}),
             **dict(self.spec.job_keys),
         }
@@ -157,7 +165,12 @@ class LocalCluster:
         for address in self.addresses:
             self.wait_for(lambda a=address: self._answers(a), ready_timeout_s, f"the supervisor at {address}")
 
-    def start_agent(self, node_id: str, role: str) -> NodeProcess:
+    def _reserve_master_ports(self) -> ports.Reservation:
+        if self._master_ports is None:
+            self._master_ports = ports.reserve(MASTER_PORT_SPAN)
+        return self._master_ports
+
+    def start_agent(self, node_id: str, role: str, extra_args: tuple[str, ...] = ()) -> NodeProcess:
         node_dir = self.workdir / "nodes" / node_id
         node_dir.mkdir(parents=True, exist_ok=True)
         process = self._spawn(
@@ -166,7 +179,7 @@ class LocalCluster:
              "--workdir", str(node_dir), "--heartbeat-interval-s", str(self.spec.heartbeat_interval_s),
              "--gpus", "0", "--trainer-nice", str(self.spec.trainer_nice),
              "--warm-trainers", str(self.spec.warm_trainers), "--xid-log", str(node_dir / "kern.log"),
-             "--log-json", *self.spec.agent_args],
+             "--log-json", *self.spec.agent_args, *extra_args],
             node_dir / "agent.log",
         )
         node = NodeProcess(node_id, role, process, node_dir / "agent.log")
@@ -293,6 +306,9 @@ class LocalCluster:
             terminate_group(process)
         if self._channel is not None:
             self._channel.close()
+        if self._master_ports is not None:
+            ports.release(self._master_ports)
+            self._master_ports = None
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -11,11 +11,12 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from ftsup.harness import ports
 
 HEALTH_DEADLINE_S = 20.0
 
@@ -25,15 +26,8 @@ class EtcdClusterError(RuntimeError):
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (bound all at once so none is handed out twice)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """Distinct loopback ports, each reserved machine-wide until this process exits (harness/ports.py)."""
+    return [ports.reserve(1).first for _ in range(count)]
 
 
 @dataclass

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ftsup.common.loop_metrics import LoopCollector
 from ftsup.supervisor.core.events import (
     CheckpointCommitted,
     CheckpointStarted,
@@ -104,6 +105,7 @@ class SupervisorMetrics:
         """Registers the scrape-time collector over `runtime`'s views."""
         self._runtime = runtime
         self.registry.register(_StateCollector(runtime, self))
+        self.registry.register(LoopCollector())
 
     async def refresh(self) -> None:
         """Before a scrape: fold event-log records appended since the last one into goodput."""

@@ -28,7 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ftsup chaos", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Stage failures on a real local cluster and check ftsup's recovery.",
-        epilog=f"scenarios:\n{listing}\n\n`all` runs every scenario in this order.",
+        epilog=f"scenarios:\n{listing}\n\n`all` runs every scenario in this order. `soak` (alone) runs one long"
+               " job through --failures mixed failures and checks every resource returns to its baseline.",
     )  # fmt: skip
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names, or `all`")
     p.add_argument("--json", action="store_true", help="JSON on stdout: one object per scenario, one per line")
@@ -40,7 +41,33 @@ def parser() -> argparse.ArgumentParser:
                         " SeaweedFS (credentials from the environment when given)")
     p.add_argument("--s3-bucket", default="", help="bucket on --s3-endpoint (required with it)")
     p.add_argument("--s3-region", default="us-east-1", help="region of --s3-endpoint")
+    p.add_argument("--failures", type=int, default=50,
+                   help="`soak` only: failures to put one job through (default 50)")
     return p
+
+
+def run_soak(args: argparse.Namespace, ctx: RunContext) -> int:
+    """`ftsup chaos soak`: one JSON line per failure, then the summary line (baselines, problems)."""
+    from ftsup.harness.chaos.soak import Soak
+
+    def report(failure: object) -> None:
+        if args.json:
+            print(json.dumps({"failure": failure.as_dict()}), flush=True)  # type: ignore[attr-defined]
+
+    result = Soak(ctx, args.failures).run(report)
+    if args.json:
+        print(json.dumps(result.summary()), flush=True)
+    else:
+        summary = result.summary()
+        print(f"soak {'passed' if result.passed else 'FAILED'}: {summary['failures']} failures,"
+              f" {summary['lost_steps_total']} steps lost in all, bitwise match {summary['bitwise_match']},"
+              f" {summary['duration_s']} s")
+        for f in result.failures:
+            print(f"  {f.index:>3} {f.kind:<22} {f.node:<8} step {f.step:>4} recovered_s {f.recovered_s}"
+                  f" lost {f.lost_steps}")
+        for problem in result.problems:
+            print(f"  - {problem}")
+    return EXIT_OK if result.passed else EXIT_FAILED
 
 
 def chosen(names: list[str]) -> list[str] | str:
@@ -78,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         for s in SCENARIOS:
             print(f"{s.name:<24} {s.description}" + (f" [needs: {', '.join(s.needs)}]" if s.needs else ""))
         return EXIT_OK
-    names = chosen(args.scenarios)
+    is_soak = args.scenarios == ["soak"]
+    if is_soak and args.failures < 1:
+        print(f"ftsup chaos: --failures must be >= 1, got {args.failures}", file=sys.stderr)
+        return EXIT_USAGE
+    names = ["soak"] if is_soak else chosen(args.scenarios)
     if isinstance(names, str):
         print(f"ftsup chaos: {names}", file=sys.stderr)
         return EXIT_USAGE
@@ -105,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = RunContext(workdir, say, timeout_s=args.timeout_s, s3_endpoint=s3)
     results: list[Result] = []
     try:
+        if is_soak:
+            return run_soak(args, ctx)
         for name in names:
             result = run_scenario(BY_NAME[name], ctx)
             results.append(result)

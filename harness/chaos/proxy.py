@@ -12,6 +12,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 _CHUNK = 64 * 1024
@@ -46,6 +47,8 @@ class PartitionProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._closed = threading.Event()
+        self._cut = threading.Event()  # set: drop every open connection on the next pass
+        self.cuts = 0  # connections dropped by cut()
         self._thread = threading.Thread(target=self._run, name=f"partition-proxy-{self.address}", daemon=True)
         self._thread.start()
 
@@ -58,6 +61,16 @@ class PartitionProxy:
 
     def heal(self) -> None:
         self._flowing.set()
+
+    def cut(self, timeout_s: float = 5.0) -> None:
+        """A network blip: every open connection through the proxy is closed at once (both ends
+        see EOF or a reset); new connections are accepted as before. Returns once it happened."""
+        self._cut.set()
+        deadline = time.monotonic() + timeout_s
+        while self._cut.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._cut.is_set():
+            raise TimeoutError(f"the proxy at {self.address} did not cut its connections in {timeout_s:g}s")
 
     def close(self) -> None:
         self._closed.set()
@@ -92,6 +105,12 @@ class PartitionProxy:
                 if pipe.to_a:
                     writers.append(pipe.a)
             readable, writable, _ = select.select(readers, writers, [], 0.1)
+            if self._cut.is_set():
+                for pipe in list(self._pipes):
+                    self._drop(pipe)
+                    self.cuts += 1
+                self._cut.clear()
+                continue
             if not self._flowing.is_set():
                 continue  # partitioned while waiting: what is ready stays in the kernel buffers
             if self._listener in readable:

@@ -173,6 +173,7 @@ async def test_peer_restore_fetches_and_stores_the_blob(tmp_path):
     assert node.store.get(4, 10) is not None
     with pytest.raises(RestoreUnavailable, match="n9"):
         await node.restores.get(5, 2)
+    assert peers.expected_nodes == ["n9", "n9"]  # the source's identity is pinned, not just its address
 
 
 def test_store_keeps_four_newest_steps_above_the_floor_and_counts_bytes():

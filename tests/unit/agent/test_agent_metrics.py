@@ -28,7 +28,7 @@ async def test_a_scrape_shows_snapshots_held_trainers_and_rank_progress():
     progress.start_generation(1, (0, 1))
     progress.record_step(1, 0, 7, 0.25)
     clock.now = 53.0
-    collector = AgentCollector("n1", store, lambda: (1, (0, 1), {0}), progress, Reports())
+    collector = AgentCollector("n1", store, lambda: (1, (0, 1), {0}), progress, Reports(), lambda: 2)
     server = await serve_metrics(agent_registry(collector), "127.0.0.1:0")
     try:
         status, body = await scrape(server.sockets[0].getsockname()[1])
@@ -43,3 +43,6 @@ async def test_a_scrape_shows_snapshots_held_trainers_and_rank_progress():
     assert sample(body, "ftsup_agent_rank_step_seconds", 'node="n1",rank="0"') == 0.25
     assert sample(body, "ftsup_agent_rank_seconds_since_progress", 'node="n1",rank="0"') == 3.0
     assert sample(body, "ftsup_agent_rank_seconds_since_progress", 'node="n1",rank="1"') == 3.0
+    assert sample(body, "ftsup_agent_warm_trainers_idle", node) == 2
+    # the scrape is answered on the loop: at least this test's task and the connection's handler
+    assert sample(body, "ftsup_asyncio_tasks", "") >= 2

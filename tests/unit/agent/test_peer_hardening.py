@@ -20,9 +20,10 @@ import structlog
 from ftsup.agent.grpc_options import message_options
 from ftsup.agent.peer_auth import MAX_STEP_LEAD, PeerAuthority
 from ftsup.agent.peer_service import PeerService
-from ftsup.agent.peers import ACCEPTED, PeerClient, PeerUnavailable
+from ftsup.agent.peers import ACCEPTED, PeerClient, PeerIdentityUnknown, PeerUnavailable
 from ftsup.agent.snapshots import Blob, SnapshotStore
 from ftsup.common import tls
+from ftsup.common.backoff import Backoff
 from ftsup.harness.certs import main as certs_main
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
@@ -98,7 +99,8 @@ def client(node_id: str = "a", credentials: grpc.ChannelCredentials | None = Non
 
 
 async def store(peer_address: str, hdr: peer_pb2.SnapshotHeader, payload: bytes = PAYLOAD,
-                node_id: str = "a", credentials: grpc.ChannelCredentials | None = None) -> str:
+                node_id: str = "a", credentials: grpc.ChannelCredentials | None = None, expect: str = "b",
+                deadline_s: float = 5.0) -> str:
     from ftsup.agent.streams import held_pieces, ident_of
     from ftsup.common.backoff import Backoff
 
@@ -106,7 +108,7 @@ async def store(peer_address: str, hdr: peer_pb2.SnapshotHeader, payload: bytes 
     peers = client(node_id, credentials)
     try:
         return await peers.store(peer_address, ident_of(hdr), len(payload), lambda: held_pieces(blob, CHUNK),
-                                 Backoff(initial_s=0.01, max_s=0.05, deadline_s=5.0))
+                                 Backoff(initial_s=0.01, max_s=0.05, deadline_s=deadline_s), node_id=expect)
     finally:
         await peers.close()
 
@@ -302,10 +304,38 @@ async def test_with_mtls_the_callers_certificate_decides_not_its_claims(tmp_path
         liar = PeerClient(random.Random(1), as_c, chunk_bytes=CHUNK, options=message_options(LIMIT), node_id="a")
         try:
             with pytest.raises(PeerUnavailable, match="claims node 'a' but its certificate is node/c"):
-                await liar.fetch(peer.address, 0, 5, generation=1)
+                await liar.fetch(peer.address, 0, 5, generation=1, node_id="b")
         finally:
             await liar.close()
         assert peer.store.keys() == [(0, 5)]
+
+
+async def test_with_mtls_a_peer_presenting_another_nodes_certificate_is_refused(tmp_path: pathlib.Path):
+    """The client pins the node it expects at the address (the directive's buddy, a restore's or
+    an SDC check's source): node c answering where b was expected never gets a snapshot."""
+    assert certs_main(["--out", str(tmp_path), "--nodes", "a,b,c"]) == 0
+
+    def files(node: str) -> tls.TlsFiles:
+        return tls.TlsFiles(tmp_path / f"node-{node}.pem", tmp_path / f"node-{node}.key", tmp_path / "ca.pem")
+
+    as_a = tls.channel_credentials(files("a"))
+    async with Peer(files=files("c")) as impostor:
+        with pytest.raises(PeerUnavailable, match="UNAVAILABLE"):
+            await store(impostor.address, header(), credentials=as_a, expect="b", deadline_s=0.3)
+        assert impostor.store.keys() == [] and impostor.holds_nothing_in_flight()
+        fetcher = client("a", as_a)
+        impostor.store.put(Blob(1, 0, 5, "a", PAYLOAD, SHA))
+        try:
+            with pytest.raises(PeerUnavailable, match="UNAVAILABLE"):
+                await fetcher.fetch(impostor.address, 0, 5, generation=1, node_id="b",
+                                    backoff=Backoff(initial_s=0.01, max_s=0.05, deadline_s=0.3))
+            with pytest.raises(PeerIdentityUnknown, match="must name the node expected"):
+                await fetcher.fetch(impostor.address, 0, 5, generation=1)
+            # the same address, pinned to the node whose certificate it presents, is served
+            await store(impostor.address, header(step=6, owner="a"), credentials=as_a, expect="c")
+            assert (0, 6) in impostor.store.keys()
+        finally:
+            await fetcher.close()
 
 
 def test_a_pinned_blob_is_counted_until_its_last_reader_lets_go_and_a_foreign_one_never():

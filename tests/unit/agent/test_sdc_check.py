@@ -73,6 +73,7 @@ async def test_the_verifier_fetches_the_snapshot_before_the_step_replays_it_and_
     await node.spawned()
     (process,) = node.runner.spawned
     assert peers.fetched == [("n4:1", 2, 4), ("n3:1", 2, 4)]
+    assert peers.expected_nodes == ["n4", "n3"]  # each source's identity is pinned, not just its address
     assert process.argv == ("python", "-m", "train")
     assert process.env["JOB"] == "x" and "RANK" not in process.env  # never a rank of the job's process group
     request = answer_as_the_replay_would(process, {r: (f"g{r}", "p") for r in range(4)})

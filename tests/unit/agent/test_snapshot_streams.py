@@ -64,7 +64,7 @@ class Node:
         self.peers = PeerClient(random.Random(1), chunk_bytes=CHUNK, options=message_options(LIMIT), node_id=node_id)
         self.authority = PeerAuthority(node_id)
         self.restores = RestoreBook(node_id, self.store, self.peers, LOG)
-        self.run = SimpleNamespace(generation=1, ranks=(0,), buddy_address="", checkpoint_steps=(),
+        self.run = SimpleNamespace(generation=1, ranks=(0,), buddy_address="", buddy_node_id="", checkpoint_steps=(),
                                    replaced=asyncio.Event())
         self.server = grpc.aio.server(options=message_options(LIMIT))
         self.address = ""
@@ -109,6 +109,7 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 1
 async def pair():
     a, b = await Node("a").start(), await Node("b").start()
     a.run.buddy_address = b.address
+    a.run.buddy_node_id = "b"
     b.run.ranks = (1,)
     b.grant(stores={"a": {0}}, fetches={"a": {0}, "spare": {0}})
     yield a, b
@@ -254,6 +255,7 @@ async def test_a_snapshot_over_the_memory_limit_is_refused_before_its_bytes_come
 async def test_a_buddy_without_room_refuses_its_copy_and_the_trainer_is_still_answered():
     a, b = await Node("a").start(), await Node("b", memory_limit_bytes=SIZE // 2).start()
     a.run.buddy_address = b.address
+    a.run.buddy_node_id = "b"
     b.run.ranks = (1,)
     b.grant(stores={"a": {0}})
     attempts = []

@@ -124,6 +124,29 @@ def test_the_partition_proxy_forwards_black_holes_without_closing_and_heals() ->
     upstream.close()
 
 
+def test_a_cut_closes_every_open_connection_and_new_ones_flow() -> None:
+    upstream = socket.create_server(("127.0.0.1", 0))
+    host, port = upstream.getsockname()
+    with PartitionProxy(f"{host}:{port}") as proxy:
+        proxy_host, proxy_port = proxy.address.rsplit(":", 1)
+        client = socket.create_connection((proxy_host, int(proxy_port)))
+        server, _ = upstream.accept()
+        proxy.cut()
+        assert proxy.cuts == 1
+        server.settimeout(5)
+        client.settimeout(5)
+        assert server.recv(16) == b""  # EOF on both ends: the stream is gone, not stalled
+        assert client.recv(16) == b""
+        again = socket.create_connection((proxy_host, int(proxy_port)))
+        fresh, _ = upstream.accept()
+        again.sendall(b"back")
+        fresh.settimeout(5)
+        assert fresh.recv(16) == b"back"
+        for sock in (client, server, again, fresh):
+            sock.close()
+    upstream.close()
+
+
 def test_scenario_names_are_unique_and_the_cli_rejects_an_unknown_one_by_name() -> None:
     names = [s.name for s in SCENARIOS]
     assert len(names) == len(set(names))
