@@ -215,8 +215,9 @@ def _run_torchft(ours: argparse.Namespace, args: argparse.Namespace) -> int:
     progress = open(ours.dir / f"progress-{attempt}.log", "a") if group == 0 else None  # noqa: SIM115
     while manager.current_step() < ours.steps:
         # The optimizer wrapper's zero_grad starts the quorum; step() commits or discards.
-        loss = _train_step(ddp, optimizer, tokens, args, manager.current_step() + 1, group, groups)
-        if progress is not None:
+        before = manager.current_step()
+        loss = _train_step(ddp, optimizer, tokens, args, before + 1, group, groups)
+        if progress is not None and manager.current_step() > before:  # a discarded step is no progress
             progress.write(f"step {manager.current_step()} world {manager.num_participants()} "
                            f"t {time.time():.4f} loss {loss:.4f}\n")
             progress.flush()

@@ -46,9 +46,9 @@ LOWER_IS_BETTER = FIGURES  # every figure here is a cost
 GOAL = {"regain_ratio": 0.5, "lost_steps": 1, "overhead_pp": 1.0}
 POLL_S = 0.05
 LINE = re.compile(rb"^step (\d+)(?: world (\d+) t ([0-9.]+))?", re.MULTILINE)
-INSTALL_HINT = ("cp -a .venv .venv-peers && .venv-peers/bin/python -m pip install --no-deps -e . && "
-                ".venv-peers/bin/python -m pip install -c <(echo torch==$(.venv/bin/python -c "
-                "'import torch; print(torch.__version__)')) '.[bench-peers]'")
+INSTALL_HINT = ("cp -a .venv .venv-peers && .venv/bin/python -c "
+                "\"import torch; print('torch==' + torch.__version__)\" > torch-pin.txt && "
+                ".venv-peers/bin/python -m pip install -c torch-pin.txt -e '.[bench-peers]'")
 
 
 # -- pure: records and figures -----------------------------------------------------------------
@@ -190,8 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="accepted for symmetry: the output is always JSON")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)} (default all)")
     p.add_argument("--repeats", type=int, default=5, help="kills per tool, each in a fresh run (default 5)")
-    p.add_argument("--steps", type=int, default=50, help="steps per run (default 50)")
-    p.add_argument("--kill-at", type=int, default=25, help="the step at which a node is killed (default 25)")
+    p.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
+    p.add_argument("--kill-at", type=int, default=35,
+                   help="the step at which a node is killed (default 35: mid-way between disk checkpoints)")
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="disk checkpoint interval of torchrun, ftsup run (Level 0), NVRx and DLRover's disk copy")
     p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the steady-state figure")
