@@ -80,12 +80,14 @@ def test_summary_gives_median_and_spread_and_ftsup_over_the_best_peer():
     assert spread([None]) is None
 
     def tool(regain: list[float], step_s: float) -> dict:
-        kills = [{"regain_s": r, "recovery_s": r, "lost_steps": 0, "peak_rss_mib": 100.0} for r in regain]
+        kills = [{"regain_s": r, "recovery_s": r, "lost_steps": 0, "peak_rss_mib": 100.0, "step_s": None}
+                 for r in regain]
         return aggregate("x", {"step_s": step_s, "peak_rss_mib": 90.0}, kills, plain_step_s=0.1)
 
     tools = {"torchrun": tool([20.0, 30.0, 25.0], 0.11), "torchft": tool([5.0, 6.0, 7.0], 0.12),
              "ftsup": tool([2.0, 3.0, 4.0], 0.115), "plain": tool([], 0.1)}
     assert tools["ftsup"]["figures"]["overhead_pct"]["median"] == 15.0
+    assert tools["ftsup"]["figures"]["step_s"]["missing"] == 3  # no pre-kill sample: counted, not zero
     r = ratios(tools)
     assert r["regain_s"] == {"best_peer": "torchft", "peer": 6.0, "ftsup": 3.0, "ratio": 0.5}
     assert r["overhead_pct"]["best_peer"] == "torchrun" and r["overhead_pct"]["difference_pp"] == 5.0
