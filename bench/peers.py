@@ -41,7 +41,7 @@ PEER_MODULES = {"torchft": "torchft", "nvrx": "nvidia_resiliency_ext", "dlrover"
 PEER_PACKAGES = {"torchft": "torchft-nightly", "nvrx": "nvidia-resiliency-ext", "dlrover": "dlrover",
                  "torchrun": "torch"}
 FIGURES = ("recovery_s", "lost_steps", "regain_s", "goodput_lost_s", "step_s", "overhead_pct", "peak_rss_mib",
-           "full_world_s", "reduced_step_s")
+           "full_world_s", "reduced_step_s", "samples_lost_steps")
 LOWER_IS_BETTER = FIGURES  # every figure here is a cost
 GOAL = {"regain_ratio": 0.5, "lost_steps": 1, "overhead_pp": 1.0}
 POLL_S = 0.05
@@ -104,6 +104,8 @@ def measure_kill(records: list[StepRecord], killed_at: float, full_world: int | 
         if reduced and back is None:  # the run ended first: a lower bound
             out["full_world_after_s"] = round(after[-1].t - killed_at, 3)
         out["reduced_steps"] = len(reduced)
+        # A step at half the world trains on half the samples: the data left out, in full steps.
+        out["samples_lost_steps"] = round(sum((full_world - r.world) / full_world for r in reduced if r.world), 1)
         out["reduced_step_s"] = (round((reduced[-1].t - reduced[0].t) / (len(reduced) - 1), 4)
                                  if len(reduced) > 1 else None)
     return out
@@ -140,7 +142,8 @@ def spread(values: list[float | None]) -> dict[str, Any] | None:
 def aggregate(tool: str, clean: dict[str, Any], kills: list[dict[str, Any]], plain_step_s: float | None) -> dict[str, Any]:
     """One tool's figures: per-kill figures as median and spread, plus its clean run's."""
     figures: dict[str, Any] = {}
-    for name in ("recovery_s", "lost_steps", "regain_s", "full_world_s", "reduced_step_s", "goodput_lost_s"):
+    for name in ("recovery_s", "lost_steps", "regain_s", "full_world_s", "reduced_step_s", "samples_lost_steps",
+                 "goodput_lost_s"):
         values = [k.get(name) for k in kills]
         if any(v is not None for v in values):
             figures[name] = spread(values)

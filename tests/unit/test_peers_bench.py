@@ -57,6 +57,7 @@ def test_a_tool_that_trains_on_reports_when_the_whole_world_is_back_and_how_fast
     assert (k["lost_steps"], k["first_step"]) == (0, 36)
     assert k["full_world_s"] == round(14.0 - 3.45, 3)
     assert k["reduced_step_s"] == 0.5 and k["reduced_steps"] == 10
+    assert k["samples_lost_steps"] == 5.0  # 10 steps at half the world
     never = measure_kill(before + reduced, killed_at=3.45, full_world=4, continuous=True)
     assert never["full_world_s"] is None and never["full_world_after_s"] == round(12.5 - 3.45, 3)
 
