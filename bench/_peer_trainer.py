@@ -31,10 +31,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
-
 from ftsup.trainer.core import data
-from ftsup.trainer.examples.gpt import GPT, parse_args as gpt_args
+from ftsup.trainer.examples.gpt import GPT
+from ftsup.trainer.examples.gpt import parse_args as gpt_args
+from torch.nn.parallel import DistributedDataParallel
 
 FLAVOURS = ("plain", "disk", "dlrover", "nvrx", "torchft")
 
@@ -152,7 +152,10 @@ class _FlashSaver(_Saver):
     def __init__(self, ours: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  rank: int) -> None:
         super().__init__(ours, model, optimizer, rank)
-        from dlrover.trainer.torch.flash_checkpoint.ddp import DdpCheckpointer, StorageType
+        from dlrover.trainer.torch.flash_checkpoint.ddp import (
+            DdpCheckpointer,
+            StorageType,
+        )
 
         self.storage = StorageType
         self.checkpointer = DdpCheckpointer(str(ours.dir / "flash"))
@@ -188,7 +191,9 @@ def _run_torchft(ours: argparse.Namespace, args: argparse.Namespace) -> int:
     step, a (re)joining group healed from a healthy one's state dict."""
     from datetime import timedelta
 
-    from torchft import DistributedDataParallel as FtDDP, Manager, Optimizer as FtOptimizer, ProcessGroupGloo
+    from torchft import DistributedDataParallel as FtDDP
+    from torchft import Manager, ProcessGroupGloo
+    from torchft import Optimizer as FtOptimizer
 
     group = int(os.environ["REPLICA_GROUP_ID"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -42,7 +42,6 @@ PEER_PACKAGES = {"torchft": "torchft-nightly", "nvrx": "nvidia-resiliency-ext", 
                  "torchrun": "torch"}
 FIGURES = ("recovery_s", "lost_steps", "regain_s", "goodput_lost_s", "step_s", "overhead_pct", "peak_rss_mib",
            "full_world_s", "reduced_step_s", "samples_lost_steps")
-LOWER_IS_BETTER = FIGURES  # every figure here is a cost
 GOAL = {"regain_ratio": 0.5, "lost_steps": 1, "overhead_pp": 1.0}
 POLL_S = 0.05
 LINE = re.compile(rb"^step (\d+)(?: world (\d+) t ([0-9.]+))?", re.MULTILINE)
@@ -316,7 +315,7 @@ class Launch:
     """A tool's processes (each in its own session), how to find the node to kill, its log files."""
 
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    victims: Callable[[], list[int]] = lambda: []  # pids whose process groups are one node
+    victims: Callable[[], list[int]] = list  # pids whose process groups are one node
     whole_groups: bool = True  # kill the victims' process groups (a node), not the pids alone
 
     def alive(self) -> bool:
