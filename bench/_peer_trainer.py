@@ -31,10 +31,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
 from ftsup.trainer.core import data
 from ftsup.trainer.examples.gpt import GPT
 from ftsup.trainer.examples.gpt import parse_args as gpt_args
-from torch.nn.parallel import DistributedDataParallel
 
 FLAVOURS = ("plain", "disk", "dlrover", "nvrx", "torchft")
 
