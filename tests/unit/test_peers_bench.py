@@ -4,6 +4,7 @@ ftsup's ratio to the best peer. No peer needs to be installed."""
 from __future__ import annotations
 
 import pytest
+
 from ftsup.bench.peers import (
     StepRecord,
     aggregate,
