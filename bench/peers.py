@@ -1,0 +1,603 @@
+"""Recovery from a node kill, side by side: ftsup against torchft, NVRx, DLRover and torchrun.
+
+Every tool trains the same model and data (the example GPT of trainer/examples/gpt.py, its
+defaults) at the same world (2 simulated nodes x 2 ranks, gloo on CPU) for `--steps` steps, once
+without a failure and `--repeats` times with one SIGKILL of a node at `--kill-at` (see
+docs/peers.md for how each tool is configured and what "a node" is to it). Per tool, from rank
+0's step log: seconds from the kill to the first step completed after it (`recovery_s`), steps
+lost, seconds until the step completed at the kill is completed again (`regain_s`, the headline),
+wall time lost against the same tool's failure-free run (`goodput_lost_s`), the steady-state
+seconds per step against plain DDP (`overhead_pct`), and the peak of the summed RSS of the tool's
+processes. torchft keeps training with the survivors: `full_world_s` (kill -> first step with every
+replica group back) and `reduced_step_s` (seconds per step meanwhile). The peers run from their
+own venv (`--peers-python`, made with `pip install -e '.[bench-peers]'` in a copy of ours).
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOLS = ("plain", "torchrun", "torchft", "nvrx", "dlrover", "ftsup-run", "ftsup")
+PEERS = ("torchrun", "torchft", "nvrx", "dlrover")
+NEEDS_PEERS_VENV = ("torchft", "nvrx", "dlrover")
+PEER_MODULES = {"torchft": "torchft", "nvrx": "nvidia_resiliency_ext", "dlrover": "dlrover"}
+PEER_PACKAGES = {"torchft": "torchft-nightly", "nvrx": "nvidia-resiliency-ext", "dlrover": "dlrover",
+                 "torchrun": "torch"}
+FIGURES = ("recovery_s", "lost_steps", "regain_s", "goodput_lost_s", "step_s", "overhead_pct", "peak_rss_mib",
+           "full_world_s", "reduced_step_s", "samples_lost_steps")
+GOAL = {"regain_ratio": 0.5, "lost_steps": 1, "overhead_pp": 1.0}
+POLL_S = 0.05
+LINE = re.compile(rb"^step (\d+)(?: world (\d+) t ([0-9.]+))?", re.MULTILINE)
+INSTALL_HINT = ("cp -a .venv .venv-peers && .venv/bin/python -c "
+                "\"import torch; print('torch==' + torch.__version__)\" > torch-pin.txt && "
+                ".venv-peers/bin/python -m pip install -c torch-pin.txt -e '.[bench-peers]'")
+
+
+# -- pure: records and figures -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A step rank 0 completed: in which attempt (restart count or generation), when, at what world."""
+
+    epoch: int
+    step: int
+    t: float
+    world: int | None = None
+
+
+def parse_lines(epoch: int, chunk: bytes, seen_at: float) -> list[StepRecord]:
+    """`step N [world W t T]` lines; without T the time the line was seen stands in."""
+    out = []
+    for m in LINE.finditer(chunk):
+        world = int(m.group(2)) if m.group(2) else None
+        t = float(m.group(3)) if m.group(3) else seen_at
+        out.append(StepRecord(epoch, int(m.group(1)), t, world))
+    return out
+
+
+def measure_kill(records: list[StepRecord], killed_at: float, full_world: int | None,
+                 continuous: bool) -> dict[str, float | None]:
+    """Figures of one kill. A restarting tool's first step after the kill is the first of a later
+    epoch (a step the old attempt finished as the kill landed is not a recovery); a tool that keeps
+    training (`continuous`) counts any later step, and `full_world_s`/`reduced_step_s` say when the
+    whole world was back and how fast it went meanwhile."""
+    before = [r for r in records if r.t <= killed_at]
+    if not before:
+        raise ValueError(f"no step completed before the kill at {killed_at}")
+    last = max(before, key=lambda r: r.t)
+    at_step = max(r.step for r in before if r.epoch == last.epoch)
+    after = sorted((r for r in records if r.t > killed_at and (continuous or r.epoch > last.epoch)),
+                   key=lambda r: r.t)
+    if not after:
+        return {"at_step": at_step, "recovery_s": None, "lost_steps": None, "regain_s": None}
+    first = after[0]
+    regained = next((r for r in after if r.step >= at_step), None)
+    out: dict[str, float | None] = {
+        "at_step": at_step, "first_step": first.step,
+        "recovery_s": round(first.t - killed_at, 3),
+        "lost_steps": max(0, at_step - first.step + 1),
+        "regain_s": round(regained.t - killed_at, 3) if regained else None,
+    }
+    if continuous and full_world is not None:
+        reduced = [r for r in after if r.world is not None and r.world < full_world]
+        back = next((r for r in after if reduced and r.t > reduced[0].t and r.world == full_world), None)
+        out["full_world_s"] = (round(back.t - killed_at, 3) if back else None) if reduced else out["recovery_s"]
+        if reduced and back is None:  # the run ended first: a lower bound
+            out["full_world_after_s"] = round(after[-1].t - killed_at, 3)
+        out["reduced_steps"] = len(reduced)
+        # A step at half the world trains on half the samples: the data left out, in full steps.
+        out["samples_lost_steps"] = round(sum((full_world - r.world) / full_world for r in reduced if r.world), 1)
+        out["reduced_step_s"] = (round((reduced[-1].t - reduced[0].t) / (len(reduced) - 1), 4)
+                                 if len(reduced) > 1 else None)
+    return out
+
+
+def run_span_s(records: list[StepRecord], steps: int) -> float | None:
+    """Seconds from the first completion of step 1 to the last step's completion (start-up excluded)."""
+    ones = [r.t for r in records if r.step == 1]
+    ends = [r.t for r in records if r.step >= steps]
+    return round(min(ends) - min(ones), 3) if ones and ends else None
+
+
+def steady_step_s(records: list[StepRecord], skip: int, full_world: int | None = None) -> float | None:
+    """Seconds per step over one attempt's steps after `skip` (warm-up), at the full world: the
+    span divided by the steps in it, so a 50 ms poll only blurs the two ends."""
+    best: float | None = None
+    for epoch in {r.epoch for r in records}:
+        run = sorted((r for r in records if r.epoch == epoch and r.step > skip
+                      and (full_world is None or r.world in (None, full_world))), key=lambda r: r.step)
+        if len(run) >= 2 and run[-1].step > run[0].step:
+            value = (run[-1].t - run[0].t) / (run[-1].step - run[0].step)
+            best = value if best is None else min(best, value)
+    return round(best, 4) if best is not None else None
+
+
+def spread(values: list[float | None]) -> dict[str, Any] | None:
+    got = [v for v in values if v is not None]
+    if not got:
+        return None
+    return {"median": round(statistics.median(got), 4), "min": round(min(got), 4), "max": round(max(got), 4),
+            "n": len(got), "missing": len(values) - len(got)}
+
+
+def aggregate(tool: str, clean: dict[str, Any], kills: list[dict[str, Any]], plain_step_s: float | None) -> dict[str, Any]:
+    """One tool's figures: per-kill figures as median and spread, plus its clean run's."""
+    figures: dict[str, Any] = {}
+    for name in ("recovery_s", "lost_steps", "regain_s", "full_world_s", "reduced_step_s", "samples_lost_steps",
+                 "goodput_lost_s"):
+        values = [k.get(name) for k in kills]
+        if any(v is not None for v in values):
+            figures[name] = spread(values)
+    # Steady state: the failure-free run and each run's steps before its kill (a shared machine's
+    # load moves; more samples, and the median, keep one slow stretch from deciding).
+    samples = [clean.get("step_s"), *(k.get("step_s") for k in kills)]
+    figures["step_s"] = spread(samples)
+    if plain_step_s:
+        figures["overhead_pct"] = spread([round(100.0 * (v / plain_step_s - 1.0), 2) if v else None for v in samples])
+    figures["peak_rss_mib"] = spread([clean.get("peak_rss_mib"), *(k.get("peak_rss_mib") for k in kills)])
+    return {"figures": figures, "kills": kills, "clean": clean}
+
+
+def ratios(tools: dict[str, dict[str, Any]], ours: str = "ftsup") -> dict[str, Any]:
+    """ftsup's median over the best peer's median, per figure (below 1: ftsup is better); the peer
+    named. Overhead is a difference in percentage points, not a ratio (it can be 0 or negative)."""
+    out: dict[str, Any] = {}
+    mine = tools.get(ours, {}).get("figures", {})
+    for name in FIGURES:
+        if name not in mine or mine[name] is None:
+            continue
+        peers = {p: tools[p]["figures"][name]["median"] for p in PEERS
+                 if p in tools and tools[p].get("figures", {}).get(name)}
+        if not peers:
+            continue
+        best = min(peers, key=lambda p: peers[p])
+        value = mine[name]["median"]
+        if name == "overhead_pct":
+            out[name] = {"best_peer": best, "peer": peers[best], "ftsup": value,
+                         "difference_pp": round(value - peers[best], 2)}
+        else:
+            out[name] = {"best_peer": best, "peer": peers[best], "ftsup": value,
+                         "ratio": round(value / peers[best], 3) if peers[best] else None}
+    return out
+
+
+def goals(tools: dict[str, dict[str, Any]], rat: dict[str, Any]) -> dict[str, Any]:
+    mine = tools.get("ftsup", {}).get("figures", {})
+    regain = rat.get("regain_s", {}).get("ratio")
+    lost = (mine.get("lost_steps") or {}).get("max")
+    over = rat.get("overhead_pct", {}).get("difference_pp")
+    return {"regain_ratio": regain, "regain_goal_met": regain is not None and regain <= GOAL["regain_ratio"],
+            "max_lost_steps": lost, "lost_goal_met": lost is not None and lost <= GOAL["lost_steps"],
+            "overhead_difference_pp": over, "overhead_goal_met": over is not None and over <= GOAL["overhead_pp"],
+            "goal": GOAL}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ftsup bench peers", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--json", action="store_true", help="accepted for symmetry: the output is always JSON")
+    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)} (default all)")
+    p.add_argument("--repeats", type=int, default=5, help="kills per tool, each in a fresh run (default 5)")
+    p.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
+    p.add_argument("--kill-at", type=int, default=35,
+                   help="the step at which a node is killed (default 35: mid-way between disk checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=10,
+                   help="disk checkpoint interval of torchrun, ftsup run (Level 0), NVRx and DLRover's disk copy")
+    p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the steady-state figure")
+    p.add_argument("--peers-python", type=pathlib.Path, default=None,
+                   help="python of the venv with the peers installed (default: .venv-peers/bin/python beside ours)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per run")
+    p.add_argument("--dir", type=pathlib.Path, default=None, help="work directory (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs of every run)")
+    args = p.parse_args(argv)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown or not tools:
+        p.error(f"--tools: unknown {unknown or 'empty list'}; known: {', '.join(TOOLS)}")
+    if args.repeats < 1 or args.steps < 10 or not args.warmup_steps < args.kill_at < args.steps:
+        p.error(f"need --repeats >= 1, --steps >= 10 and --warmup-steps < --kill-at < --steps "
+                f"(got {args.repeats}, {args.steps}, {args.warmup_steps} < {args.kill_at} < {args.steps})")
+    if args.checkpoint_every < 1:
+        p.error(f"--checkpoint-every must be >= 1 (got {args.checkpoint_every})")
+    args.tools = tools
+    if args.peers_python is None:
+        args.peers_python = pathlib.Path(sys.prefix).parent / ".venv-peers" / "bin" / "python"
+    return args
+
+
+# -- I/O: processes, progress, memory ----------------------------------------------------------
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """Rank 0's step lines from `progress-<epoch>.log` files (or any files a callable names)."""
+
+    def __init__(self, files: Callable[[], dict[int, pathlib.Path]]) -> None:
+        self._files = files
+        self._offsets: dict[pathlib.Path, int] = {}
+        self.records: list[StepRecord] = []
+
+    def poll(self) -> None:
+        now = time.time()
+        for epoch, path in self._files().items():
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self._offsets[path] = offset + len(complete)
+            self.records.extend(parse_lines(epoch, complete, now))
+
+    def latest_step(self) -> int:
+        return max((r.step for r in self.records), default=0)
+
+
+def progress_files(directory: pathlib.Path) -> Callable[[], dict[int, pathlib.Path]]:
+    return lambda: {int(p.stem.split("-")[1]): p for p in directory.glob("progress-*.log")}
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def rss_bytes(pids: list[int]) -> int:
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+@contextlib.contextmanager
+def peak_rss(period_s: float = 0.5) -> Iterator[list[int]]:
+    """Samples the summed RSS of this process's descendants (the tool under test: tools run one at
+    a time); yields a one-element list holding the peak in bytes."""
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(period_s):
+            peak[0] = max(peak[0], rss_bytes(_descendants(os.getpid())))
+
+    thread = threading.Thread(target=sample, name="peak-rss", daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+@dataclass
+class Launch:
+    """A tool's processes (each in its own session), how to find the node to kill, its log files."""
+
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    victims: Callable[[], list[int]] = list  # pids whose process groups are one node
+    whole_groups: bool = True  # kill the victims' process groups (a node), not the pids alone
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.processes)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for p in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for p in self.processes:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        for p in self.processes:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def _popen(argv: list[str], env: dict[str, str], log: pathlib.Path, cwd: pathlib.Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        # Niced like ftsup's trainers (ClusterSpec.trainer_nice): every tool shares the cores alike.
+        return subprocess.Popen(["nice", "-n", "10", *argv], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=cwd, start_new_session=True)
+
+
+def _free_port() -> int:
+    from ftsup.harness.cluster import free_port
+
+    return free_port()
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TRAINER = pathlib.Path(__file__).with_name("_peer_trainer.py")
+
+
+def _env(run_dir: pathlib.Path, **extra: str) -> dict[str, str]:
+    (run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(run_dir / "tmp"), "PYTHONUNBUFFERED": "1",
+            "GRPC_VERBOSITY": "ERROR", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **extra}
+
+
+def _trainer_args(args: argparse.Namespace, flavour: str, run_dir: pathlib.Path) -> list[str]:
+    return [str(TRAINER), "--flavour", flavour, "--steps", str(args.steps),
+            "--checkpoint-every", str(args.checkpoint_every), "--dir", str(run_dir)]
+
+
+def _rank_pids(run_dir: pathlib.Path, ranks: list[int]) -> list[int]:
+    pids = []
+    for rank in ranks:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            pids.append(int((run_dir / "pids" / f"rank-{rank}").read_text()))
+    return pids
+
+
+def launch_tool(tool: str, args: argparse.Namespace, run_dir: pathlib.Path) -> Launch:
+    """Starts one run of a launcher-driven tool (everything but Level 2 ftsup)."""
+    world, rpn = 4, 2
+    node2 = list(range(rpn, world))
+    ours, peers = sys.executable, str(args.peers_python)
+    log = run_dir / "launcher.log"
+    if tool in ("plain", "torchrun", "nvrx", "dlrover"):
+        python = ours if tool in ("plain", "torchrun") else peers
+        flavour = {"plain": "plain", "torchrun": "disk", "nvrx": "nvrx", "dlrover": "dlrover"}[tool]
+        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "peers"]
+        if tool == "plain":
+            argv = [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+                    "--max-restarts", "0", *rdzv]
+        elif tool == "torchrun":
+            argv = [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+                    "--max-restarts", "3", *rdzv]
+        elif tool == "nvrx":
+            argv = [str(pathlib.Path(peers).parent / "ft_launcher"), "--nnodes", "1", "--nproc-per-node", str(world),
+                    "--max-restarts", "3", *rdzv]
+        else:
+            argv = [str(pathlib.Path(peers).parent / "dlrover-run"), "--standalone", "--nproc_per_node", str(world),
+                    "--max_restarts", "3"]
+        process = _popen([*argv, *_trainer_args(args, flavour, run_dir)], _env(run_dir), log, REPO)
+        return Launch([process], lambda: _rank_pids(run_dir, node2))
+    if tool == "torchft":
+        port = _free_port()
+        lighthouse = _popen([str(pathlib.Path(peers).parent / "torchft_lighthouse"), "--min_replicas", "1",
+                             "--quorum_tick_ms", "100", "--join_timeout_ms", "10000", "--bind", f"127.0.0.1:{port}"],
+                            _env(run_dir), run_dir / "lighthouse.log", REPO)
+        processes = [lighthouse]
+        for group in range(world):  # one replica group per DDP rank: torchft's DDP syncs across groups only
+            env = _env(run_dir, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(world),
+                       TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}")
+            # torchft's Manager joins the store torchrun's agent hosts (MASTER_ADDR/PORT) as a client.
+            env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+            argv = [peers, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                    "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                    "--rdzv-id", f"group-{group}", *_trainer_args(args, "torchft", run_dir)]
+            processes.append(_popen(argv, env, run_dir / f"group-{group}.log", REPO))
+        return Launch(processes, lambda: _rank_pids(run_dir, node2))
+    if tool == "ftsup-run":
+        argv = [ours, "-m", "ftsup.harness.cli", "run", "--nnodes", "2", "--local-nodes", "--spares", "1",
+                "--nproc-per-node", str(rpn), "--max-restarts", "3", "--run-dir", str(run_dir / "ftsup"),
+                *_trainer_args(args, "disk", run_dir)]
+        process = _popen(argv, _env(run_dir), log, REPO)
+
+        def victims() -> list[int]:  # the simulated node holding ranks 2-3: its agent's process group
+            info = json.loads((run_dir / "ftsup" / "run.json").read_text())
+            active = sorted(n for n, v in info["nodes"].items() if v["role"] != "spare")
+            return [info["nodes"][active[-1]]["pgid"]]
+
+        return Launch([process], victims)
+    raise ValueError(f"not a launcher-driven tool: {tool}")
+
+
+def kill_node(launch: Launch) -> float:
+    pids = launch.victims()
+    if not pids:
+        raise RuntimeError("no pid of the node to kill was written")
+    killed_at = time.time()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)  # a launcher starts each worker in its own session
+            else:
+                os.kill(pid, signal.SIGKILL)
+    return killed_at
+
+
+def one_run(tool: str, args: argparse.Namespace, run_dir: pathlib.Path, kill: bool) -> dict[str, Any]:
+    """One run of a tool: to --steps, with one node kill at --kill-at or none."""
+    run_dir.mkdir(parents=True)
+    if tool == "ftsup":
+        return _one_ftsup_run(args, run_dir, kill)
+    with peak_rss() as peak:
+        launch = launch_tool(tool, args, run_dir)
+        progress = Progress(progress_files(run_dir))
+        try:
+            killed_at = _drive(progress, args, kill, lambda: kill_node(launch), launch.alive, run_dir)
+        finally:
+            launch.stop()
+    return _figures(tool, progress.records, args, killed_at, peak[0])
+
+
+def _drive(progress: Progress, args: argparse.Namespace, kill: bool, do_kill: Callable[[], float],
+           alive: Callable[[], bool], run_dir: pathlib.Path) -> float | None:
+    deadline = time.monotonic() + args.timeout_s
+    killed_at: float | None = None
+    while progress.latest_step() < args.steps or (kill and killed_at is None):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run timed out at step {progress.latest_step()} of {args.steps}; see {run_dir}")
+        if not alive():
+            progress.poll()
+            if progress.latest_step() >= args.steps and (killed_at is not None or not kill):
+                break
+            raise RuntimeError(f"the tool exited at step {progress.latest_step()} of {args.steps}; see {run_dir}")
+        progress.poll()
+        if kill and killed_at is None and progress.latest_step() >= args.kill_at:
+            killed_at = do_kill()
+            _say(f"  killed a node at step {progress.latest_step()}")
+        time.sleep(POLL_S)
+    progress.poll()
+    return killed_at
+
+
+def _figures(tool: str, records: list[StepRecord], args: argparse.Namespace, killed_at: float | None,
+             peak: int) -> dict[str, Any]:
+    full = 4
+    out: dict[str, Any] = {"span_s": run_span_s(records, args.steps), "peak_rss_mib": round(peak / 2**20, 1)}
+    if killed_at is None:
+        out["step_s"] = steady_step_s(records, args.warmup_steps, full if tool == "torchft" else None)
+    else:
+        out.update(measure_kill(records, killed_at, full if tool == "torchft" else None, continuous=tool == "torchft"))
+        # The steps before the kill are failure-free too: one more steady-state sample per run.
+        out["step_s"] = steady_step_s([r for r in records if r.t <= killed_at], args.warmup_steps,
+                                      full if tool == "torchft" else None)
+    return out
+
+
+def _one_ftsup_run(args: argparse.Namespace, run_dir: pathlib.Path, kill: bool) -> dict[str, Any]:
+    """Level 2: the example trainer (RAM snapshots every step, buddy copies) under a LocalCluster of
+    2 nodes x 2 ranks and one hot spare with pre-warmed trainers, as bench/recovery.py runs it."""
+    from ftsup.harness.cluster import ClusterSpec, LocalCluster
+    from ftsup.harness.demo import trainer_argv
+
+    spec = ClusterSpec(nodes=2, spares=1, ranks_per_node=2, job_name="peers-bench",
+                       trainer_argv=trainer_argv(sys.executable, args.steps, 0), warm_trainers=2)
+
+    def files() -> dict[int, pathlib.Path]:
+        return {int(p.name.split(".gen-")[1].split(".")[0]): p for p in (run_dir / "nodes").glob("*/rank-0.gen-*.log")}
+
+    progress = Progress(files)
+    with peak_rss() as peak, LocalCluster(spec, run_dir) as cluster:
+        cluster.start()
+
+        def do_kill() -> float:
+            holders = [n.node_id for n in cluster.nodes() if n.ranks and min(n.ranks) == 2]
+            return cluster.kill_node(holders[0])
+
+        killed_at = _drive(progress, args, kill, do_kill, lambda: True, run_dir)
+    return _figures("ftsup", progress.records, args, killed_at, peak[0])
+
+
+def check_peers(args: argparse.Namespace) -> dict[str, str]:
+    """Peer versions from the peers' venv; raises SystemExit with the install command when missing."""
+    wanted = [t for t in args.tools if t in NEEDS_PEERS_VENV]
+    if not wanted:
+        return {}
+    if not args.peers_python.exists():
+        raise SystemExit(f"ftsup bench peers: no peers venv at {args.peers_python} (--peers-python). "
+                         f"Make one beside ours, from the repository root:\n  {INSTALL_HINT}")
+    code = ("import importlib.metadata as m, json, sys\n"
+            "out = {}\n"
+            f"for tool, dist in {json.dumps({t: PEER_PACKAGES[t] for t in wanted})}.items():\n"
+            "    try: out[tool] = m.version(dist)\n"
+            "    except m.PackageNotFoundError: out[tool] = None\n"
+            "out['torch'] = m.version('torch')\n"
+            "print(json.dumps(out))\n")
+    found = json.loads(subprocess.run([str(args.peers_python), "-c", code], check=True, capture_output=True,
+                                      text=True, timeout=120).stdout)
+    missing = [PEER_PACKAGES[t] for t in wanted if not found.get(t)]
+    if missing:
+        raise SystemExit(f"ftsup bench peers: {', '.join(missing)} not installed in {args.peers_python}; "
+                         f"from the repository root:\n  {INSTALL_HINT}")
+    return found
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as m
+
+    return {"torch": m.version("torch"), "ftsup": m.version("ftsup")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    versions = {**_versions(), **{f"peers_{k}": v for k, v in check_peers(args).items()}}
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-peers-", dir=args.dir))
+    load_before = os.getloadavg()
+    results: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    order = ["plain", *[t for t in args.tools if t != "plain"]] if "plain" in args.tools else args.tools
+    plain_step: float | None = None
+    for tool in order:
+        try:
+            _say(f"{tool}: failure-free run")
+            clean = one_run(tool, args, workdir / tool / "clean", kill=False)
+            if tool == "plain":
+                plain_step = clean.get("step_s")
+                results[tool] = aggregate(tool, clean, [], None)
+                continue
+            kills = []
+            for i in range(args.repeats):
+                _say(f"{tool}: run {i + 1} of {args.repeats} with a node kill at step {args.kill_at}")
+                k = one_run(tool, args, workdir / tool / f"kill-{i + 1}", kill=True)
+                if k.get("span_s") is not None and clean.get("span_s") is not None:
+                    k["goodput_lost_s"] = round(k["span_s"] - clean["span_s"], 3)
+                kills.append(k)
+                _say(f"  {tool}: {k}")
+            results[tool] = aggregate(tool, clean, kills, plain_step)
+        except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
+            errors[tool] = str(exc)
+            _say(f"{tool}: FAILED: {exc}")
+    rat = ratios(results)
+    report = {
+        "world": {"nodes": 2, "ranks_per_node": 2, "backend": "gloo", "model": "trainer/examples/gpt.py defaults"},
+        "steps": args.steps, "kill_at": args.kill_at, "repeats": args.repeats,
+        "checkpoint_every": args.checkpoint_every, "versions": versions,
+        "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "cpus": os.cpu_count(),
+        "tools": results, "errors": errors, "ftsup_vs_best_peer": rat, "goals": goals(results, rat),
+    }
+    if not args.keep and not errors:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        report["workdir"] = str(workdir)
+    print(json.dumps(report))
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""bench/peers.py's pure parts: flags, step lines, one kill's figures, the per-tool summary and
+ftsup's ratio to the best peer. No peer needs to be installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftsup.bench.peers import (
+    StepRecord,
+    aggregate,
+    goals,
+    measure_kill,
+    parse_args,
+    parse_lines,
+    ratios,
+    run_span_s,
+    spread,
+    steady_step_s,
+)
+
+
+def recs(epoch: int, steps: range, t0: float, dt: float, world: int | None = None) -> list[StepRecord]:
+    return [StepRecord(epoch, s, t0 + i * dt, world) for i, s in enumerate(steps)]
+
+
+def test_flags_are_checked_and_tools_listed_by_name():
+    args = parse_args(["--tools", "torchrun,ftsup", "--repeats", "3"])
+    assert args.tools == ["torchrun", "ftsup"] and args.repeats == 3 and args.kill_at == 35
+    with pytest.raises(SystemExit):
+        parse_args(["--tools", "torchelastic"])
+    with pytest.raises(SystemExit):
+        parse_args(["--kill-at", "70", "--steps", "60"])
+    with pytest.raises(SystemExit):
+        parse_args(["--repeats", "0"])
+
+
+def test_step_lines_carry_their_own_time_or_take_the_time_seen():
+    out = parse_lines(2, b"step 7 world 3 t 100.5 loss 1.0\nstep 8 loss 2.0 step_ms 3\n", seen_at=200.0)
+    assert out == [StepRecord(2, 7, 100.5, 3), StepRecord(2, 8, 200.0, None)]
+
+
+def test_a_restart_counts_only_steps_of_a_later_attempt_and_the_redone_ones_as_lost():
+    before = recs(0, range(1, 36), 0.0, 0.1)  # steps 1..35 at t 0.0..3.4
+    late = [StepRecord(0, 36, 3.45)]  # finished as the kill landed: not a recovery
+    after = recs(1, range(31, 41), 20.0, 0.1)  # restored from step 30
+    k = measure_kill(before + late + after, killed_at=3.42, full_world=None, continuous=False)
+    assert (k["at_step"], k["first_step"], k["lost_steps"]) == (35, 31, 5)
+    assert k["recovery_s"] == round(20.0 - 3.42, 3)
+    assert k["regain_s"] == round(20.4 - 3.42, 3)  # step 35 again
+
+
+def test_a_tool_that_trains_on_reports_when_the_whole_world_is_back_and_how_fast_it_went():
+    before = recs(0, range(1, 36), 0.0, 0.1, world=4)
+    reduced = recs(0, range(36, 46), 8.0, 0.5, world=2)
+    back = recs(0, range(46, 50), 14.0, 0.1, world=4)
+    k = measure_kill(before + reduced + back, killed_at=3.45, full_world=4, continuous=True)
+    assert (k["lost_steps"], k["first_step"]) == (0, 36)
+    assert k["full_world_s"] == round(14.0 - 3.45, 3)
+    assert k["reduced_step_s"] == 0.5 and k["reduced_steps"] == 10
+    assert k["samples_lost_steps"] == 5.0  # 10 steps at half the world
+    never = measure_kill(before + reduced, killed_at=3.45, full_world=4, continuous=True)
+    assert never["full_world_s"] is None and never["full_world_after_s"] == round(12.5 - 3.45, 3)
+
+
+def test_no_step_after_the_kill_leaves_the_figures_missing_not_zero():
+    k = measure_kill(recs(0, range(1, 10), 0.0, 0.1), killed_at=5.0, full_world=None, continuous=False)
+    assert k["recovery_s"] is None and k["lost_steps"] is None
+    with pytest.raises(ValueError):
+        measure_kill([], killed_at=1.0, full_world=None, continuous=False)
+
+
+def test_steady_state_skips_warm_up_and_a_smaller_world():
+    records = recs(0, range(1, 6), 0.0, 1.0, world=4) + recs(0, range(6, 26), 5.0, 0.2, world=4)
+    assert steady_step_s(records, skip=5) == 0.2
+    assert steady_step_s(recs(0, range(1, 30), 0.0, 0.3, world=2), skip=5, full_world=4) is None
+    assert run_span_s(records, 25) == round(5.0 + 19 * 0.2, 3)
+
+
+def test_summary_gives_median_and_spread_and_ftsup_over_the_best_peer():
+    assert spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3, "missing": 1}
+    assert spread([None]) is None
+
+    def tool(regain: list[float], step_s: float) -> dict:
+        kills = [{"regain_s": r, "recovery_s": r, "lost_steps": 0, "peak_rss_mib": 100.0, "step_s": None}
+                 for r in regain]
+        return aggregate("x", {"step_s": step_s, "peak_rss_mib": 90.0}, kills, plain_step_s=0.1)
+
+    tools = {"torchrun": tool([20.0, 30.0, 25.0], 0.11), "torchft": tool([5.0, 6.0, 7.0], 0.12),
+             "ftsup": tool([2.0, 3.0, 4.0], 0.115), "plain": tool([], 0.1)}
+    assert tools["ftsup"]["figures"]["overhead_pct"]["median"] == 15.0
+    assert tools["ftsup"]["figures"]["step_s"]["missing"] == 3  # no pre-kill sample: counted, not zero
+    r = ratios(tools)
+    assert r["regain_s"] == {"best_peer": "torchft", "peer": 6.0, "ftsup": 3.0, "ratio": 0.5}
+    assert r["overhead_pct"]["best_peer"] == "torchrun" and r["overhead_pct"]["difference_pp"] == 5.0
+    g = goals(tools, r)
+    assert g["regain_goal_met"] and g["lost_goal_met"] and not g["overhead_goal_met"]
