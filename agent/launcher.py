@@ -30,6 +30,9 @@ from ftsup.v1 import agent_pb2
 Logger = structlog.typing.FilteringBoundLogger
 
 STOP_GRACE_S = 3.0
+# A rank that reported finish() is done training but may still have work of its own (an HF or
+# Lightning script saves its model after train()): it gets this long to exit before any signal.
+FINISHED_EXIT_GRACE_S = 30.0
 REJOIN_GRACE_S = 1.0  # a new generation waits this long for the rest of a node's broken ranks to ask
 REJOIN_FIRST_S = 0.5  # ... and this long for a first one (a replaced hand-off fails them within ms)
 MAX_CHECKPOINT_STEPS = 8  # requested checkpoint steps remembered per generation
@@ -121,6 +124,7 @@ class Launcher:
         base_env: Mapping[str, str],
         log: Logger,
         stop_grace_s: float = STOP_GRACE_S,
+        finished_exit_grace_s: float = FINISHED_EXIT_GRACE_S,
     ) -> None:
         self._config = config
         self._runner = runner
@@ -130,6 +134,7 @@ class Launcher:
         self._base_env = dict(base_env)
         self._log = log
         self._stop_grace_s = stop_grace_s
+        self._finished_exit_grace_s = finished_exit_grace_s
         self._applied: Applied | None = None
         self.run: Run | None = None  # the generation last started (its trainers may have exited)
         self._dying: list[Trainer] = []  # trainers of replaced generations not yet reaped
@@ -200,6 +205,7 @@ class Launcher:
                 if await self._park_rejoiners(directive):
                     return decision
                 grace = self.run.stop_grace_s if self.run is not None and self.run.stop_grace_s > 0 else 0.0
+                await self._let_finished_exit(self._finished_exit_grace_s)
                 await self.stop(grace or self._stop_grace_s)
             case Step.NOOP:
                 pass
@@ -370,6 +376,17 @@ class Launcher:
             self._runner.signal(trainer.handle, signal.SIGKILL)
         await asyncio.gather(*(t.watcher for t in self._dying if t.watcher is not None))
         self._dying.clear()
+
+    async def _let_finished_exit(self, timeout_s: float) -> None:
+        """Waits (up to `timeout_s`) for the trainers whose rank reported finish() to exit by
+        themselves: signalling them at once would cut off what a script does after training."""
+        run = self.run
+        if run is None or not run.finished:
+            return
+        watchers = [t.watcher for t in run.trainers.values()
+                    if t.rank in run.finished and t.exit_code is None and t.watcher is not None]
+        if watchers:
+            await asyncio.wait(watchers, timeout=timeout_s)
 
     async def stop(self, grace_s: float) -> None:
         """SIGTERM, then SIGKILL whatever is alive after `grace_s`; returns once all are reaped."""

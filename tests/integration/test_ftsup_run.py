@@ -123,7 +123,11 @@ def test_past_max_restarts_the_job_fails_naming_the_rank_its_exit_and_its_traceb
     assert process.returncode == 1 and outcome["phase"] == "failed" and outcome["restarts"] == 1
     failed = outcome["failure"]
     assert failed["kind"] == "job_failed" and failed["cause"] == "END_REASON_TRAINER_EXITED"
-    assert (failed["rank"], failed["exit_code"], failed["node_id"]) == (0, 1, "node-1")
+    # Python exits 1 on the ValueError, unless gloo's threads abort the teardown of the still-live
+    # process group first ("terminate called without an active exception": SIGABRT), a torch race
+    # DEPENDENCIES.md records; either way the record names the rank, its exit and its traceback.
+    assert (failed["rank"], failed["node_id"]) == (0, "node-1")
+    assert failed["exit_code"] in (1, -signal.SIGABRT), failed
     assert "Traceback (most recent call last)" in failed["output_tail"]
     assert "ValueError: bad batch at step" in failed["output_tail"]
     assert len(failed["output_tail"].encode()) <= 4096

@@ -26,7 +26,7 @@ def blob(rank: int, step: int, payload: bytes = b"state") -> Blob:
 
 
 class Node:
-    def __init__(self, tmp_path: Path, peers: FakePeers | None = None) -> None:
+    def __init__(self, tmp_path: Path, peers: FakePeers | None = None, finished_exit_grace_s: float = 0.05) -> None:
         self.config = parse_config(["--node-id", "n1", "--supervisor", "s:1", "--workdir", str(tmp_path), "--gpus", "0"])
         self.runner = ScriptedProcessRunner()
         self.store = SnapshotStore()
@@ -34,7 +34,7 @@ class Node:
         self.restores = RestoreBook("n1", self.store, peers or FakePeers({}), LOG)  # type: ignore[arg-type]
         self.launcher = Launcher(
             self.config, self.runner, self.store, self.restores, self.reports.append, {"PATH": "/bin"}, LOG,
-            stop_grace_s=0.05,
+            stop_grace_s=0.05, finished_exit_grace_s=finished_exit_grace_s,
         )
 
     def exits(self) -> list[tuple[int, int, int, bool]]:
@@ -225,4 +225,30 @@ async def test_stop_gives_the_jobs_sigterm_grace_before_sigkill(tmp_path):
     for process in node.runner.spawned:  # the handlers finish their saves and exit
         process.exit(0)
     await asyncio.wait_for(stopping, 10)
+    assert all(p.signals == [signal.SIGTERM] for p in node.runner.spawned)
+
+
+async def test_a_rank_that_finished_exits_by_itself_before_any_signal(tmp_path):
+    """After finish() a script may still save its model (HF, Lightning): the job's completion must
+    not SIGTERM it mid-save. Unfinished ranks are stopped as before."""
+    node = Node(tmp_path, finished_exit_grace_s=30.0)
+    node.runner.dies_on = {signal.SIGTERM, signal.SIGKILL}
+    await node.launcher.apply(run(2))
+    assert node.launcher.mark_finished(2, 4)
+    finished, unfinished = node.runner.spawned
+    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="job completed")
+    stopping = asyncio.create_task(node.launcher.apply(standby))
+    await asyncio.sleep(0.2)
+    assert finished.signals == [] and unfinished.signals == []  # waiting for the finished one
+    finished.exit(0)  # its post-training work done
+    await asyncio.wait_for(stopping, 10)
+    assert finished.signals == [] and unfinished.signals == [signal.SIGTERM]
+
+
+async def test_a_finished_rank_that_does_not_exit_is_stopped_after_its_grace(tmp_path):
+    node = Node(tmp_path, finished_exit_grace_s=0.1)
+    await node.launcher.apply(run(2))
+    assert node.launcher.mark_finished(2, 4) and node.launcher.mark_finished(2, 5)
+    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="job completed")
+    await asyncio.wait_for(node.launcher.apply(standby), 10)
     assert all(p.signals == [signal.SIGTERM] for p in node.runner.spawned)
