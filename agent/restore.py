@@ -79,13 +79,13 @@ class RestoreBook:
             outcome = await self._obtain(rank, step, source)
         except Exception as exc:
             outcome = Outcome(None, f"restore of rank {rank} step {step} failed: {exc}")
+        if not future.done():  # first: a trainer waits on it, whatever happens to the log line below
+            future.set_result(outcome)
         if outcome.error:
             self._log.error("restore_failed", generation=self._generation, rank=rank, step=step, reason=outcome.error)
         else:
             self._log.info("restore_ready", generation=self._generation, rank=rank, step=step,
                            has_state=outcome.blob is not None)
-        if not future.done():
-            future.set_result(outcome)
 
     async def _obtain(self, rank: int, step: int, source: RestoreSource | None) -> Outcome:
         kind = source.kind if source is not None else events_pb2.RESTORE_KIND_LOCAL_SNAPSHOT

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print("ftsup bench registration: --nodes, --interval-s, --arrival-per-s and --batch must be positive",
               file=sys.stderr)
         return 2
-    logs.configure(level="warning", stream=sys.stderr)
+    logs.configure(level="warning")
     modes = [args.batch] if args.quick else [1, args.batch]
     runs = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                      f" through {ROUND_NODES * COME_BACK_AFTER} dead nodes), got {args.nodes}")
     if args.duration_s <= 0 or args.baseline_s < 0 or args.round_s <= 0 or args.sample_s <= 0:
         parser.error("--duration-s, --round-s and --sample-s must be positive, --baseline-s not negative")
-    logs.configure(level="warning", stream=sys.stderr)  # stdout is the one JSON object
+    logs.configure(level="warning")  # stderr: stdout is the one JSON object
     try:
         result = run(args)
     except BrowserError as exc:

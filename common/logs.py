@@ -38,9 +38,25 @@ def resolve_live(_logger: object, _name: str, event_dict: MutableMapping[str, An
     return event_dict
 
 
+class _CurrentStderr:
+    """`sys.stderr` as it is at each write, not as it was when logging was configured: a caller
+    that swaps it (pytest's capture, a bench run in-process) must not leave every later log line
+    writing into a stream that was closed meanwhile."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(*, json: bool | None = None, level: str = "info", stream: TextIO | None = None) -> None:
-    """Sets up structlog once per process; `json=None` picks JSON unless writing to a terminal."""
-    out = stream if stream is not None else sys.stderr
+    """Sets up structlog once per process; `json=None` picks JSON unless writing to a terminal.
+    Without `stream`, lines go to whatever `sys.stderr` is when each is written."""
+    out: Any = stream if stream is not None else _CurrentStderr()
     as_json = (not out.isatty()) if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
