@@ -56,8 +56,11 @@ def test_a_killed_node_turns_red_and_its_death_and_recovery_show_on_the_status_p
             return bool(failures) and failures[-1]["recovery"] is not None
         after = browser.wait_for_data(recovered, 90, "the failure's recovery on the page")
         failure = json.loads(after["failures"])[-1]
-        assert (failure["node"], failure["reason"]) == ("node-1", "node_lost")
-        assert 0 < failure["detection"] <= detection_limit_s + 1
+        # Two detectors race: node-1's stream closing (dead after the reconnect grace) and node-2's
+        # rank exiting on the connection reset from its dead peer, which can end the generation
+        # first (the survivor's exit is then the recorded cause). Either way node-1 is dead (above).
+        assert (failure["node"], failure["reason"]) in (("node-1", "node_lost"), ("node-2", "trainer_exited")), failure
+        assert 0 <= failure["detection"] <= detection_limit_s + 1
         assert failure["recovery"] > 0
         kinds = set(after["timelineKinds"].split(","))
         assert {"NodeDeclaredDead", "GenerationEnded", "NodeQuarantined", "GenerationRunning"} <= kinds
