@@ -219,6 +219,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reconnect-grace-s", type=float, default=0.4, help="dead when a closed stream stays closed this long")
     p.add_argument("--failover-grace-s", type=float, default=3.0,
                    help="a new leader waits this much longer than one heartbeat timeout before judging nodes")
+    p.add_argument("--exit-settle-s", type=float, default=3.0,
+                   help="how long a rank exit that looks like collateral damage (a peer's connection broke"
+                        " under it) waits for the real cause before it ends the generation itself")
     p.add_argument("--spare-grace-s", type=float, default=10.0,
                    help="after start, wait this long for active nodes before a spare stands in for one")
     p.add_argument("--allowed-nodes", default="", help="comma-separated node ids; empty allows any")
@@ -327,11 +330,14 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             detector=detector,
             allowed_nodes=frozenset(n for n in args.allowed_nodes.split(",") if n),
             spare_grace_s=args.spare_grace_s,
+            exit_settle_s=args.exit_settle_s,
             recompute=RecomputeConfig(every_steps=args.sdc_recompute_every_steps,
                                       timeout_s=args.sdc_recompute_timeout_s,
                                       full_replay_max_world=args.sdc_full_replay_max_world,
                                       is_on_split=args.sdc_recompute_on_split),
         )
+        if not 0 <= args.exit_settle_s <= 600:
+            raise ValueError(f"--exit-settle-s must be within [0, 600], got {args.exit_settle_s}")
         if not 0 <= args.spare_grace_s <= 3600:
             raise ValueError(f"--spare-grace-s must be within [0, 3600], got {args.spare_grace_s}")
         throughput = ThroughputConfig(args.flops_per_token, args.peak_flops_per_rank, args.metrics_per_rank_limit)

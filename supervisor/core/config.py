@@ -186,3 +186,7 @@ class CoreConfig:
     checkpoint_location: str = ""
     checkpoint_every_steps: int = 0
     checkpoint_timing: CheckpointTiming = CheckpointTiming()
+    # A rank exit that looks like collateral damage (a peer's connection broke under it) waits up
+    # to this long for the real cause (another rank's own exit, a node's death verdict) before it
+    # ends the generation itself; an exit with its own error ends the generation at once.
+    exit_settle_s: float = 3.0

@@ -57,7 +57,7 @@ from ftsup.supervisor.core.inputs import (
     TrainerHung,
     XidReport,
 )
-from ftsup.supervisor.core.policies import failure, planner
+from ftsup.supervisor.core.policies import exit_cause, failure, planner
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import xid as xid_policy
 from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
@@ -509,18 +509,44 @@ def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -
     progress = soft.progress
     if progress is not None and progress.generation == generation.number and exit_.rank in progress.finished:
         return []
-    return [
-        GenerationEnded(
-            generation=generation.number,
-            reason=EndReason.TRAINER_EXITED,
-            node_id=exit_.node_id,
-            last_step=_last_step(soft, generation.number),
-            detail=f"rank {exit_.rank} exited with {_exit_text(exit_.exit_code)}",
-            rank=exit_.rank,
-            exit_code=exit_.exit_code,
-            output_tail=exit_.output_tail,
-        )
-    ]
+    if exit_cause.should_hold(state, exit_):
+        return []  # collateral, by the look of it: soft.observe held it; _release_held_exit ends on it if nothing better shows
+    return [_ended_by_exit(state, soft, exit_, f"rank {exit_.rank} exited with {_exit_text(exit_.exit_code)}")]
+
+
+def _ended_by_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit, detail: str) -> GenerationEnded:
+    return GenerationEnded(
+        generation=exit_.generation,
+        reason=EndReason.TRAINER_EXITED,
+        node_id=exit_.node_id,
+        last_step=_last_step(soft, exit_.generation),
+        detail=detail,
+        rank=exit_.rank,
+        exit_code=exit_.exit_code,
+        output_tail=exit_.output_tail,
+    )
+
+
+def _release_held_exit(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:
+    """Ends the generation on the first held (collateral-looking) exit once the settle window is
+    over and no member is suspected any more; a suspect's verdict comes within the detector's
+    limits, so the wait is capped by them too."""
+    generation, progress = state.generation, soft.progress
+    if generation is None or progress is None or progress.generation != generation.number:
+        return []
+    since = progress.held_since_s
+    if since is None or not progress.held_exits:
+        return []
+    waited = now - since
+    detector = config.detector
+    cap = config.exit_settle_s + detector.dead_after_s + detector.reconnect_grace_s
+    if waited < config.exit_settle_s or (waited < cap and exit_cause.suspects_besides(state, "")):
+        return []
+    first = progress.held_exits[0]
+    others = len(progress.held_exits) - 1
+    detail = (f"rank {first.rank} exited with {_exit_text(first.exit_code)} after a peer connection failed;"
+              f" no other cause showed within {waited:.1f}s" + (f" ({others} more ranks exited alike)" if others else ""))
+    return [_ended_by_exit(state, soft, first, detail)]
 
 
 def _exit_text(code: int) -> str:
@@ -545,7 +571,7 @@ def _on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfi
             new = _declare_dead(state, soft, verdict, offset=len(events))
         events.extend(new)
         state = evolve_all(state, new)
-    return events
+    return events + _release_held_exit(state, soft, now, config)
 
 
 def _on_grow(state: ClusterState, soft: SoftState, config: CoreConfig) -> list[Event]:

@@ -31,6 +31,7 @@ from ftsup.supervisor.core.inputs import (
     TrainerHung,
     XidReport,
 )
+from ftsup.supervisor.core.policies import exit_cause
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import straggler as straggler_policy
 from ftsup.supervisor.core.policies.sdc import SdcConfig
@@ -90,6 +91,8 @@ def observe(
                 progress = _progress_for(soft, state, inp.generation)
                 if progress is not None:
                     progress.finished[inp.rank] = ""
+            elif exit_cause.should_hold(state, inp):
+                _hold_exit(soft, state, inp, now)
         case StepReport():
             _observe_step(soft, state, inp, now, straggler, sdc)
         case StepAggregate():
@@ -121,6 +124,18 @@ def _observe_step(soft: SoftState, state: ClusterState, report: StepReport, now:
                 progress.last_loss = report.loss
         _score_compute_time(progress, state, report, straggler)
         _vote_digests(progress, state, report, sdc)
+
+
+MAX_HELD_EXITS = 256  # a whole node's ranks and then some; later ones add nothing to the attribution
+
+
+def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: float) -> None:
+    progress = _progress_for(soft, state, exit_.generation)
+    if progress is None or exit_.rank in progress.finished or len(progress.held_exits) >= MAX_HELD_EXITS:
+        return
+    progress.held_exits.append(exit_)
+    if progress.held_since_s is None:
+        progress.held_since_s = now
 
 
 MAX_HOLDING_LEAD = 1024  # a holding this far past the generation's progress is absurd: ignored

@@ -25,6 +25,7 @@ from ftsup.supervisor.core.events import (
     SdcCheckStarted,
     SdcRankDigests,
 )
+from ftsup.supervisor.core.inputs import TrainerExit
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
 from ftsup.supervisor.core.policies.straggler import StragglerState, StragglerVerdict
@@ -267,6 +268,10 @@ class GenerationProgress:
     replica_groups: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> rank -> reported group
     # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
     new_vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports, records made when read
+    # Exits that looked like collateral damage (policies/exit_cause.py), oldest first, and when the
+    # first was held: the generation ends on the real cause if one shows within the settle window.
+    held_exits: list[TrainerExit] = field(default_factory=list)
+    held_since_s: float | None = None
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ the core must decide for each, in order.
     at 1003.5                                  (the clock for the inputs that follow)
     hello node-1 [spare]                       (AgentHello with defaults; streams numbered 1, 2, ... in
                                                 the order of the hello lines)
-    AgentHello node_id=node-1 role=spare ...   (any input dataclass, fields as key=value)
+    AgentHello node_id=node-1 role=spare ...   (any input dataclass, fields as key=value; an
+                                                `output_tail` writes its spaces as `_`)
     > NodeRegistered node_id=node-1            (an event decided by the input above: its class,
                                                 then only the fields worth pinning; `reason` and
                                                 `detail` match a phrase, spaces written as `_`)
@@ -77,6 +78,8 @@ def _input(words: list[str], streams: int = 1) -> inputs_module.Input:
         raise ValueError(f"no input class {words[0]!r}")
     hints = typing.get_type_hints(cls)
     values = {k: _value(v, hints[k]) for k, v in _fields(" ".join(words[1:])).items()}
+    if "output_tail" in values:  # a rank's output is prose: its spaces are written as `_`
+        values["output_tail"] = values["output_tail"].replace("_", " ")
     return cls(**values)
 
 

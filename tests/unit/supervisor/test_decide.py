@@ -190,19 +190,19 @@ def test_a_trainer_crash_on_a_healthy_node_restarts_the_same_gang_from_local_ram
     assert "stale generation 1" in sim.feed(StepReport("n1", 1, 0, 3, 0.1, 0.1, 1.0, "d"))
 
 
-def test_the_planner_waits_for_a_verdict_on_a_suspect_member_before_restarting():
+def test_a_survivors_exit_while_a_member_is_suspect_waits_for_the_verdict_which_names_the_cause():
     sim = running_cluster()
     step(sim, 1, 1)
     alive(sim, NOW + 11.0)
     sim.events(StreamClosed("n3", 1, 3), at=NOW + 11.0)
     sim.events(Tick(), at=NOW + 11.05)
-    # Survivors' ranks fail as their peer vanished: the generation ends, but no new one yet.
-    events = sim.events(TrainerExit("n1", 1, 0, 1, False), at=NOW + 11.1)
-    assert [type(e) for e in events] == [GenerationEnded]
-    assert "suspect node(s) n3" in sim.waiting_reason
+    # Survivors' ranks fail as their peer vanished: held, not blamed on n1.
+    assert sim.events(TrainerExit("n1", 1, 0, 1, False), at=NOW + 11.1) == []
     alive(sim, NOW + 12.0)
     events = sim.events(Tick(), at=NOW + 12.1)
-    assert [type(e) for e in events] == [NodeDeclaredDead, NodeQuarantined, GenerationStarted]
+    assert [type(e) for e in events] == [NodeDeclaredDead, GenerationEnded, NodeQuarantined, GenerationStarted]
+    ended = events[1]
+    assert isinstance(ended, GenerationEnded) and ended.reason is EndReason.NODE_LOST and ended.node_id == "n3"
 
 
 def test_the_job_completes_when_every_rank_finished():
