@@ -9,8 +9,14 @@ forwards each chunk to the buddy agent as it lands and answers once the buddy ho
 snapshot: the `snapshot()` call plus any wait of the next `optimizer.step()` for the background
 copy. Measured for both copy modes (on the training thread: the old path; in the background).
 Background figures: until the rank's agent acknowledged (local + buddy hold it) and until the
-supervisor logged SnapshotCommitted. Baseline in the same run: torch.save of the same state to a
-local file, with and without fsync. Prints one JSON object.
+supervisor logged SnapshotCommitted. Baselines in the same run, on the same state: torch.save to
+a local file (with and without fsync), and the peers' answers to the same problem, each in its own
+process (bench/_snapshot_peers.py, with the peers' venv's python when there is one):
+`torch.distributed.checkpoint.async_save` to local disk (default staging, and async staging with a
+reused stager), DLRover's Flash Checkpoint to memory and NVRx local checkpointing. Per peer: the
+training pause, the time until the copy is stored where the peer keeps it, the time until a copy
+survives the loss of the node (null with the reason when it never does) and the memory it took. A
+peer that cannot run here says why in the JSON. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +38,32 @@ from ftsup.v1 import operator_pb2
 GOAL_PAUSE_RATIO = 0.05
 HEARTBEAT_MISSES = 30
 TRAINER_NICE = 10  # the local cluster's default; the torch.save baseline runs at the same niceness
+
+# The peers' baselines (bench/_snapshot_peers.py runs them): name -> how it is configured.
+PEER_BASELINES = {
+    "dcp_async_save": (
+        "torch.distributed.checkpoint.async_save(state, storage_writer=FileSystemWriter(dir), no_dist=True) "
+        "at its defaults: staging copies the state on the calling thread, a thread writes the files and fsyncs them"),
+    "dcp_async_save_async_staging": (
+        "the same with a reused DefaultStager(StagingOptions(use_async_staging=True)) (pinned/shared memory "
+        "need an accelerator): the copy runs in the background, the next optimizer.step() waits for it"),
+    "dlrover_flash_memory": (
+        "DLRover Flash Checkpoint: DdpCheckpointer(dir).save_checkpoint(step, state, StorageType.MEMORY) "
+        "in a plain process (its engine starts its own saver process outside dlrover-run); copies into "
+        "this host's shared memory on the training thread; replica_count 0"),
+    "nvrx_local": (
+        "NVRx local checkpointing: LocalCheckpointManager(dir).save(BasicTensorAwareStateDict(state), step, "
+        "is_async=True) in a one-rank gloo group"),
+}
+# Why each peer's copy is lost with the node (none of them sends one off the node as measured here).
+PEER_NODE_LOSS = {
+    "dcp_async_save": "local disk only: FileSystemWriter writes this node's disk (a remote copy needs a remote writer, e.g. ftsup bench checkpoint's S3 figures)",
+    "dcp_async_save_async_staging": "local disk only, as dcp_async_save",
+    "dlrover_flash_memory": ("this host's shared memory only: DLRover's cross-node replicas (replica_count >= 2) need "
+                             "2 nodes, and two simulated nodes on one host collide on its fixed names "
+                             "(/dev/shm/ckpt_shm_<local rank>, /tmp/ckpt_sock/*)"),
+    "nvrx_local": "local disk only without its replication strategy (which needs CUDA as the rest of it)",
+}
 
 
 def _say(text: str) -> None:
@@ -99,7 +132,82 @@ def time_torch_save(directory: pathlib.Path, state_mb: float, repeats: int) -> d
     return samples
 
 
-def summarize(reports: list[dict[str, Any]], committed: dict[int, float], saves: dict[str, list[float]]) -> dict[str, Any]:
+def default_peers_python() -> pathlib.Path:
+    """The peers' venv beside ours (docs/peers.md: `cp -a .venv .venv-peers`, then the extra)."""
+    return pathlib.Path(sys.prefix).parent / ".venv-peers" / "bin" / "python"
+
+
+def run_peer_baselines(python: str, directory: pathlib.Path, state_mb: float, saves: int,
+                       timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Each peer baseline in its own process; one that fails is recorded with its error, not dropped."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in PEER_BASELINES:
+        log_path = directory / f"peer-{name}.log"
+        argv = [python, "-m", "ftsup.bench._snapshot_peers", "--baseline", name, "--state-mb", str(state_mb),
+                "--saves", str(saves), "--dir", str(directory / f"peer-{name}")]
+        _say(f"timing {name} ({python})")
+        with open(log_path, "wb") as log:
+            try:
+                done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, timeout=timeout_s, check=False)
+            except subprocess.TimeoutExpired:
+                results[name] = {"ran": False, "reason": f"timed out after {timeout_s:g} s"}
+                continue
+        lines = done.stdout.decode(errors="replace").strip().splitlines()
+        try:
+            results[name] = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
+        except json.JSONDecodeError:
+            results[name] = {}
+        if not results[name]:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            results[name] = {"ran": False, "reason": f"exited with {done.returncode}: {' | '.join(tail)}"}
+    return results
+
+
+def summarize_peer(name: str, measured: dict[str, Any]) -> dict[str, Any]:
+    """One peer's figures, in the shape of ftsup's entry (bench/_snapshot_peers.py measured them)."""
+    entry: dict[str, Any] = {"config": PEER_BASELINES[name], "ran": measured.get("ran", False)}
+    if not entry["ran"]:
+        entry["reason"] = measured.get("reason", "no result")
+        return entry
+    samples = measured["samples"]
+    pauses = [s["call_s"] + s["optimizer_wait_s"] for s in samples]
+    entry.update({
+        "pause_s": round(statistics.median(pauses), 4),
+        "pause_samples_s": [round(x, 4) for x in pauses],
+        "optimizer_wait_s": round(statistics.median(s["optimizer_wait_s"] for s in samples), 4),
+        "stored_s": round(statistics.median(s["stored_s"] for s in samples), 4),
+        "survives_node_loss_s": None,
+        "survives_node_loss_why_not": PEER_NODE_LOSS[name],
+        "memory_bytes": measured["rss_peak_bytes"] - measured["rss_before_bytes"],
+        "state_bytes": measured["state_bytes"],
+    })
+    return entry
+
+
+def compare(ftsup: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """ftsup against the best peer that ran, per figure (ratio < 1: ftsup is better)."""
+    ran = {name: peer for name, peer in peers.items() if peer["ran"]}
+    result: dict[str, Any] = {}
+    if ran:
+        best = min(ran, key=lambda name: ran[name]["pause_s"])
+        result["pause"] = {"best_peer": best, "peer_s": ran[best]["pause_s"], "ftsup_s": ftsup["pause_s"],
+                           "ratio": round(ftsup["pause_s"] / ran[best]["pause_s"], 3) if ran[best]["pause_s"] else None}
+        lightest = min(ran, key=lambda name: ran[name]["memory_bytes"])
+        result["memory"] = {"lightest_peer": lightest, "peer_bytes": ran[lightest]["memory_bytes"],
+                            "ftsup_bytes": ftsup["memory_bytes"]}
+    remote = {name: peer for name, peer in ran.items() if peer["survives_node_loss_s"] is not None}
+    if remote:
+        best = min(remote, key=lambda name: remote[name]["survives_node_loss_s"])
+        result["survives_node_loss"] = {"best_peer": best, "peer_s": remote[best]["survives_node_loss_s"],
+                                        "ftsup_s": ftsup["survives_node_loss_s"]}
+    else:
+        result["survives_node_loss"] = {"best_peer": None, "ftsup_s": ftsup["survives_node_loss_s"],
+                                        "note": "no peer measured here keeps a copy off the node"}
+    return result
+
+
+def summarize(reports: list[dict[str, Any]], committed: dict[int, float], saves: dict[str, list[float]],
+              peer_results: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     def med(values: list[float]) -> float:
         return round(statistics.median(values), 4)
 
@@ -151,6 +259,16 @@ def summarize(reports: list[dict[str, Any]], committed: dict[int, float], saves:
         "goal": {"pause_ratio": GOAL_PAUSE_RATIO},
     }
     result["goal_met"] = result["pause_ratio"] <= GOAL_PAUSE_RATIO
+    if peer_results is not None:
+        ftsup = {
+            "pause_s": pause_s,
+            "survives_node_loss_s": result["held_s"],
+            # the rank's reused host buffers + the copy its agent holds + the copy its buddy holds
+            "memory_bytes": main_rank["host_buffer_bytes"] + 2 * main_rank["payload_bytes"],
+        }
+        peers = {name: summarize_peer(name, measured) for name, measured in peer_results.items()}
+        result["peers"] = {"ftsup": ftsup, **peers}
+        result["ftsup_vs_best_peer"] = compare(ftsup, peers)
     return result
 
 
@@ -163,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--saves", type=int, default=3, help="torch.save repetitions per baseline (default 3)")
     parser.add_argument("--dir", type=pathlib.Path, default=None, help="work directory on local disk (default: a temp dir)")
     parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument("--peers-python", type=pathlib.Path, default=None,
+                        help="python of the venv with the bench-peers extra (default: .venv-peers/bin/python beside "
+                             "ours if it exists, else this python: the peers it lacks are reported as not installed)")
+    parser.add_argument("--no-peers", action="store_true", help="skip the peers' baselines")
     parser.add_argument("--quick", action="store_true", help="a 20 MB state, 2 snapshots, 1 save: for tests")
     args = parser.parse_args(argv)
     if args.quick:
@@ -170,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_mb <= 0 or args.snapshots < 1 or args.saves < 1:
         parser.error(f"--state-mb must be > 0, got {args.state_mb}; "
                      f"--snapshots and --saves >= 1, got {args.snapshots}, {args.saves}")
+    peers_python = args.peers_python
+    if peers_python is None:
+        peers_python = default_peers_python() if default_peers_python().exists() else pathlib.Path(sys.executable)
+    elif not peers_python.exists():
+        parser.error(f"--peers-python {peers_python} does not exist (docs/peers.md says how to make the peers' venv)")
     with tempfile.TemporaryDirectory(prefix="ftsup-bench-snapshot-", dir=args.dir) as tmp:
         workdir = pathlib.Path(tmp)
         try:
@@ -179,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         _say("cluster stopped; timing torch.save of the same state")
         saves = time_torch_save(workdir, args.state_mb, args.saves)
-    print(json.dumps(summarize(reports, committed, saves)))
+        peer_results = None
+        if not args.no_peers:
+            peer_results = run_peer_baselines(str(peers_python), workdir, args.state_mb, args.snapshots, args.timeout_s)
+    print(json.dumps(summarize(reports, committed, saves, peer_results)))
     return 0
 
 

@@ -1,0 +1,214 @@
+"""The peers' in-memory and async checkpoints, timed on the state `ftsup bench snapshot` snapshots.
+
+Run by bench/snapshot.py once per baseline, each in a fresh process (so one peer's threads,
+helper processes and memory do not weigh on the next), with the peers' venv's python when it has
+one: `python -m ftsup.bench._snapshot_peers --baseline NAME --state-mb X --saves N --dir D`.
+Prints one JSON object on its last stdout line: the timings, or `ran: false` and why (a missing
+package, or the peer's own error, quoted).
+
+Every baseline is timed the way ftsup's rank is (bench/_snapshot_rank.py): the same model and
+AdamW state (`build_state_model`), one save per training step, and the pause is what the
+training thread loses: the save call plus, for a peer that copies in the background, the wait of
+the next `optimizer.step()` for that copy to finish (the parameters must not change under it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from ftsup.bench._snapshot_rank import BATCH, build_state_model, state_bytes
+
+BASELINES = ("dcp_async_save", "dcp_async_save_async_staging", "dlrover_flash_memory", "nvrx_local")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+NOT_REMOTE = "the copy is on this node only (local disk or this host's memory): lost with the node"
+
+
+class PeerUnavailable(Exception):
+    """The peer cannot run here; the message says why (a missing package, a device it needs)."""
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+@contextmanager
+def peak_rss() -> Iterator[dict[str, int]]:
+    """Samples this process's RSS every 5 ms; yields a dict that holds `peak` once the block ends."""
+    box = {"before": _rss_bytes(), "peak": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            box["peak"] = max(box["peak"], _rss_bytes())
+            stop.wait(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield box
+    finally:
+        stop.set()
+        sampler.join()
+        box["peak"] = max(box["peak"], _rss_bytes())
+
+
+def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, width: int) -> None:
+    loss = model(torch.ones(BATCH, width)).pow(2).mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+
+
+# A save returns (waiter, durable): `waiter` blocks until the parameters may change (called
+# before the next optimizer.step), `durable` until the copy is where the peer keeps it.
+SaveFn = Callable[[int], tuple[Callable[[], None], Callable[[], None]]]
+
+
+def time_saves(save: SaveFn, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,
+               saves: int) -> dict[str, Any]:
+    """One save per step, `saves` times (after one untimed warm-up save): the pause and the wait."""
+    samples = []
+    with peak_rss() as memory:
+        for step in range(saves + 1):
+            started = time.monotonic()
+            waiter, durable = save(step)
+            call_s = time.monotonic() - started
+            forward_backward(model, optimizer, width)
+            wait_started = time.monotonic()
+            waiter()
+            wait_s = time.monotonic() - wait_started
+            optimizer.step()
+            durable()
+            durable_s = time.monotonic() - started
+            if step > 0:
+                samples.append({"call_s": call_s, "optimizer_wait_s": wait_s, "stored_s": durable_s})
+    return {"samples": samples, "rss_before_bytes": memory["before"], "rss_peak_bytes": memory["peak"]}
+
+
+def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,
+            saves: int, async_staging: bool) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    # With async staging the stager is created once and reused, as the DCP docs recommend (its
+    # staging buffers are kept between saves); pinned and shared memory need an accelerator.
+    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                          use_async_staging=True, use_non_blocking_copy=False)) if async_staging else None
+
+    def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
+        writer = dcp.FileSystemWriter(str(directory / f"step-{step}"))  # sync_files=True: fsync'd
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        response = dcp.async_save(state, storage_writer=writer, no_dist=True, async_stager=stager)
+        if hasattr(response, "staging_completion"):
+            return response.staging_completion.result, response.upload_completion.result
+        return (lambda: None), response.result
+
+    try:
+        return time_saves(save, model, optimizer, width, saves)
+    finally:
+        if stager is not None:
+            stager.close()
+
+
+def run_dlrover(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,
+                saves: int) -> dict[str, Any]:
+    try:
+        from dlrover.trainer.torch.flash_checkpoint.ddp import DdpCheckpointer, StorageType
+    except ImportError as exc:
+        raise PeerUnavailable(f"not installed: {exc} (the bench-peers extra)") from exc
+    # Outside dlrover-run the engine starts its own saver process (daemonic; it dies with us)
+    # and copies the state into shared memory on the training thread; replica_count 0: no copy on
+    # another node (its replicas need >= 2 nodes of a dlrover job).
+    checkpointer = DdpCheckpointer(str(directory))
+
+    def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        checkpointer.save_checkpoint(step, state, storage_type=StorageType.MEMORY)
+        return (lambda: None), (lambda: None)  # in the node's shared memory once the call returns
+
+    try:
+        return time_saves(save, model, optimizer, width, saves)
+    finally:
+        engine = getattr(checkpointer, "_engine", None)
+        handler = getattr(engine, "_shm_handler", None)
+        if handler is not None and getattr(handler, "shared_memory", None) is not None:
+            handler.shared_memory.unlink()  # /dev/shm/ckpt_shm_*: the saver would leave it behind
+
+
+def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,
+             saves: int) -> dict[str, Any]:
+    try:
+        from nvidia_resiliency_ext.checkpointing.local.basic_state_dict import BasicTensorAwareStateDict
+        from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import LocalCheckpointManager
+    except ImportError as exc:
+        raise PeerUnavailable(f"not installed: {exc} (the bench-peers extra)") from exc
+    import torch.distributed as dist
+
+    # Its manager coordinates through a process group: a one-rank gloo group over a file.
+    dist.init_process_group("gloo", init_method=f"file://{directory / 'pg-init'}", rank=0, world_size=1)
+    try:
+        manager = LocalCheckpointManager(str(directory / "local"))
+
+        def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
+            state = BasicTensorAwareStateDict({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            request = manager.save(state, step, is_async=True)
+            return (lambda: None), (lambda: request.execute_sync() if request is not None else None)
+
+        try:
+            return time_saves(save, model, optimizer, width, saves)
+        except AssertionError as exc:  # its state dict asserts every tensor is on a CUDA device
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            raise PeerUnavailable(
+                f"CUDA-only: AssertionError at {pathlib.Path(frame.filename).name}:{frame.lineno}: {frame.line}"
+            ) from exc
+    finally:
+        dist.destroy_process_group()
+
+
+def run(name: str, directory: pathlib.Path, state_mb: float, saves: int) -> dict[str, Any]:
+    torch.set_num_threads(1)  # as the ftsup rank measured beside it
+    model, optimizer, width = build_state_model(state_mb)
+    directory.mkdir(parents=True, exist_ok=True)
+    if name == "dcp_async_save":
+        measured = run_dcp(directory, model, optimizer, width, saves, async_staging=False)
+    elif name == "dcp_async_save_async_staging":
+        measured = run_dcp(directory, model, optimizer, width, saves, async_staging=True)
+    elif name == "dlrover_flash_memory":
+        measured = run_dlrover(directory, model, optimizer, width, saves)
+    elif name == "nvrx_local":
+        measured = run_nvrx(directory, model, optimizer, width, saves)
+    else:
+        raise ValueError(f"unknown baseline {name!r}; one of {', '.join(BASELINES)}")
+    return {"ran": True, "state_bytes": state_bytes(model, optimizer), "torch": torch.__version__, **measured}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ftsup.bench._snapshot_peers")
+    parser.add_argument("--baseline", choices=BASELINES, required=True)
+    parser.add_argument("--state-mb", type=float, required=True)
+    parser.add_argument("--saves", type=int, required=True, help="timed saves (after one warm-up)")
+    parser.add_argument("--dir", type=pathlib.Path, required=True, help="scratch directory on local disk")
+    args = parser.parse_args(argv)
+    try:
+        result = run(args.baseline, args.dir, args.state_mb, args.saves)
+    except PeerUnavailable as exc:
+        result = {"ran": False, "reason": str(exc)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
