@@ -6,9 +6,13 @@ parts in parallel with SHA-256 checksums, shard indexes, rank 0 verifies every o
 manifest): `commit_mbps` is bytes / (barrier-to-barrier time of the whole save and commit). The
 baseline, in the same processes and run: each rank uploads the same bytes as one object with
 boto3's `upload_fileobj` (TransferConfig with the same part size and thread count, default
-checksums): `raw_mbps`. Rounds alternate the order; the medians are reported. The S3 endpoint is
-a local SeaweedFS started here (data on disk) unless --endpoint is given (credentials from the
-environment). Prints one JSON object.
+checksums): `raw_mbps`. The peer, in the same processes and run: `s3torchconnector`'s DCP writer
+(`dcp.save(state, storage_writer=S3StorageWriter(...))`, the same part size and thread count), its
+time to a committed checkpoint (DCP's `.metadata` written) and `s3tc_mbps`; when the package is
+missing (it is in the bench-peers extra) the ranks run under the peers' venv's python, and
+without either the JSON says why it was not measured. Rounds rotate the order; the medians are
+reported. The S3 endpoint is a local SeaweedFS started here (data on disk) unless --endpoint is
+given (credentials from the environment). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +50,7 @@ class Plan:
     prefix: str
     out: str
     init_file: str
+    s3tc: bool  # also time s3torchconnector's S3StorageWriter
 
 
 def _rank_main(rank: int, plan: Plan) -> None:
@@ -89,7 +95,22 @@ def _rank_main(rank: int, plan: Plan) -> None:
         dist.barrier()
         return time.perf_counter() - start
 
-    commit_s, raw_s = [], []
+    def run_s3tc(r: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from s3torchconnector import S3ClientConfig
+        from s3torchconnector.dcp import S3StorageWriter
+
+        # Its native client takes a custom endpoint only from AWS_ENDPOINT_URL; path-style
+        # addressing as for every local S3 server (virtual hosts need DNS for each bucket).
+        if plan.endpoint_url:
+            os.environ["AWS_ENDPOINT_URL"] = plan.endpoint_url
+        config = S3ClientConfig(part_size=plan.part_mib * MIB, force_path_style=True)
+        writer = S3StorageWriter(plan.region or "us-east-1", f"s3://{plan.bucket}/{plan.prefix}/s3tc/{r}",
+                                 s3client_config=config, thread_count=plan.threads)
+        dcp.save(state, storage_writer=writer)
+
+    commit_s, raw_s, s3tc_s = [], [], []
+    s3tc_error = None
     for r in range(plan.rounds):
         cid = checkpoint_id_for(r + 1, uuid.uuid4().hex[:8]) if rank == 0 else ""
         box = [cid]
@@ -102,17 +123,81 @@ def _rank_main(rank: int, plan: Plan) -> None:
         def run_raw(r: int = r) -> None:
             client.upload_fileobj(io.BytesIO(raw), plan.bucket, f"{plan.prefix}/raw/{r}/rank{rank}", Config=transfer)
 
-        order = (("raw", run_raw), ("commit", run_commit)) if r % 2 == 0 else (("commit", run_commit), ("raw", run_raw))
-        for name, fn in order:
-            (raw_s if name == "raw" else commit_s).append(timed(fn))
+        def run_peer(r: int = r) -> None:
+            nonlocal s3tc_error
+            try:
+                run_s3tc(r)
+            except Exception as exc:  # DCP raises on every rank when one fails: all stop timing it
+                s3tc_error = f"{type(exc).__name__}: {exc}"[:500]
+
+        steps = [("raw", run_raw, raw_s), ("commit", run_commit, commit_s)]
+        if plan.s3tc and s3tc_error is None:
+            steps.append(("s3tc", run_peer, s3tc_s))
+        for _name, fn, times in steps[r % len(steps):] + steps[:r % len(steps)]:
+            times.append(timed(fn))
+    if s3tc_error is not None:
+        s3tc_s.clear()
     if rank == 0:
         committed = catalog.list_committed(store, layout)
         result = {"commit_s": commit_s, "raw_s": raw_s, "committed": len(committed),
-                  "bytes_per_rank": len(raw), "objects_per_checkpoint": len(committed[-1].objects)}
+                  "bytes_per_rank": len(raw), "objects_per_checkpoint": len(committed[-1].objects),
+                  "s3tc_s": s3tc_s, "s3tc_error": s3tc_error}
+        if s3tc_s:  # committed = DCP's .metadata is there (the coordinator writes it last)
+            listed = client.list_objects_v2(Bucket=plan.bucket, Prefix=f"{plan.prefix}/s3tc/")
+            keys = [o["Key"] for o in listed.get("Contents", [])]
+            result["s3tc_committed"] = sum(key.endswith("/.metadata") for key in keys)
+            result["s3tc_objects_per_checkpoint"] = len(keys) // plan.rounds
         pathlib.Path(plan.out).write_text(json.dumps(result))
     store.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+S3TC_CHECK = "import s3torchconnector.dcp, s3torchconnector; print(s3torchconnector.__version__)"
+
+
+def s3tc_python(peers_python: pathlib.Path | None) -> tuple[str | None, str, str]:
+    """The python whose ranks can run s3torchconnector's writer: (python or None, version, why not).
+
+    This one if it has the package; else the peers' venv (--peers-python, default .venv-peers
+    beside ours); else None and the reason, which the JSON carries.
+    """
+    candidates = [pathlib.Path(sys.executable)]
+    default = pathlib.Path(sys.prefix).parent / ".venv-peers" / "bin" / "python"
+    if peers_python is not None:
+        candidates.append(peers_python)
+    elif default.exists():
+        candidates.append(default)
+    errors = []
+    for python in candidates:
+        done = subprocess.run([str(python), "-c", S3TC_CHECK], capture_output=True, text=True, check=False, timeout=120)
+        if done.returncode == 0:
+            return str(python), done.stdout.strip().splitlines()[-1], ""
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        errors.append(f"{python}: {last}")
+    return None, "", ("not installed (the bench-peers extra; docs/peers.md): " + "; ".join(errors))
+
+
+def s3tc_summary(measured: dict, total: int, commit_s: float, python: str | None, version: str,
+                 why_not: str) -> dict:
+    """s3torchconnector's figures beside ftsup's commit (ratio > 1: ftsup commits faster)."""
+    if python is None:
+        return {"ran": False, "reason": why_not}
+    if measured.get("s3tc_error") or not measured.get("s3tc_s"):
+        return {"ran": False, "reason": f"its save failed: {measured.get('s3tc_error') or 'no timing'}"}
+    s3tc_s = statistics.median(measured["s3tc_s"])
+    return {
+        "ran": True, "version": version, "python": python,
+        "config": "dcp.save(state, storage_writer=S3StorageWriter(region, s3://bucket/prefix, "
+                  "S3ClientConfig(part_size=--part-mib, force_path_style=True), thread_count=--threads)), "
+                  "AWS_ENDPOINT_URL for the local server",
+        "committed_s": round(s3tc_s, 3), "mbps": round(total / MB / s3tc_s, 1),
+        "committed_s_rounds": [round(x, 3) for x in measured["s3tc_s"]],
+        "checkpoints_committed": measured.get("s3tc_committed", 0),
+        "objects_per_checkpoint": measured.get("s3tc_objects_per_checkpoint", 0),
+        "ftsup_committed_s": round(commit_s, 3),
+        "ftsup_speedup": round(s3tc_s / commit_s, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket", default=None, help="with --endpoint: an existing bucket")
     parser.add_argument("--region", default="us-east-1")
     parser.add_argument("--dir", default=None, help="where the local server keeps its data (default: a temp dir on disk)")
+    parser.add_argument("--peers-python", type=pathlib.Path, default=None,
+                        help="python of the venv with the bench-peers extra, for s3torchconnector when this one "
+                             "lacks it (default: .venv-peers/bin/python beside ours)")
+    parser.add_argument("--no-peers", action="store_true", help="skip s3torchconnector's writer")
     parser.add_argument("--quick", action="store_true", help="4 ranks x 16 MB, 1 round: a smoke run")
     parser.add_argument("--json", action="store_true", help="accepted for symmetry; the output is always JSON")
     args = parser.parse_args(argv)
@@ -135,6 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --ranks, --mb-per-rank, --threads, --rounds >= 1 and --part-mib >= 5")
     if args.endpoint and not args.bucket:
         parser.error("--endpoint needs --bucket")
+    if args.peers_python is not None and not args.peers_python.exists():
+        parser.error(f"--peers-python {args.peers_python} does not exist (docs/peers.md says how to make the peers' venv)")
+    rank_python, s3tc_version, s3tc_why_not = (None, "", "--no-peers") if args.no_peers else s3tc_python(args.peers_python)
+    if rank_python is not None and rank_python != sys.executable:
+        # The whole bench runs under the peers' venv's python (the same interpreter and tree, with
+        # the extra installed), so that all three writers are timed in the same rank processes on
+        # the same tensors (a spawned child takes its parent's sys.path, not its interpreter's).
+        print(f"ftsup bench checkpoint: running under {rank_python} (it has s3torchconnector)", file=sys.stderr)
+        done = subprocess.run([rank_python, "-m", "ftsup.bench.checkpoint", *(sys.argv[1:] if argv is None else argv)],
+                              stdout=subprocess.PIPE, check=False)
+        sys.stdout.write(done.stdout.decode(errors="replace"))
+        sys.stdout.flush()
+        return done.returncode
 
     import torch.multiprocessing as mp
 
@@ -151,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             endpoint, bucket = args.endpoint, args.bucket
         plan = Plan(args.ranks, args.mb_per_rank, args.threads, args.part_mib, args.rounds, bucket, endpoint,
-                    args.region, f"bench-{uuid.uuid4().hex[:8]}", str(work / "result.json"), str(work / "init"))
+                    args.region, f"bench-{uuid.uuid4().hex[:8]}", str(work / "result.json"), str(work / "init"),
+                    s3tc=rank_python is not None)
         mp.spawn(_rank_main, args=(plan,), nprocs=args.ranks, join=True)
         measured = json.loads(pathlib.Path(plan.out).read_text())
     finally:
@@ -164,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     commit_s, raw_s = statistics.median(measured["commit_s"]), statistics.median(measured["raw_s"])
     commit_mbps, raw_mbps = total / MB / commit_s, total / MB / raw_s
     print(json.dumps({
+        "s3torchconnector": s3tc_summary(measured, total, commit_s, rank_python, s3tc_version, s3tc_why_not),
         "commit_mbps": round(commit_mbps, 1), "raw_mbps": round(raw_mbps, 1),
         "throughput_ratio": round(commit_mbps / raw_mbps, 3), "goal_ratio": 0.8,
         "bytes_total": total, "commit_s_rounds": [round(s, 3) for s in measured["commit_s"]],
