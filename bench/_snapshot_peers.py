@@ -24,12 +24,11 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from ftsup.bench._snapshot_rank import BATCH, build_state_model, state_bytes
+if TYPE_CHECKING:  # torch is imported where it is used: the names above stay cheap to import
+    import torch
+    from torch import nn
 
 BASELINES = ("dcp_async_save", "dcp_async_save_async_staging", "dlrover_flash_memory", "nvrx_local")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -67,6 +66,10 @@ def peak_rss() -> Iterator[dict[str, int]]:
 
 
 def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, width: int) -> None:
+    import torch
+
+    from ftsup.bench._snapshot_rank import BATCH
+
     loss = model(torch.ones(BATCH, width)).pow(2).mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -131,7 +134,11 @@ def run_dlrover(directory: pathlib.Path, model: nn.Module, optimizer: torch.opti
         raise PeerUnavailable(f"not installed: {exc} (the bench-peers extra)") from exc
     # Outside dlrover-run the engine starts its own saver process (daemonic; it dies with us)
     # and copies the state into shared memory on the training thread; replica_count 0: no copy on
-    # another node (its replicas need >= 2 nodes of a dlrover job).
+    # another node. Its sockets (/tmp/ckpt_sock/) and shared memory are named per
+    # TORCHELASTIC_RUN_ID: a run id of our own keeps a stale socket of an earlier run (or a
+    # concurrent one) from answering for our saver.
+    run_id = f"ftsup-bench-{os.getpid()}-{int(time.time())}"
+    os.environ["TORCHELASTIC_RUN_ID"] = run_id
     checkpointer = DdpCheckpointer(str(directory))
 
     def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -145,7 +152,10 @@ def run_dlrover(directory: pathlib.Path, model: nn.Module, optimizer: torch.opti
         engine = getattr(checkpointer, "_engine", None)
         handler = getattr(engine, "_shm_handler", None)
         if handler is not None and getattr(handler, "shared_memory", None) is not None:
-            handler.shared_memory.unlink()  # /dev/shm/ckpt_shm_*: the saver would leave it behind
+            handler.shared_memory.unlink()  # /dev/shm/*ckpt_shm_*: the saver would leave it behind
+        import shutil
+
+        shutil.rmtree(pathlib.Path("/tmp/ckpt_sock") / run_id, ignore_errors=True)
 
 
 def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,
@@ -179,6 +189,10 @@ def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.O
 
 
 def run(name: str, directory: pathlib.Path, state_mb: float, saves: int) -> dict[str, Any]:
+    import torch
+
+    from ftsup.bench._snapshot_rank import build_state_model, state_bytes
+
     torch.set_num_threads(1)  # as the ftsup rank measured beside it
     model, optimizer, width = build_state_model(state_mb)
     directory.mkdir(parents=True, exist_ok=True)
@@ -206,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.baseline, args.dir, args.state_mb, args.saves)
     except PeerUnavailable as exc:
         result = {"ran": False, "reason": str(exc)}
+    except Exception as exc:  # the peer's own failure: reported as such (the bench's test fails on it)
+        traceback.print_exc()
+        print(json.dumps({"ran": False, "reason": f"its run failed: {type(exc).__name__}: {exc}"[:500]}), flush=True)
+        return 1
     print(json.dumps(result), flush=True)
     return 0
 

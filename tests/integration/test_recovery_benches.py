@@ -26,6 +26,23 @@ def test_snapshot_bench_reports_the_pause_against_torch_save(capsys):
     assert result["held_s"] >= result["background_copy_s"] > 0
     assert result["committed_s"] is not None and result["committed_s"] > 0
     assert len(result["pause_samples_s"]) == 2  # rank 0's 2 snapshots in the background mode
+    # The peers' baselines ran on the same state in the same run, or say why not (the
+    # bench-peers extra is not a test dependency: without its venv DLRover is "not installed").
+    peers = result["peers"]
+    assert set(peers) == {"ftsup", "dcp_async_save", "dcp_async_save_async_staging", "dlrover_flash_memory", "nvrx_local"}
+    assert peers["ftsup"]["survives_node_loss_s"] == result["held_s"]
+    for name in ("dcp_async_save", "dcp_async_save_async_staging"):  # torch's own: they always run
+        dcp = peers[name]
+        assert dcp["ran"], dcp
+        assert len(dcp["pause_samples_s"]) == 2 and dcp["stored_s"] > 0 and dcp["memory_bytes"] > 0
+        assert dcp["state_bytes"] == result["state_bytes"] and dcp["survives_node_loss_s"] is None
+    dlrover = peers["dlrover_flash_memory"]
+    assert dlrover["ran"] or dlrover["reason"].startswith("not installed"), dlrover
+    # NVRx local checkpointing asserts its tensors are on CUDA: on this CPU-only machine it must
+    # fail with that error, quoted, not be dropped.
+    nvrx = peers["nvrx_local"]
+    assert not nvrx["ran"] and nvrx["reason"].startswith(("CUDA-only: AssertionError", "not installed")), nvrx
+    assert result["ftsup_vs_best_peer"]["pause"]["best_peer"] in peers
 
 
 def test_recovery_bench_compares_a_node_kill_with_torchrun_restarts(capsys):
