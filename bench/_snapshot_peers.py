@@ -75,9 +75,28 @@ def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, width: 
     loss.backward()
 
 
-# A save returns (waiter, durable): `waiter` blocks until the parameters may change (called
-# before the next optimizer.step), `durable` until the copy is where the peer keeps it.
-SaveFn = Callable[[int], tuple[Callable[[], None], Callable[[], None]]]
+# A save returns (waiter, stored): `waiter` blocks until the parameters may change (called
+# before the next optimizer.step); `stored` blocks until the copy is where the peer keeps it and
+# returns the time.monotonic() at which it got there (not when we asked).
+SaveFn = Callable[[int], tuple[Callable[[], None], Callable[[], float]]]
+
+
+def stored_when_done(future: Any) -> Callable[[], float]:
+    """For a concurrent Future: the time it completed, recorded by its own done-callback."""
+    box: dict[str, float] = {}
+    future.add_done_callback(lambda _: box.setdefault("at", time.monotonic()))
+
+    def stored() -> float:
+        future.result()  # raises the peer's error
+        return box.get("at") or time.monotonic()
+
+    return stored
+
+
+def stored_now() -> Callable[[], float]:
+    """For a save that has stored its copy when the call returns."""
+    at = time.monotonic()
+    return lambda: at
 
 
 def time_saves(save: SaveFn, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,
@@ -87,17 +106,16 @@ def time_saves(save: SaveFn, model: nn.Module, optimizer: torch.optim.Optimizer,
     with peak_rss() as memory:
         for step in range(saves + 1):
             started = time.monotonic()
-            waiter, durable = save(step)
+            waiter, stored = save(step)
             call_s = time.monotonic() - started
             forward_backward(model, optimizer, width)
             wait_started = time.monotonic()
             waiter()
             wait_s = time.monotonic() - wait_started
             optimizer.step()
-            durable()
-            durable_s = time.monotonic() - started
+            stored_s = stored() - started
             if step > 0:
-                samples.append({"call_s": call_s, "optimizer_wait_s": wait_s, "stored_s": durable_s})
+                samples.append({"call_s": call_s, "optimizer_wait_s": wait_s, "stored_s": stored_s})
     return {"samples": samples, "rss_before_bytes": memory["before"], "rss_peak_bytes": memory["peak"]}
 
 
@@ -111,13 +129,13 @@ def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Op
     stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
                                           use_async_staging=True, use_non_blocking_copy=False)) if async_staging else None
 
-    def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
         writer = dcp.FileSystemWriter(str(directory / f"step-{step}"))  # sync_files=True: fsync'd
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         response = dcp.async_save(state, storage_writer=writer, no_dist=True, async_stager=stager)
         if hasattr(response, "staging_completion"):
-            return response.staging_completion.result, response.upload_completion.result
-        return (lambda: None), response.result
+            return response.staging_completion.result, stored_when_done(response.upload_completion)
+        return (lambda: None), stored_when_done(response)
 
     try:
         return time_saves(save, model, optimizer, width, saves)
@@ -141,10 +159,10 @@ def run_dlrover(directory: pathlib.Path, model: nn.Module, optimizer: torch.opti
     os.environ["TORCHELASTIC_RUN_ID"] = run_id
     checkpointer = DdpCheckpointer(str(directory))
 
-    def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         checkpointer.save_checkpoint(step, state, storage_type=StorageType.MEMORY)
-        return (lambda: None), (lambda: None)  # in the node's shared memory once the call returns
+        return (lambda: None), stored_now()  # in the node's shared memory once the call returns
 
     try:
         return time_saves(save, model, optimizer, width, saves)
@@ -172,10 +190,16 @@ def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.O
     try:
         manager = LocalCheckpointManager(str(directory / "local"))
 
-        def save(step: int) -> tuple[Callable[[], None], Callable[[], None]]:
+        def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
             state = BasicTensorAwareStateDict({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
             request = manager.save(state, step, is_async=True)
-            return (lambda: None), (lambda: request.execute_sync() if request is not None else None)
+
+            def stored() -> float:
+                if request is not None:
+                    request.execute_sync()
+                return time.monotonic()
+
+            return (lambda: None), stored
 
         try:
             return time_saves(save, model, optimizer, width, saves)

@@ -160,8 +160,9 @@ def run_peer_baselines(python: str, directory: pathlib.Path, state_mb: float, sa
         except json.JSONDecodeError:
             results[name] = {}
         if not results[name]:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-            results[name] = {"ran": False, "reason": f"exited with {done.returncode}: {' | '.join(tail)}"}
+            results[name] = {"ran": False, "reason": f"exited with {done.returncode} without a result"}
+        if not results[name].get("ran") and done.returncode != 0:  # its log, for the one who reads the JSON
+            results[name]["log_tail"] = log_path.read_text(errors="replace").strip().splitlines()[-20:]
     return results
 
 
