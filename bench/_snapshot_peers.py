@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # torch is imported where it is used: the names above stay ch
     from torch import nn
 
 BASELINES = ("dcp_async_save", "dcp_async_save_async_staging", "dlrover_flash_memory", "nvrx_local")
+# The package each baseline needs beyond torch (from the bench-peers extra), checked before the
+# model is built so that a missing one is reported at once.
+REQUIRES = {"dlrover_flash_memory": "dlrover", "nvrx_local": "nvidia_resiliency_ext"}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 NOT_REMOTE = "the copy is on this node only (local disk or this host's memory): lost with the node"
 
@@ -213,6 +216,11 @@ def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.O
 
 
 def run(name: str, directory: pathlib.Path, state_mb: float, saves: int) -> dict[str, Any]:
+    import importlib.util
+
+    if name in REQUIRES and importlib.util.find_spec(REQUIRES[name]) is None:
+        raise PeerUnavailable(f"not installed: no module named {REQUIRES[name]!r} in {sys.executable} "
+                              "(the bench-peers extra; docs/peers.md)")
     import torch
 
     from ftsup.bench._snapshot_rank import build_state_model, state_bytes

@@ -4,6 +4,12 @@ peer which could not run says why instead of vanishing."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+import sys
+
+import pytest
+
 from ftsup.bench import checkpoint, snapshot
 from ftsup.bench._snapshot_peers import BASELINES
 
@@ -65,3 +71,27 @@ def test_s3torchconnector_summary_compares_its_commit_with_ftsups():
     result = checkpoint.s3tc_summary(measured, 300_000_000, 1.5, "/venv/bin/python", "1.5.0", "")
     assert result["ran"] and result["committed_s"] == 3.0 and result["mbps"] == 100.0
     assert result["ftsup_speedup"] == 2.0 and result["checkpoints_committed"] == 3
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.skipif(_installed("dlrover"), reason="dlrover is installed in this venv: nothing is missing")
+def test_a_missing_peer_package_is_reported_before_any_work(capsys, tmp_path):
+    from ftsup.bench import _snapshot_peers
+
+    argv = ["--baseline", "dlrover_flash_memory", "--state-mb", "1", "--saves", "1", "--dir", str(tmp_path)]
+    assert _snapshot_peers.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["ran"] is False and result["reason"].startswith("not installed: no module named 'dlrover'")
+    assert not any(tmp_path.iterdir())  # no model built, nothing written
+
+
+@pytest.mark.skipif(_installed("s3torchconnector"), reason="s3torchconnector is installed in this venv")
+def test_s3torchconnector_missing_everywhere_is_named_with_each_python_tried():
+    python, version, why_not = checkpoint.s3tc_python(pathlib.Path(sys.executable))
+    assert python is None and version == ""
+    assert why_not.startswith("not installed") and "No module named 's3torchconnector'" in why_not
