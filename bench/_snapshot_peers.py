@@ -126,6 +126,7 @@ def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Op
             saves: int, async_staging: bool) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
     # With async staging the stager is created once and reused, as the DCP docs recommend (its
     # staging buffers are kept between saves); pinned and shared memory need an accelerator.
@@ -136,7 +137,7 @@ def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Op
         writer = dcp.FileSystemWriter(str(directory / f"step-{step}"))  # sync_files=True: fsync'd
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         response = dcp.async_save(state, storage_writer=writer, no_dist=True, async_stager=stager)
-        if hasattr(response, "staging_completion"):
+        if isinstance(response, AsyncSaveResponse):  # staging in the background
             return response.staging_completion.result, stored_when_done(response.upload_completion)
         return (lambda: None), stored_when_done(response)
 
@@ -160,16 +161,17 @@ def run_dlrover(directory: pathlib.Path, model: nn.Module, optimizer: torch.opti
     # concurrent one) from answering for our saver.
     run_id = f"ftsup-bench-{os.getpid()}-{int(time.time())}"
     os.environ["TORCHELASTIC_RUN_ID"] = run_id
-    checkpointer = DdpCheckpointer(str(directory))
-
-    def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        checkpointer.save_checkpoint(step, state, storage_type=StorageType.MEMORY)
-        return (lambda: None), stored_now()  # in the node's shared memory once the call returns
-
+    checkpointer = None
     try:
+        checkpointer = active = DdpCheckpointer(str(directory))
+
+        def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            active.save_checkpoint(step, state, storage_type=StorageType.MEMORY)
+            return (lambda: None), stored_now()  # in the node's shared memory once the call returns
+
         return time_saves(save, model, optimizer, width, saves)
-    finally:
+    finally:  # also when its engine failed to start: its sockets are made before the wait that times out
         engine = getattr(checkpointer, "_engine", None)
         handler = getattr(engine, "_shm_handler", None)
         if handler is not None and getattr(handler, "shared_memory", None) is not None:

@@ -37,7 +37,13 @@ def test_snapshot_bench_reports_the_pause_against_torch_save(capsys):
         assert len(dcp["pause_samples_s"]) == 2 and dcp["stored_s"] > 0 and dcp["memory_bytes"] > 0
         assert dcp["state_bytes"] == result["state_bytes"] and dcp["survives_node_loss_s"] is None
     dlrover = peers["dlrover_flash_memory"]
-    assert dlrover["ran"] or dlrover["reason"].startswith("not installed"), dlrover
+    if dlrover["ran"]:
+        assert dlrover["stored_s"] == pytest.approx(dlrover["pause_s"], abs=1e-3)  # stored when the call returns
+    else:
+        # Not installed, or DLRover's own failure (its engine intermittently times out waiting for
+        # the saver process it forks: docs/peers.md), carried with its log rather than dropped.
+        assert dlrover["reason"].startswith("not installed") or (
+            dlrover["reason"].startswith("its run failed: ") and dlrover["log_tail"]), dlrover
     # NVRx local checkpointing asserts its tensors are on CUDA: on this CPU-only machine it must
     # fail with that error, quoted, not be dropped.
     nvrx = peers["nvrx_local"]
