@@ -1,7 +1,8 @@
 """One replica of a replicated supervisor: follow the log, campaign, lead, step down, repeat.
 
 While following, the replica folds the leader's records into its own state (a hot copy that
-answers read-only operator queries) and points agents at the leader. Once it wins the election it
+answers read-only operator queries) and, with link shards, relays its share of the agents to the
+leader (supervisor/shard.py); without them it points agents at the leader. Once it wins the election it
 catches up to the head, grants every node a full timeout of grace, and decides. It steps down the
 moment its lease is lost or an append shows another replica leads (fencing) — it never decides
 on a term it cannot prove it holds.
@@ -19,6 +20,8 @@ from ftsup.supervisor.eventlog.api import LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.shard import LinkShard
+from ftsup.supervisor.shard_members import ReplicaMembers
 
 log = logs.get("supervisor.replica")
 
@@ -62,17 +65,29 @@ async def sync_while_leading(event_log: EtcdLog, election: LeaderElection, backo
     return False
 
 
-async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog) -> None:
+async def rehome_on_change(shard: LinkShard, members: ReplicaMembers) -> None:
+    """Moves the shard's nodes whose shard changed whenever the live replicas change."""
+    while True:
+        await members.changed.wait()
+        members.changed.clear()
+        shard.rehome()
+
+
+async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog,
+                      shard: LinkShard | None = None) -> None:
     runtime.become_follower()
     while True:
         follower = asyncio.create_task(follow_log(runtime, event_log))
         tracker = asyncio.create_task(track_leader(runtime, election))
+        tasks = [follower, tracker]
+        if shard is not None:  # while following, this replica's share of the agents goes through the leader
+            tasks.append(asyncio.create_task(shard.relay_forever(lambda: runtime.leader_address)))
         try:
             leader = await election.run_until_leader()
         finally:
-            for task in (follower, tracker):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(follower, tracker, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         if not await sync_while_leading(event_log, election):
             log.warning("stepping down before leading: the log could not be read while the lease held",
                         term=leader.term)

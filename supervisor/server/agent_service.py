@@ -27,6 +27,7 @@ from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.shard import LinkShard
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 log = logs.get("supervisor.agents")
@@ -108,8 +109,11 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
 
 class AgentService(agent_pb2_grpc.SupervisorServicer):
     def __init__(self, runtime: Runtime, *, is_tls: bool = False, limits: StreamLimits = StreamLimits(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shard: LinkShard | None = None) -> None:
         self._runtime = runtime
+        # Link shards (replicated supervisors): every replica holds its share of the agents' streams;
+        # a follower relays its share to the leader (supervisor/shard.py). None: the leader holds all.
+        self._shard = shard
         self._limits = limits
         self.limit_closures: list[str] = []  # why each stream a limit ended was ended, oldest first (bounded)
         self._is_tls = is_tls  # mTLS: the client certificate must name the Hello's node id
@@ -147,7 +151,19 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"certificate identity {identity or 'none'} may not speak for node {hello.node_id!r}:"
                     f" the agent's certificate must carry spiffe://ftsup/node/{hello.node_id}")
-        if not self._runtime.is_leader:
+        if self._shard is not None:
+            home = self._shard.home_of(hello.node_id, hello.unreachable_replicas)
+            if home != self._shard.address:  # another replica's share: tell the agent its shard
+                self._runtime.close_stream(stream_id, None, 0)
+                yield agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=home,
+                                                                                 shard_address=home))
+                return
+            if not self._runtime.is_leader:  # our share, relayed to the leader
+                self._runtime.close_stream(stream_id, None, 0)
+                async for message in self._shard.serve(first, request_iterator, peer):
+                    yield message
+                return
+        elif not self._runtime.is_leader:
             # Agents know every replica; a follower points them at the leader (empty: retry).
             self._runtime.close_stream(stream_id, None, 0)
             yield agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=self._runtime.leader_address))
