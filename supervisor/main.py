@@ -108,7 +108,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     if replicated and config.link_shards:
         # Link shards (issue 14): every replica holds its share of the agents; followers relay theirs.
         members = ReplicaMembers(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s)
-        shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls)
+        shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls,
+                          generation=lambda: runtime.generation_in_force)
         shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime, is_tls=is_tls), server)
     agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls, shard=shard), server)
     authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen),

@@ -67,8 +67,10 @@ class LinkShard:
     through the agent service directly)."""
 
     def __init__(self, address: str, live: Callable[[], Iterable[str]], *, tls_files: TlsFiles | None = None,
-                 clock: Callable[[], float] = time.monotonic, up_capacity: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, up_capacity: int | None = None,
+                 generation: Callable[[], int | None] = lambda: None) -> None:
         self.address = address
+        self._generation = generation  # the generation in force (the follower's hot copy), for log lines
         self._live = live
         self._tls = tls_files
         self._clock = clock
@@ -110,7 +112,7 @@ class LinkShard:
             yield _retry_later("this shard's queue to the leader is full; retry")
             return
         log.info("node connected to shard", node_id=node_id, incarnation=incarnation, peer=peer,
-                 session=session.session, leader=self.leader_address)
+                 session=session.session, leader=self.leader_address, generation=self._generation())
         reader = asyncio.create_task(self._read(session, requests))
         try:
             while True:
@@ -123,7 +125,8 @@ class LinkShard:
             with contextlib.suppress(BaseException):
                 await reader
             self._end(session)
-            log.info("node stream closed on shard", node_id=node_id, session=session.session, moved=session.is_moved)
+            log.info("node stream closed on shard", node_id=node_id, session=session.session, moved=session.is_moved,
+                     generation=self._generation())
 
     async def _read(self, session: ShardSession, requests: AsyncIterator[agent_pb2.AgentMessage]) -> None:
         try:
@@ -145,7 +148,8 @@ class LinkShard:
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception as exc:  # undecodable bytes and the like end this stream only
-            log.warning("agent stream read failed on shard", node_id=session.node_id, error=repr(exc))
+            log.warning("agent stream read failed on shard", node_id=session.node_id, error=repr(exc),
+                        generation=self._generation())
         finally:
             session.outbox.close()
 
