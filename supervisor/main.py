@@ -160,6 +160,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         helper.cancel()
     await asyncio.gather(*helpers, return_exceptions=True)
     await checker.enter_graceful_shutdown()
+    if shard is not None:
+        shard.shutdown()  # its agents move to their next shards; the relay carries that during the grace
     await server.stop(grace=1.0)
     if metrics_server is not None:
         metrics_server.close()

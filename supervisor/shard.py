@@ -31,7 +31,7 @@ import grpc
 
 from ftsup.common import logs
 from ftsup.common.backoff import Backoff
-from ftsup.common.shard_map import home_of
+from ftsup.common.shard_map import home_of, shard_of
 from ftsup.common.tls import TlsFiles, channel_credentials, expect_supervisor
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import StreamOutbox
@@ -188,6 +188,20 @@ class LinkShard:
         if moved:
             log.info("nodes moved to their new shards", moved=moved)
         return moved
+
+    def shutdown(self) -> int:
+        """A clean stop (SIGTERM, a rolling restart): every node held here is told its next shard and
+        its stream ends as a move, so the leader takes none of it for a death. Returns how many."""
+        others = [replica for replica in self._live() if replica != self.address]
+        for session in list(self._sessions.values()):
+            session.is_moved = True
+            home = shard_of(session.node_id, others) if others else ""
+            session.outbox.put(agent_pb2.SupervisorMessage(
+                not_leader=agent_pb2.NotLeader(leader_address=home, shard_address=home)))
+            session.outbox.close()
+        if self._sessions:
+            log.info("shard stopping: its nodes move to their next shards", nodes=len(self._sessions))
+        return len(self._sessions)
 
     def drop_all(self, why: str) -> None:
         """Ends every agent stream held here (the relay is gone): the agents reconnect."""
