@@ -27,8 +27,15 @@ log = logs.get("supervisor.replica")
 
 
 async def follow_log(runtime: Runtime, event_log: EtcdLog) -> None:
+    in_force = runtime.generation_in_force
     async for record in event_log.follow(runtime.state.applied_seq + 1):
         runtime.apply_followed(record)
+        if runtime.generation_in_force != in_force:
+            # A follower's shard logs lines about its nodes naming the generation in force; this
+            # line says when that changed (records are folded here without a line each).
+            in_force = runtime.generation_in_force
+            log.info("following", generation=in_force, applied_seq=runtime.state.applied_seq,
+                     leader=runtime.leader_address or "unknown")
 
 
 async def track_leader(runtime: Runtime, election: LeaderElection, period_s: float = 0.5) -> None:

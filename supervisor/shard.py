@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -248,10 +249,11 @@ class LinkShard:
                                            options=[*RELAY_OPTIONS, *expect_supervisor()])
                    if self._tls is not None else grpc.aio.insecure_channel(address, options=RELAY_OPTIONS))
         try:
-            call = shard_pb2_grpc.LinkShardStub(channel).Relay()
+            stub: Any = shard_pb2_grpc.LinkShardStub(channel)  # (the stubs' types miss the streaming form)
+            call = stub.Relay()
             await call.write(shard_pb2.ShardBatch(replica=self.address))
             first = await call.read()
-            if first is grpc.aio.EOF:
+            if not isinstance(first, shard_pb2.LeaderBatch):  # EOF: the leader said nothing
                 return
             self.term, self.leader_address = first.term, address
             self._up.clear()
@@ -261,7 +263,7 @@ class LinkShard:
             try:
                 while True:
                     batch = await call.read()
-                    if batch is grpc.aio.EOF:
+                    if not isinstance(batch, shard_pb2.LeaderBatch):  # EOF
                         return
                     if batch.term and batch.term != self.term:
                         return  # another leader: start over with it
@@ -275,9 +277,9 @@ class LinkShard:
                     await writer
                 call.cancel()
         finally:
-            await channel.close()
+            await channel.close(None)
 
-    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _write(self, call: Any) -> None:
         while True:
             while len(self._up):
                 await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS)))

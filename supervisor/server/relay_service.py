@@ -180,8 +180,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             route.put(_refusal(f"malformed step aggregate: {exc}", "step_aggregate"))
             return
         if inp is None:
-            kind = message.WhichOneof("kind") or "empty"
-            route.put(_refusal(f"unexpected {kind} message after Hello", kind))
+            sent = message.WhichOneof("kind") or "empty"
+            route.put(_refusal(f"unexpected {sent} message after Hello", sent))
             return
         reply = await runtime.submit_from_stream(inp)
         if isinstance(inp, inputs.Heartbeat):

@@ -15,8 +15,8 @@ import pytest
 
 from ftsup.common import tls
 from ftsup.common.shard_map import home_of, shard_of
-from ftsup.supervisor.core.inputs import Tick
 from ftsup.harness.certs import main as certs_main
+from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.agent_service import AgentService
