@@ -39,6 +39,10 @@ StreamCall = grpc.aio.StreamStreamCall
 AGENT_VERSION = "0.1.0"
 RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=1.0)  # the new leader's grace assumes <= 1 s
 OUTBOX_CAPACITY = 10_000
+# Each session's channel connects afresh: gRPC otherwise shares a subchannel per address across
+# channels, with the connect backoff it learned while that replica was down, so a replica that
+# just came back would still be refused for seconds ("failed to connect to all addresses").
+SESSION_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 MAX_UNREACHABLE = 16  # replicas named in a Hello as unreachable, at most (a fleet runs 3-7 replicas)
 
 
@@ -232,9 +236,9 @@ class SupervisorLink:
     async def _session(self, address: str, state: _SessionState, log: Logger) -> None:
         files = self._config.tls_files
         # Credentials are re-read per session, so renewed certificates apply at the next reconnect.
-        channel = (grpc.aio.secure_channel(address, channel_credentials(files),
-                                           options=[*MESSAGE_OPTIONS, *expect_supervisor()])
-                   if files is not None else grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS))
+        options = [*MESSAGE_OPTIONS, *SESSION_OPTIONS]
+        channel = (grpc.aio.secure_channel(address, channel_credentials(files), options=[*options, *expect_supervisor()])
+                   if files is not None else grpc.aio.insecure_channel(address, options=options))
         call = agent_pb2_grpc.SupervisorStub(channel).Connect()
         reader = asyncio.create_task(self._read(call, state, log))
         writer = asyncio.create_task(self._write(call, state))

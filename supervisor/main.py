@@ -107,11 +107,13 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     shard: LinkShard | None = None
     if replicated and config.link_shards:
         # Link shards (issue 14): every replica holds its share of the agents; followers relay theirs.
-        members = ReplicaMembers(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s)
+        members = ReplicaMembers(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s,
+                                 is_ready=lambda: runtime.is_leader or (shard is not None and shard.has_relayed))
         shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls,
                           generation=lambda: runtime.generation_in_force)
         shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime, is_tls=is_tls), server)
-    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls, shard=shard), server)
+    agent_service = AgentService(runtime, is_tls=is_tls, shard=shard)
+    agent_pb2_grpc.add_SupervisorServicer_to_server(agent_service, server)
     authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen),
                             read_token=config.operator_read_token, is_tls=is_tls)
     operator_pb2_grpc.add_OperatorServicer_to_server(
@@ -150,7 +152,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     helpers = [asyncio.create_task(track_health(runtime, checker, notifier, shard)),
                asyncio.create_task(pet_watchdog(notifier))]
     if members is not None and shard is not None:
-        helpers += [asyncio.create_task(members.run()), asyncio.create_task(rehome_on_change(shard, members))]
+        helpers += [asyncio.create_task(members.run()),
+                    asyncio.create_task(rehome_on_change(members, shard.rehome, agent_service.rehome))]
     await asyncio.sleep(0)  # let the runtime (and follower) tasks start before READY=1
     notifier.ready(f"serving on {config.listen}" + (" (replica, following)" if replicated else ""))
     stopper = asyncio.create_task(stop.wait())

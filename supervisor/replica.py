@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 
 from ftsup.common import logs
 from ftsup.common.backoff import Backoff
@@ -72,12 +73,22 @@ async def sync_while_leading(event_log: EtcdLog, election: LeaderElection, backo
     return False
 
 
-async def rehome_on_change(shard: LinkShard, members: ReplicaMembers) -> None:
-    """Moves the shard's nodes whose shard changed whenever the live replicas change."""
+# Besides on every change of the live replicas, nodes held away from their shard are moved home
+# this often: an agent that could not reach its shard (a restart, a brief partition) is taken in
+# by its next replica on its word, and must not stay there once its shard answers again.
+REHOME_EVERY_S = 15.0
+
+
+async def rehome_on_change(members: ReplicaMembers, *movers: Callable[[], int],
+                           every_s: float = REHOME_EVERY_S) -> None:
+    """Moves the nodes whose shard changed whenever the live replicas change (and every `every_s`):
+    `movers` are the follower's shard and the leader's agent service (each moves what it holds)."""
     while True:
-        await members.changed.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(members.changed.wait(), every_s)
         members.changed.clear()
-        shard.rehome()
+        for move in movers:
+            move()
 
 
 async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog,

@@ -83,6 +83,7 @@ class LinkShard:
         self.term = 0  # the leader's term while relaying; 0 while no relay is up
         self.leader_address = ""
         self.relay_up = asyncio.Event()
+        self.has_relayed = False  # a relay came up once: this replica can hold its share (membership)
 
     # -- routing -----------------------------------------------------------------------------
     def home_of(self, node_id: str, unreachable: Iterable[str] = ()) -> str:
@@ -258,6 +259,7 @@ class LinkShard:
             self.term, self.leader_address = first.term, address
             self._up.clear()
             self.relay_up.set()
+            self.has_relayed = True
             log.info("relaying to the leader", leader=address, term=self.term)
             writer = asyncio.create_task(self._write(call))
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import aetcd
 import aetcd.exceptions
@@ -37,7 +37,7 @@ class ReplicaMembers:
     """This replica's membership key, and the live replicas as last seen (`live`)."""
 
     def __init__(self, client: aetcd.Client, prefix: str, address: str, *, ttl_s: int = 2,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, is_ready: Callable[[], bool] = lambda: True) -> None:
         if not address:
             raise ValueError("a replica needs its advertised address to hold a link shard")
         self._client = client
@@ -46,6 +46,9 @@ class ReplicaMembers:
         self._key = members_prefix(prefix) + address.encode()
         self._ttl_s = ttl_s
         self._poll_s = poll_s
+        # Our key is put only once we can hold agents (leading, or our relay to the leader came up
+        # once): a replica that (re)starts takes its share only when it can serve it.
+        self._is_ready = is_ready
         self._timeout_s = max(0.5, ttl_s / 3)
         self.live: frozenset[str] = frozenset({address})
         self.changed = asyncio.Event()  # set whenever `live` changes (the shard re-checks its nodes)
@@ -58,7 +61,7 @@ class ReplicaMembers:
         try:
             while True:
                 now = loop.time()
-                if now >= next_refresh:
+                if now >= next_refresh and (lease_id or self._is_ready()):
                     lease_id, next_refresh = await self._keep(lease_id, now)
                 await self._poll()
                 await asyncio.sleep(self._poll_s)

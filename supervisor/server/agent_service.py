@@ -114,6 +114,8 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
         # Link shards (replicated supervisors): every replica holds its share of the agents' streams;
         # a follower relays its share to the leader (supervisor/shard.py). None: the leader holds all.
         self._shard = shard
+        self._held: dict[int, tuple[str, StreamOutbox]] = {}  # stream id -> (node, outbox) of streams held here
+        self._moved: set[int] = set()  # streams ended to move their node to another shard (no death signal)
         self._limits = limits
         self.limit_closures: list[str] = []  # why each stream a limit ended was ended, oldest first (bounded)
         self._is_tls = is_tls  # mTLS: the client certificate must name the Hello's node id
@@ -187,6 +189,7 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
         log.info("node connected", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                  incarnation=hello.incarnation, peer=peer)
         reader = asyncio.create_task(self._read(hello.node_id, hello.incarnation, request_iterator, outbox))
+        self._held[stream_id] = (hello.node_id, outbox)
         try:
             while True:
                 message = await outbox.get()
@@ -195,7 +198,12 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                 yield message
         finally:
             reader.cancel()
-            self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
+            self._held.pop(stream_id, None)
+            if stream_id in self._moved:  # moved to its shard: the agent reconnects there at once
+                self._moved.discard(stream_id)
+                self._runtime.close_stream(stream_id, None, 0)
+            else:
+                self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
             log.info("node stream closed", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                      incarnation=hello.incarnation, peer=peer)
         if outbox.close_reason:
@@ -203,6 +211,24 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             log.warning("agent stream closed by a limit", node_id=hello.node_id, reason=outbox.close_reason,
                         generation=self._runtime.generation_in_force, peer=peer)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.close_reason)
+
+    def rehome(self) -> int:
+        """Link shards, on the leader: moves the nodes held here whose shard is now another replica
+        (one joined the live set), telling each its shard; the leader takes no move for a death."""
+        if self._shard is None or not self._runtime.is_leader:
+            return 0
+        moved = 0
+        for stream_id, (node_id, outbox) in list(self._held.items()):
+            home = self._shard.home_of(node_id)
+            if home != self._shard.address and not outbox.is_closed:
+                self._moved.add(stream_id)
+                outbox.put(agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=home,
+                                                                                     shard_address=home)))
+                outbox.close()
+                moved += 1
+        if moved:
+            log.info("nodes moved to their new shards", moved=moved, generation=self._runtime.generation_in_force)
+        return moved
 
     async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage],
                     outbox: StreamOutbox) -> None:

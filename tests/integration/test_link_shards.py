@@ -2,8 +2,8 @@
 
 Every replica holds the agents its rendezvous hash gives it (common/shard_map.py); followers relay
 theirs to the leader. SIGKILLing a follower that holds agents mid-run: its agents re-home to their
-next replica at their first reconnect, nobody is declared dead, and the job completes in its first
-generation. Followers that relay answer SERVING for agents on the standard health service.
+next replica at their first reconnect, nobody is declared dead; restarted, the replica takes its
+agents back once its relay is up; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.support.log_context import json_lines, supervisor_problems
 pytestmark = pytest.mark.integration
 
 AGENTS_SERVICE = "ftsup.v1.Supervisor"
+STEPS = 300  # long enough that the killed replica comes back while the job runs
 
 
 def _health(address: str) -> int:
@@ -59,7 +60,7 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
     # Six agents over three replicas: each follower's expected share is two (the one placement in
     # which no follower holds any has probability 3^-6; the assertion below names it).
     spec = ClusterSpec(
-        nodes=3, spares=3, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, 120, seed=7),
+        nodes=3, spares=3, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, STEPS, seed=7),
         supervisors=3, etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
     )
     with LocalCluster(spec, tmp_path) as cluster:
@@ -93,12 +94,24 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
             assert address == shard_of(node_id, survivors), f"{node_id} re-homed to its next choice"
         rehome_s = max(at for at, _ in rehomed.values()) - killed_at
         cluster.wait_for(lambda: cluster.status().step >= step_at_kill + 5, 120, "training to go on")
+
+        # The replica comes back: once its relay is up it rejoins the live set and its nodes move
+        # back to it (from the leader's own share or the other shard), still without a death.
+        returned_at = time.time()
+        cluster.restart_supervisor(victim)
+        cluster.wait_for(lambda: all(_holder(agents[n]) == victim for n in moved), 60,
+                         f"agents {moved} to move back to the restarted {victim}")
+        assert all(_welcomes(agents[n])[-1][0] > returned_at for n in moved)
+        assert all(_holder(agents[n]) == home for n, home in expected.items()), "the others stay"
+        step_back = cluster.status().step
+        assert step_back < STEPS, "the job must still run when the replica returns (make STEPS larger)"
+        cluster.wait_for(lambda: cluster.status().step >= step_back + 3, 120, "training to go on after the return")
         status = cluster.wait_for(
             lambda: (s := cluster.status()).phase == operator_pb2.JOB_PHASE_COMPLETED and s, 300, "completion")
         kinds = [r.event.WhichOneof("kind") for r in cluster.events()]
         assert kinds.count("generation_started") == 1, "a shard's death must not restart the job"
         assert "node_declared_dead" not in kinds, f"no false death (re-homed in {rehome_s:.2f}s)"
-        assert status.step == 120 and status.final_digest
+        assert status.step == STEPS and status.final_digest
         assert cluster.leader().address == leader.address, "a follower's death changes no leader"
         print(f"\nre-homed {len(moved)} agents in {rehome_s:.2f}s; suspects: {kinds.count('node_suspected')}")
     for index in range(1, 4):  # every replica's node lines (the shards' too) name the generation in force
