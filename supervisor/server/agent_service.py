@@ -11,7 +11,6 @@ fastest death signal there is.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -72,11 +71,7 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         hb = message.heartbeat
         return inputs.Heartbeat(node_id=node_id, incarnation=incarnation, running_generation=hb.running_generation)
     if kind == "step_report":
-        r = message.step_report
-        return inputs.StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s,
-                                 r.loss, r.param_digest,
-                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest,
-                                 r.replica_group if r.HasField("replica_group") else None)
+        return step_aggregate.report_from_proto(node_id, message.step_report)
     if kind == "step_aggregate":  # raises MalformedAggregate, said to the sender as a refusal
         return step_aggregate.to_input(node_id, message.step_aggregate)
     if kind == "snapshot_report":

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ftsup.common import tls
 from ftsup.common.shard_map import home_of, shard_of
@@ -19,11 +21,12 @@ from ftsup.harness.certs import main as certs_main
 from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
 from ftsup.supervisor.shard import LinkShard
 from ftsup.supervisor.shard_members import parse_members
-from ftsup.supervisor.shard_queue import UpQueue, forwarded
+from ftsup.supervisor.shard_queue import UpQueue, fold_step_reports, forwarded
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, shard_pb2, shard_pb2_grpc
 from tests.support.builders import config
 
@@ -86,6 +89,82 @@ def test_a_full_queue_refuses_instead_of_growing_but_still_folds_a_queued_sessio
         UpQueue(capacity=0)
 
 
+def report(rank: int, step: int = 5, generation: int = 1, digest: str = "d") -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
+        generation=generation, rank=rank, step=step, step_time_s=1.0, compute_time_s=0.5 + rank / 10, loss=2.0,
+        param_digest=digest))
+
+
+def expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
+    """Each item as the leader sees it: an aggregate as its reports, one by one, in order."""
+    out: list[tuple[int, str, object]] = []
+    for item in items:
+        kind = item.message.WhichOneof("kind") if item.WhichOneof("kind") == "message" else "closed"
+        if kind == "step_aggregate":
+            for r in step_aggregate.to_input(item.node_id, item.message.step_aggregate).reports:
+                out.append((item.session, "step_report", (r.generation, r.step, r.rank, r.compute_time_s, r.param_digest)))
+        elif kind == "step_report":
+            r = step_aggregate.report_from_proto(item.node_id, item.message.step_report)
+            out.append((item.session, "step_report", (r.generation, r.step, r.rank, r.compute_time_s, r.param_digest)))
+        else:
+            out.append((item.session, kind or "", None))
+    return out
+
+
+def test_a_nodes_queued_step_reports_of_one_step_go_up_as_one_aggregate_in_the_first_ones_place():
+    queue = UpQueue()
+    for item in (forwarded(1, "a", 1, report(0)), forwarded(2, "b", 1, report(0)), forwarded(1, "a", 1, beat(1)),
+                 forwarded(1, "a", 1, report(1, digest="e")), forwarded(2, "b", 1, xid(79)),
+                 forwarded(1, "a", 1, report(2)), forwarded(2, "b", 1, report(1))):
+        queue.push(item)
+    items = queue.take()
+    assert [(i.session, i.message.WhichOneof("kind")) for i in items] == [
+        (1, "step_aggregate"), (2, "step_report"), (1, "heartbeat"), (2, "xid_event"), (2, "step_report")]
+    aggregate = step_aggregate.to_input("a", items[0].message.step_aggregate)
+    assert [r.rank for r in aggregate.reports] == [0, 1, 2] and aggregate.step == 5
+    assert [r.param_digest for r in aggregate.reports] == ["d", "e", "d"]
+    assert {r.node_id for r in aggregate.reports} == {"a"} and queue.reports_folded == 2
+
+
+def test_a_run_of_reports_ends_at_another_message_of_its_session_a_new_step_or_a_repeated_rank():
+    items = fold_step_reports([forwarded(1, "a", 1, m) for m in (
+        report(0), report(1), xid(79), report(2), report(3), report(0, step=6), report(1, step=6), report(1, step=6))])
+    assert [i.message.WhichOneof("kind") for i in items] == [
+        "step_aggregate", "xid_event", "step_aggregate", "step_aggregate", "step_report"]
+
+
+messages = st.sampled_from(["hb", "xid", "closed", "r0", "r1", "r2", "r0s6", "r1s6"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), messages), max_size=40), st.integers(1, 50))
+def test_folding_hands_the_leader_every_report_once_in_its_sessions_order(script, take):
+    def item(session: int, name: str) -> shard_pb2.Forwarded:
+        if name == "hb":
+            return forwarded(session, f"n{session}", 1, beat(1))
+        if name == "xid":
+            return forwarded(session, f"n{session}", 1, xid(79))
+        if name == "closed":
+            return forwarded(session, f"n{session}", 1, moved=False)
+        rank, _, step = name[1:].partition("s")
+        return forwarded(session, f"n{session}", 1, report(int(rank), step=int(step or 5)))
+
+    sent = [item(session, name) for session, name in script]
+    queue = UpQueue()
+    for each in sent:
+        queue.push(each)
+    received: list[shard_pb2.Forwarded] = []
+    while len(queue):
+        received += queue.take(take)
+    for session in (1, 2, 3):
+        def no_beats(seq: list[tuple[int, str, object]], session: int = session) -> list[tuple[int, str, object]]:
+            return [x for x in seq if x[0] == session and x[1] != "heartbeat"]
+        assert no_beats(expand(received)) == no_beats(expand(sent)), "reports and facts: all, once, in order"
+    for session in {s for s, _ in script}:  # liveness: a session that beat is still heard from
+        if any(s == session and n == "hb" for s, n in script):
+            assert any(x[0] == session and x[1] == "heartbeat" for x in expand(received))
+
+
 # -- where a node is homed (pure) ------------------------------------------------------------------
 def test_a_node_is_homed_on_its_rendezvous_shard_unless_its_agent_could_not_reach_that_one():
     live = ["r1:1", "r2:1", "r3:1"]
@@ -143,9 +222,9 @@ class Pair:
 
 
 @contextlib.asynccontextmanager
-async def pair() -> AsyncIterator[Pair]:
-    runtime = Runtime(config(nodes=1, ranks_per_node=1), MemoryLog(), tick_s=0.05)
-    follower_runtime = Runtime(config(nodes=1, ranks_per_node=1), MemoryLog(), tick_s=0.05)
+async def pair(ranks_per_node: int = 1) -> AsyncIterator[Pair]:
+    runtime = Runtime(config(nodes=1, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=0.05)
+    follower_runtime = Runtime(config(nodes=1, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=0.05)
     follower_runtime.become_follower()
     servers = [grpc.aio.server(), grpc.aio.server()]
     ports = tuple(server.add_insecure_port("127.0.0.1:0") for server in servers)
@@ -247,8 +326,7 @@ async def test_only_a_supervisor_replicas_certificate_may_open_a_relay(tmp_path:
         as_node = grpc.aio.secure_channel(f"127.0.0.1:{port}", tls.channel_credentials(files("node-a")),
                                           options=tls.expect_supervisor())
         call = shard_pb2_grpc.LinkShardStub(as_node).Relay()
-        with pytest.raises(grpc.aio.AioRpcError) as refused:  # at the write or the read: the server decides first
-            await call.write(shard_pb2.ShardBatch(replica="x"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # refused before the relay reads anything
             await call.read()
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "only a supervisor replica" in (refused.value.details() or "")
@@ -279,3 +357,20 @@ async def test_a_stopping_shard_tells_its_nodes_their_next_shard_and_the_leader_
             await until(lambda: p.relay.relays.get(p.follower) == 0, "the leader to learn the move")
             await p.runtime.submit(Tick())  # handled after anything the move queued
             assert p.runtime.soft.nodes[node].disconnected_at_s is None, "a move is no stream closing"
+
+
+async def test_a_nodes_per_rank_step_reports_reach_the_leaders_vote_through_the_shard():
+    async with pair(ranks_per_node=4) as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        node = homed_on(p.follower, (p.leader, p.follower))
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            await call.write(hello_message(node))
+            directive = await read_until(call, "directive")
+            generation = directive.directive.generation
+            for rank in range(4):  # folded into an aggregate or not, as the shard's queue has them
+                await call.write(report(rank, step=1, generation=generation, digest="same"))
+            await until(lambda: p.runtime.soft.progress is not None and p.runtime.soft.progress.step_reports == 4,
+                        "the leader to observe the four ranks' reports")
+            assert 1 in p.runtime.soft.progress.sdc_clear_steps, "the vote saw every rank: they agree"
+            call.cancel()
