@@ -24,11 +24,11 @@ from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
 from ftsup.supervisor.etcd_tls import make_tls_client
 from ftsup.supervisor.eventlog.api import LogError
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog
-from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
+from ftsup.supervisor.eventlog.etcd import DEFAULT_MAX_TXN_OPS, EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.supervisor.replica import rehome_on_change, run_replica
-from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.runtime import HELLO_BATCH, Runtime
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
 from ftsup.supervisor.server.log_relay import LogRelay
@@ -85,7 +85,11 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         election, event_log, client = replicated
     else:
         event_log = open_embedded(config, log)
-    runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every)
+    # On etcd one append is one transaction of at most DEFAULT_MAX_TXN_OPS - 1 records: a batch of
+    # Hellos (one NodeRegistered each, plus what the batch decides) must fit, with room for the rest.
+    hello_batch = min(HELLO_BATCH, DEFAULT_MAX_TXN_OPS // 2) if replicated else HELLO_BATCH
+    runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every,
+                      hello_batch=hello_batch)
     if config.checkpoints.location:
         from ftsup.supervisor.checkpointer import Checkpointer
 
