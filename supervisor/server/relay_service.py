@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -123,7 +123,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         down = RelayDown()
         sessions: dict[int, _Relayed] = {}
         log.info("link shard relaying", replica=replica, term=term)
-        reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica))
+        reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
+                                                first.items if first is not None else ()))
         try:
             yield shard_pb2.LeaderBatch(term=term)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
@@ -145,8 +146,10 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                         overflowed=down.overflowed)
 
     async def _read(self, requests: AsyncIterator[shard_pb2.ShardBatch], down: RelayDown,
-                    sessions: dict[int, _Relayed], replica: str) -> None:
+                    sessions: dict[int, _Relayed], replica: str, first: Iterable[shard_pb2.Forwarded] = ()) -> None:
         try:
+            for item in first:  # (a shard sends its name alone first; anything with it is handled too)
+                await self._on_item(item, down, sessions)
             async for batch in requests:
                 for item in batch.items:
                     await self._on_item(item, down, sessions)
