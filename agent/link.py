@@ -2,7 +2,11 @@
 
 Owns: Hello (with the per-process incarnation), heartbeats, relaying queued reports, handing
 Directives to the launcher, following NotLeader redirects, and reconnecting with jittered backoff
-across the configured addresses while trainers keep running. Under mTLS the handshake accepts only
+across the configured addresses while trainers keep running. With replicated supervisors every
+replica holds a link shard (a share of the agents, by rendezvous hashing of node ids): the agent
+dials the replicas in its node's rendezvous order (its own shard first, then where it moves when
+that one dies), follows a NotLeader's `shard_address`, and names in its Hello the replicas it
+could not reach, so a dead shard's nodes re-home at their first reconnect. Under mTLS the handshake accepts only
 a supervisor's certificate (common/tls.expect_supervisor): a node's certificate cannot pass for one.
 
 Refusals are typed (Refusal.kind): a RETRYABLE one ("not decided now": the supervisor's log is
@@ -25,6 +29,7 @@ from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.common.backoff import Backoff
+from ftsup.common.shard_map import ranked
 from ftsup.common.tls import channel_credentials, expect_supervisor
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
 
@@ -34,6 +39,11 @@ StreamCall = grpc.aio.StreamStreamCall
 AGENT_VERSION = "0.1.0"
 RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=1.0)  # the new leader's grace assumes <= 1 s
 OUTBOX_CAPACITY = 10_000
+# Each session's channel connects afresh: gRPC otherwise shares a subchannel per address across
+# channels, with the connect backoff it learned while that replica was down, so a replica that
+# just came back would still be refused for seconds ("failed to connect to all addresses").
+SESSION_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+MAX_UNREACHABLE = 16  # replicas named in a Hello as unreachable, at most (a fleet runs 3-7 replicas)
 
 
 class HelloRefused(Exception):
@@ -158,6 +168,10 @@ class SupervisorLink:
         self._backoff = backoff
         self._index = 0
         self._redirect: str | None = None
+        # The node's rendezvous order over the configured replicas: its link shard first.
+        self._addresses = ranked(config.node_id, config.supervisors) if len(config.supervisors) > 1 \
+            else list(config.supervisors)
+        self._unreachable: list[str] = []  # replicas that did not answer since the last Welcome
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self._config
@@ -171,6 +185,7 @@ class SupervisorLink:
                 gpus=c.gpus,
                 agent_version=AGENT_VERSION,
                 failure_domain=c.failure_domain,
+                unreachable_replicas=self._unreachable,
             )
         )
 
@@ -178,7 +193,7 @@ class SupervisorLink:
         if self._redirect:
             address, self._redirect = self._redirect, None
             return address
-        address = self._config.supervisors[self._index % len(self._config.supervisors)]
+        address = self._addresses[self._index % len(self._addresses)]
         self._index += 1
         return address
 
@@ -193,7 +208,7 @@ class SupervisorLink:
                 await self._session(address, state, log)
                 log.warning("stream_closed_by_supervisor")
             except _Redirect as redirect:
-                log.info("not_leader", leader_address=redirect.address or None)
+                log.info("redirected", to=redirect.address or None)
                 self._redirect = redirect.address or None
                 state.welcomed = True  # a supervisor answered: retry from the first backoff step
             except HelloRefused:
@@ -205,20 +220,25 @@ class SupervisorLink:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     # mTLS: our certificate does not name our node id; no retry can fix that.
                     raise HelloRefused(exc.details() or "permission denied") from exc
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and not state.welcomed \
+                        and address not in self._unreachable:
+                    self._unreachable = [*self._unreachable, address][-MAX_UNREACHABLE:]
                 log.warning("stream_error", code=exc.code().name, details=exc.details())
             except Exception as exc:
                 log.warning("stream_error", error=repr(exc))
             # Back off from the start after a stream that worked; grow it while nothing answers.
             attempt = 0 if state.welcomed else attempt + 1
+            if state.is_session:
+                self._index = 0  # a stream that worked ended: start again from this node's own shard
             delay_s = self._backoff.delay_s(attempt, self._rng)
             await asyncio.sleep(delay_s)
 
     async def _session(self, address: str, state: _SessionState, log: Logger) -> None:
         files = self._config.tls_files
         # Credentials are re-read per session, so renewed certificates apply at the next reconnect.
-        channel = (grpc.aio.secure_channel(address, channel_credentials(files),
-                                           options=[*MESSAGE_OPTIONS, *expect_supervisor()])
-                   if files is not None else grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS))
+        options = [*MESSAGE_OPTIONS, *SESSION_OPTIONS]
+        channel = (grpc.aio.secure_channel(address, channel_credentials(files), options=[*options, *expect_supervisor()])
+                   if files is not None else grpc.aio.insecure_channel(address, options=options))
         call = agent_pb2_grpc.SupervisorStub(channel).Connect()
         reader = asyncio.create_task(self._read(call, state, log))
         writer = asyncio.create_task(self._write(call, state))
@@ -266,7 +286,8 @@ class SupervisorLink:
                 return
             kind = message.WhichOneof("kind")
             if kind == "welcome":
-                state.welcomed = True
+                state.welcomed = state.is_session = True
+                self._unreachable = []
                 w = message.welcome
                 # Beat at the supervisor's expected interval when it names a sane one (it decides
                 # death by it); otherwise keep the configured one.
@@ -288,14 +309,16 @@ class SupervisorLink:
                 log.warning("message_refused", refused=r.refused, reason=r.reason,
                             retryable=r.kind != agent_pb2.REFUSAL_KIND_PERMANENT)
             elif kind == "not_leader":
-                raise _Redirect(message.not_leader.leader_address)
+                # A shard's answer names the replica holding this node; an older supervisor's, the leader.
+                raise _Redirect(message.not_leader.shard_address or message.not_leader.leader_address)
             else:
                 log.warning("unknown_supervisor_message", kind=kind)
 
 
 class _SessionState:
-    __slots__ = ("interval_s", "welcomed")
+    __slots__ = ("interval_s", "is_session", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
+        self.is_session = False  # a Welcome came: this was a working session (not just a redirect)
         self.interval_s: float | None = None  # the Welcome's heartbeat interval, once known

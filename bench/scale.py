@@ -30,6 +30,7 @@ import grpc
 
 from ftsup.bench import _scale_plot
 from ftsup.common import plot
+from ftsup.common.shard_map import shard_of
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
@@ -159,30 +160,83 @@ def _running(address: str) -> operator_pb2.GetStatusResponse | None:
     return status if status is not None and status.phase == operator_pb2.JOB_PHASE_RUNNING else None
 
 
+def _leader(addresses: list[str]) -> str | None:
+    """The address of the replica that leads now, as a replica says; None during an election."""
+    for address in addresses:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = operator_pb2_grpc.OperatorStub(channel).GetLeader(operator_pb2.GetLeaderRequest(), timeout=2)
+        except grpc.RpcError:
+            continue
+        if reply.is_leader:
+            return reply.address
+    return None
+
+
+def _serving_agents(address: str) -> bool:
+    """The replica takes agents (the leader, or a follower whose link shard relays to it)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="ftsup.v1.Supervisor"), timeout=2)
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: pathlib.Path,
-             profile: bool = False) -> dict[str, Any]:
-    """One fleet of `nodes` at `interval_s`: connect, train, measure a steady window, silence one node."""
+             profile: bool = False, replicas: int = 1) -> dict[str, Any]:
+    """One fleet of `nodes` at `interval_s`: connect, train, measure a steady window, silence one node.
+
+    `replicas` > 1: that many supervisor replicas on a private 3-member etcd, each a link shard
+    (the simulated agents dial their node's shard); CPU is reported for the leader and each shard."""
     workdir.mkdir(parents=True)
     job = {"name": "scale", "nodes": nodes, "ranks_per_node": args.ranks_per_node, "argv": ["true"]}
     (workdir / "job.json").write_text(json.dumps(job))
-    address = f"127.0.0.1:{free_port()}"
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
-    module = "supervisor"
+    module = "ftsup.supervisor"
     if profile:
         module = "ftsup.bench._profiled_supervisor"
         env["FTSUP_PROFILE_OUT"] = str(workdir / "supervisor.prof")
-    argv = [sys.executable, "-m", module, "--listen", address, "--data-dir", str(workdir / "log"),
-            "--job", str(workdir / "job.json"), "--heartbeat-interval-s", str(interval_s),
-            "--heartbeat-misses", str(args.heartbeat_misses), "--log-json"]
+    etcd = None
+    if replicas > 1:
+        from ftsup.harness.etcd_cluster import EtcdCluster, EtcdClusterError
+
+        try:
+            etcd = EtcdCluster(workdir / "etcd")
+            etcd.start()
+        except EtcdClusterError as exc:
+            if etcd is not None:
+                etcd.close()
+            raise ClusterError(f"--replicas {replicas} needs a local etcd: {exc}") from exc
     dead_after_s = interval_s * args.heartbeat_misses
     window_s = max(args.duration_s, dead_after_s + interval_s + 4.0)
     silence_at_s = window_s - (dead_after_s + interval_s + 2.0)
     procs: list[LoadProcess] = []
     watch: EventWatch | None = None
-    with open(workdir / "supervisor.log", "wb") as sup_log:
-        supervisor = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    supervisors: dict[str, subprocess.Popen[bytes]] = {}
+    for index, listen in enumerate(addresses):
+        argv = [sys.executable, "-m", module, "--listen", listen, "--job", str(workdir / "job.json"),
+                "--heartbeat-interval-s", str(interval_s), "--heartbeat-misses", str(args.heartbeat_misses), "--log-json"]
+        argv += (["--etcd", etcd.endpoints, "--etcd-prefix", "/bench-scale"] if etcd is not None
+                 else ["--data-dir", str(workdir / "log")])
+        name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
+        with open(workdir / name, "wb") as sup_log:
+            supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env,
+                                                   start_new_session=True)
+    supervisor = supervisors[addresses[0]]
+    address = addresses[0]
     try:
-        _wait(lambda: _status(address), 60, "the supervisor to answer", supervisor)
+        for listen, process in supervisors.items():
+            _wait(lambda a=listen: _status(a), 60, f"the supervisor at {listen} to answer", process)
+        if replicas > 1:
+            address = _wait(lambda: _leader(addresses), 60, "a leader", supervisor)
+            supervisor = supervisors[address]  # the failure checks and the event watch follow the leader
+            for listen, process in supervisors.items():
+                _wait(lambda a=listen: _serving_agents(a), 60, f"the replica at {listen} to take agents", process)
         started = time.monotonic()
         share, extra = divmod(nodes, args.procs)
         first = 0
@@ -190,7 +244,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             count = share + (1 if index < extra else 0)
             if count == 0:
                 continue
-            load_argv = [sys.executable, "-m", "ftsup.harness.fleet_load", "--address", address, "--first", str(first),
+            load_argv = [sys.executable, "-m", "ftsup.harness.fleet_load", "--address", ",".join(addresses),
+                         "--first", str(first),
                          "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
                          "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1)]
             with open(workdir / f"load-{index}.log", "wb") as load_log:
@@ -235,14 +290,17 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         watch = EventWatch(address, (_status(address) or status).head_seq + 1)
         target = f"sim-{nodes // 2:06d}"
         owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
-        cpu0, wall0 = _cpu_s(supervisor.pid), time.monotonic()
+        cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
+        wall0 = time.monotonic()
         if profile:
             os.kill(supervisor.pid, signal.SIGUSR1)
         for proc in procs:
             proc.send({"cmd": "measure", "window_s": window_s, "silence": target if proc is owner else None,
                        "silence_at_s": silence_at_s})
         results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
-        cpu_s, wall_s = _cpu_s(supervisor.pid) - cpu0, time.monotonic() - wall0
+        cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
+        wall_s = time.monotonic() - wall0
+        cpu_s = cpu_by[address]
         if profile:
             os.kill(supervisor.pid, signal.SIGUSR2)
         rss_mb = _rss_mb(supervisor.pid)
@@ -276,7 +334,15 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "latency_after_silence_p50_ms": _percentile(after, 0.50),
             "latency_after_silence_p99_ms": _percentile(after, 0.99),
             "latency_after_silence_max_ms": max(after) if after else None,
-            "supervisor_cpu_fraction": round(cpu_s / wall_s, 3),
+            "supervisor_cpu_fraction": round(cpu_s / wall_s, 3),  # the leader's, with replicas
+            "replicas": replicas,
+            "shard_cpu_fractions": {a: round(c / wall_s, 3) for a, c in cpu_by.items() if a != address},
+            "supervisors_cpu_fraction": round(sum(cpu_by.values()) / wall_s, 3),
+            # CPU per node-second of fleet time: what one more node costs the leader / a shard.
+            "leader_cpu_us_per_node_s": round(cpu_s / wall_s / nodes * 1e6, 2),
+            "shard_cpu_us_per_node_s": {a: round(c / wall_s / max(1, sum(
+                1 for i in range(nodes) if shard_of(f"sim-{i:06d}", addresses) == a)) * 1e6, 2)
+                for a, c in cpu_by.items() if a != address},
             "supervisor_rss_mb": rss_mb,
             "load_cpu_fraction": round(load_cpu_s / wall_s, 3),
             "load_processes": len(procs),
@@ -310,7 +376,10 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                 pass
         for proc in procs:
             terminate_group(proc.process, grace_s=10.0)
-        terminate_group(supervisor, grace_s=10.0)
+        for process in supervisors.values():
+            terminate_group(process, grace_s=10.0)
+        if etcd is not None:
+            etcd.close()
 
 
 def _firsts(procs: list[LoadProcess]) -> list[int]:
@@ -358,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--heartbeat-misses", type=int, default=2)
     parser.add_argument("--procs", type=int, default=2, help="load generator processes")
+    parser.add_argument("--replicas", default="1", help="supervisor replicas, comma-separated counts run side by side"
+                        " (e.g. 1,3): above 1, replicas on a private 3-member etcd, each a link shard")
     parser.add_argument("--streams-per-channel", type=int, default=25)
     parser.add_argument("--connect-timeout-s", type=float, default=900.0)
     parser.add_argument("--sweep", default="1000,2500,5000,10000",
@@ -393,8 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         intervals = [args.interval_s] if args.interval_s else [float(v) for v in args.intervals.split(",") if v.strip()]
         sweep = sorted(int(v) for v in args.sweep.split(",") if v.strip())
+        replica_counts = [int(v) for v in args.replicas.split(",") if v.strip()]
     except ValueError as exc:
-        parser.error(f"bad --intervals/--interval-s/--sweep: {exc}")
+        parser.error(f"bad --intervals/--interval-s/--sweep/--replicas: {exc}")
+    if not replica_counts or any(not 1 <= r <= 7 for r in replica_counts):
+        parser.error(f"--replicas must name counts within [1, 7], got {args.replicas!r}")
     if not 1 <= args.nodes <= 100_000 or not intervals or any(not 0 < i <= 60 for i in intervals):
         parser.error(f"--nodes must be within [1, 100000] and intervals within (0, 60]; got {args.nodes}, {intervals}")
     if not 1 <= args.procs <= 16 or args.duration_s <= 0 or args.step_s < 0:
@@ -418,6 +492,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="ftsup-bench-scale-") as tmp:
         root = args.workdir or pathlib.Path(tmp)
+        if replica_counts != [1]:
+            # Link shards: each count's runs side by side (the same machine, the same minutes), so
+            # the gain is a ratio; `runs` keeps the first count's for the plot.
+            result["replicas"] = replica_counts
+            result["runs_by_replicas"] = {}
+            for count in replica_counts:
+                result["runs_by_replicas"][str(count)] = {
+                    f"{interval:g}": _safe(args, args.nodes, interval, root / f"run-{interval:g}-r{count}",
+                                           replicas=count) for interval in intervals}
+            result["runs"] = result["runs_by_replicas"][str(replica_counts[0])]
+            print(json.dumps(result))
+            return 0
         for interval in intervals:
             result["runs"][f"{interval:g}"] = _safe(args, args.nodes, interval, root / f"run-{interval:g}")
         one_s = result["runs"].get("1")
@@ -442,10 +528,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _safe(args: argparse.Namespace, nodes: int, interval: float, workdir: pathlib.Path,
-          profile: bool = False) -> dict[str, Any]:
+          profile: bool = False, replicas: int = 1) -> dict[str, Any]:
     """A run that breaks (supervisor overwhelmed, connect timeout) is a result, not a crash."""
     try:
-        return run_once(args, nodes, interval, workdir, profile)
+        return run_once(args, nodes, interval, workdir, profile, replicas)
     except ClusterError as exc:
         _progress(f"{interval:g}s x {nodes}: failed: {exc}")
         return {"nodes": nodes, "heartbeat_interval_s": interval, "goal_met": False, "error": str(exc)}

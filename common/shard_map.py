@@ -37,3 +37,12 @@ def ranked(node_id: str, replicas: Iterable[str]) -> list[str]:
     """The replicas in the order `node_id` tries them: its shard first, then where it moves when
     that one dies, and so on (an agent whose shard is unreachable tries the next)."""
     return sorted(replicas, key=lambda replica: (-weight(node_id, replica), replica))
+
+
+def home_of(node_id: str, live: Iterable[str], me: str, unreachable: Iterable[str] = ()) -> str:
+    """The shard replica `me` points `node_id`'s agent at: its shard among the live replicas less
+    those the agent says it could not reach (never `me`: the agent reached it). A dead shard's
+    nodes so re-home at their first reconnect, before the dead replica's membership expires."""
+    gone = set(unreachable) - {me}
+    candidates = {replica for replica in live if replica not in gone} | {me}
+    return shard_of(node_id, candidates)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from ftsup.common.shard_map import shard_of
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 CONNECT_TIMEOUT_S = 600.0
@@ -77,11 +78,19 @@ class Fleet:
         tasks = []
         per = max(1, self.args.streams_per_channel)
         started = time.monotonic()
-        for offset in range(0, len(self.nodes), per):
-            channel = grpc.aio.insecure_channel(self.args.address)
-            self.channels.append(channel)
-            stub = agent_pb2_grpc.SupervisorStub(channel)
-            tasks += [asyncio.create_task(self.node_loop(stub, n)) for n in self.nodes[offset:offset + per]]
+        addresses = [a for a in self.args.address.split(",") if a]
+        # Replicated supervisors with link shards: each node dials its shard (as a real agent does
+        # first: common/shard_map.py), with its shard's nodes sharing that replica's channels.
+        by_shard: dict[str, list[SimNode]] = {}
+        for node in self.nodes:
+            home = shard_of(node.node_id, addresses) if len(addresses) > 1 else addresses[0]
+            by_shard.setdefault(home, []).append(node)
+        for address, nodes in by_shard.items():
+            for offset in range(0, len(nodes), per):
+                channel = grpc.aio.insecure_channel(address)
+                self.channels.append(channel)
+                stub = agent_pb2_grpc.SupervisorStub(channel)
+                tasks += [asyncio.create_task(self.node_loop(stub, n)) for n in nodes[offset:offset + per]]
         await self.report_connecting(started)
         await self.serve_commands()
         self.stopping.set()
@@ -230,7 +239,9 @@ def emit(obj: dict[str, object]) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ftsup.harness.fleet_load", description=__doc__.splitlines()[0])
-    p.add_argument("--address", required=True, help="supervisor host:port")
+    p.add_argument("--address", required=True,
+                   help="supervisor host:port; several (comma-separated): replicas with link shards, each node"
+                        " dialling its shard")
     p.add_argument("--first", type=int, default=0, help="index of this process's first node")
     p.add_argument("--count", type=int, required=True, help="nodes simulated by this process")
     p.add_argument("--prefix", default="sim")

@@ -53,6 +53,9 @@ class SupervisorConfig:
     etcd_prefix: str = ""
     advertise: str = ""
     lease_ttl_s: int = 2
+    # Replicated only: every replica holds a link shard (its share of the agents' streams, relayed
+    # to the leader by followers; supervisor/shard.py). False: agents connect to the leader alone.
+    link_shards: bool = True
     server_tls: tls.TlsFiles | None = None  # None: plaintext (loopback, or --insecure)
     operator_read_token: str | None = None  # operator_token is the admin one
     etcd_tls: tls.TlsFiles | None = None
@@ -235,6 +238,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise", default="", help="host:port agents and operators reach this replica at"
                    " (default: --listen)")
     p.add_argument("--lease-ttl-s", type=int, default=2, help="leader lease TTL (whole seconds)")
+    p.add_argument("--no-link-shards", dest="link_shards", action="store_false",
+                   help="replicated: agents connect to the leader alone instead of being spread over every"
+                        " replica's link shard (docs/scale.md)")
     p.add_argument("--operator-token-file", type=pathlib.Path, default=None,
                    help="admin bearer token (mode 600): every operator command, including those that change"
                         " anything; without any token or TLS, commands that change anything are allowed only"
@@ -382,6 +388,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         etcd_prefix=(args.etcd_prefix or f"/ftsup/{core.job.name}").rstrip("/"),
         advertise=args.advertise or args.listen,
         lease_ttl_s=args.lease_ttl_s,
+        link_shards=args.link_shards,
         log_json=args.log_json,
         log_level=args.log_level,
         metrics_listen=args.metrics_listen,

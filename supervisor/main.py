@@ -24,18 +24,21 @@ from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
 from ftsup.supervisor.etcd_tls import make_tls_client
 from ftsup.supervisor.eventlog.api import LogError
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog
-from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
+from ftsup.supervisor.eventlog.etcd import DEFAULT_MAX_TXN_OPS, EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.metrics import SupervisorMetrics
-from ftsup.supervisor.replica import run_replica
-from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.replica import rehome_on_change, run_replica
+from ftsup.supervisor.runtime import HELLO_BATCH, Runtime
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
 from ftsup.supervisor.server.log_relay import LogRelay
 from ftsup.supervisor.server.operator_guard import guarded
 from ftsup.supervisor.server.operator_service import OperatorService
+from ftsup.supervisor.server.relay_service import RelayService
+from ftsup.supervisor.shard import LinkShard
+from ftsup.supervisor.shard_members import ReplicaMembers
 from ftsup.supervisor.web.server import StatusListenError
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc, shard_pb2_grpc
 
 # Every message on this server is small (agent reports, views, event records; snapshots of the
 # state go to etcd or disk, never over this server): 16 MiB bounds a ListNodes of ~100k nodes.
@@ -49,21 +52,27 @@ OPERATOR_SERVICE = operator_pb2.DESCRIPTOR.services_by_name["Operator"].full_nam
 HEALTH_PERIOD_S = 0.5
 
 
-async def track_health(runtime: Runtime, checker: health.aio.HealthServicer, notifier: Notifier) -> None:
+async def track_health(runtime: Runtime, checker: health.aio.HealthServicer, notifier: Notifier,
+                       shard: LinkShard | None = None) -> None:
     """Keeps health and systemd STATUS in step with leadership.
 
     "" and the Operator service are SERVING on every replica (any replica answers reads); the
-    agents' Supervisor service is SERVING only on the leader, since followers redirect agents.
+    agents' Supervisor service is SERVING on the leader and, with link shards, on a follower
+    whose relay to the leader is up (it holds its share of the agents); otherwise NOT_SERVING,
+    since such a follower only redirects agents.
     """
-    was: bool | None = None
+    was: tuple[bool, bool] | None = None
     while True:
         is_leader = runtime.is_leader
-        if is_leader != was:
-            state = health_pb2.HealthCheckResponse.SERVING if is_leader else health_pb2.HealthCheckResponse.NOT_SERVING
+        is_relaying = shard is not None and not is_leader and shard.relay_up.is_set()
+        if (is_leader, is_relaying) != was:
+            serving = is_leader or is_relaying
+            state = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             await checker.set(AGENT_SERVICE, state)
             notifier.status(f"leader, term {runtime.term}" if is_leader
-                            else f"follower (leader {runtime.leader_address or 'unknown'})")
-            was = is_leader
+                            else f"follower (leader {runtime.leader_address or 'unknown'}"
+                            + (", link shard relaying)" if is_relaying else ")"))
+            was = is_leader, is_relaying
         await asyncio.sleep(HEALTH_PERIOD_S)
 
 
@@ -76,7 +85,11 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         election, event_log, client = replicated
     else:
         event_log = open_embedded(config, log)
-    runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every)
+    # On etcd one append is one transaction of at most DEFAULT_MAX_TXN_OPS - 1 records: a batch of
+    # Hellos (one NodeRegistered each, plus what the batch decides) must fit, with room for the rest.
+    hello_batch = min(HELLO_BATCH, DEFAULT_MAX_TXN_OPS // 2) if replicated else HELLO_BATCH
+    runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every,
+                      hello_batch=hello_batch)
     if config.checkpoints.location:
         from ftsup.supervisor.checkpointer import Checkpointer
 
@@ -94,7 +107,17 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         status_server = await serve_status(runtime, config.status_listen, tls_files=config.server_tls)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     is_tls = config.server_tls is not None
-    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime, is_tls=is_tls), server)
+    members: ReplicaMembers | None = None
+    shard: LinkShard | None = None
+    if replicated and config.link_shards:
+        # Link shards (issue 14): every replica holds its share of the agents; followers relay theirs.
+        members = ReplicaMembers(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s,
+                                 is_ready=lambda: runtime.is_leader or (shard is not None and shard.has_relayed))
+        shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls,
+                          generation=lambda: runtime.generation_in_force)
+        shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime, is_tls=is_tls), server)
+    agent_service = AgentService(runtime, is_tls=is_tls, shard=shard)
+    agent_pb2_grpc.add_SupervisorServicer_to_server(agent_service, server)
     authorizer = Authorizer(config.operator_token, is_loopback_only(config.listen),
                             read_token=config.operator_read_token, is_tls=is_tls)
     operator_pb2_grpc.add_OperatorServicer_to_server(
@@ -129,9 +152,12 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(runtime.run())]
     if replicated:
-        tasks.append(asyncio.create_task(run_replica(runtime, election, event_log)))
-    helpers = [asyncio.create_task(track_health(runtime, checker, notifier)),
+        tasks.append(asyncio.create_task(run_replica(runtime, election, event_log, shard)))
+    helpers = [asyncio.create_task(track_health(runtime, checker, notifier, shard)),
                asyncio.create_task(pet_watchdog(notifier))]
+    if members is not None and shard is not None:
+        helpers += [asyncio.create_task(members.run()),
+                    asyncio.create_task(rehome_on_change(members, shard.rehome, agent_service.rehome))]
     await asyncio.sleep(0)  # let the runtime (and follower) tasks start before READY=1
     notifier.ready(f"serving on {config.listen}" + (" (replica, following)" if replicated else ""))
     stopper = asyncio.create_task(stop.wait())
@@ -141,6 +167,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         helper.cancel()
     await asyncio.gather(*helpers, return_exceptions=True)
     await checker.enter_graceful_shutdown()
+    if shard is not None:
+        shard.shutdown()  # its agents move to their next shards; the relay carries that during the grace
     await server.stop(grace=1.0)
     if metrics_server is not None:
         metrics_server.close()

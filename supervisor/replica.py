@@ -1,7 +1,8 @@
 """One replica of a replicated supervisor: follow the log, campaign, lead, step down, repeat.
 
 While following, the replica folds the leader's records into its own state (a hot copy that
-answers read-only operator queries) and points agents at the leader. Once it wins the election it
+answers read-only operator queries) and, with link shards, relays its share of the agents to the
+leader (supervisor/shard.py); without them it points agents at the leader. Once it wins the election it
 catches up to the head, grants every node a full timeout of grace, and decides. It steps down the
 moment its lease is lost or an append shows another replica leads (fencing) — it never decides
 on a term it cannot prove it holds.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 
 from ftsup.common import logs
 from ftsup.common.backoff import Backoff
@@ -19,13 +21,22 @@ from ftsup.supervisor.eventlog.api import LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.shard import LinkShard
+from ftsup.supervisor.shard_members import ReplicaMembers
 
 log = logs.get("supervisor.replica")
 
 
 async def follow_log(runtime: Runtime, event_log: EtcdLog) -> None:
+    in_force = runtime.generation_in_force
     async for record in event_log.follow(runtime.state.applied_seq + 1):
         runtime.apply_followed(record)
+        if runtime.generation_in_force != in_force:
+            # A follower's shard logs lines about its nodes naming the generation in force; this
+            # line says when that changed (records are folded here without a line each).
+            in_force = runtime.generation_in_force
+            log.info("following", generation=in_force, applied_seq=runtime.state.applied_seq,
+                     leader=runtime.leader_address or "unknown")
 
 
 async def track_leader(runtime: Runtime, election: LeaderElection, period_s: float = 0.5) -> None:
@@ -62,17 +73,39 @@ async def sync_while_leading(event_log: EtcdLog, election: LeaderElection, backo
     return False
 
 
-async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog) -> None:
+# Besides on every change of the live replicas, nodes held away from their shard are moved home
+# this often: an agent that could not reach its shard (a restart, a brief partition) is taken in
+# by its next replica on its word, and must not stay there once its shard answers again.
+REHOME_EVERY_S = 15.0
+
+
+async def rehome_on_change(members: ReplicaMembers, *movers: Callable[[], int],
+                           every_s: float = REHOME_EVERY_S) -> None:
+    """Moves the nodes whose shard changed whenever the live replicas change (and every `every_s`):
+    `movers` are the follower's shard and the leader's agent service (each moves what it holds)."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(members.changed.wait(), every_s)
+        members.changed.clear()
+        for move in movers:
+            move()
+
+
+async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog,
+                      shard: LinkShard | None = None) -> None:
     runtime.become_follower()
     while True:
         follower = asyncio.create_task(follow_log(runtime, event_log))
         tracker = asyncio.create_task(track_leader(runtime, election))
+        tasks = [follower, tracker]
+        if shard is not None:  # while following, this replica's share of the agents goes through the leader
+            tasks.append(asyncio.create_task(shard.relay_forever(lambda: runtime.leader_address)))
         try:
             leader = await election.run_until_leader()
         finally:
-            for task in (follower, tracker):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(follower, tracker, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         if not await sync_while_leading(event_log, election):
             log.warning("stepping down before leading: the log could not be read while the lease held",
                         term=leader.term)

@@ -11,7 +11,6 @@ fastest death signal there is.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.shard import LinkShard
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 log = logs.get("supervisor.agents")
@@ -71,11 +71,7 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         hb = message.heartbeat
         return inputs.Heartbeat(node_id=node_id, incarnation=incarnation, running_generation=hb.running_generation)
     if kind == "step_report":
-        r = message.step_report
-        return inputs.StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s,
-                                 r.loss, r.param_digest,
-                                 r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest,
-                                 r.replica_group if r.HasField("replica_group") else None)
+        return step_aggregate.report_from_proto(node_id, message.step_report)
     if kind == "step_aggregate":  # raises MalformedAggregate, said to the sender as a refusal
         return step_aggregate.to_input(node_id, message.step_aggregate)
     if kind == "snapshot_report":
@@ -108,8 +104,13 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
 
 class AgentService(agent_pb2_grpc.SupervisorServicer):
     def __init__(self, runtime: Runtime, *, is_tls: bool = False, limits: StreamLimits = StreamLimits(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shard: LinkShard | None = None) -> None:
         self._runtime = runtime
+        # Link shards (replicated supervisors): every replica holds its share of the agents' streams;
+        # a follower relays its share to the leader (supervisor/shard.py). None: the leader holds all.
+        self._shard = shard
+        self._held: dict[int, tuple[str, StreamOutbox]] = {}  # stream id -> (node, outbox) of streams held here
+        self._moved: set[int] = set()  # streams ended to move their node to another shard (no death signal)
         self._limits = limits
         self.limit_closures: list[str] = []  # why each stream a limit ended was ended, oldest first (bounded)
         self._is_tls = is_tls  # mTLS: the client certificate must name the Hello's node id
@@ -147,7 +148,19 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"certificate identity {identity or 'none'} may not speak for node {hello.node_id!r}:"
                     f" the agent's certificate must carry spiffe://ftsup/node/{hello.node_id}")
-        if not self._runtime.is_leader:
+        if self._shard is not None:
+            home = self._shard.home_of(hello.node_id, hello.unreachable_replicas)
+            if home != self._shard.address:  # another replica's share: tell the agent its shard
+                self._runtime.close_stream(stream_id, None, 0)
+                yield agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=home,
+                                                                                 shard_address=home))
+                return
+            if not self._runtime.is_leader:  # our share, relayed to the leader
+                self._runtime.close_stream(stream_id, None, 0)
+                async for message in self._shard.serve(first, request_iterator, peer):
+                    yield message
+                return
+        elif not self._runtime.is_leader:
             # Agents know every replica; a follower points them at the leader (empty: retry).
             self._runtime.close_stream(stream_id, None, 0)
             yield agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=self._runtime.leader_address))
@@ -171,6 +184,7 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
         log.info("node connected", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                  incarnation=hello.incarnation, peer=peer)
         reader = asyncio.create_task(self._read(hello.node_id, hello.incarnation, request_iterator, outbox))
+        self._held[stream_id] = (hello.node_id, outbox)
         try:
             while True:
                 message = await outbox.get()
@@ -179,7 +193,12 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                 yield message
         finally:
             reader.cancel()
-            self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
+            self._held.pop(stream_id, None)
+            if stream_id in self._moved:  # moved to its shard: the agent reconnects there at once
+                self._moved.discard(stream_id)
+                self._runtime.close_stream(stream_id, None, 0)
+            else:
+                self._runtime.close_stream(stream_id, hello.node_id, hello.incarnation)
             log.info("node stream closed", node_id=hello.node_id, generation=self._runtime.generation_in_force,
                      incarnation=hello.incarnation, peer=peer)
         if outbox.close_reason:
@@ -187,6 +206,24 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             log.warning("agent stream closed by a limit", node_id=hello.node_id, reason=outbox.close_reason,
                         generation=self._runtime.generation_in_force, peer=peer)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, outbox.close_reason)
+
+    def rehome(self) -> int:
+        """Link shards, on the leader: moves the nodes held here whose shard is now another replica
+        (one joined the live set), telling each its shard; the leader takes no move for a death."""
+        if self._shard is None or not self._runtime.is_leader:
+            return 0
+        moved = 0
+        for stream_id, (node_id, outbox) in list(self._held.items()):
+            home = self._shard.home_of(node_id)
+            if home != self._shard.address and not outbox.is_closed:
+                self._moved.add(stream_id)
+                outbox.put(agent_pb2.SupervisorMessage(not_leader=agent_pb2.NotLeader(leader_address=home,
+                                                                                     shard_address=home)))
+                outbox.close()
+                moved += 1
+        if moved:
+            log.info("nodes moved to their new shards", moved=moved, generation=self._runtime.generation_in_force)
+        return moved
 
     async def _read(self, node_id: str, incarnation: int, requests: AsyncIterator[agent_pb2.AgentMessage],
                     outbox: StreamOutbox) -> None:

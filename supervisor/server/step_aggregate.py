@@ -52,6 +52,13 @@ def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
     return StepAggregate(message.generation, message.step, reports)
 
 
+def report_from_proto(node_id: str, r: agent_pb2.StepReport) -> StepReport:
+    """One rank's StepReport as the core input (the node id comes from the stream, never the message)."""
+    return StepReport(node_id, r.generation, r.rank, r.step, r.step_time_s, r.compute_time_s, r.loss, r.param_digest,
+                      r.grad_norm if r.HasField("grad_norm") else math.nan, r.tokens, r.local_grad_digest,
+                      r.replica_group if r.HasField("replica_group") else None)
+
+
 def to_proto(reports: Sequence[StepReport]) -> agent_pb2.StepAggregate:
     """One step's reports (of one generation and step) packed for the wire: what an agent sends
     for its node's ranks and a link shard for its nodes'."""

@@ -413,6 +413,7 @@ async def test_sigterm_stops_trainers_that_ignore_sigterm_after_the_grace(superv
 
 async def test_under_mtls_the_agent_refuses_a_server_presenting_a_node_certificate(tmp_path):
     from ftsup.common import tls
+    from ftsup.common.shard_map import ranked
     from ftsup.harness.certs import main as certs_main
 
     pki = tmp_path / "pki"
@@ -430,8 +431,14 @@ async def test_under_mtls_the_agent_refuses_a_server_presenting_a_node_certifica
 
     # Both certificates come from the same CA and are valid for 127.0.0.1: only the identity differs.
     impostor, real = FakeSupervisor(), FakeSupervisor()
-    impostor_server, impostor_address = await serve_tls(impostor, "node-node-9")
     real_server, real_address = await serve_tls(real, "supervisor-sup-1")
+    # An agent dials replicas in its node's rendezvous order (link shards): the impostor must come
+    # first in node-1's, so it listens on ports until it does (half of them qualify).
+    for _ in range(64):
+        impostor_server, impostor_address = await serve_tls(impostor, "node-node-9")
+        if ranked("node-1", [impostor_address, real_address])[0] == impostor_address:
+            break
+        await impostor_server.stop(0)
     group = Agents(tmp_path, f"{impostor_address},{real_address}")  # tried in turn, the impostor first
     try:
         f = files("node-node-1")

@@ -115,8 +115,10 @@ def health(address: str, service: str) -> int | None:
 def test_a_follower_answers_not_serving_for_agents_until_it_leads_while_every_replica_serves_reads(
     tmp_path: pathlib.Path, etcd: EtcdCluster, etcd_prefix: str
 ) -> None:
+    # Without link shards (followers only redirect agents); with them, see test_link_shards.py.
     spec = ClusterSpec(nodes=1, spares=0, ranks_per_node=1, trainer_argv=("true",), supervisors=3,
-                       etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix)
+                       etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
+                       supervisor_args=("--no-link-shards",))
     with LocalCluster(spec, tmp_path) as cluster:
         cluster.start_supervisor_only()  # no agents: leadership alone decides the answers
         first = cluster.wait_for(cluster.leader, 30, "a leader")

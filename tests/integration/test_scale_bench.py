@@ -40,3 +40,19 @@ def test_scale_bench_at_smoke_size_measures_latency_and_detects_the_silent_node(
     assert 1.0 <= run["suspect_s"] <= run["detect_s"]
     assert run["detect_s"] >= run["detect_limit_s"] - 0.2
     assert run["false_verdicts"] == 0, run["false_verdict_nodes"]
+
+
+def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(capsys):
+    assert cli.main(["bench", "scale", "--json", "--nodes", "90", "--intervals", "1", "--duration-s", "6",
+                     "--step-s", "2", "--sweep", "", "--replicas", "1,3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["replicas"] == [1, 3] and set(result["runs_by_replicas"]) == {"1", "3"}
+    single, sharded = result["runs_by_replicas"]["1"]["1"], result["runs_by_replicas"]["3"]["1"]
+    for run in (single, sharded):
+        assert "error" not in run, run.get("error")
+        assert run["nodes_connected"] == run["nodes_training"] == 90 and run["false_verdicts"] == 0
+        assert run["detect_s"] is not None, "the silenced node is declared dead, through its shard too"
+        assert run["heartbeats_acked"] >= 0.9 * run["heartbeats_sent"]
+    assert single["replicas"] == 1 and single["shard_cpu_fractions"] == {}
+    assert sharded["replicas"] == 3 and len(sharded["shard_cpu_fractions"]) == 2
+    assert all(cpu > 0 for cpu in sharded["shard_cpu_fractions"].values()), "the shards carried their nodes"

@@ -89,6 +89,7 @@ class Hello(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_REPLICAS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """random per agent process start; a reconnect keeps it"""
@@ -101,6 +102,13 @@ class Hello(_message.Message):
     agent_version: _builtins.str
     failure_domain: _builtins.str
     """e.g. the rack: spares from another domain are preferred"""
+    @_builtins.property
+    def unreachable_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Link shards (issue 14): replicas this agent could not reach since its last session. The replica
+        it reaches leaves them out of the live set when it picks the node's shard, so a dead shard's
+        nodes re-home at once instead of waiting for its membership lease to expire.
+        """
+
     def __init__(
         self,
         *,
@@ -112,10 +120,11 @@ class Hello(_message.Message):
         gpus: _builtins.int = ...,
         agent_version: _builtins.str = ...,
         failure_domain: _builtins.str = ...,
+        unreachable_replicas: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role", "unreachable_replicas", b"unreachable_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1067,16 +1076,22 @@ class NotLeader(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
+    SHARD_ADDRESS_FIELD_NUMBER: _builtins.int
     leader_address: _builtins.str
     """empty when unknown"""
+    shard_address: _builtins.str
+    """Link shards (issue 14): the replica that holds this node's stream; the agent dials it next.
+    Set with leader_address to the same value, so an agent that predates shards follows it too.
+    """
     def __init__(
         self,
         *,
         leader_address: _builtins.str = ...,
+        shard_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_address", b"leader_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_address", b"leader_address", "shard_address", b"shard_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

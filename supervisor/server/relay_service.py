@@ -1,0 +1,249 @@
+"""The leader's side of link shards: LinkShard.Relay, one stream per follower replica.
+
+A shard forwards its agents' messages in batches; each is admitted here exactly as the agent
+service admits an agent's own (supervisor/server/agent_service.py: the same translation, the same
+runtime queue, the same refusals sent back to that agent), so the leader's core cannot tell a
+relayed node from a directly connected one. Each shard session gets a runtime stream whose outbox
+(`RelayRoute`) wraps what the runtime sends the node into the relay's outgoing batches.
+
+Authorization: under mTLS only a supervisor replica's certificate may open a relay (a node or an
+operator certificate is refused PERMISSION_DENIED): a shard speaks for many nodes, which only a
+replica may. Without TLS (loopback lab mode) the relay is as open as agents' streams are.
+When the relay ends (the shard died), its nodes' routes are dropped without a stream-closed
+signal: they are not dead, they re-home to another shard within the reconnect grace, and if they
+do not, their silence is judged by the detector as any node's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from ftsup.common import logs
+from ftsup.common.tls import PeerKind, peer_identity
+from ftsup.supervisor.core import inputs
+from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.runtime import Outcome, Runtime
+from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
+from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
+
+log = logs.get("supervisor.relay")
+
+# Messages for one shard's nodes waiting to be sent at most (directives for a 4,000-node shard at
+# a generation start, with room); beyond it the relay is ended and the shard reconnects.
+DOWN_CAPACITY = 50_000
+MAX_DOWN_ITEMS = 4_096  # items per LeaderBatch
+LEADERSHIP_CHECK_S = 0.25  # a relay ends this soon after its leader stepped down
+
+
+class RelayDown:
+    """The relay's outgoing queue: Addressed items, bounded; `overflowed` ends the relay."""
+
+    def __init__(self, capacity: int = DOWN_CAPACITY) -> None:
+        self.capacity = capacity
+        self._items: collections.deque[shard_pb2.Addressed] = collections.deque()
+        self.ready = asyncio.Event()
+        self.overflowed = False
+
+    def push(self, item: shard_pb2.Addressed) -> bool:
+        if self.overflowed or len(self._items) >= self.capacity:
+            self.overflowed = True
+            self.ready.set()
+            return False
+        self._items.append(item)
+        self.ready.set()
+        return True
+
+    def take(self, max_items: int = MAX_DOWN_ITEMS) -> list[shard_pb2.Addressed]:
+        taken = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
+        if not self._items:
+            self.ready.clear()
+        return taken
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class RelayRoute(StreamOutbox):
+    """One relayed node's outbox as the runtime sees it: what is put goes into the relay."""
+
+    def __init__(self, down: RelayDown, session: int) -> None:
+        super().__init__(capacity=1)
+        self._down = down
+        self.session = session
+
+    def put(self, message: agent_pb2.SupervisorMessage) -> bool:
+        if self.is_closed:
+            return False
+        return self._down.push(shard_pb2.Addressed(session=self.session, message=message))
+
+    def close(self, reason: str = "") -> None:
+        if not self.is_closed:
+            self._down.push(shard_pb2.Addressed(session=self.session, close=True))
+        super().close(reason)
+
+
+@dataclass(slots=True)
+class _Relayed:
+    stream_id: int
+    node_id: str
+    incarnation: int
+    route: RelayRoute
+
+
+class RelayService(shard_pb2_grpc.LinkShardServicer):
+    def __init__(self, runtime: Runtime, *, is_tls: bool = False) -> None:
+        self._runtime = runtime
+        self._is_tls = is_tls
+        self.relays: dict[str, int] = {}  # shard replica -> nodes it relays now (for views and tests)
+
+    async def Relay(self, request_iterator: AsyncIterator[shard_pb2.ShardBatch],
+                    context: grpc.aio.ServicerContext) -> AsyncIterator[shard_pb2.LeaderBatch]:
+        if self._is_tls:
+            identity = peer_identity(context)
+            if identity is None or identity.kind is not PeerKind.SUPERVISOR:
+                log.warning("relay refused: not a supervisor replica's certificate",
+                            identity=str(identity) if identity else None, peer=context.peer())
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"certificate identity {identity or 'none'} may not relay agents: only a"
+                                    " supervisor replica (spiffe://ftsup/supervisor/...) holds a link shard")
+        runtime = self._runtime
+        if not runtime.is_leader:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"not the leader; the leader is {runtime.leader_address or 'being elected'}")
+        term = runtime.term
+        first = await anext(aiter(request_iterator), None)
+        replica = first.replica if first is not None and first.replica else context.peer()
+        down = RelayDown()
+        sessions: dict[int, _Relayed] = {}
+        log.info("link shard relaying", replica=replica, term=term)
+        reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
+                                                first.items if first is not None else ()))
+        try:
+            yield shard_pb2.LeaderBatch(term=term)
+            while runtime.is_leader and runtime.term == term and not down.overflowed:
+                if not len(down):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(down.ready.wait(), LEADERSHIP_CHECK_S)
+                    if reader.done():
+                        break
+                    continue
+                yield shard_pb2.LeaderBatch(items=down.take(), term=term)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            for relayed in sessions.values():
+                runtime.close_stream(relayed.stream_id, None, 0)  # a route gone, no death signal
+            self.relays.pop(replica, None)
+            log.warning("link shard relay ended", replica=replica, nodes=len(sessions), term=term,
+                        overflowed=down.overflowed)
+
+    async def _read(self, requests: AsyncIterator[shard_pb2.ShardBatch], down: RelayDown,
+                    sessions: dict[int, _Relayed], replica: str, first: Iterable[shard_pb2.Forwarded] = ()) -> None:
+        try:
+            for item in first:  # (a shard sends its name alone first; anything with it is handled too)
+                await self._on_item(item, down, sessions)
+            async for batch in requests:
+                for item in batch.items:
+                    await self._on_item(item, down, sessions)
+                self.relays[replica] = len(sessions)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+
+    async def _on_item(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
+        runtime = self._runtime
+        kind = item.WhichOneof("kind")
+        if kind == "closed":
+            relayed = sessions.pop(item.session, None)
+            if relayed is not None:
+                # A move is no death signal (the node reconnects to its new shard at once).
+                node = None if item.closed.moved else relayed.node_id
+                runtime.close_stream(relayed.stream_id, node, relayed.incarnation)
+            return
+        if kind != "message":
+            return
+        message = item.message
+        if message.WhichOneof("kind") == "hello":
+            self._on_hello(item, down, sessions)
+            return
+        relayed = sessions.get(item.session)
+        if relayed is None:
+            return  # a session whose Hello was refused, or one already ended: nothing to admit
+        route = relayed.route
+        try:
+            inp = to_input(relayed.node_id, relayed.incarnation, message)
+        except step_aggregate.MalformedAggregate as exc:
+            route.put(_refusal(f"malformed step aggregate: {exc}", "step_aggregate"))
+            return
+        if inp is None:
+            sent = message.WhichOneof("kind") or "empty"
+            route.put(_refusal(f"unexpected {sent} message after Hello", sent))
+            return
+        reply = await runtime.submit_from_stream(inp)
+        if isinstance(inp, inputs.Heartbeat):
+            if message.heartbeat.want_ack:
+                seq = message.heartbeat.seq
+                reply.add_done_callback(_on_success(lambda: route.put(agent_pb2.SupervisorMessage(
+                    heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))))
+            return
+        reply.add_done_callback(_refuse_on(route, type(inp).__name__))
+
+    def _on_hello(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
+        runtime = self._runtime
+        hello = item.message.hello
+        route = RelayRoute(down, item.session)
+        if hello.node_id != item.node_id or hello.incarnation != item.incarnation:
+            route.put(_refusal("the shard's session does not match its Hello", "hello", ends_stream=True))
+            route.close()
+            return
+        role = _ROLES.get(hello.role)
+        if role is None:
+            route.put(_refusal(f"Hello has no valid role ({hello.role}); use active or spare", "hello",
+                               ends_stream=True))
+            route.close()
+            return
+        stream_id = runtime.open_stream(route)
+        old = sessions.pop(item.session, None)
+        if old is not None:  # a session id reused would be a shard bug; keep the newest
+            runtime.close_stream(old.stream_id, None, 0)
+        relayed = _Relayed(stream_id, hello.node_id, hello.incarnation, route)
+        sessions[item.session] = relayed
+        reply = runtime.submit(inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port,
+                                                 hello.gpus, stream_id, hello.failure_domain))
+
+        def answered(future: asyncio.Future[Outcome]) -> None:
+            outcome = future.result() if not future.cancelled() else Outcome(refusal="cancelled", is_retryable=True)
+            if outcome.refusal is None:
+                return
+            if sessions.get(item.session) is relayed:
+                del sessions[item.session]
+            runtime.close_stream(stream_id, None, 0)
+            route.put(_refusal(outcome.refusal, "hello", RETRYABLE if outcome.is_retryable else PERMANENT,
+                               ends_stream=True))
+            route.close()
+
+        reply.add_done_callback(answered)
+
+
+def _on_success(then: Callable[[], object]) -> Callable[[asyncio.Future[Outcome]], None]:
+    def done(reply: asyncio.Future[Outcome]) -> None:
+        if not reply.cancelled() and reply.result().refusal is None:
+            then()
+
+    return done
+
+
+def _refuse_on(route: RelayRoute, kind: str) -> Callable[[asyncio.Future[Outcome]], None]:
+    def done(reply: asyncio.Future[Outcome]) -> None:
+        outcome = reply.result() if not reply.cancelled() else None
+        if outcome is not None and outcome.refusal is not None:
+            route.put(_refusal(outcome.refusal, kind, RETRYABLE if outcome.is_retryable else PERMANENT))
+
+    return done

@@ -1,0 +1,320 @@
+"""A follower replica's link shard: holds its share of the agents' streams and relays them.
+
+Borg's design (issue 14, docs/scale.md): every replica talks to a subset of the fleet (its nodes
+by rendezvous hashing, common/shard_map.py), so the leader's one Python process handles one
+stream per follower instead of one per node. A shard decides nothing: it forwards to the leader,
+over one LinkShard.Relay stream, everything its agents send that can change a decision (Hellos,
+reports, the end of a stream, heartbeats folded per node: supervisor/shard_queue.py), and relays
+back what the leader sends each node (Welcome, directives, refusals, acks). The leader admits what
+a shard forwards exactly as if the agent had sent it; node ids come from the agent's Hello, which
+the agent service checked against the agent's certificate before handing the stream here.
+
+Liveness soft state kept here (last heard, stream open) is what an operator of the shard sees; the
+verdicts stay on the leader. When the relay breaks (the leader died or stepped down) the shard ends
+every agent stream it holds: the agents reconnect, and their Hellos and resync reports rebuild the
+new leader's soft state, exactly as without shards. When the live replicas change, a node whose
+shard is now another replica is told so (NotLeader with its shard) and its stream ended as a move,
+which the leader does not take for a death signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from ftsup.common import logs
+from ftsup.common.backoff import Backoff
+from ftsup.common.shard_map import home_of, shard_of
+from ftsup.common.tls import TlsFiles, channel_credentials, expect_supervisor
+from ftsup.supervisor.core.token_bucket import TokenBucket
+from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.shard_queue import MAX_BATCH_ITEMS, UpQueue, forwarded
+from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
+
+log = logs.get("supervisor.shard")
+
+RELAY_BACKOFF = Backoff(initial_s=0.05, max_s=0.5)  # a new leader is found within its failover grace
+# The relay carries up to a whole shard's messages per batch: as large as the supervisor's server.
+RELAY_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                 ("grpc.max_send_message_length", 16 * 1024 * 1024)]
+MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
+MESSAGE_BURST = 20_000.0
+
+
+@dataclass(slots=True)
+class ShardSession:
+    """One agent stream held here."""
+
+    session: int
+    node_id: str
+    incarnation: int
+    outbox: StreamOutbox
+    opened_s: float
+    last_heard_s: float
+    is_moved: bool = False  # ended here to move the node to another shard (not a death signal)
+    messages: TokenBucket = field(default_factory=lambda: TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, 0.0))
+
+
+class LinkShard:
+    """The shard side of link shards, on every replica that follows (the leader holds its own share
+    through the agent service directly)."""
+
+    def __init__(self, address: str, live: Callable[[], Iterable[str]], *, tls_files: TlsFiles | None = None,
+                 clock: Callable[[], float] = time.monotonic, up_capacity: int | None = None,
+                 generation: Callable[[], int | None] = lambda: None) -> None:
+        self.address = address
+        self._generation = generation  # the generation in force (the follower's hot copy), for log lines
+        self._live = live
+        self._tls = tls_files
+        self._clock = clock
+        self._up = UpQueue(up_capacity) if up_capacity else UpQueue()
+        self._up_ready = asyncio.Event()
+        self._sessions: dict[int, ShardSession] = {}
+        self._node_session: dict[str, int] = {}
+        self._ids = itertools.count(1)
+        self.term = 0  # the leader's term while relaying; 0 while no relay is up
+        self.leader_address = ""
+        self.relay_up = asyncio.Event()
+        self.has_relayed = False  # a relay came up once: this replica can hold its share (membership)
+
+    # -- routing -----------------------------------------------------------------------------
+    def home_of(self, node_id: str, unreachable: Iterable[str] = ()) -> str:
+        """The replica that should hold `node_id`'s stream, as this replica sees the live set."""
+        return home_of(node_id, self._live(), self.address, unreachable)
+
+    def sessions(self) -> list[ShardSession]:
+        return list(self._sessions.values())
+
+    # -- agent streams (called by the agent service on a follower) ----------------------------
+    async def serve(self, hello: agent_pb2.AgentMessage, requests: AsyncIterator[agent_pb2.AgentMessage],
+                    peer: str) -> AsyncIterator[agent_pb2.SupervisorMessage]:
+        """Holds one agent's stream: forwards its Hello and messages, yields what the leader sends it."""
+        node_id, incarnation = hello.hello.node_id, hello.hello.incarnation
+        if not self.relay_up.is_set():
+            yield _retry_later("this replica holds no relay to a leader yet (a leader is being elected)")
+            return
+        now = self._clock()
+        session = ShardSession(next(self._ids), node_id, incarnation, StreamOutbox(), now, now)
+        session.messages = TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, now)
+        replaced = self._node_session.get(node_id)
+        self._sessions[session.session] = session
+        self._node_session[node_id] = session.session
+        if replaced is not None and replaced in self._sessions:
+            self._sessions[replaced].outbox.close()  # the node reconnected here: its old stream is stale
+        if not self._forward(session, hello):
+            self._end(session)
+            yield _retry_later("this shard's queue to the leader is full; retry")
+            return
+        log.info("node connected to shard", node_id=node_id, incarnation=incarnation, peer=peer,
+                 session=session.session, leader=self.leader_address, generation=self._generation())
+        reader = asyncio.create_task(self._read(session, requests))
+        try:
+            while True:
+                message = await session.outbox.get()
+                if message is None:
+                    break
+                yield message
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            self._end(session)
+            log.info("node stream closed on shard", node_id=node_id, session=session.session, moved=session.is_moved,
+                     generation=self._generation())
+
+    async def _read(self, session: ShardSession, requests: AsyncIterator[agent_pb2.AgentMessage]) -> None:
+        try:
+            async for message in requests:
+                now = self._clock()
+                if session.outbox.is_closed:
+                    return
+                if not session.messages.take(now):
+                    session.outbox.close(f"flooding: more than {MESSAGES_PER_S:g} messages/s after a burst of"
+                                         f" {MESSAGE_BURST:g}; closing the stream")
+                    return
+                session.last_heard_s = now
+                if message.WhichOneof("kind") == "hello":
+                    session.outbox.put(_refusal("a second Hello on one stream", "hello"))
+                    continue
+                if not self._forward(session, message):
+                    session.outbox.close("the shard's queue to the leader is full: reconnect")
+                    return
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception as exc:  # undecodable bytes and the like end this stream only
+            log.warning("agent stream read failed on shard", node_id=session.node_id, error=repr(exc),
+                        generation=self._generation())
+        finally:
+            session.outbox.close()
+
+    def _forward(self, session: ShardSession, message: agent_pb2.AgentMessage) -> bool:
+        ok = self._up.push(forwarded(session.session, session.node_id, session.incarnation, message))
+        self._up_ready.set()
+        return ok
+
+    def _end(self, session: ShardSession) -> None:
+        """Forgets a session and tells the leader it ended (once)."""
+        if self._sessions.pop(session.session, None) is None:
+            return
+        if self._node_session.get(session.node_id) == session.session:
+            del self._node_session[session.node_id]
+        if self.relay_up.is_set():
+            # A full queue cannot take the end either: the relay is then ended (the leader drops
+            # every route of this shard), which is the same news for this node.
+            if not self._up.push(forwarded(session.session, session.node_id, session.incarnation,
+                                           moved=session.is_moved)):
+                self._up.clear()
+                self.relay_up.clear()
+            self._up_ready.set()
+
+    def rehome(self) -> int:
+        """Moves the nodes whose shard is now another replica (the live set changed): each is told
+        its shard and its stream ends as a move. Returns how many moved."""
+        moved = 0
+        for session in list(self._sessions.values()):
+            home = self.home_of(session.node_id)
+            if home != self.address and not session.outbox.is_closed:
+                session.is_moved = True
+                session.outbox.put(agent_pb2.SupervisorMessage(
+                    not_leader=agent_pb2.NotLeader(leader_address=home, shard_address=home)))
+                session.outbox.close()
+                moved += 1
+        if moved:
+            log.info("nodes moved to their new shards", moved=moved)
+        return moved
+
+    def shutdown(self) -> int:
+        """A clean stop (SIGTERM, a rolling restart): every node held here is told its next shard and
+        its stream ends as a move, so the leader takes none of it for a death. Returns how many."""
+        others = [replica for replica in self._live() if replica != self.address]
+        for session in list(self._sessions.values()):
+            session.is_moved = True
+            home = shard_of(session.node_id, others) if others else ""
+            session.outbox.put(agent_pb2.SupervisorMessage(
+                not_leader=agent_pb2.NotLeader(leader_address=home, shard_address=home)))
+            session.outbox.close()
+        if self._sessions:
+            log.info("shard stopping: its nodes move to their next shards", nodes=len(self._sessions))
+        return len(self._sessions)
+
+    def drop_all(self, why: str) -> None:
+        """Ends every agent stream held here (the relay is gone): the agents reconnect."""
+        if self._sessions:
+            log.warning("ending every agent stream held by this shard", streams=len(self._sessions), why=why)
+        for session in list(self._sessions.values()):
+            session.outbox.close()
+        self._sessions.clear()
+        self._node_session.clear()
+        self._up.clear()
+
+    # -- the relay to the leader ----------------------------------------------------------------
+    async def relay_forever(self, leader_address: Callable[[], str], rng: random.Random | None = None) -> None:
+        """Keeps a relay to whoever leads (per `leader_address`) until cancelled."""
+        rng = rng or random.Random()
+        attempt = 0
+        try:
+            while True:
+                address = leader_address()
+                if address and address != self.address:
+                    try:
+                        await self._relay(address)
+                    except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                        log.info("relay to the leader ended", leader=address, error=_describe(exc))
+                    except Exception:
+                        log.exception("relay to the leader failed", leader=address)
+                    attempt = 0 if self.term else attempt + 1
+                    self._lost()
+                else:
+                    attempt += 1
+                await asyncio.sleep(RELAY_BACKOFF.delay_s(attempt, rng))
+        finally:
+            self._lost()
+
+    def _lost(self) -> None:
+        was_up = self.relay_up.is_set()
+        self.relay_up.clear()
+        self.term = 0
+        if was_up or self._sessions:
+            self.drop_all("the relay to the leader ended")
+
+    async def _relay(self, address: str) -> None:
+        channel = (grpc.aio.secure_channel(address, channel_credentials(self._tls),
+                                           options=[*RELAY_OPTIONS, *expect_supervisor()])
+                   if self._tls is not None else grpc.aio.insecure_channel(address, options=RELAY_OPTIONS))
+        try:
+            stub: Any = shard_pb2_grpc.LinkShardStub(channel)  # (the stubs' types miss the streaming form)
+            call = stub.Relay()
+            await call.write(shard_pb2.ShardBatch(replica=self.address))
+            first = await call.read()
+            if not isinstance(first, shard_pb2.LeaderBatch):  # EOF: the leader said nothing
+                return
+            self.term, self.leader_address = first.term, address
+            self._up.clear()
+            self.relay_up.set()
+            self.has_relayed = True
+            log.info("relaying to the leader", leader=address, term=self.term)
+            writer = asyncio.create_task(self._write(call))
+            try:
+                while True:
+                    batch = await call.read()
+                    if not isinstance(batch, shard_pb2.LeaderBatch):  # EOF
+                        return
+                    if batch.term and batch.term != self.term:
+                        return  # another leader: start over with it
+                    self._deliver(batch)
+                    if writer.done():
+                        writer.result()
+                        return
+            finally:
+                writer.cancel()
+                with contextlib.suppress(BaseException):
+                    await writer
+                call.cancel()
+        finally:
+            await channel.close(None)
+
+    async def _write(self, call: Any) -> None:
+        while True:
+            while len(self._up):
+                await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS)))
+            if not self.relay_up.is_set():
+                await call.done_writing()
+                return
+            self._up_ready.clear()
+            await self._up_ready.wait()
+
+    def _deliver(self, batch: shard_pb2.LeaderBatch) -> None:
+        for item in batch.items:
+            session = self._sessions.get(item.session)
+            if session is None:
+                continue  # ended here meanwhile: the leader learns it from our end item
+            if item.HasField("message"):
+                if item.message.WhichOneof("kind") == "welcome":
+                    session.last_heard_s = self._clock()
+                session.outbox.put(item.message)
+            if item.close:
+                session.outbox.close()
+
+
+def _refusal(reason: str, refused: str) -> agent_pb2.SupervisorMessage:
+    return agent_pb2.SupervisorMessage(refusal=agent_pb2.Refusal(
+        reason=reason, refused=refused, kind=agent_pb2.REFUSAL_KIND_PERMANENT))
+
+
+def _retry_later(reason: str) -> agent_pb2.SupervisorMessage:
+    return agent_pb2.SupervisorMessage(refusal=agent_pb2.Refusal(
+        reason=reason, refused="hello", kind=agent_pb2.REFUSAL_KIND_RETRYABLE, ends_stream=True))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return repr(exc)

@@ -1,0 +1,129 @@
+"""What a link shard has yet to send the leader: its agents' messages, batched, heartbeats folded.
+
+A shard forwards everything that can change a decision in the order its agents sent it (Hellos,
+reports, stream ends). Heartbeats only refresh the leader's liveness soft state, so a session's
+heartbeats waiting together are folded into its newest one: under load the leader gets one per
+node per batch, however far behind the stream is. The queue is bounded; when it is full the shard
+ends the stream of whoever sent the message that did not fit (its agent reconnects), instead of
+growing without limit or dropping a report silently.
+
+Step reports are folded too: a session's StepReports of one step (each rank once) waiting together
+go up as one StepAggregate (the wire form the leader decides exactly as the same reports one by
+one: supervisor/server/step_aggregate.py), so the leader admits one message per node per step
+instead of one per rank. A run of them ends at any other message of that session (its order kept).
+"""
+
+from __future__ import annotations
+
+from ftsup.supervisor.server import step_aggregate
+from ftsup.v1 import agent_pb2, shard_pb2
+
+# Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
+# resync and sticky facts, ~10 messages a node) fits; a leader that stops reading does not grow it.
+UP_CAPACITY = 100_000
+# Items per ShardBatch at most: keeps a batch far below the 16 MiB message limit (an item is a
+# few hundred bytes; a step aggregate of 8 ranks ~1 KiB).
+MAX_BATCH_ITEMS = 4_096
+
+
+class UpQueue:
+    """Forwarded items in arrival order, a session's queued heartbeats folded into its newest."""
+
+    def __init__(self, capacity: int = UP_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"up-queue capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: list[shard_pb2.Forwarded | None] = []
+        self._heartbeat_at: dict[int, int] = {}  # session -> index of its queued heartbeat
+        self.folded = 0  # heartbeats replaced by a newer one of the same session (a counter)
+        self.reports_folded = 0  # step reports sent inside another's aggregate (a counter)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, item: shard_pb2.Forwarded) -> bool:
+        """Queues `item`; False when the queue is full (the caller ends that agent's stream)."""
+        if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat":
+            at = self._heartbeat_at.get(item.session)
+            if at is not None:
+                self._items[at] = item  # newer seq, same session: the older one says nothing more
+                self.folded += 1
+                return True
+            if len(self._items) >= self.capacity:
+                return False
+            self._heartbeat_at[item.session] = len(self._items)
+            self._items.append(item)
+            return True
+        if len(self._items) >= self.capacity:
+            return False
+        if item.WhichOneof("kind") == "closed":
+            self._heartbeat_at.pop(item.session, None)  # a later heartbeat of it would be stale
+        self._items.append(item)
+        return True
+
+    def take(self, max_items: int = MAX_BATCH_ITEMS) -> list[shard_pb2.Forwarded]:
+        """Up to `max_items` items, oldest first, removed from the queue (step reports folded)."""
+        head, rest = self._items[:max_items], self._items[max_items:]
+        self._items = rest
+        self._heartbeat_at = {s: i - len(head) for s, i in self._heartbeat_at.items() if i >= len(head)}
+        taken = fold_step_reports([item for item in head if item is not None])
+        self.reports_folded += len(head) - len(taken)
+        return taken
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._heartbeat_at.clear()
+
+
+def forwarded(session: int, node_id: str, incarnation: int,
+              message: agent_pb2.AgentMessage | None = None, *, moved: bool | None = None) -> shard_pb2.Forwarded:
+    """One item: an agent's message, or (moved set) the end of its session."""
+    if message is not None:
+        return shard_pb2.Forwarded(session=session, node_id=node_id, incarnation=incarnation, message=message)
+    return shard_pb2.Forwarded(session=session, node_id=node_id, incarnation=incarnation,
+                               closed=shard_pb2.ShardSessionEnd(moved=bool(moved)))
+
+
+def fold_step_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Forwarded]:
+    """`items` with each session's runs of StepReports of one generation and step (each rank
+    once, nothing else of that session in between but heartbeats) replaced by one StepAggregate at
+    the run's first position. A lone report stays as it is."""
+    runs: dict[int, list[int]] = {}  # session -> positions of its open run
+    keys: dict[int, tuple[int, int]] = {}  # session -> (generation, step) of its open run
+    ranks: dict[int, set[int]] = {}
+    closed: list[list[int]] = []
+    for position, item in enumerate(items):
+        session = item.session
+        is_report = item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "step_report"
+        if not is_report:
+            if not (item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat"):
+                if session in runs:
+                    closed.append(runs.pop(session))
+            continue
+        report = item.message.step_report
+        key = (report.generation, report.step)
+        if session in runs and (keys[session] != key or report.rank in ranks[session]):
+            closed.append(runs.pop(session))
+        if session not in runs:
+            runs[session], keys[session], ranks[session] = [], key, set()
+        runs[session].append(position)
+        ranks[session].add(report.rank)
+    closed.extend(runs.values())
+    folds = [run for run in closed if len(run) > 1]
+    if not folds:
+        return items
+    replaced: dict[int, shard_pb2.Forwarded | None] = {}
+    for run in folds:
+        first = items[run[0]]
+        reports = [step_aggregate.report_from_proto(first.node_id, items[p].message.step_report) for p in run]
+        replaced[run[0]] = shard_pb2.Forwarded(
+            session=first.session, node_id=first.node_id, incarnation=first.incarnation,
+            message=agent_pb2.AgentMessage(step_aggregate=step_aggregate.to_proto(reports)))
+        for position in run[1:]:
+            replaced[position] = None
+    out: list[shard_pb2.Forwarded] = []
+    for position, item in enumerate(items):
+        folded = replaced.get(position, item)
+        if folded is not None:
+            out.append(folded)
+    return out

@@ -1,0 +1,118 @@
+"""Link shards on three replicas, a real 3-member etcd cluster, real agents and real gloo training.
+
+Every replica holds the agents its rendezvous hash gives it (common/shard_map.py); followers relay
+theirs to the leader. SIGKILLing a follower that holds agents mid-run: its agents re-home to their
+next replica at their first reconnect, nobody is declared dead; restarted, the replica takes its
+agents back once its relay is up; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ftsup.common.shard_map import shard_of
+from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.demo import trainer_argv
+from ftsup.v1 import operator_pb2
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.log_context import json_lines, supervisor_problems
+
+pytestmark = pytest.mark.integration
+
+AGENTS_SERVICE = "ftsup.v1.Supervisor"
+STEPS = 300  # long enough that the killed replica comes back while the job runs
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=AGENTS_SERVICE), timeout=5).status
+        except grpc.RpcError:
+            return -1
+
+
+def _welcomes(log_path: pathlib.Path) -> list[tuple[float, str]]:
+    """(unix time, supervisor address) of each Welcome the agent got, oldest first."""
+    found = []
+    for _, record in json_lines(log_path):
+        if record["event"] == "welcomed" and "supervisor" in record:
+            at = datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
+            found.append((at, record["supervisor"]))
+    return found
+
+
+def _holder(log_path: pathlib.Path) -> str | None:
+    welcomes = _welcomes(log_path)
+    return welcomes[-1][1] if welcomes else None
+
+
+def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_death(
+    tmp_path: pathlib.Path, etcd: EtcdCluster, etcd_prefix: str
+) -> None:
+    # Six agents over three replicas: each follower's expected share is two (the one placement in
+    # which no follower holds any has probability 3^-6; the assertion below names it).
+    spec = ClusterSpec(
+        nodes=3, spares=3, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, STEPS, seed=7),
+        supervisors=3, etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
+    )
+    with LocalCluster(spec, tmp_path) as cluster:
+        cluster.start()
+        leader = cluster.wait_for(cluster.leader, 30, "a leader")
+        agents = {node_id: node.log_path for node_id, node in cluster.agents.items()}
+        expected = {node_id: shard_of(node_id, cluster.addresses) for node_id in agents}
+        # Every agent ends up on the replica its rendezvous hash names (directly, or after a move
+        # once every replica's membership is known).
+        cluster.wait_for(lambda: all(_holder(agents[n]) == home for n, home in expected.items()), 60,
+                         f"each agent on its shard {expected}")
+        cluster.wait_for(lambda: cluster.status().step >= 5, 180, "step 5")
+        followers = [a for a in cluster.addresses if a != leader.address]
+        for follower in followers:
+            if any(home == follower for home in expected.values()):
+                cluster.wait_for(lambda f=follower: _health(f) == health_pb2.HealthCheckResponse.SERVING, 10,
+                                 f"the relaying follower {follower} to answer SERVING for agents")
+        victim = max(followers, key=lambda f: sum(home == f for home in expected.values()))
+        moved = sorted(n for n, home in expected.items() if home == victim)
+        assert moved, f"no follower holds an agent (placement {expected}): the test cannot kill a shard"
+        step_at_kill = cluster.status().step
+        killed_at = time.time()
+        cluster.kill_supervisor(victim)
+
+        survivors = [a for a in cluster.addresses if a != victim]
+        rehomed = cluster.wait_for(
+            lambda: (homes := {n: _welcomes(agents[n])[-1] for n in moved}) and all(
+                at > killed_at and address in survivors for at, address in homes.values()) and homes,
+            30, f"agents {moved} of the killed shard {victim} to re-home")
+        for node_id, (_, address) in rehomed.items():
+            assert address == shard_of(node_id, survivors), f"{node_id} re-homed to its next choice"
+        rehome_s = max(at for at, _ in rehomed.values()) - killed_at
+        cluster.wait_for(lambda: cluster.status().step >= step_at_kill + 5, 120, "training to go on")
+
+        # The replica comes back: once its relay is up it rejoins the live set and its nodes move
+        # back to it (from the leader's own share or the other shard), still without a death.
+        returned_at = time.time()
+        cluster.restart_supervisor(victim)
+        cluster.wait_for(lambda: all(_holder(agents[n]) == victim for n in moved), 60,
+                         f"agents {moved} to move back to the restarted {victim}")
+        assert all(_welcomes(agents[n])[-1][0] > returned_at for n in moved)
+        assert all(_holder(agents[n]) == home for n, home in expected.items()), "the others stay"
+        step_back = cluster.status().step
+        assert step_back < STEPS, "the job must still run when the replica returns (make STEPS larger)"
+        cluster.wait_for(lambda: cluster.status().step >= step_back + 3, 120, "training to go on after the return")
+        status = cluster.wait_for(
+            lambda: (s := cluster.status()).phase == operator_pb2.JOB_PHASE_COMPLETED and s, 300, "completion")
+        kinds = [r.event.WhichOneof("kind") for r in cluster.events()]
+        assert kinds.count("generation_started") == 1, "a shard's death must not restart the job"
+        assert "node_declared_dead" not in kinds, f"no false death (re-homed in {rehome_s:.2f}s)"
+        assert status.step == STEPS and status.final_digest
+        assert cluster.leader().address == leader.address, "a follower's death changes no leader"
+        print(f"\nre-homed {len(moved)} agents in {rehome_s:.2f}s; suspects: {kinds.count('node_suspected')}")
+    for index in range(1, 4):  # every replica's node lines (the shards' too) name the generation in force
+        assert supervisor_problems(json_lines(tmp_path / f"supervisor-{index}.log")) == [], index

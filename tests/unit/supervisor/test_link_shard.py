@@ -1,0 +1,376 @@
+"""Link shards' forwarding: what a shard queues for the leader, where a node is homed, and a
+follower's shard relaying a real agent stream to a real leader runtime over in-process gRPC
+(the leader admits it as the agent's own; a shard's death is no death signal; only a replica's
+certificate may relay)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftsup.common import tls
+from ftsup.common.shard_map import home_of, shard_of
+from ftsup.harness.certs import main as certs_main
+from ftsup.supervisor.core.inputs import Tick
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.server.agent_service import AgentService
+from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
+from ftsup.supervisor.shard import LinkShard
+from ftsup.supervisor.shard_members import parse_members
+from ftsup.supervisor.shard_queue import UpQueue, fold_step_reports, forwarded
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, shard_pb2, shard_pb2_grpc
+from tests.support.builders import config
+
+
+def beat(seq: int) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=seq))
+
+
+def xid(code: int) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(xid_event=agent_pb2.XidEvent(code=code))
+
+
+def kinds(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str]]:
+    out = []
+    for item in items:
+        if item.WhichOneof("kind") == "closed":
+            out.append((item.session, "closed"))
+        elif item.message.WhichOneof("kind") == "heartbeat":
+            out.append((item.session, f"hb{item.message.heartbeat.seq}"))
+        else:
+            out.append((item.session, item.message.WhichOneof("kind")))
+    return out
+
+
+# -- the shard's queue to the leader (pure) --------------------------------------------------------
+def test_a_sessions_queued_heartbeats_fold_into_its_newest_and_everything_else_keeps_its_order():
+    queue = UpQueue()
+    for item in (forwarded(1, "a", 1, beat(1)), forwarded(2, "b", 1, beat(1)), forwarded(1, "a", 1, xid(79)),
+                 forwarded(1, "a", 1, beat(2)), forwarded(2, "b", 1, xid(48)), forwarded(1, "a", 1, beat(3))):
+        assert queue.push(item)
+    assert kinds(queue.take()) == [(1, "hb3"), (2, "hb1"), (1, "xid_event"), (2, "xid_event")]
+    assert queue.folded == 2 and len(queue) == 0
+
+
+def test_a_heartbeat_after_a_partial_take_folds_into_the_one_still_queued():
+    queue = UpQueue()
+    for item in (forwarded(1, "a", 1, xid(1)), forwarded(2, "b", 1, beat(1)), forwarded(2, "b", 1, xid(2))):
+        queue.push(item)
+    assert kinds(queue.take(1)) == [(1, "xid_event")]
+    queue.push(forwarded(2, "b", 1, beat(2)))
+    assert kinds(queue.take()) == [(2, "hb2"), (2, "xid_event")]
+
+
+def test_a_heartbeat_never_folds_across_the_end_of_its_session():
+    queue = UpQueue()
+    queue.push(forwarded(1, "a", 1, beat(1)))
+    queue.push(forwarded(1, "a", 1, moved=False))
+    queue.push(forwarded(1, "a", 1, beat(2)))
+    assert kinds(queue.take()) == [(1, "hb1"), (1, "closed"), (1, "hb2")]
+
+
+def test_a_full_queue_refuses_instead_of_growing_but_still_folds_a_queued_sessions_heartbeat():
+    queue = UpQueue(capacity=2)
+    assert queue.push(forwarded(1, "a", 1, beat(1))) and queue.push(forwarded(1, "a", 1, xid(79)))
+    assert not queue.push(forwarded(2, "b", 1, xid(48)))
+    assert not queue.push(forwarded(2, "b", 1, beat(1)))
+    assert queue.push(forwarded(1, "a", 1, beat(2))), "folding takes no room"
+    assert len(queue) == 2
+    with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
+        UpQueue(capacity=0)
+
+
+def report(rank: int, step: int = 5, generation: int = 1, digest: str = "d") -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
+        generation=generation, rank=rank, step=step, step_time_s=1.0, compute_time_s=0.5 + rank / 10, loss=2.0,
+        param_digest=digest))
+
+
+def expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
+    """Each item as the leader sees it: an aggregate as its reports, one by one, in order."""
+    out: list[tuple[int, str, object]] = []
+    for item in items:
+        kind = item.message.WhichOneof("kind") if item.WhichOneof("kind") == "message" else "closed"
+        if kind == "step_aggregate":
+            for r in step_aggregate.to_input(item.node_id, item.message.step_aggregate).reports:
+                out.append((item.session, "step_report", (r.generation, r.step, r.rank, r.compute_time_s, r.param_digest)))
+        elif kind == "step_report":
+            r = step_aggregate.report_from_proto(item.node_id, item.message.step_report)
+            out.append((item.session, "step_report", (r.generation, r.step, r.rank, r.compute_time_s, r.param_digest)))
+        else:
+            out.append((item.session, kind or "", None))
+    return out
+
+
+def test_a_nodes_queued_step_reports_of_one_step_go_up_as_one_aggregate_in_the_first_ones_place():
+    queue = UpQueue()
+    for item in (forwarded(1, "a", 1, report(0)), forwarded(2, "b", 1, report(0)), forwarded(1, "a", 1, beat(1)),
+                 forwarded(1, "a", 1, report(1, digest="e")), forwarded(2, "b", 1, xid(79)),
+                 forwarded(1, "a", 1, report(2)), forwarded(2, "b", 1, report(1))):
+        queue.push(item)
+    items = queue.take()
+    assert [(i.session, i.message.WhichOneof("kind")) for i in items] == [
+        (1, "step_aggregate"), (2, "step_report"), (1, "heartbeat"), (2, "xid_event"), (2, "step_report")]
+    aggregate = step_aggregate.to_input("a", items[0].message.step_aggregate)
+    assert [r.rank for r in aggregate.reports] == [0, 1, 2] and aggregate.step == 5
+    assert [r.param_digest for r in aggregate.reports] == ["d", "e", "d"]
+    assert {r.node_id for r in aggregate.reports} == {"a"} and queue.reports_folded == 2
+
+
+def test_a_run_of_reports_ends_at_another_message_of_its_session_a_new_step_or_a_repeated_rank():
+    items = fold_step_reports([forwarded(1, "a", 1, m) for m in (
+        report(0), report(1), xid(79), report(2), report(3), report(0, step=6), report(1, step=6), report(1, step=6))])
+    assert [i.message.WhichOneof("kind") for i in items] == [
+        "step_aggregate", "xid_event", "step_aggregate", "step_aggregate", "step_report"]
+
+
+messages = st.sampled_from(["hb", "xid", "closed", "r0", "r1", "r2", "r0s6", "r1s6"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), messages), max_size=40), st.integers(1, 50))
+def test_folding_hands_the_leader_every_report_once_in_its_sessions_order(script, take):
+    def item(session: int, name: str) -> shard_pb2.Forwarded:
+        if name == "hb":
+            return forwarded(session, f"n{session}", 1, beat(1))
+        if name == "xid":
+            return forwarded(session, f"n{session}", 1, xid(79))
+        if name == "closed":
+            return forwarded(session, f"n{session}", 1, moved=False)
+        rank, _, step = name[1:].partition("s")
+        return forwarded(session, f"n{session}", 1, report(int(rank), step=int(step or 5)))
+
+    sent = [item(session, name) for session, name in script]
+    queue = UpQueue()
+    for each in sent:
+        queue.push(each)
+    received: list[shard_pb2.Forwarded] = []
+    while len(queue):
+        received += queue.take(take)
+    for session in (1, 2, 3):
+        def no_beats(seq: list[tuple[int, str, object]], session: int = session) -> list[tuple[int, str, object]]:
+            return [x for x in seq if x[0] == session and x[1] != "heartbeat"]
+        assert no_beats(expand(received)) == no_beats(expand(sent)), "reports and facts: all, once, in order"
+    for session in {s for s, _ in script}:  # liveness: a session that beat is still heard from
+        if any(s == session and n == "hb" for s, n in script):
+            assert any(x[0] == session and x[1] == "heartbeat" for x in expand(received))
+
+
+# -- where a node is homed (pure) ------------------------------------------------------------------
+def test_a_node_is_homed_on_its_rendezvous_shard_unless_its_agent_could_not_reach_that_one():
+    live = ["r1:1", "r2:1", "r3:1"]
+    for node in (f"node-{i}" for i in range(200)):
+        first = shard_of(node, live)
+        assert home_of(node, live, "r1:1") == first
+        rest = [r for r in live if r != first]
+        assert home_of(node, live, "r1:1", unreachable=[first]) in (rest if first != "r1:1" else live)
+        assert home_of(node, live, first, unreachable=[first]) == first, "the replica reached is never excluded"
+        if first != "r1:1":  # the dead shard's nodes go where rendezvous hashing sends them next
+            assert home_of(node, live, "r1:1", unreachable=[first]) == shard_of(node, rest)
+
+
+def test_membership_keys_name_the_live_replicas_and_nothing_else():
+    keys = [b"/p/replicas/10.0.0.1:7000", b"/p/replicas/", b"/p/replicasX/a", b"/p/log/1", b"/p/replicas/h:1"]
+    assert parse_members("/p", keys) == frozenset({"10.0.0.1:7000", "h:1"})
+
+
+def test_a_relay_route_wraps_what_the_runtime_sends_a_node_and_ends_the_relay_when_full():
+    down = RelayDown(capacity=2)
+    route = RelayRoute(down, session=7)
+    assert route.put(agent_pb2.SupervisorMessage(welcome=agent_pb2.Welcome(node_id="a")))
+    route.close()
+    assert not route.put(agent_pb2.SupervisorMessage()), "closed"
+    items = down.take()
+    assert [(i.session, i.HasField("message"), i.close) for i in items] == [(7, True, False), (7, False, True)]
+    other = RelayRoute(down, session=8)
+    for _ in range(2):
+        other.put(agent_pb2.SupervisorMessage())
+    assert not other.put(agent_pb2.SupervisorMessage()) and down.overflowed
+
+
+# -- a follower's shard relaying to a leader over real gRPC ------------------------------------------
+async def until(predicate: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def hello_message(node_id: str, incarnation: int = 1) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(hello=agent_pb2.Hello(
+        node_id=node_id, incarnation=incarnation, host="127.0.0.1", peer_port=9000, role=events_pb2.NODE_ROLE_ACTIVE))
+
+
+class Pair:
+    """A leader replica (runtime, relay service, agent service) and a follower replica (a runtime
+    that follows, its link shard relaying to the leader), each on its own gRPC server."""
+
+    def __init__(self, leader: str, follower: str, ports: tuple[int, int], servers: list[grpc.aio.Server],
+                 runtime: Runtime, relay: RelayService, shard: LinkShard, relaying: asyncio.Task[None]) -> None:
+        self.leader, self.follower, self.ports, self.servers = leader, follower, ports, servers
+        self.runtime, self.relay, self.shard, self.relaying = runtime, relay, shard, relaying
+
+
+@contextlib.asynccontextmanager
+async def pair(ranks_per_node: int = 1) -> AsyncIterator[Pair]:
+    runtime = Runtime(config(nodes=1, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=0.05)
+    follower_runtime = Runtime(config(nodes=1, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=0.05)
+    follower_runtime.become_follower()
+    servers = [grpc.aio.server(), grpc.aio.server()]
+    ports = tuple(server.add_insecure_port("127.0.0.1:0") for server in servers)
+    leader, follower = (f"127.0.0.1:{port}" for port in ports)
+    live = (leader, follower)
+    relay = RelayService(runtime)
+    shard_pb2_grpc.add_LinkShardServicer_to_server(relay, servers[0])
+    agent_pb2_grpc.add_SupervisorServicer_to_server(
+        AgentService(runtime, shard=LinkShard(leader, lambda: live)), servers[0])
+    shard = LinkShard(follower, lambda: live)
+    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(follower_runtime, shard=shard), servers[1])
+    for server in servers:
+        await server.start()
+    tasks = [asyncio.create_task(runtime.run()), asyncio.create_task(shard.relay_forever(lambda: leader))]
+    try:
+        yield Pair(leader, follower, ports, servers, runtime, relay, shard, tasks[1])  # type: ignore[arg-type]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for server in servers:
+            await server.stop(0)
+
+
+def homed_on(replica: str, live: tuple[str, str]) -> str:
+    return next(f"n{i}" for i in range(1000) if shard_of(f"n{i}", live) == replica)
+
+
+async def read_until(call: grpc.aio.StreamStreamCall, kind: str) -> agent_pb2.SupervisorMessage:
+    while True:
+        message = await asyncio.wait_for(call.read(), 5.0)
+        assert message is not grpc.aio.EOF, f"the stream ended before a {kind}"
+        if message.WhichOneof("kind") == kind:
+            return message
+
+
+async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_closed_stream_is_a_death_signal():
+    async with pair() as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        node = homed_on(p.follower, (p.leader, p.follower))
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            await call.write(hello_message(node))
+            welcome = await read_until(call, "welcome")
+            assert welcome.welcome.node_id == node and node in p.runtime.state.nodes
+            directive = await read_until(call, "directive")  # the leader started the one-node job
+            assert directive.directive.generation == p.runtime.state.generation.number
+            heard = p.runtime.soft.nodes[node].last_heard_s
+            await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1, want_ack=True)))
+            ack = await read_until(call, "heartbeat_ack")
+            assert ack.heartbeat_ack.seq == 1 and p.runtime.soft.nodes[node].last_heard_s > heard
+            await call.write(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(generation=99, rank=0)))
+            refusal = await read_until(call, "refusal")
+            assert refusal.refusal.refused == "TrainerExit" and "generation 99" in refusal.refusal.reason
+            assert p.relay.relays == {p.follower: 1}
+            call.cancel()
+        await until(lambda: p.runtime.soft.nodes[node].stream_id is None, "the leader to see the stream close")
+        assert p.runtime.soft.nodes[node].disconnected_at_s is not None, "an agent's closed stream: suspect now"
+
+
+async def test_a_node_of_another_shard_is_told_its_shard_and_a_dead_shards_routes_are_no_death_signal():
+    async with pair() as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        live = (p.leader, p.follower)
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            elsewhere = homed_on(p.leader, live)
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            await call.write(hello_message(elsewhere))
+            told = await read_until(call, "not_leader")
+            assert told.not_leader.shard_address == p.leader == told.not_leader.leader_address
+            # Naming the leader unreachable makes the follower hold it (what a dead shard's agent does).
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            message = hello_message(elsewhere)
+            message.hello.unreachable_replicas.append(p.leader)
+            await call.write(message)
+            await read_until(call, "welcome")
+            assert p.runtime.soft.nodes[elsewhere].stream_id is not None
+            # The shard vanishes (as a SIGKILLed replica: its relay ends, it forwards nothing more).
+            p.relaying.cancel()
+            await until(lambda: not p.relay.relays, "the leader to drop the shard's relay")
+            await p.runtime.submit(Tick())  # handled after anything the relay's end queued
+            soft = p.runtime.soft.nodes[elsewhere]
+            assert soft.disconnected_at_s is None, "a shard's death is not its nodes' stream closing"
+
+
+async def test_only_a_supervisor_replicas_certificate_may_open_a_relay(tmp_path: pathlib.Path):
+    certs = tmp_path / "certs"
+    assert certs_main(["--out", str(certs), "--nodes", "a", "--supervisors", "s1,s2"]) == 0
+
+    def files(name: str) -> tls.TlsFiles:
+        return tls.TlsFiles(certs / f"{name}.pem", certs / f"{name}.key", certs / "ca.pem")
+
+    runtime = Runtime(config(nodes=1, ranks_per_node=1), MemoryLog(), tick_s=0.05)
+    server = grpc.aio.server()
+    shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime, is_tls=True), server)
+    port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(files("supervisor-s1")))
+    await server.start()
+    try:
+        as_node = grpc.aio.secure_channel(f"127.0.0.1:{port}", tls.channel_credentials(files("node-a")),
+                                          options=tls.expect_supervisor())
+        call = shard_pb2_grpc.LinkShardStub(as_node).Relay()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # refused before the relay reads anything
+            await call.read()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "only a supervisor replica" in (refused.value.details() or "")
+        await as_node.close()
+        as_replica = grpc.aio.secure_channel(f"127.0.0.1:{port}", tls.channel_credentials(files("supervisor-s2")),
+                                             options=tls.expect_supervisor())
+        call = shard_pb2_grpc.LinkShardStub(as_replica).Relay()
+        await call.write(shard_pb2.ShardBatch(replica="s2"))
+        first = await asyncio.wait_for(call.read(), 5.0)
+        assert first.term == runtime.term, "a replica is let in"
+        call.cancel()
+        await as_replica.close()
+    finally:
+        await server.stop(0)
+
+
+async def test_a_stopping_shard_tells_its_nodes_their_next_shard_and_the_leader_sees_moves_not_deaths():
+    async with pair() as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        node = homed_on(p.follower, (p.leader, p.follower))
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            await call.write(hello_message(node))
+            await read_until(call, "welcome")
+            assert p.shard.shutdown() == 1
+            told = await read_until(call, "not_leader")
+            assert told.not_leader.shard_address == p.leader
+            await until(lambda: p.relay.relays.get(p.follower) == 0, "the leader to learn the move")
+            await p.runtime.submit(Tick())  # handled after anything the move queued
+            assert p.runtime.soft.nodes[node].disconnected_at_s is None, "a move is no stream closing"
+
+
+async def test_a_nodes_per_rank_step_reports_reach_the_leaders_vote_through_the_shard():
+    async with pair(ranks_per_node=4) as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        node = homed_on(p.follower, (p.leader, p.follower))
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            await call.write(hello_message(node))
+            directive = await read_until(call, "directive")
+            generation = directive.directive.generation
+            for rank in range(4):  # folded into an aggregate or not, as the shard's queue has them
+                await call.write(report(rank, step=1, generation=generation, digest="same"))
+            await until(lambda: p.runtime.soft.progress is not None and p.runtime.soft.progress.step_reports == 4,
+                        "the leader to observe the four ranks' reports")
+            assert 1 in p.runtime.soft.progress.sdc_clear_steps, "the vote saw every rank: they agree"
+            call.cancel()
