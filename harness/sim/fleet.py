@@ -1,11 +1,12 @@
 """The adapter between simulated nodes and the real supervisor core.
 
 It feeds the pure core through the runtime's own step (core/step.py: admission, `soft.observe`,
-`decide`, then `advance` folds the events as records stamped with virtual time) with the inputs a failure produces: the dead node falls silent, a Tick at its
-detection deadline lets the core's failure detector declare it dead, and the core's events say
-what happens next (generation ended, node quarantined, a spare promoted into a new generation,
-where each rank restores from). A repaired node comes back as the runtime would see it: its old
-stream closes, its agent says Hello as a spare, an operator unquarantines it.
+`decide`; then `advance` folds the events as records stamped with virtual time) with the inputs a
+failure produces: the dead node falls silent, a Tick at its detection deadline lets the core's
+failure detector declare it dead, and the core's events say what happens next (generation ended,
+node quarantined, a spare promoted into a new generation, where each rank restores from). A
+repaired node comes back as the runtime would see it: its old stream closes, its agent says Hello
+as a spare, an operator unquarantines it.
 
 Inputs that carry no decision are applied in bulk, because 12,500 nodes x 30 days cannot be
 fed one message at a time: the heartbeats of healthy nodes (`observe` only moves their

@@ -60,7 +60,7 @@ from ftsup.supervisor.core.inputs import (
 from ftsup.supervisor.core.policies import exit_cause, failure, planner
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import xid as xid_policy
-from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
+from ftsup.supervisor.core.state import NOTHING_OBSERVED, ClusterState, Liveness, Observation, SoftState
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +69,22 @@ class Decision:
     waiting_reason: str  # why no generation is running, when none is; the shell shows it
 
 
-def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config: CoreConfig) -> Decision:
+def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config: CoreConfig,
+           seen: Observation = NOTHING_OBSERVED) -> Decision:
+    """The events `inp` calls for; `seen` is what `soft.observe` returned for this same input."""
     match inp:
         case AgentHello():
             events = _on_hello(state, inp)
         case StepReport():
             events = _on_step_report(state, inp)
-            events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
-            events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+            events += _on_sdc_vote(evolve_all(state, events), soft, seen, config, offset=len(events))
+            events += _on_stragglers(evolve_all(state, events), soft, seen, config, offset=len(events))
             events += checkpoints.on_step_report(evolve_all(state, events), inp, config.checkpoint_location,
                                                  config.checkpoint_every_steps)
         case StepAggregate() if len(inp.reports) == 1:
-            return decide(state, soft, inp.reports[0], now, config)
+            return decide(state, soft, inp.reports[0], now, config, seen)
         case StepAggregate():
-            events = _on_step_aggregate(state, soft, inp, config)
+            events = _on_step_aggregate(state, soft, seen, inp, config)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
         case RankFinished():
@@ -212,7 +214,8 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     return events
 
 
-def _on_step_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate, config: CoreConfig) -> list[Event]:
+def _on_step_aggregate(state: ClusterState, soft: SoftState, seen: Observation, aggregate: StepAggregate,
+                       config: CoreConfig) -> list[Event]:
     """What its reports decide one by one. Of one step, each rank once: the first report may mark
     the generation running and start the step's checkpoint; the middle ones change nothing (the
     state does not change between them); only the last can complete the step, so the vote and the
@@ -222,8 +225,8 @@ def _on_step_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggr
     location, every = config.checkpoint_location, config.checkpoint_every_steps
     events = _on_step_report(state, first)
     events += checkpoints.on_step_report(evolve_all(state, events), first, location, every)
-    events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
-    events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+    events += _on_sdc_vote(evolve_all(state, events), soft, seen, config, offset=len(events))
+    events += _on_stragglers(evolve_all(state, events), soft, seen, config, offset=len(events))
     events += checkpoints.on_step_report(evolve_all(state, events), last, location, every)
     return events
 
@@ -235,18 +238,19 @@ def _on_step_report(state: ClusterState, report: StepReport) -> list[Event]:
     return [GenerationRunning(generation=report.generation, first_step=report.step)]
 
 
-def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
+def _on_sdc_vote(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *,
+                 offset: int) -> list[Event]:
     """A completed digest vote: agreed -> the step may commit; a minority -> SdcSuspected with the
     digests, the culprit's node quarantined and the job restarted from the last agreed snapshot
     (always before the divergent step: see `_commit_if_held`); a split -> restart, culprit unknown."""
     progress = soft.progress
     generation = state.generation
-    vote = progress.new_sdc_vote if progress is not None else None
+    vote = seen.sdc_vote
     if vote is None or generation is None or progress is None or progress.generation != generation.number:
         return []
     if vote.is_clear:
         # A scheduled recompute of the step opens first: it holds the step's commit back.
-        checks = sdc_checks.on_vote(state, soft, config, seq=state.applied_seq + offset + 1)
+        checks = sdc_checks.on_vote(state, soft, seen, config, seq=state.applied_seq + offset + 1)
         return checks + _commit_if_held(evolve_all(state, checks), soft, vote.step)
     events: list[Event] = []
     first_seq: dict[str, int] = {}
@@ -261,7 +265,7 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, of
     if not first_seq:
         # A split: a recompute of the step (on a node outside the job when one is free) can name
         # the side that computed wrongly; the job restarts meanwhile, nobody is quarantined yet.
-        events += sdc_checks.on_vote(evolve_all(state, events), soft, config,
+        events += sdc_checks.on_vote(evolve_all(state, events), soft, seen, config,
                                      seq=state.applied_seq + offset + len(events) + 1)
         detail = f"SDC: {vote.reason}; no majority names a culprit, restarting from the last agreed step"
         return events + _end_if_member_any(state, soft, EndReason.SDC, detail)
@@ -319,16 +323,17 @@ def _end_if_member_any(state: ClusterState, soft: SoftState, reason: EndReason, 
     return [GenerationEnded(generation.number, reason, "", _last_step(soft, generation.number), detail)]
 
 
-def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
+def _on_stragglers(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *,
+                   offset: int) -> list[Event]:
     """Confirmed stragglers (from the step just scored): recorded; the first one is swapped out
     when a spare is free (one swap ends the generation; others wait for the next)."""
     progress = soft.progress
     generation = state.generation
-    if progress is None or generation is None or not progress.new_straggler_verdicts:
+    if progress is None or generation is None or not seen.straggler_verdicts:
         return []
     events: list[Event] = []
     is_swapped = False
-    for verdict in progress.new_straggler_verdicts:
+    for verdict in seen.straggler_verdicts:
         node_id = generation.node_of_rank(verdict.rank)
         if not verdict.is_straggler or node_id is None:
             continue

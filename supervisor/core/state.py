@@ -256,22 +256,32 @@ class GenerationProgress:
     # step -> rank -> compute time, until every rank of the step reported (then scored)
     compute_times: dict[int, dict[int, float]] = field(default_factory=dict)
     straggler: StragglerState = field(default_factory=StragglerState)
-    # verdicts from the input being observed now (decide turns them into events)
-    new_straggler_verdicts: list[StragglerVerdict] = field(default_factory=list)
     # step -> rank -> parameter digest, until every rank of the step reported (then voted on)
     digests: dict[int, dict[int, str]] = field(default_factory=dict)
     sdc_clear_steps: set[int] = field(default_factory=set)  # voted and agreed: committable
     sdc_diverged_step: int | None = None  # the first step whose vote disagreed
-    new_sdc_vote: StepVote | None = None  # the vote completed by the input being observed now
     # step -> rank -> the rank's local-gradient digest, until the step is voted on
     grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
     replica_groups: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> rank -> reported group
-    # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
-    new_vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports, records made when read
     # Exits that looked like collateral damage (policies/exit_cause.py), oldest first, and when the
     # first was held: the generation ends on the real cause if one shows within the settle window.
     held_exits: list[TrainerExit] = field(default_factory=list)
     held_since_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What observing one input completed that `decide` acts on, handed from `soft.observe` to
+    `decide` as a value (never left on the soft state for decide to read back)."""
+
+    # the straggler detector's verdicts on the step this input completed (decide records them)
+    straggler_verdicts: tuple[StragglerVerdict, ...] = ()
+    sdc_vote: StepVote | None = None  # the digest vote of the step this input completed
+    # what every rank reported at the voted step (its evidence, for a recompute check), by rank
+    vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports: records made when read
+
+
+NOTHING_OBSERVED = Observation()
 
 
 @dataclass(slots=True)

@@ -147,15 +147,16 @@ class Core:
         """Refuses `inp`, or observes it into the soft state and decides on it. Nothing is folded:
         the caller persists `ready.events` and calls `advance` (or drops them: the soft state has
         moved, the cluster state has not)."""
-        refused = self._admit(inp, now)
+        refused = admission.refusal(self.state, self.soft, inp, self.config)
         if refused is not None:
-            return Ready(waiting_reason=self.waiting_reason, refusal=refused)
+            return Ready(waiting_reason=self.waiting_reason, refusal=Refusal(RefusalKind.PERMANENT, refused))
+        seen = soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
         if isinstance(inp, Heartbeat):
             # The hot path (one per node per interval): a heartbeat only refreshes soft state; the
             # detector and the planner act on the next Tick, so skipping decide changes no
             # decision, only saves a planner pass.
             return Ready(waiting_reason=self.waiting_reason)
-        decision = decide(self.state, self.soft, inp, now, self.config)
+        decision = decide(self.state, self.soft, inp, now, self.config, seen)
         hellos = (inp.node_id,) if isinstance(inp, AgentHello) else ()
         return Ready(decision.events, decision.waiting_reason, affected_nodes(self.state, decision.events, hellos))
 

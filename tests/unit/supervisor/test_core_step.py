@@ -7,10 +7,12 @@ import dataclasses
 
 import pytest
 
+from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.errors import InvalidEvent
 from ftsup.supervisor.core.events import EndReason, GenerationEnded, NodeRegistered, SdcSuspected
 from ftsup.supervisor.core.inputs import Heartbeat, StepReport, StreamClosed, Tick
 from ftsup.supervisor.core.policies.sdc import SdcConfig
+from ftsup.supervisor.core.state import NOTHING_OBSERVED
 from ftsup.supervisor.core.step import RefusalKind
 from tests.support.builders import NOW, Sim, config, hello
 
@@ -96,3 +98,20 @@ def test_the_test_driver_keeps_the_young_daly_observations_the_runtime_keeps():
     assert [e.reason for e in ended] == [EndReason.NODE_LOST]
     assert len(sim.core.interval_obs.failures) == 1
     assert sim.soft.interval_obs is sim.core.interval_obs  # what checkpoints.on_tick reads
+
+
+def test_observe_hands_the_vote_of_the_step_it_completed_to_decide_as_a_value():
+    sim = Sim(config(nodes=4, ranks_per_node=1))
+    for i in (1, 2, 3, 4):
+        sim.events(hello(f"n{i}", stream_id=i))
+    generation = sim.state.generation
+    assert generation is not None
+    seen = []
+    for rank in range(4):
+        report = StepReport(generation.node_of_rank(rank), generation.number, rank, 1, 0.1, 0.05, 2.0, "d1")
+        seen.append(soft_state.observe(sim.soft, sim.state, report, NOW, sim.config.straggler, sim.config.sdc))
+    assert seen[:3] == [NOTHING_OBSERVED] * 3  # the step waits for its last rank
+    vote = seen[3].sdc_vote
+    assert vote is not None and vote.step == 1 and vote.is_clear
+    assert [d.rank for d in seen[3].vote_reports] == [0, 1, 2, 3]
+    assert len(seen[3].straggler_verdicts) == 0  # scored, nobody slow
