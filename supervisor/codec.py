@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 
 from ftsup.supervisor.core import events as ev
 from ftsup.supervisor.core.directives import Directive
-from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.core.state import ClusterState, NodeRecord
 from ftsup.v1 import agent_pb2, events_pb2, state_pb2
 
 T = TypeVar("T")
@@ -62,6 +62,41 @@ def event_from_proto(message: events_pb2.Event) -> ev.Event:
 
 
 _EVENT_DECODERS: dict[str, Callable[[Message], Any]] = {}  # filled below, once _decoder exists
+
+
+# -- upcasters: values written before a field existed, given what that field would have held ------
+
+# The words a death's quarantine began with before QuarantineCause was logged (decide.py wrote
+# "declared dead: " + the failure detector's reason). Read only to upcast such old values.
+_LEGACY_DEATH_PREFIXES = (
+    ("declared dead: stream closed and not reopened", ev.QuarantineCause.DEAD_STREAM_LOSS),
+    ("declared dead: not heard from within", ev.QuarantineCause.DEAD_NEVER_HEARD),
+    ("declared dead: no heartbeat", ev.QuarantineCause.DEAD_SILENT),
+)
+
+
+def legacy_quarantine_cause(reason: str) -> ev.QuarantineCause:
+    """The cause of a quarantine recorded without one: the death kinds from their fixed wording,
+    anything else stays UNSPECIFIED (nothing branches on the other causes)."""
+    for prefix, cause in _LEGACY_DEATH_PREFIXES:
+        if reason.startswith(prefix):
+            return cause
+    return ev.QuarantineCause.UNSPECIFIED
+
+
+def _upcast_quarantined(event: ev.NodeQuarantined) -> ev.NodeQuarantined:
+    if event.cause is not ev.QuarantineCause.UNSPECIFIED:
+        return event
+    return dataclasses.replace(event, cause=legacy_quarantine_cause(event.reason))
+
+
+def _upcast_node(node: NodeRecord) -> NodeRecord:
+    if not node.is_quarantined or node.quarantine_cause is not ev.QuarantineCause.UNSPECIFIED:
+        return node
+    return dataclasses.replace(node, quarantine_cause=legacy_quarantine_cause(node.quarantine_reason))
+
+
+_UPCASTS: dict[type, Callable[[Any], Any]] = {ev.NodeQuarantined: _upcast_quarantined, NodeRecord: _upcast_node}
 
 
 def record_to_proto(record: ev.Record) -> events_pb2.Record:
@@ -179,6 +214,10 @@ def _decoder(cls: type) -> Callable[[Message], Any]:
     names = [f"get{i}" for i in range(len(getters))]
     source = f"lambda message: cls({', '.join(f'{n}(message)' for n in names)})"
     decode: Callable[[Message], Any] = eval(source, {"cls": cls, **dict(zip(names, getters))})
+    upcast = _UPCASTS.get(cls)
+    if upcast is not None:
+        plain = decode
+        return lambda message: upcast(plain(message))
     return decode
 
 

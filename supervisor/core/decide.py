@@ -30,6 +30,7 @@ from ftsup.supervisor.core.events import (
     NodeSuspected,
     NodeUnquarantined,
     OperatorCommand,
+    QuarantineCause,
     SdcSuspected,
     SnapshotCommitted,
     StragglerDetected,
@@ -181,10 +182,7 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     if node is None:
         return [registered]
     if node.liveness is Liveness.DEAD:
-        transient = (failure.STREAM_LOSS, failure.NEVER_HEARD)
-        if node.incarnation == hello.incarnation and node.quarantine_reason.startswith(
-            tuple(_quarantine_reason(t) for t in transient)
-        ):
+        if node.incarnation == hello.incarnation and node.quarantine_cause.is_transient_death:
             # The same agent process is back: its stream loss was transient (a network blip), or
             # this supervisor (new after a failover) never heard it in time, not a death. Its
             # generation was already replaced; it returns to service as a spare would.
@@ -272,7 +270,8 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, seen: Observation, config
     culprits = sorted(first_seq)
     reason = f"SDC: {vote.reason}"
     events += _end_if_member(state, soft, culprits[0], EndReason.NODE_QUARANTINED, reason)
-    events += [NodeQuarantined(n, reason, first_seq[n]) for n in culprits if not state.nodes[n].is_quarantined]
+    events += [NodeQuarantined(n, reason, first_seq[n], QuarantineCause.SDC) for n in culprits
+               if not state.nodes[n].is_quarantined]
     return events
 
 
@@ -292,7 +291,7 @@ def _on_sdc_check_result(state: ClusterState, soft: SoftState, result: SdcCheckR
     for node_id in verdict.convicted:
         ended = _end_if_member(folded, soft, node_id, EndReason.NODE_QUARANTINED, verdict.reason)
         quarantined: list[Event] = [] if folded.nodes[node_id].is_quarantined else [
-            NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq)]
+            NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq, QuarantineCause.SDC)]
         events += ended + quarantined
         folded = evolve_all(folded, ended + quarantined)
     if is_tainted and folded.generation is not None:
@@ -344,7 +343,7 @@ def _on_stragglers(state: ClusterState, soft: SoftState, seen: Observation, conf
             evidence = state.applied_seq + offset + len(events)  # the StragglerDetected record
             reason = f"rank {verdict.rank} {verdict.reason}"
             events += _end_if_member(state, soft, node_id, EndReason.NODE_QUARANTINED, reason)
-            events.append(NodeQuarantined(node_id, reason, evidence))
+            events.append(NodeQuarantined(node_id, reason, evidence, QuarantineCause.STRAGGLER))
             is_swapped = True
     return events
 
@@ -407,7 +406,7 @@ def _on_xid(state: ClusterState, soft: SoftState, report: XidReport, now: float,
     # A GPU that needs a reset, or a node that needs a person: its ranks go elsewhere.
     events += _end_if_member(state, soft, report.node_id, EndReason.NODE_QUARANTINED, verdict.reason)
     if not state.nodes[report.node_id].is_quarantined:
-        events.append(NodeQuarantined(report.node_id, verdict.reason, state.applied_seq + 1))
+        events.append(NodeQuarantined(report.node_id, verdict.reason, state.applied_seq + 1, QuarantineCause.XID))
     return events
 
 
@@ -426,7 +425,7 @@ def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Ev
         detail += f"; every rank stopped at step {newest}, so the culprit is unknown: restarting the same gang"
     ended = _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail, silent_for_s=hung.silent_for_s)
     if ended and is_culprit and _has_free_spare(state, soft) and not state.nodes[hung.node_id].is_quarantined:
-        ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1))
+        ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1, QuarantineCause.HUNG))
     return ended
 
 
@@ -438,7 +437,7 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest,
     match request.command:
         case OperatorCommandKind.QUARANTINE:
             ended = _end_if_member(state, soft, request.node_id, EndReason.NODE_QUARANTINED, reason)
-            return [record, *ended, NodeQuarantined(request.node_id, reason, seq)]
+            return [record, *ended, NodeQuarantined(request.node_id, reason, seq, QuarantineCause.OPERATOR)]
         case OperatorCommandKind.UNQUARANTINE:
             return [record, NodeUnquarantined(request.node_id, request.reason, request.operator)]
         case OperatorCommandKind.CHECKPOINT:  # ranks save at the lead step; the reply names it
@@ -613,7 +612,7 @@ def _declare_dead(
             )
         )
     if not state.nodes[verdict.node_id].is_quarantined:
-        events.append(NodeQuarantined(verdict.node_id, _quarantine_reason(verdict.reason), dead_seq))
+        events.append(NodeQuarantined(verdict.node_id, _quarantine_reason(verdict.reason), dead_seq, verdict.cause))
     return events
 
 

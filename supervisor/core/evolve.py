@@ -35,6 +35,7 @@ from ftsup.supervisor.core.events import (
     NodeSuspected,
     NodeUnquarantined,
     OperatorCommand,
+    QuarantineCause,
     Record,
     SdcCheckFinished,
     SdcCheckStarted,
@@ -191,6 +192,7 @@ def _on_registered(state: ClusterState, event: NodeRegistered) -> ClusterState:
         registered_order=state.registrations + 1,
         is_quarantined=previous.is_quarantined if previous else False,
         quarantine_reason=previous.quarantine_reason if previous else "",
+        quarantine_cause=previous.quarantine_cause if previous else QuarantineCause.UNSPECIFIED,
     )
     state = frozen.replace(_with_node(state, node), registrations=state.registrations + 1)
     snapshot = state.snapshot
@@ -231,7 +233,7 @@ def _on_quarantined(state: ClusterState, event: NodeQuarantined) -> ClusterState
             " end the generation before quarantining it"
         )
     return _with_node(
-        state, frozen.replace(node, is_quarantined=True, quarantine_reason=event.reason)
+        state, frozen.replace(node, is_quarantined=True, quarantine_reason=event.reason, quarantine_cause=event.cause)
     )
 
 
@@ -240,7 +242,8 @@ def _on_unquarantined(state: ClusterState, event: NodeUnquarantined) -> ClusterS
     if node.is_in_service:
         raise InvalidEvent(f"node {event.node_id!r} is neither quarantined nor drained")
     return _with_node(
-        state, frozen.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="")
+        state, frozen.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="",
+                              quarantine_cause=QuarantineCause.UNSPECIFIED)
     )
 
 

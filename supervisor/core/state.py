@@ -20,6 +20,7 @@ from ftsup.supervisor.core.events import (
     EndReason,
     JobFailed,
     NodeRole,
+    QuarantineCause,
     RankAssignment,
     RankRestore,
     SdcCheckStarted,
@@ -49,6 +50,7 @@ class NodeRecord:
     liveness: Liveness = Liveness.ALIVE
     is_quarantined: bool = False
     quarantine_reason: str = ""
+    quarantine_cause: QuarantineCause = QuarantineCause.UNSPECIFIED  # what the core branches on
     is_drained: bool = False  # taken out of service on purpose, not faulty
     xid_count: int = 0
     straggler_score: float = 0.0  # robust z of the last straggler verdict
