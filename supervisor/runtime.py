@@ -21,6 +21,7 @@ from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.directives import Directive, directives_for
 from ftsup.supervisor.core.events import Record
 from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
+from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core, Ready, Refusal
@@ -36,15 +37,6 @@ log = logs.get("supervisor.runtime")
 
 Outbox = StreamOutbox
 
-# Inputs from agent streams that may wait in the loop's queue at once. A stream that sends faster
-# than the loop decides waits here (and, through gRPC flow control, so does its sender) instead of
-# growing memory. Far above a healthy fleet's backlog: 12,500 nodes' heartbeats and step reports.
-STREAM_INPUT_CAPACITY = 50_000
-
-# Hellos decided and appended together at most (a connecting fleet's burst): one fsync'd append
-# and one planner pass per batch. Large enough that 12,500 nodes register in a few dozen appends,
-# small enough that one batch keeps the loop from heartbeats for well under a heartbeat interval.
-HELLO_BATCH = 512
 
 @dataclass(frozen=True, slots=True)
 class Outcome:

@@ -61,7 +61,7 @@ from ftsup.supervisor.core.inputs import (
 from ftsup.supervisor.core.policies import exit_cause, failure, planner
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import xid as xid_policy
-from ftsup.supervisor.core.state import NOTHING_OBSERVED, ClusterState, Liveness, Observation, SoftState
+from ftsup.supervisor.core.state import NOTHING_OBSERVED, ClusterState, Liveness, Observation, SoftState, is_usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,9 +351,7 @@ def _on_stragglers(state: ClusterState, soft: SoftState, seen: Observation, conf
 def _has_free_spare(state: ClusterState, soft: SoftState) -> bool:
     generation = state.generation
     for node in state.nodes.values():
-        info = soft.nodes.get(node.node_id)
-        if (node.liveness is Liveness.ALIVE and node.is_in_service and info is not None
-                and info.stream_id is not None and (generation is None or generation.member(node.node_id) is None)):
+        if is_usable(node, soft) and (generation is None or generation.member(node.node_id) is None):
             return True
     return False
 

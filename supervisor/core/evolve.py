@@ -318,7 +318,7 @@ def _reject_gang(state: ClusterState, event: GenerationStarted) -> None:
     seen_nodes: set[str] = set()
     for member in event.members:
         node = _require_node(state, member.node_id)
-        if not node.is_in_service or node.liveness is not Liveness.ALIVE:
+        if not node.can_train:
             out = " and quarantined" if node.is_quarantined else " and drained" if node.is_drained else ""
             raise InvalidEvent(
                 f"node {member.node_id!r} is {node.liveness.value}{out}; it cannot join a generation"

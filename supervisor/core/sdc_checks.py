@@ -21,7 +21,7 @@ from ftsup.supervisor.core.events import Event, SdcCheckFinished, SdcCheckStarte
 from ftsup.supervisor.core.inputs import SdcCheckResult
 from ftsup.supervisor.core.policies import recompute
 from ftsup.supervisor.core.policies.recompute import Outcome, VerifierCandidate
-from ftsup.supervisor.core.state import ClusterState, Liveness, Observation, SoftState
+from ftsup.supervisor.core.state import ClusterState, Observation, SoftState, is_usable
 
 # -- the hold -------------------------------------------------------------------------------
 
@@ -139,8 +139,7 @@ def _candidates(state: ClusterState, soft: SoftState) -> list[VerifierCandidate]
     generation = state.generation
     out = []
     for node in state.nodes.values():
-        info = soft.nodes.get(node.node_id)
-        if node.liveness is Liveness.ALIVE and node.is_in_service and info is not None and info.stream_id is not None:
+        if is_usable(node, soft):
             is_member = generation is not None and generation.member(node.node_id) is not None
             out.append(VerifierCandidate(node.node_id, is_member, node.failure_domain, node.registered_order))
     return out

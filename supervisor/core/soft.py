@@ -31,6 +31,14 @@ from ftsup.supervisor.core.inputs import (
     TrainerHung,
     XidReport,
 )
+from ftsup.supervisor.core.limits import (
+    MAX_CLEAR_STEPS,
+    MAX_HELD_EXITS,
+    MAX_HOLDING_LEAD,
+    MAX_OPEN_STEPS,
+    XID_HISTORY_MAX,
+    XID_HISTORY_S,
+)
 from ftsup.supervisor.core.policies import exit_cause
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import straggler as straggler_policy
@@ -46,9 +54,6 @@ from ftsup.supervisor.core.state import (
     Observation,
     SoftState,
 )
-
-XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid policy
-XID_HISTORY_MAX = 256
 
 
 def observe(
@@ -147,9 +152,6 @@ def _observe_step(soft: SoftState, state: ClusterState, report: StepReport, now:
     return _score_compute_time(progress, state, report, straggler), _vote_digests(progress, state, report, sdc)
 
 
-MAX_HELD_EXITS = 256  # a whole node's ranks and then some; later ones add nothing to the attribution
-
-
 def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: float) -> None:
     progress = _progress_for(soft, state, exit_.generation)
     if progress is None or exit_.rank in progress.finished or len(progress.held_exits) >= MAX_HELD_EXITS:
@@ -157,9 +159,6 @@ def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: fl
     progress.held_exits.append(exit_)
     if progress.held_since_s is None:
         progress.held_since_s = now
-
-
-MAX_HOLDING_LEAD = 1024  # a holding this far past the generation's progress is absurd: ignored
 
 
 def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
@@ -175,9 +174,6 @@ def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
         return
     by_rank = progress.holdings.setdefault(report.step, {})
     by_rank[report.rank] = by_rank.get(report.rank, frozenset()) | {report.node_id}
-
-
-MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
 
 
 def _score_compute_time(
@@ -275,9 +271,6 @@ class VoteReports(Sequence[SdcRankDigests]):
 
     def __repr__(self) -> str:
         return repr(tuple(self))
-
-
-MAX_CLEAR_STEPS = 256  # agreed steps remembered for commits (commits trail steps by ~1)
 
 
 def is_committable(progress: GenerationProgress, step: int) -> bool:

@@ -62,6 +62,12 @@ class NodeRecord:
         return not (self.is_quarantined or self.is_drained)
 
     @property
+    def can_train(self) -> bool:
+        """Alive and in service, as the log knows it: may be placed in a generation (whether it is
+        connected to this supervisor is soft state: see `is_usable`)."""
+        return self.liveness is Liveness.ALIVE and not (self.is_quarantined or self.is_drained)
+
+    @property
     def peer_address(self) -> str:
         return f"{self.host}:{self.peer_port}"
 
@@ -229,6 +235,15 @@ class ClusterState:
 
     def node(self, node_id: str) -> NodeRecord | None:
         return self.nodes.get(node_id)
+
+
+def is_usable(node: NodeRecord, soft: SoftState) -> bool:
+    """The rule, in its one home: `node` can take ranks (or a recompute) now: it can train and its
+    stream to this supervisor is open."""
+    if not node.can_train:
+        return False
+    info = soft.nodes.get(node.node_id)
+    return info is not None and info.stream_id is not None
 
 
 @dataclass(slots=True)

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 
 from ftsup.supervisor.core import soft as soft_state
+from ftsup.supervisor.core import taint
 from ftsup.supervisor.core.errors import InvalidEvent
 from ftsup.supervisor.core.events import EndReason, GenerationEnded, NodeRegistered, SdcSuspected
 from ftsup.supervisor.core.inputs import Heartbeat, StepReport, StreamClosed, Tick
 from ftsup.supervisor.core.policies.sdc import SdcConfig
-from ftsup.supervisor.core.state import NOTHING_OBSERVED
+from ftsup.supervisor.core.state import NOTHING_OBSERVED, is_usable
 from ftsup.supervisor.core.step import RefusalKind
 from tests.support.builders import NOW, Sim, config, hello
 
@@ -115,3 +116,18 @@ def test_observe_hands_the_vote_of_the_step_it_completed_to_decide_as_a_value():
     assert vote is not None and vote.step == 1 and vote.is_clear
     assert [d.rank for d in seen[3].vote_reports] == [0, 1, 2, 3]
     assert len(seen[3].straggler_verdicts) == 0  # scored, nobody slow
+
+
+def test_a_node_is_usable_only_alive_in_service_and_connected():
+    sim = _running()
+    assert all(is_usable(sim.state.nodes[n], sim.soft) for n in ("n1", "n2", "n3", "s1"))
+    sim.events(StreamClosed("s1", 1, 9), at=NOW + 1.0)
+    node = sim.state.nodes["s1"]
+    assert node.can_train and not is_usable(node, sim.soft)  # the log says fine; the stream is gone
+    drained = dataclasses.replace(sim.state.nodes["n1"], is_drained=True)
+    assert not drained.can_train and not is_usable(drained, sim.soft)
+
+
+def test_a_step_is_tainted_from_the_first_divergent_step_on():
+    assert not taint.covers(None, 10)
+    assert not taint.covers(5, 4) and taint.covers(5, 5) and taint.covers(5, 6)
