@@ -93,7 +93,7 @@ def _merged(known: tuple[int, ...], sent: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(set(known) | set(sent)))[-MAX_CHECKPOINT_STEPS:]
 
 
-def _action(value: int) -> Action | None:
+def _action(value: agent_pb2.Action.ValueType) -> Action | None:
     return {agent_pb2.ACTION_RUN: Action.RUN, agent_pb2.ACTION_STANDBY: Action.STANDBY}.get(value)
 
 

@@ -137,7 +137,8 @@ def _enum_prefix(enum_cls: type[enum.Enum]) -> str:
 
 def to_proto(obj: Any, message: Message) -> Message:
     """Copies a dataclass into `message` field by field."""
-    for name in _field_names(type(obj)):
+    cls: type = type(obj)  # (as `type`, not type[Any]: mypy takes only the former as Hashable for the caches)
+    for name in _field_names(cls):
         value = getattr(obj, name)
         try:
             _set_field(message, name, value)
@@ -167,7 +168,7 @@ def _enum_number(descriptor: Any, name: str, value: enum.Enum) -> int:
 
 
 def _set_field(message: Message, name: str, value: Any) -> None:
-    kind = type(value)
+    kind: type = type(value)
     if value is None:
         message.ClearField(name)
     elif kind in _SCALARS:
@@ -180,7 +181,8 @@ def _set_field(message: Message, name: str, value: Any) -> None:
             to_proto(value[key], target.add())
     elif isinstance(value, tuple):
         target = getattr(message, name)
-        if value and _is_dataclass_type(type(value[0])):
+        first: type = type(value[0]) if value else type(None)
+        if value and _is_dataclass_type(first):
             for item in value:
                 to_proto(item, target.add())
         else:
@@ -196,7 +198,8 @@ _SCALARS = frozenset({str, int, float, bool, bytes})
 
 def from_proto(cls: type[T], message: Message) -> T:
     """Builds dataclass `cls` from `message`, converting by the dataclass's type hints."""
-    result: T = _decoder(cls)(message)
+    key: type = cls
+    result: T = _decoder(key)(message)
     return result
 
 
