@@ -168,6 +168,24 @@ def _last_step(soft: SoftState, generation: int) -> int:
     return progress.max_step if progress is not None and progress.generation == generation else 0
 
 
+def _ended(soft: SoftState | None, generation: int, reason: EndReason, node_id: str, detail: str, *,
+           last_step: int | None = None, silent_for_s: float = 0.0, exit_: TrainerExit | None = None
+           ) -> GenerationEnded:
+    """The one place a generation's end is built: its last step is the newest step any rank
+    reported (unless the caller knows better), and a rank's exit brings its code and output."""
+    return GenerationEnded(
+        generation=generation,
+        reason=reason,
+        node_id=node_id,
+        last_step=last_step if last_step is not None else _last_step(soft, generation) if soft is not None else 0,
+        detail=detail,
+        silent_for_s=silent_for_s,
+        rank=exit_.rank if exit_ is not None else None,
+        exit_code=exit_.exit_code if exit_ is not None else None,
+        output_tail=exit_.output_tail if exit_ is not None else "",
+    )
+
+
 def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     node = state.node(hello.node_id)
     registered = NodeRegistered(
@@ -196,15 +214,8 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     current = state.generation
     if node.incarnation != hello.incarnation and current is not None and current.member(hello.node_id):
         # A restarted agent lost its trainers and its RAM snapshots: the gang is broken.
-        events.append(
-            GenerationEnded(
-                generation=current.number,
-                reason=EndReason.NODE_RESTARTED,
-                node_id=hello.node_id,
-                last_step=0,
-                detail=f"agent restarted (incarnation {node.incarnation} -> {hello.incarnation})",
-            )
-        )
+        detail = f"agent restarted (incarnation {node.incarnation} -> {hello.incarnation})"
+        events.append(_ended(None, current.number, EndReason.NODE_RESTARTED, hello.node_id, detail, last_step=0))
     if changed:
         events.append(registered)  # also makes a suspect node alive again
     elif node.liveness is Liveness.SUSPECT:
@@ -319,7 +330,7 @@ def _end_if_member_any(state: ClusterState, soft: SoftState, reason: EndReason, 
     generation = state.generation
     if generation is None:
         return []
-    return [GenerationEnded(generation.number, reason, "", _last_step(soft, generation.number), detail)]
+    return [_ended(soft, generation.number, reason, "", detail)]
 
 
 def _on_stragglers(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *,
@@ -384,7 +395,7 @@ def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Eve
         if generation.member(node_id):
             detail = f"drained at committed step {step}"
             last = max(step, _last_step(soft, generation.number))
-            committed.append(GenerationEnded(generation.number, EndReason.NODE_DRAINED, node_id, last, detail))
+            committed.append(_ended(soft, generation.number, EndReason.NODE_DRAINED, node_id, detail, last_step=last))
             committed.append(NodeDrained(node_id, detail, ""))
             break  # the generation has ended; other pending drains apply to idle nodes below
     return committed
@@ -444,8 +455,7 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest,
             generation = state.generation
             if generation is None:
                 return [record]  # admission refuses this; kept total for property tests
-            last = _last_step(soft, generation.number)
-            return [record, GenerationEnded(generation.number, EndReason.OPERATOR_RESTART, "", last, reason)]
+            return [record, _ended(soft, generation.number, EndReason.OPERATOR_RESTART, "", reason)]
         case OperatorCommandKind.DRAIN:  # recorded in soft.pending_drains; an idle node goes at once
             return [record]  # (_drain_idle), a training one at its generation's next committed step
         case unknown:
@@ -473,8 +483,7 @@ def _end_if_member(state: ClusterState, soft: SoftState, node_id: str, reason: E
     generation = state.generation
     if generation is None or not generation.member(node_id):
         return []
-    last = _last_step(soft, generation.number)
-    return [GenerationEnded(generation.number, reason, node_id, last, detail, silent_for_s)]
+    return [_ended(soft, generation.number, reason, node_id, detail, silent_for_s=silent_for_s)]
 
 
 def _on_rank_finished(state: ClusterState, soft: SoftState, report: RankFinished) -> list[Event]:
@@ -493,7 +502,7 @@ def _complete_if_finished(state: ClusterState, soft: SoftState) -> list[Event]:
     digests = sorted(set(progress.finished.values()))
     detail = "every rank finished" if len(digests) == 1 else f"ranks disagree on the final digest: {digests}"
     return [
-        GenerationEnded(generation.number, EndReason.COMPLETED, "", progress.max_step, detail),
+        _ended(soft, generation.number, EndReason.COMPLETED, "", detail),  # last step: progress.max_step
         JobCompleted(generation=generation.number, step=progress.max_step, param_digest=progress.finished[0] if 0 in progress.finished else digests[0]),
     ]
 
@@ -517,16 +526,7 @@ def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -
 
 
 def _ended_by_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit, detail: str) -> GenerationEnded:
-    return GenerationEnded(
-        generation=exit_.generation,
-        reason=EndReason.TRAINER_EXITED,
-        node_id=exit_.node_id,
-        last_step=_last_step(soft, exit_.generation),
-        detail=detail,
-        rank=exit_.rank,
-        exit_code=exit_.exit_code,
-        output_tail=exit_.output_tail,
-    )
+    return _ended(soft, exit_.generation, EndReason.TRAINER_EXITED, exit_.node_id, detail, exit_=exit_)
 
 
 def _release_held_exit(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:
@@ -586,7 +586,7 @@ def _on_grow(state: ClusterState, soft: SoftState, config: CoreConfig) -> list[E
         return []
     nodes = generation.world_size // config.job.ranks_per_node
     detail = f"{target} nodes healthy for a world of {nodes}: growing back toward {config.job.nodes}"
-    return [GenerationEnded(generation.number, EndReason.ELASTIC_GROW, "", _last_step(soft, generation.number), detail)]
+    return [_ended(soft, generation.number, EndReason.ELASTIC_GROW, "", detail)]
 
 
 def _declare_dead(
@@ -599,16 +599,8 @@ def _declare_dead(
     events: list[Event] = [dead]
     generation = state.generation
     if generation is not None and generation.member(verdict.node_id):
-        events.append(
-            GenerationEnded(
-                generation=generation.number,
-                reason=EndReason.NODE_LOST,
-                node_id=verdict.node_id,
-                last_step=_last_step(soft, generation.number),
-                detail=verdict.reason,
-                silent_for_s=verdict.silent_for_s,
-            )
-        )
+        events.append(_ended(soft, generation.number, EndReason.NODE_LOST, verdict.node_id, verdict.reason,
+                             silent_for_s=verdict.silent_for_s))
     if not state.nodes[verdict.node_id].is_quarantined:
         events.append(NodeQuarantined(verdict.node_id, _quarantine_reason(verdict.reason), dead_seq, verdict.cause))
     return events
