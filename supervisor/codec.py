@@ -152,7 +152,7 @@ def to_proto(obj: Any, message: Message) -> Message:
 # stalled the loop for seconds). What reflection finds is cached per class and per enum value.
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)  # init=False: derived, never stored
 
 
 @functools.cache
@@ -211,7 +211,7 @@ FieldDecoder = Callable[[Message], Any]
 @functools.cache
 def _decoder(cls: type) -> Callable[[Message], Any]:
     hints = typing.get_type_hints(cls)
-    getters = [_field_decoder(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+    getters = [_field_decoder(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init]
     # One straight-line call per class (as dataclasses itself generates __init__): no loop or
     # temporary list per decoded message.
     names = [f"get{i}" for i in range(len(getters))]

@@ -52,7 +52,6 @@ from ftsup.supervisor.core.state import (
     Generation,
     Liveness,
     NodeRecord,
-    node_index,
 )
 
 
@@ -272,8 +271,6 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
         raise InvalidEvent(
             f"generation {event.generation} does not follow {state.last_generation}"
         )
-    if not _is_valid_gang(state, event):
-        _reject_gang(state, event)
     generation = Generation(
         number=event.generation,
         members=event.members,
@@ -284,6 +281,8 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
         restore_generation=event.restore_generation,
         restores=event.restores,
     )
+    if not _is_valid_gang(state, event, generation):
+        _reject_gang(state, event)
     snapshot = state.snapshot
     if snapshot is not None and (event.restore_step is None or event.restore_step < snapshot.step):
         # Restored from older state (a rank and its buddy lost, an SDC taint, a fresh start): the
@@ -293,11 +292,11 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
     return frozen.replace(state, generation=generation, last_generation=event.generation, snapshot=snapshot)
 
 
-def _is_valid_gang(state: ClusterState, event: GenerationStarted) -> bool:
+def _is_valid_gang(state: ClusterState, event: GenerationStarted, generation: Generation) -> bool:
     """Every member registered, alive and in service, no node twice, ranks exactly 0..world-1:
     checked in C-level passes (12,500 members at 100k GPUs); `_reject_gang` names what is wrong."""
     members = event.members
-    by_node = node_index(members)  # built here once, then serves the generation's member lookups
+    by_node = generation.index.by_node()  # built here once, then serves the generation's member lookups
     if len(by_node) != len(members):  # a node twice
         return False
     try:

@@ -72,6 +72,38 @@ class NodeRecord:
         return f"{self.host}:{self.peer_port}"
 
 
+class MemberIndex:
+    """Lookups over one members tuple (node -> assignment, rank -> node), each built on first use
+    and kept by the generation that owns it: no module-level memo. A linear scan per StepReport
+    costs 12.5k comparisons at 100k GPUs; the maps are built in C-level passes."""
+
+    __slots__ = ("members", "_by_node", "_by_rank")
+
+    def __init__(self, members: tuple[RankAssignment, ...]) -> None:
+        self.members = members
+        self._by_node: dict[str, RankAssignment] | None = None
+        self._by_rank: dict[int, str] | None = None
+
+    def by_node(self) -> Mapping[str, RankAssignment]:
+        """node -> its assignment; a node listed twice keeps its first (as a scan would find)."""
+        if self._by_node is None:
+            members = self.members
+            by_node = dict(zip(map(attrgetter("node_id"), members), members))
+            if len(by_node) != len(members):
+                by_node = dict(zip(reversed(list(map(attrgetter("node_id"), members))), reversed(members)))
+            self._by_node = by_node
+        return self._by_node
+
+    def by_rank(self) -> Mapping[int, str]:
+        """rank -> its node (built only when asked: most generations never look a rank up)."""
+        if self._by_rank is None:
+            node_ids = list(map(attrgetter("node_id"), self.members))
+            ranks = list(map(attrgetter("ranks"), self.members))
+            owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
+            self._by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
+        return self._by_rank
+
+
 @dataclass(frozen=True, slots=True)
 class Generation:
     number: int
@@ -83,52 +115,26 @@ class Generation:
     restore_generation: int
     restores: tuple[RankRestore, ...]
     first_step: int | None = None  # set when its first step completed
+    # Its lookups, built on first use (not logged, not compared; frozen.replace may carry it over
+    # to a copy, which `index` checks is of the same members).
+    _index: list[MemberIndex] = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def is_running(self) -> bool:
         return self.first_step is not None
 
+    @property
+    def index(self) -> MemberIndex:
+        held = self._index
+        if not held or held[0].members is not self.members:
+            held[:] = [MemberIndex(self.members)]
+        return held[0]
+
     def member(self, node_id: str) -> RankAssignment | None:
-        return node_index(self.members).get(node_id)
+        return self.index.by_node().get(node_id)
 
     def node_of_rank(self, rank: int) -> str | None:
-        return _rank_index(self.members).get(rank)
-
-
-_BY_NODE: dict[int, tuple[tuple[RankAssignment, ...], dict[str, RankAssignment]]] = {}
-_BY_RANK: dict[int, tuple[tuple[RankAssignment, ...], dict[int, str]]] = {}
-
-
-def node_index(members: tuple[RankAssignment, ...]) -> Mapping[str, RankAssignment]:
-    """node -> assignment of one members tuple, built once per tuple (memoized by identity; the
-    tuple is kept alive with its index; read-only). A linear scan per StepReport costs 12.5k
-    comparisons at 100k GPUs. First match wins, as the scan did (built in C-level passes)."""
-    hit = _BY_NODE.get(id(members))
-    if hit is not None and hit[0] is members:
-        return hit[1]
-    by_node = dict(zip(map(attrgetter("node_id"), members), members))
-    if len(by_node) != len(members):  # a node listed twice: keep its first assignment
-        by_node = dict(zip(reversed(list(map(attrgetter("node_id"), members))), reversed(members)))
-    if len(_BY_NODE) >= 16:
-        _BY_NODE.clear()
-    _BY_NODE[id(members)] = (members, by_node)
-    return by_node
-
-
-def _rank_index(members: tuple[RankAssignment, ...]) -> dict[int, str]:
-    """rank -> node of one members tuple, memoized as `node_index` (and built only when asked:
-    most generations never look a rank up)."""
-    hit = _BY_RANK.get(id(members))
-    if hit is not None and hit[0] is members:
-        return hit[1]
-    node_ids = list(map(attrgetter("node_id"), members))
-    ranks = list(map(attrgetter("ranks"), members))
-    owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
-    by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
-    if len(_BY_RANK) >= 16:
-        _BY_RANK.clear()
-    _BY_RANK[id(members)] = (members, by_rank)
-    return by_rank
+        return self.index.by_rank().get(rank)
 
 
 @dataclass(frozen=True, slots=True)
