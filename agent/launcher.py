@@ -37,6 +37,10 @@ REJOIN_GRACE_S = 1.0  # a new generation waits this long for the rest of a node'
 REJOIN_FIRST_S = 0.5  # ... and this long for a first one (a replaced hand-off fails them within ms)
 MAX_CHECKPOINT_STEPS = 8  # requested checkpoint steps remembered per generation
 SPAWN_FAILED_EXIT_CODE = 127  # as a shell reports a command it could not run
+# Standby causes that stop trainers parked for a rejoin (core/directives.py StandbyCause.is_final):
+# no next generation will adopt them on this node.
+_FINAL_STANDBY = frozenset({agent_pb2.STANDBY_CAUSE_JOB_COMPLETED, agent_pb2.STANDBY_CAUSE_JOB_FAILED,
+                            agent_pb2.STANDBY_CAUSE_QUARANTINED, agent_pb2.STANDBY_CAUSE_DRAINED})
 
 Report = Callable[[agent_pb2.AgentMessage], None]
 
@@ -89,7 +93,7 @@ def _merged(known: tuple[int, ...], sent: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(set(known) | set(sent)))[-MAX_CHECKPOINT_STEPS:]
 
 
-def _action(value: int) -> Action | None:
+def _action(value: agent_pb2.Action.ValueType) -> Action | None:
     return {agent_pb2.ACTION_RUN: Action.RUN, agent_pb2.ACTION_STANDBY: Action.STANDBY}.get(value)
 
 
@@ -241,9 +245,11 @@ class Launcher:
     async def _park_rejoiners(self, d: agent_pb2.Directive) -> bool:
         """Between generations (waiting for a spare, say) trainers waiting to rejoin are kept:
         the next RUN directive adopts them. Not on a quarantined or drained node, and not once
-        the job completed: those stop. True: every live trainer is parked, nothing to stop."""
+        the job completed: those stop (the directive's typed cause says which; an older supervisor
+        sends none, and its parked trainers give up after their rejoin wait). True: every live
+        trainer is parked, nothing to stop."""
         run = self.run
-        if run is None or d.reason.startswith(("quarantined", "drained", "job completed", "job failed")):
+        if run is None or d.standby_cause in _FINAL_STANDBY:
             return False
         live = run.live()
         if not live or not all(t.can_rejoin for t in live):

@@ -23,7 +23,6 @@ from ftsup.supervisor.core.events import (
     NodeRole,
     RankAssignment,
 )
-from ftsup.supervisor.core.evolve import apply_record
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.web.server import serve_status
@@ -95,8 +94,8 @@ class SyntheticStatus:
 
     async def _append(self, events: Sequence[Event]) -> None:
         assert self.runtime is not None
-        for record in await self.runtime.event_log.append(events, term=0, time_unix_s=time.time()):
-            self.runtime.state = apply_record(self.runtime.state, record)
+        records = await self.runtime.event_log.append(events, term=0, time_unix_s=time.time())
+        self.runtime.core.fold(records, clock_offset_s=time.monotonic() - time.time())
 
     def append(self, events: Sequence[Event]) -> None:
         """Appends and folds `events` on the server's loop; returns once they are in the log."""

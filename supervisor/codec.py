@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 
 from ftsup.supervisor.core import events as ev
 from ftsup.supervisor.core.directives import Directive
-from ftsup.supervisor.core.state import ClusterState
+from ftsup.supervisor.core.state import ClusterState, NodeRecord
 from ftsup.v1 import agent_pb2, events_pb2, state_pb2
 
 T = TypeVar("T")
@@ -64,6 +64,41 @@ def event_from_proto(message: events_pb2.Event) -> ev.Event:
 _EVENT_DECODERS: dict[str, Callable[[Message], Any]] = {}  # filled below, once _decoder exists
 
 
+# -- upcasters: values written before a field existed, given what that field would have held ------
+
+# The words a death's quarantine began with before QuarantineCause was logged (decide.py wrote
+# "declared dead: " + the failure detector's reason). Read only to upcast such old values.
+_LEGACY_DEATH_PREFIXES = (
+    ("declared dead: stream closed and not reopened", ev.QuarantineCause.DEAD_STREAM_LOSS),
+    ("declared dead: not heard from within", ev.QuarantineCause.DEAD_NEVER_HEARD),
+    ("declared dead: no heartbeat", ev.QuarantineCause.DEAD_SILENT),
+)
+
+
+def legacy_quarantine_cause(reason: str) -> ev.QuarantineCause:
+    """The cause of a quarantine recorded without one: the death kinds from their fixed wording,
+    anything else stays UNSPECIFIED (nothing branches on the other causes)."""
+    for prefix, cause in _LEGACY_DEATH_PREFIXES:
+        if reason.startswith(prefix):
+            return cause
+    return ev.QuarantineCause.UNSPECIFIED
+
+
+def _upcast_quarantined(event: ev.NodeQuarantined) -> ev.NodeQuarantined:
+    if event.cause is not ev.QuarantineCause.UNSPECIFIED:
+        return event
+    return dataclasses.replace(event, cause=legacy_quarantine_cause(event.reason))
+
+
+def _upcast_node(node: NodeRecord) -> NodeRecord:
+    if not node.is_quarantined or node.quarantine_cause is not ev.QuarantineCause.UNSPECIFIED:
+        return node
+    return dataclasses.replace(node, quarantine_cause=legacy_quarantine_cause(node.quarantine_reason))
+
+
+_UPCASTS: dict[type, Callable[[Any], Any]] = {ev.NodeQuarantined: _upcast_quarantined, NodeRecord: _upcast_node}
+
+
 def record_to_proto(record: ev.Record) -> events_pb2.Record:
     return events_pb2.Record(
         seq=record.seq, term=record.term, time_unix_s=record.time_unix_s, event=event_to_proto(record.event)
@@ -102,7 +137,8 @@ def _enum_prefix(enum_cls: type[enum.Enum]) -> str:
 
 def to_proto(obj: Any, message: Message) -> Message:
     """Copies a dataclass into `message` field by field."""
-    for name in _field_names(type(obj)):
+    cls: type = type(obj)  # (as `type`, not type[Any]: mypy takes only the former as Hashable for the caches)
+    for name in _field_names(cls):
         value = getattr(obj, name)
         try:
             _set_field(message, name, value)
@@ -116,7 +152,7 @@ def to_proto(obj: Any, message: Message) -> Message:
 # stalled the loop for seconds). What reflection finds is cached per class and per enum value.
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)  # init=False: derived, never stored
 
 
 @functools.cache
@@ -132,7 +168,7 @@ def _enum_number(descriptor: Any, name: str, value: enum.Enum) -> int:
 
 
 def _set_field(message: Message, name: str, value: Any) -> None:
-    kind = type(value)
+    kind: type = type(value)
     if value is None:
         message.ClearField(name)
     elif kind in _SCALARS:
@@ -145,7 +181,8 @@ def _set_field(message: Message, name: str, value: Any) -> None:
             to_proto(value[key], target.add())
     elif isinstance(value, tuple):
         target = getattr(message, name)
-        if value and _is_dataclass_type(type(value[0])):
+        first: type = type(value[0]) if value else type(None)
+        if value and _is_dataclass_type(first):
             for item in value:
                 to_proto(item, target.add())
         else:
@@ -161,7 +198,8 @@ _SCALARS = frozenset({str, int, float, bool, bytes})
 
 def from_proto(cls: type[T], message: Message) -> T:
     """Builds dataclass `cls` from `message`, converting by the dataclass's type hints."""
-    result: T = _decoder(cls)(message)
+    key: type = cls
+    result: T = _decoder(key)(message)
     return result
 
 
@@ -173,12 +211,16 @@ FieldDecoder = Callable[[Message], Any]
 @functools.cache
 def _decoder(cls: type) -> Callable[[Message], Any]:
     hints = typing.get_type_hints(cls)
-    getters = [_field_decoder(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+    getters = [_field_decoder(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init]
     # One straight-line call per class (as dataclasses itself generates __init__): no loop or
     # temporary list per decoded message.
     names = [f"get{i}" for i in range(len(getters))]
     source = f"lambda message: cls({', '.join(f'{n}(message)' for n in names)})"
     decode: Callable[[Message], Any] = eval(source, {"cls": cls, **dict(zip(names, getters))})
+    upcast = _UPCASTS.get(cls)
+    if upcast is not None:
+        plain = decode
+        return lambda message: upcast(plain(message))
     return decode
 
 

@@ -8,47 +8,23 @@ replaying the log reaches exactly the state this one acted on.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ftsup.common import logs
 from ftsup.supervisor import codec
-from ftsup.supervisor.core import admission
-from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.config import CoreConfig
-from ftsup.supervisor.core.decide import Decision, decide, decide_hellos
 from ftsup.supervisor.core.directives import Directive, directives_for
-from ftsup.supervisor.core.events import (
-    CheckpointAborted,
-    CheckpointCommitted,
-    CheckpointStarted,
-    Event,
-    GenerationEnded,
-    GenerationStarted,
-    JobCompleted,
-    NodeCleared,
-    NodeDeclaredDead,
-    NodeDrained,
-    NodeQuarantined,
-    NodeRegistered,
-    NodeSuspected,
-    NodeUnquarantined,
-    OperatorCommand,
-    Record,
-    SnapshotCommitted,
-    StragglerDetected,
-    XidReported,
-)
-from ftsup.supervisor.core.evolve import apply_record, apply_records
+from ftsup.supervisor.core.events import Record
 from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
+from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
 from ftsup.supervisor.core.policies import interval as interval_policy
-from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.state import ClusterState, SoftState
+from ftsup.supervisor.core.step import Core, Ready, Refusal
 from ftsup.supervisor.core.views import NodeView, StatusView, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import StreamOutbox
@@ -60,24 +36,6 @@ if TYPE_CHECKING:
 log = logs.get("supervisor.runtime")
 
 Outbox = StreamOutbox
-
-# Inputs from agent streams that may wait in the loop's queue at once. A stream that sends faster
-# than the loop decides waits here (and, through gRPC flow control, so does its sender) instead of
-# growing memory. Far above a healthy fleet's backlog: 12,500 nodes' heartbeats and step reports.
-STREAM_INPUT_CAPACITY = 50_000
-
-# Hellos decided and appended together at most (a connecting fleet's burst): one fsync'd append
-# and one planner pass per batch. Large enough that 12,500 nodes register in a few dozen appends,
-# small enough that one batch keeps the loop from heartbeats for well under a heartbeat interval.
-HELLO_BATCH = 512
-
-# Events that can change no directive but the named node's own (a registration of a generation's
-# member may change its peers' buddy and restore addresses: see _affected). Any other event may
-# change every node's directive.
-_INTERVAL_EVENTS = (GenerationStarted, GenerationEnded, JobCompleted, CheckpointStarted, CheckpointCommitted,
-                    CheckpointAborted)
-_NODE_LOCAL = (NodeRegistered, NodeSuspected, NodeCleared, NodeDeclaredDead, NodeQuarantined, XidReported,
-               NodeUnquarantined, NodeDrained, StragglerDetected, OperatorCommand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +85,11 @@ class Runtime:
         if hello_batch < 1:
             raise ValueError(f"hello_batch must be >= 1, got {hello_batch}")
         self._hello_batch = hello_batch  # 1: every Hello decided and appended alone (the bench's baseline)
-        self.state = event_log.load_snapshot() or ClusterState()
+        # The state, the soft state and the Young/Daly inputs (checkpoint costs, failures) as far
+        # as the log still shows them: every decision is the core's step (core/step.py).
+        self.core = Core(config, event_log.load_snapshot() or ClusterState(), SoftState(started_at_s=clock()))
         self._snapshot_seq = self.state.applied_seq
-        # The Young/Daly inputs (checkpoint costs, failures) as far as the log still shows them.
-        self._interval_obs = IntervalObservations()
-        self.soft = SoftState(started_at_s=clock())
-        for record in event_log.read(self.state.applied_seq + 1):
-            self._fold(record)
+        self._fold(event_log.read(self.state.applied_seq + 1))
         self.degraded_reason = ""  # set while the event log cannot be written: nothing is decided
         # Replication: only the leader decides. An embedded (single) supervisor always leads.
         self.is_leader = True
@@ -147,13 +103,21 @@ class Runtime:
         self._outboxes: dict[int, Outbox] = {}
         self._node_stream: dict[str, int] = {}
         self._sent: dict[str, Directive] = {}
-        self._waiting_reason = ""
         self._announcement: LeadershipAcquired | None = None  # decided before anything else
         self._held: _Pending | None = None  # the input that ended a Hello batch: handled next
         self.metrics: SupervisorMetrics | None = None  # set by the daemon when metrics are served
         self.checkpointer: Any = None  # supervisor.checkpointer.Checkpointer, set when a store is configured
         log.info("state replayed", from_snapshot_seq=self._snapshot_seq, head_seq=self.state.applied_seq,
                  nodes=len(self.state.nodes), generation=self.generation_in_force)
+
+    @property
+    def state(self) -> ClusterState:
+        """The cluster state as folded so far (immutable: readers may keep it)."""
+        return self.core.state
+
+    @property
+    def soft(self) -> SoftState:
+        return self.core.soft
 
     @property
     def generation_in_force(self) -> int | None:
@@ -219,7 +183,7 @@ class Runtime:
     def apply_followed(self, record: Record) -> None:
         """A follower folds the leader's records as they appear (its hot copy of the state)."""
         if not self.is_leader and record.seq == self.state.applied_seq + 1:
-            self._fold(record)
+            self._fold([record])
 
     def become_leader(self, term: int, address: str = "") -> None:
         """Catch up to the head, then decide with fresh soft state: every node gets one full
@@ -227,12 +191,10 @@ class Runtime:
 
         A replicated leader's first decision is LeaderElected (see run()): it marks the term's
         first record, before anything queued while following is decided at this term."""
-        for record in self.event_log.read(self.state.applied_seq + 1):
-            self._fold(record)
+        self._fold(self.event_log.read(self.state.applied_seq + 1))
         self.term = term
         # Grace counts from a moment in the future: agents need the failover grace to find us.
-        self.soft = SoftState(started_at_s=self._clock() + self.config.detector.failover_grace_s,
-                              interval_obs=self._interval_obs)
+        self.core.reset_soft(started_at_s=self._clock() + self.config.detector.failover_grace_s)
         self.degraded_reason = ""
         self.deposed = asyncio.Event()
         self.leader_address = ""
@@ -335,16 +297,13 @@ class Runtime:
         if not self.is_leader:
             return self._not_leader()
         now = self._clock() if arrived_s is None else arrived_s
-        refused = self._admit(inp, now)
-        if refused is not None:
-            return refused
+        ready = self.core.step(inp, now)
+        self._count(inp, ready.refusal)
+        if ready.refusal is not None:
+            return _refused(ready.refusal)
         if isinstance(inp, Heartbeat):
-            # The hot path (one per node per interval): a heartbeat only refreshes soft state.
-            # decide() returns no events for it; the detector and the planner act on the next
-            # Tick, so skipping decide here changes no decision, only saves a planner pass.
-            return Outcome()
-        decision = decide(self.state, self.soft, inp, now, self.config)
-        return await self._enact(decision, [inp] if isinstance(inp, AgentHello) else [])
+            return Outcome()  # the hot path: soft state only, nothing to persist or push
+        return await self._enact(ready, [inp] if isinstance(inp, AgentHello) else [])
 
     async def _handle_hellos(self, batch: list[_Pending]) -> list[Outcome]:
         """A batch of Hellos (distinct nodes, queued back to back): each admitted and observed as
@@ -352,48 +311,37 @@ class Runtime:
         append per batch instead of one per node."""
         if not self.is_leader:
             return [self._not_leader() for _ in batch]
-        outcomes: list[Outcome | None] = []
-        admitted: list[AgentHello] = []
-        now = self._clock()
+        hellos: list[tuple[AgentHello, float]] = []
         for pending in batch:
             assert isinstance(pending.inp, AgentHello)
-            now = self._clock() if pending.at_s is None else pending.at_s
-            refused = self._admit(pending.inp, now)
-            outcomes.append(refused)
-            if refused is None:
-                admitted.append(pending.inp)
-        if admitted:
-            decision = decide_hellos(self.state, self.soft, admitted, now, self.config)
-            enacted = await self._enact(decision, admitted)
-        else:
-            enacted = Outcome()
-        return [outcome if outcome is not None else enacted for outcome in outcomes]
+            hellos.append((pending.inp, self._clock() if pending.at_s is None else pending.at_s))
+        stepped = self.core.step_hellos(hellos)
+        for (hello, _), refusal in zip(hellos, stepped.refusals):
+            self._count(hello, refusal)
+        admitted = [hellos[i][0] for i in stepped.admitted]
+        enacted = await self._enact(stepped.ready, admitted) if admitted else Outcome()
+        return [enacted if refusal is None else _refused(refusal) for refusal in stepped.refusals]
 
     def _not_leader(self) -> Outcome:
         return Outcome(refusal=f"not the leader; the leader is {self.leader_address or 'being elected'}",
                        is_retryable=True)
 
-    def _admit(self, inp: Input, now: float) -> Outcome | None:
-        """Refuses a bad input (None: admitted), and folds an admitted one into the soft state."""
-        reason = admission.refusal(self.state, self.soft, inp, self.config)
-        if reason is not None:
-            log.warning("input refused", input=type(inp).__name__, reason=reason,
+    def _count(self, inp: Input, refusal: Refusal | None) -> None:
+        """Logs a refused input and counts every input (refused or not) in the metrics."""
+        if refusal is not None:
+            log.warning("input refused", input=type(inp).__name__, reason=refusal.reason,
                         node_id=getattr(inp, "node_id", None), generation=self.generation_in_force)
-            if self.metrics is not None:
-                self.metrics.on_input(inp, reason)
-            return Outcome(refusal=reason)
         if self.metrics is not None:
-            self.metrics.on_input(inp, None)
-        soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
-        return None
+            self.metrics.on_input(inp, refusal.reason if refusal is not None else None)
 
-    async def _enact(self, decision: Decision, hellos: list[AgentHello]) -> Outcome:
-        """Appends a decision's events, applies them, welcomes the Hellos and pushes directives."""
-        if decision.events:
+    async def _enact(self, ready: Ready, hellos: list[AgentHello]) -> Outcome:
+        """Appends a step's events, folds them, welcomes the Hellos and pushes directives."""
+        records: list[Record] = []
+        if ready.events:
             try:
                 append_started = self._clock()
                 records = await self.event_log.append(
-                    decision.events, term=self.term, time_unix_s=self._wall(), expect_seq=self.state.applied_seq
+                    ready.events, term=self.term, time_unix_s=self._wall(), expect_seq=self.state.applied_seq
                 )
                 if self.metrics is not None:
                     self.metrics.on_append(self._clock() - append_started)
@@ -416,26 +364,25 @@ class Runtime:
             if self.degraded_reason:
                 log.info("event log writable again: deciding", was=self.degraded_reason)
                 self.degraded_reason = ""
-            self._apply(records)
+        was_waiting = self.core.waiting_reason
+        self.core.advance(ready, records, clock_offset_s=self._clock() - self._wall(), on_record=self._applied)
+        if records:
             if self.checkpointer is not None:
                 self.checkpointer.after(self.state, records)  # commit / abort / gc, off the loop
             await self._maybe_snapshot()
-        if decision.waiting_reason != self._waiting_reason:
-            self._waiting_reason = self.soft.waiting_reason = decision.waiting_reason
-            if decision.waiting_reason:
-                log.info("waiting", reason=decision.waiting_reason)
+        if ready.waiting_reason != was_waiting and ready.waiting_reason:
+            log.info("waiting", reason=ready.waiting_reason)
         for hello in hellos:
             self._attach(hello)
-        if decision.events or hellos:
-            self._push_directives(self._affected(decision.events, hellos))
-        return Outcome(records=tuple(records) if decision.events else ())
+        if ready.events or hellos:
+            self._push_directives(ready.affected)
+        return Outcome(records=tuple(records))
 
     async def _catch_up(self) -> None:
         sync = getattr(self.event_log, "sync", None)
         if sync is not None:
             await sync()
-        for record in self.event_log.read(self.state.applied_seq + 1):
-            self._fold(record)
+        self._fold(self.event_log.read(self.state.applied_seq + 1))
 
     async def _maybe_snapshot(self) -> None:
         if self.state.applied_seq - self._snapshot_seq < self._snapshot_every:
@@ -451,34 +398,21 @@ class Runtime:
 
     def checkpoint_advice(self) -> interval_policy.IntervalAdvice:
         """The Young/Daly interval now, from the costs and failures the log shows (and why)."""
-        return interval_policy.advise(self._interval_obs, self.config.checkpoint_timing.interval, self._clock())
+        return self.core.checkpoint_advice(self._clock())
 
-    def _fold(self, record: Record) -> None:
-        """The state, and the interval policy's observations with the record's wall time moved
+    def _fold(self, records: Iterable[Record]) -> None:
+        """Folds stored records (replay, a follower's copy, a catch-up): their wall times are moved
         onto the monotonic clock the core decides with."""
-        self.state = apply_record(self.state, record)
-        if isinstance(record.event, _INTERVAL_EVENTS):
-            shifted = dataclasses.replace(record, time_unix_s=record.time_unix_s - self._wall() + self._clock())
-            self._interval_obs = interval_policy.observe(self._interval_obs, shifted)
-            self.soft.interval_obs = self._interval_obs
+        self.core.fold(list(records), clock_offset_s=self._clock() - self._wall())
 
-    def _apply(self, records: list[Record]) -> None:
-        """Folds appended records. A batch that cannot change the generation (registrations,
-        liveness) is folded with one copy of the node map (see evolve_all)."""
-        is_bulk = len(records) > 1 and not any(isinstance(r.event, _INTERVAL_EVENTS) for r in records)
-        if is_bulk:
-            self.state = apply_records(self.state, records)
-        for record in records:
-            if not is_bulk:
-                self._fold(record)
-            if self.metrics is not None:
-                self.metrics.on_record(record)
-            event = record.event
-            # An event naming its generation keeps it; any other gets the one in force once applied.
-            fields = {"generation": self.generation_in_force, **_fields(event)}
-            log.info("event", seq=record.seq, kind=type(event).__name__, **fields)
-            if isinstance(event, SnapshotCommitted):
-                soft_state.forget_committed(self.soft, event.step)
+    def _applied(self, record: Record) -> None:
+        """Called as each appended record is folded in: metrics and the event's log line."""
+        if self.metrics is not None:
+            self.metrics.on_record(record)
+        event = record.event
+        # An event naming its generation keeps it; any other gets the one in force once applied.
+        fields = {"generation": self.generation_in_force, **_fields(event)}
+        log.info("event", seq=record.seq, kind=type(event).__name__, **fields)
 
     def _attach(self, hello: AgentHello) -> None:
         self._node_stream[hello.node_id] = hello.stream_id
@@ -491,30 +425,10 @@ class Runtime:
         )
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 
-    def _affected(self, events: tuple[Event, ...], hellos: list[AgentHello]) -> list[str] | None:
-        """Nodes whose directive the events may have changed; None: possibly every node.
-
-        At 10k+ nodes recomputing every directive per registration is quadratic. A change of the
-        waiting reason alone is not pushed (it is the note a standby directive carries): agents
-        get the current reason with their next directive that changes anything else.
-        """
-        named = [hello.node_id for hello in hellos]
-        generation = self.state.generation
-        for event in events:
-            if not isinstance(event, _NODE_LOCAL):
-                return None
-            if isinstance(event, NodeRegistered) and generation is not None and (
-                generation.member(event.node_id) is not None
-                or any(r.source_node_id == event.node_id for r in generation.restores)
-            ):
-                return None  # its peers' buddy / restore addresses may have changed
-            named.append(getattr(event, "node_id", ""))
-        return named
-
-    def _push_directives(self, node_ids: list[str] | None = None) -> None:
+    def _push_directives(self, node_ids: Iterable[str] | None = None) -> None:
         targets = [n for n in (self.state.nodes if node_ids is None else dict.fromkeys(node_ids))
                    if n in self._node_stream and n in self.state.nodes]
-        computed = directives_for(self.state, self.config.job, targets, self._waiting_reason)
+        computed = directives_for(self.state, self.config.job, targets, self.core.waiting_reason)
         for node_id, directive in zip(targets, computed):
             if self._sent.get(node_id) == directive:
                 continue
@@ -532,6 +446,10 @@ class Runtime:
                         generation=self.generation_in_force)
             return False
         return True
+
+
+def _refused(refusal: Refusal) -> Outcome:
+    return Outcome(refusal=refusal.reason, is_retryable=refusal.is_retryable)
 
 
 def _reply(pending: _Pending, outcome: Outcome) -> None:

@@ -1,11 +1,12 @@
 """The adapter between simulated nodes and the real supervisor core.
 
-It feeds the pure core exactly as the runtime does (admission, `soft.observe`, `decide`, `evolve`,
-seq bookkeeping) with the inputs a failure produces: the dead node falls silent, a Tick at its
-detection deadline lets the core's failure detector declare it dead, and the core's events say
-what happens next (generation ended, node quarantined, a spare promoted into a new generation,
-where each rank restores from). A repaired node comes back as the runtime would see it: its old
-stream closes, its agent says Hello as a spare, an operator unquarantines it.
+It feeds the pure core through the runtime's own step (core/step.py: admission, `soft.observe`,
+`decide`; then `advance` folds the events as records stamped with virtual time) with the inputs a
+failure produces: the dead node falls silent, a Tick at its detection deadline lets the core's
+failure detector declare it dead, and the core's events say what happens next (generation ended,
+node quarantined, a spare promoted into a new generation, where each rank restores from). A
+repaired node comes back as the runtime would see it: its old stream closes, its agent says Hello
+as a spare, an operator unquarantines it.
 
 Inputs that carry no decision are applied in bulk, because 12,500 nodes x 30 days cannot be
 fed one message at a time: the heartbeats of healthy nodes (`observe` only moves their
@@ -19,17 +20,13 @@ bulk path against feeding the same inputs one by one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from itertools import compress
 from operator import is_not
 from types import MappingProxyType
 
-from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core.admission import refusal
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from ftsup.supervisor.core.decide import decide
-from ftsup.supervisor.core.events import Event, NodeRole, RankAssignment, SnapshotCommitted
-from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.events import Event, NodeRole, RankAssignment
 from ftsup.supervisor.core.inputs import (
     AgentHello,
     Input,
@@ -40,6 +37,7 @@ from ftsup.supervisor.core.inputs import (
     Tick,
 )
 from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, NodeSoft, SoftState
+from ftsup.supervisor.core.step import Core
 
 HOST = "sim"
 DIGEST = "sim-digest"  # every replica holds the same bits: the digest vote always agrees
@@ -89,44 +87,44 @@ def build_fleet(nodes: int, spares: int, gpus_per_node: int, ranks_per_node: int
     return Fleet(job, driver.state, tuple(driver.state.nodes))
 
 
-@dataclass
 class CoreDriver:
-    """Owns one run's core state; `feed` is the runtime's loop body, in virtual time."""
+    """Owns one run's core (core/step.py); `feed` is the runtime's loop body, in virtual time."""
 
-    job: JobSpec
-    detector: DetectorConfig
-    state: ClusterState
-    soft: SoftState = field(init=False)
-    config: CoreConfig = field(init=False)
-    waiting_reason: str = ""
-    silent: set[str] = field(default_factory=set)  # failed nodes whose stream is still open
-    streams: int = 0  # stream ids handed out (the shell's handles for agent connections)
-    _held: tuple[tuple[RankAssignment, ...], dict[int, frozenset[str]], list[int]] | None = field(
-        default=None, init=False, repr=False)
+    def __init__(self, job: JobSpec, detector: DetectorConfig, state: ClusterState) -> None:
+        self.job = job
+        self.detector = detector
+        self.config = CoreConfig(job=job, detector=detector)
+        self.silent: set[str] = set()  # failed nodes whose stream is still open
+        self.streams = 0  # stream ids handed out (the shell's handles for agent connections)
+        self._held: tuple[tuple[RankAssignment, ...], dict[int, frozenset[str]], list[int]] | None = None
+        soft = SoftState(started_at_s=0.0)
+        for node in state.nodes.values():
+            soft.nodes[node.node_id] = NodeSoft(0.0, self._new_stream(), node.incarnation)
+        self.core = Core(self.config, state, soft)
 
-    def __post_init__(self) -> None:
-        self.config = CoreConfig(job=self.job, detector=self.detector)
-        self.soft = SoftState(started_at_s=0.0)
-        for node in self.state.nodes.values():
-            self.soft.nodes[node.node_id] = NodeSoft(0.0, self._new_stream(), node.incarnation)
+    @property
+    def state(self) -> ClusterState:
+        return self.core.state
+
+    @property
+    def soft(self) -> SoftState:
+        return self.core.soft
+
+    @property
+    def waiting_reason(self) -> str:
+        return self.core.waiting_reason
 
     def _new_stream(self) -> int:
         self.streams += 1
         return self.streams
 
     def feed(self, inp: Input, now: float) -> tuple[Event, ...]:
-        reason = refusal(self.state, self.soft, inp, self.config)
-        if reason is not None:
-            raise CoreRefused(f"{type(inp).__name__} at t={now:.3f}s refused: {reason}")
-        soft_state.observe(self.soft, self.state, inp, now, self.config.straggler)
-        decision = decide(self.state, self.soft, inp, now, self.config)
-        state = evolve_all(self.state, decision.events)
-        self.state = replace(state, applied_seq=state.applied_seq + len(decision.events))
-        self.waiting_reason = decision.waiting_reason
-        for event in decision.events:
-            if isinstance(event, SnapshotCommitted):
-                soft_state.forget_committed(self.soft, event.step)
-        return decision.events
+        """One core step, its events persisted (virtually, stamped `now`) and folded."""
+        ready = self.core.step(inp, now)
+        if ready.refusal is not None:
+            raise CoreRefused(f"{type(inp).__name__} at t={now:.3f}s refused: {ready.refusal.reason}")
+        self.core.advance(ready, self.core.records(ready.events, now))
+        return ready.events
 
     def heartbeats(self, now: float) -> None:
         """Every connected node that has not failed was heard from at `now` (bulk Heartbeat).

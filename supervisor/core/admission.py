@@ -32,14 +32,21 @@ from ftsup.supervisor.core.inputs import (
     TrainerHung,
     XidReport,
 )
+from ftsup.supervisor.core.limits import (
+    MAX_AGGREGATE_REPORTS,
+    MAX_DIGEST,
+    MAX_HUNG_S,
+    MAX_NODE_ID,
+    MAX_PCI_BUS_ID,
+    MAX_STEP,
+    MAX_STEP_TIME_S,
+    MAX_TEXT,
+    MAX_TOKENS_PER_STEP,
+    MAX_XID_CODE,
+)
 from ftsup.supervisor.core.state import ClusterState, SoftState
 
-NODE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-MAX_STEP_TIME_S = 86_400.0
-MAX_TOKENS_PER_STEP = 1 << 40  # far above any real batch; larger is a corrupt report
-# Steps are counted one optimizer step at a time: 2^53 - 1 is ~285 million years of 1 ms steps,
-# and the largest count that stays exact as a float (JSON, Prometheus). Larger is a corrupt report.
-MAX_STEP = (1 << 53) - 1
+NODE_ID = re.compile(rf"^[A-Za-z0-9._-]{{1,{MAX_NODE_ID}}}$")
 
 
 def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig) -> str | None:
@@ -132,9 +139,6 @@ def _check_exit(state: ClusterState, exit_: TrainerExit) -> str | None:
     return None
 
 
-MAX_HUNG_S = 1e9  # about 31 years: a larger silence or limit is a corrupt report
-
-
 def _check_hung_times(hung: TrainerHung) -> str | None:
     for name in ("silent_for_s", "limit_s"):
         value = getattr(hung, name)
@@ -169,17 +173,13 @@ def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
     return None
 
 
-MAX_XID_CODE = 65_535
-MAX_TEXT = 4096
-
-
 def _check_xid(report: XidReport) -> str | None:
     if not 0 < report.code <= MAX_XID_CODE:
         return f"Xid code {report.code} is outside 1..{MAX_XID_CODE}"
     if len(report.message) > MAX_TEXT:
         return f"Xid report of {len(report.message)} characters is longer than {MAX_TEXT}"
-    if len(report.pci) > 64:
-        return f"Xid PCI bus id of {len(report.pci)} characters is longer than 64"
+    if len(report.pci) > MAX_PCI_BUS_ID:
+        return f"Xid PCI bus id of {len(report.pci)} characters is longer than {MAX_PCI_BUS_ID}"
     return None
 
 
@@ -224,9 +224,6 @@ def _check_restart(state: ClusterState, request: OperatorRequest) -> str | None:
     return None
 
 
-MAX_DIGEST = 128  # characters of a hex digest; far above the 32 of trainer.digest
-
-
 def _check_sdc_result(state: ClusterState, result: SdcCheckResult) -> str | None:
     """Only the check's verifier answers it, once, for the ranks it was asked to replay."""
     check = next((c for c in state.sdc_checks if c.check_id == result.check_id), None)
@@ -249,9 +246,6 @@ def _check_sdc_result(state: ClusterState, result: SdcCheckResult) -> str | None
     if not result.error and not ranks:
         return f"SDC check {result.check_id!r}: an answer needs digests or an error"
     return None
-
-
-MAX_AGGREGATE_REPORTS = 1 << 20  # a world of a million ranks; larger is a corrupt aggregate
 
 
 def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate) -> str | None:

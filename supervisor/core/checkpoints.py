@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from ftsup.supervisor.core import frozen, sdc_checks
+from ftsup.supervisor.core import frozen, sdc_checks, taint
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.errors import InvalidEvent
 from ftsup.supervisor.core.events import (
@@ -33,6 +33,7 @@ from ftsup.supervisor.core.events import (
     Event,
 )
 from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
+from ftsup.supervisor.core.limits import MAX_CHECKPOINT_REASON
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import (
     ClusterState,
@@ -46,7 +47,6 @@ from ftsup.supervisor.core.state import (
 CheckpointEvent = (
     CheckpointRequested | CheckpointStarted | CheckpointShardWritten | CheckpointCommitted | CheckpointAborted
 )
-MAX_REASON = 1000  # characters of a request's reason kept in the log
 
 
 def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterState:
@@ -123,10 +123,6 @@ def is_due(step: int, every_steps: int) -> bool:
     return every_steps > 0 and step > 0 and step % every_steps == 0
 
 
-def _is_tainted(state: ClusterState, step: int) -> bool:
-    return state.sdc_tainted_from_step is not None and step >= state.sdc_tainted_from_step
-
-
 def _is_requested(state: ClusterState, step: int, generation: int) -> bool:
     request = state.requested_checkpoint
     return request is not None and request.generation == generation and request.step == step
@@ -150,7 +146,7 @@ def on_step_report(state: ClusterState, report: StepReport, location: str, every
         return []
     if state.checkpoint is not None and report.step <= state.checkpoint.step:
         return []
-    if _is_tainted(state, report.step):
+    if taint.is_tainted(state, report.step):
         return []
     checkpoint_id = checkpoint_id_for(report.step, generation.number)
     if checkpoint_id == state.last_checkpoint_attempt:
@@ -183,7 +179,7 @@ def on_commit_result(state: ClusterState, result: CheckpointCommitResult) -> lis
         return []  # a stale result (a previous leader's attempt, already decided)
     if result.error:
         return [CheckpointAborted(pending.checkpoint_id, f"commit failed: {result.error}")]
-    if _is_tainted(state, pending.step):
+    if taint.is_tainted(state, pending.step):
         return [CheckpointAborted(pending.checkpoint_id, f"step {pending.step} is SDC-tainted")]
     if sdc_checks.is_held(state, pending.step):
         # The shell holds commits back while a check is open (is_commit_held); this result was
@@ -199,7 +195,7 @@ def abandoned(state: ClusterState) -> list[Event]:
     complete: abort it. (A complete one is left to its commit, which needs no trainer.) A
     tainted one never commits."""
     pending = state.pending_checkpoint
-    if pending is not None and _is_tainted(state, pending.step):
+    if pending is not None and taint.is_tainted(state, pending.step):
         return [CheckpointAborted(pending.checkpoint_id, f"step {pending.step} is SDC-tainted")]
     generation = state.generation
     number = generation.number if generation is not None else None
@@ -273,7 +269,7 @@ def request_refusal(state: ClusterState, soft: SoftState, config: CoreConfig) ->
                 f" ({request.reason}); wait for it (`supervisorctl checkpoints`)")
     if state.pending_checkpoint is not None:
         return f"{_in_flight_text(state)}; wait for it to commit or abort, then ask again"
-    if _is_tainted(state, lead_step(state, soft, config)):
+    if taint.is_tainted(state, lead_step(state, soft, config)):
         return f"steps from {state.sdc_tainted_from_step} are SDC-tainted: no checkpoint can commit until a restore"
     return None
 
@@ -285,7 +281,7 @@ def request(state: ClusterState, soft: SoftState, config: CoreConfig, reason: st
     assert state.generation is not None  # request_refusal checked
     step = lead_step(state, soft, config)
     checkpoint_id = checkpoint_id_for(step, state.generation.number)
-    return [CheckpointRequested(checkpoint_id, state.generation.number, step, reason[:MAX_REASON])]
+    return [CheckpointRequested(checkpoint_id, state.generation.number, step, reason[:MAX_CHECKPOINT_REASON])]
 
 
 def on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:

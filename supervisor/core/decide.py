@@ -30,6 +30,7 @@ from ftsup.supervisor.core.events import (
     NodeSuspected,
     NodeUnquarantined,
     OperatorCommand,
+    QuarantineCause,
     SdcSuspected,
     SnapshotCommitted,
     StragglerDetected,
@@ -60,7 +61,7 @@ from ftsup.supervisor.core.inputs import (
 from ftsup.supervisor.core.policies import exit_cause, failure, planner
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import xid as xid_policy
-from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
+from ftsup.supervisor.core.state import NOTHING_OBSERVED, ClusterState, Liveness, Observation, SoftState, is_usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +70,22 @@ class Decision:
     waiting_reason: str  # why no generation is running, when none is; the shell shows it
 
 
-def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config: CoreConfig) -> Decision:
+def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config: CoreConfig,
+           seen: Observation = NOTHING_OBSERVED) -> Decision:
+    """The events `inp` calls for; `seen` is what `soft.observe` returned for this same input."""
     match inp:
         case AgentHello():
             events = _on_hello(state, inp)
         case StepReport():
             events = _on_step_report(state, inp)
-            events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
-            events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+            events += _on_sdc_vote(evolve_all(state, events), soft, seen, config, offset=len(events))
+            events += _on_stragglers(evolve_all(state, events), soft, seen, config, offset=len(events))
             events += checkpoints.on_step_report(evolve_all(state, events), inp, config.checkpoint_location,
                                                  config.checkpoint_every_steps)
         case StepAggregate() if len(inp.reports) == 1:
-            return decide(state, soft, inp.reports[0], now, config)
+            return decide(state, soft, inp.reports[0], now, config, seen)
         case StepAggregate():
-            events = _on_step_aggregate(state, soft, inp, config)
+            events = _on_step_aggregate(state, soft, seen, inp, config)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
         case RankFinished():
@@ -165,6 +168,24 @@ def _last_step(soft: SoftState, generation: int) -> int:
     return progress.max_step if progress is not None and progress.generation == generation else 0
 
 
+def _ended(soft: SoftState | None, generation: int, reason: EndReason, node_id: str, detail: str, *,
+           last_step: int | None = None, silent_for_s: float = 0.0, exit_: TrainerExit | None = None
+           ) -> GenerationEnded:
+    """The one place a generation's end is built: its last step is the newest step any rank
+    reported (unless the caller knows better), and a rank's exit brings its code and output."""
+    return GenerationEnded(
+        generation=generation,
+        reason=reason,
+        node_id=node_id,
+        last_step=last_step if last_step is not None else _last_step(soft, generation) if soft is not None else 0,
+        detail=detail,
+        silent_for_s=silent_for_s,
+        rank=exit_.rank if exit_ is not None else None,
+        exit_code=exit_.exit_code if exit_ is not None else None,
+        output_tail=exit_.output_tail if exit_ is not None else "",
+    )
+
+
 def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     node = state.node(hello.node_id)
     registered = NodeRegistered(
@@ -179,10 +200,7 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     if node is None:
         return [registered]
     if node.liveness is Liveness.DEAD:
-        transient = (failure.STREAM_LOSS, failure.NEVER_HEARD)
-        if node.incarnation == hello.incarnation and node.quarantine_reason.startswith(
-            tuple(_quarantine_reason(t) for t in transient)
-        ):
+        if node.incarnation == hello.incarnation and node.quarantine_cause.is_transient_death:
             # The same agent process is back: its stream loss was transient (a network blip), or
             # this supervisor (new after a failover) never heard it in time, not a death. Its
             # generation was already replaced; it returns to service as a spare would.
@@ -196,15 +214,8 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     current = state.generation
     if node.incarnation != hello.incarnation and current is not None and current.member(hello.node_id):
         # A restarted agent lost its trainers and its RAM snapshots: the gang is broken.
-        events.append(
-            GenerationEnded(
-                generation=current.number,
-                reason=EndReason.NODE_RESTARTED,
-                node_id=hello.node_id,
-                last_step=0,
-                detail=f"agent restarted (incarnation {node.incarnation} -> {hello.incarnation})",
-            )
-        )
+        detail = f"agent restarted (incarnation {node.incarnation} -> {hello.incarnation})"
+        events.append(_ended(None, current.number, EndReason.NODE_RESTARTED, hello.node_id, detail, last_step=0))
     if changed:
         events.append(registered)  # also makes a suspect node alive again
     elif node.liveness is Liveness.SUSPECT:
@@ -212,7 +223,8 @@ def _on_hello(state: ClusterState, hello: AgentHello) -> list[Event]:
     return events
 
 
-def _on_step_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate, config: CoreConfig) -> list[Event]:
+def _on_step_aggregate(state: ClusterState, soft: SoftState, seen: Observation, aggregate: StepAggregate,
+                       config: CoreConfig) -> list[Event]:
     """What its reports decide one by one. Of one step, each rank once: the first report may mark
     the generation running and start the step's checkpoint; the middle ones change nothing (the
     state does not change between them); only the last can complete the step, so the vote and the
@@ -222,8 +234,8 @@ def _on_step_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggr
     location, every = config.checkpoint_location, config.checkpoint_every_steps
     events = _on_step_report(state, first)
     events += checkpoints.on_step_report(evolve_all(state, events), first, location, every)
-    events += _on_sdc_vote(evolve_all(state, events), soft, config, offset=len(events))
-    events += _on_stragglers(evolve_all(state, events), soft, config, offset=len(events))
+    events += _on_sdc_vote(evolve_all(state, events), soft, seen, config, offset=len(events))
+    events += _on_stragglers(evolve_all(state, events), soft, seen, config, offset=len(events))
     events += checkpoints.on_step_report(evolve_all(state, events), last, location, every)
     return events
 
@@ -235,18 +247,19 @@ def _on_step_report(state: ClusterState, report: StepReport) -> list[Event]:
     return [GenerationRunning(generation=report.generation, first_step=report.step)]
 
 
-def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
+def _on_sdc_vote(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *,
+                 offset: int) -> list[Event]:
     """A completed digest vote: agreed -> the step may commit; a minority -> SdcSuspected with the
     digests, the culprit's node quarantined and the job restarted from the last agreed snapshot
     (always before the divergent step: see `_commit_if_held`); a split -> restart, culprit unknown."""
     progress = soft.progress
     generation = state.generation
-    vote = progress.new_sdc_vote if progress is not None else None
+    vote = seen.sdc_vote
     if vote is None or generation is None or progress is None or progress.generation != generation.number:
         return []
     if vote.is_clear:
         # A scheduled recompute of the step opens first: it holds the step's commit back.
-        checks = sdc_checks.on_vote(state, soft, config, seq=state.applied_seq + offset + 1)
+        checks = sdc_checks.on_vote(state, soft, seen, config, seq=state.applied_seq + offset + 1)
         return checks + _commit_if_held(evolve_all(state, checks), soft, vote.step)
     events: list[Event] = []
     first_seq: dict[str, int] = {}
@@ -261,14 +274,15 @@ def _on_sdc_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, of
     if not first_seq:
         # A split: a recompute of the step (on a node outside the job when one is free) can name
         # the side that computed wrongly; the job restarts meanwhile, nobody is quarantined yet.
-        events += sdc_checks.on_vote(evolve_all(state, events), soft, config,
+        events += sdc_checks.on_vote(evolve_all(state, events), soft, seen, config,
                                      seq=state.applied_seq + offset + len(events) + 1)
         detail = f"SDC: {vote.reason}; no majority names a culprit, restarting from the last agreed step"
         return events + _end_if_member_any(state, soft, EndReason.SDC, detail)
     culprits = sorted(first_seq)
     reason = f"SDC: {vote.reason}"
     events += _end_if_member(state, soft, culprits[0], EndReason.NODE_QUARANTINED, reason)
-    events += [NodeQuarantined(n, reason, first_seq[n]) for n in culprits if not state.nodes[n].is_quarantined]
+    events += [NodeQuarantined(n, reason, first_seq[n], QuarantineCause.SDC) for n in culprits
+               if not state.nodes[n].is_quarantined]
     return events
 
 
@@ -288,7 +302,7 @@ def _on_sdc_check_result(state: ClusterState, soft: SoftState, result: SdcCheckR
     for node_id in verdict.convicted:
         ended = _end_if_member(folded, soft, node_id, EndReason.NODE_QUARANTINED, verdict.reason)
         quarantined: list[Event] = [] if folded.nodes[node_id].is_quarantined else [
-            NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq)]
+            NodeQuarantined(node_id, verdict.reason, verdict.evidence_seq, QuarantineCause.SDC)]
         events += ended + quarantined
         folded = evolve_all(folded, ended + quarantined)
     if is_tainted and folded.generation is not None:
@@ -316,19 +330,20 @@ def _end_if_member_any(state: ClusterState, soft: SoftState, reason: EndReason, 
     generation = state.generation
     if generation is None:
         return []
-    return [GenerationEnded(generation.number, reason, "", _last_step(soft, generation.number), detail)]
+    return [_ended(soft, generation.number, reason, "", detail)]
 
 
-def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, offset: int) -> list[Event]:
+def _on_stragglers(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *,
+                   offset: int) -> list[Event]:
     """Confirmed stragglers (from the step just scored): recorded; the first one is swapped out
     when a spare is free (one swap ends the generation; others wait for the next)."""
     progress = soft.progress
     generation = state.generation
-    if progress is None or generation is None or not progress.new_straggler_verdicts:
+    if progress is None or generation is None or not seen.straggler_verdicts:
         return []
     events: list[Event] = []
     is_swapped = False
-    for verdict in progress.new_straggler_verdicts:
+    for verdict in seen.straggler_verdicts:
         node_id = generation.node_of_rank(verdict.rank)
         if not verdict.is_straggler or node_id is None:
             continue
@@ -339,7 +354,7 @@ def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, 
             evidence = state.applied_seq + offset + len(events)  # the StragglerDetected record
             reason = f"rank {verdict.rank} {verdict.reason}"
             events += _end_if_member(state, soft, node_id, EndReason.NODE_QUARANTINED, reason)
-            events.append(NodeQuarantined(node_id, reason, evidence))
+            events.append(NodeQuarantined(node_id, reason, evidence, QuarantineCause.STRAGGLER))
             is_swapped = True
     return events
 
@@ -347,9 +362,7 @@ def _on_stragglers(state: ClusterState, soft: SoftState, config: CoreConfig, *, 
 def _has_free_spare(state: ClusterState, soft: SoftState) -> bool:
     generation = state.generation
     for node in state.nodes.values():
-        info = soft.nodes.get(node.node_id)
-        if (node.liveness is Liveness.ALIVE and node.is_in_service and info is not None
-                and info.stream_id is not None and (generation is None or generation.member(node.node_id) is None)):
+        if is_usable(node, soft) and (generation is None or generation.member(node.node_id) is None):
             return True
     return False
 
@@ -382,7 +395,7 @@ def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Eve
         if generation.member(node_id):
             detail = f"drained at committed step {step}"
             last = max(step, _last_step(soft, generation.number))
-            committed.append(GenerationEnded(generation.number, EndReason.NODE_DRAINED, node_id, last, detail))
+            committed.append(_ended(soft, generation.number, EndReason.NODE_DRAINED, node_id, detail, last_step=last))
             committed.append(NodeDrained(node_id, detail, ""))
             break  # the generation has ended; other pending drains apply to idle nodes below
     return committed
@@ -402,7 +415,7 @@ def _on_xid(state: ClusterState, soft: SoftState, report: XidReport, now: float,
     # A GPU that needs a reset, or a node that needs a person: its ranks go elsewhere.
     events += _end_if_member(state, soft, report.node_id, EndReason.NODE_QUARANTINED, verdict.reason)
     if not state.nodes[report.node_id].is_quarantined:
-        events.append(NodeQuarantined(report.node_id, verdict.reason, state.applied_seq + 1))
+        events.append(NodeQuarantined(report.node_id, verdict.reason, state.applied_seq + 1, QuarantineCause.XID))
     return events
 
 
@@ -421,7 +434,7 @@ def _on_hung(state: ClusterState, soft: SoftState, hung: TrainerHung) -> list[Ev
         detail += f"; every rank stopped at step {newest}, so the culprit is unknown: restarting the same gang"
     ended = _end_if_member(state, soft, hung.node_id, EndReason.HUNG, detail, silent_for_s=hung.silent_for_s)
     if ended and is_culprit and _has_free_spare(state, soft) and not state.nodes[hung.node_id].is_quarantined:
-        ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1))
+        ended.append(NodeQuarantined(hung.node_id, f"hung: {detail}", state.applied_seq + 1, QuarantineCause.HUNG))
     return ended
 
 
@@ -433,7 +446,7 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest,
     match request.command:
         case OperatorCommandKind.QUARANTINE:
             ended = _end_if_member(state, soft, request.node_id, EndReason.NODE_QUARANTINED, reason)
-            return [record, *ended, NodeQuarantined(request.node_id, reason, seq)]
+            return [record, *ended, NodeQuarantined(request.node_id, reason, seq, QuarantineCause.OPERATOR)]
         case OperatorCommandKind.UNQUARANTINE:
             return [record, NodeUnquarantined(request.node_id, request.reason, request.operator)]
         case OperatorCommandKind.CHECKPOINT:  # ranks save at the lead step; the reply names it
@@ -442,8 +455,7 @@ def _on_operator(state: ClusterState, soft: SoftState, request: OperatorRequest,
             generation = state.generation
             if generation is None:
                 return [record]  # admission refuses this; kept total for property tests
-            last = _last_step(soft, generation.number)
-            return [record, GenerationEnded(generation.number, EndReason.OPERATOR_RESTART, "", last, reason)]
+            return [record, _ended(soft, generation.number, EndReason.OPERATOR_RESTART, "", reason)]
         case OperatorCommandKind.DRAIN:  # recorded in soft.pending_drains; an idle node goes at once
             return [record]  # (_drain_idle), a training one at its generation's next committed step
         case unknown:
@@ -471,8 +483,7 @@ def _end_if_member(state: ClusterState, soft: SoftState, node_id: str, reason: E
     generation = state.generation
     if generation is None or not generation.member(node_id):
         return []
-    last = _last_step(soft, generation.number)
-    return [GenerationEnded(generation.number, reason, node_id, last, detail, silent_for_s)]
+    return [_ended(soft, generation.number, reason, node_id, detail, silent_for_s=silent_for_s)]
 
 
 def _on_rank_finished(state: ClusterState, soft: SoftState, report: RankFinished) -> list[Event]:
@@ -491,7 +502,7 @@ def _complete_if_finished(state: ClusterState, soft: SoftState) -> list[Event]:
     digests = sorted(set(progress.finished.values()))
     detail = "every rank finished" if len(digests) == 1 else f"ranks disagree on the final digest: {digests}"
     return [
-        GenerationEnded(generation.number, EndReason.COMPLETED, "", progress.max_step, detail),
+        _ended(soft, generation.number, EndReason.COMPLETED, "", detail),  # last step: progress.max_step
         JobCompleted(generation=generation.number, step=progress.max_step, param_digest=progress.finished[0] if 0 in progress.finished else digests[0]),
     ]
 
@@ -515,16 +526,7 @@ def _on_trainer_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit) -
 
 
 def _ended_by_exit(state: ClusterState, soft: SoftState, exit_: TrainerExit, detail: str) -> GenerationEnded:
-    return GenerationEnded(
-        generation=exit_.generation,
-        reason=EndReason.TRAINER_EXITED,
-        node_id=exit_.node_id,
-        last_step=_last_step(soft, exit_.generation),
-        detail=detail,
-        rank=exit_.rank,
-        exit_code=exit_.exit_code,
-        output_tail=exit_.output_tail,
-    )
+    return _ended(soft, exit_.generation, EndReason.TRAINER_EXITED, exit_.node_id, detail, exit_=exit_)
 
 
 def _release_held_exit(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:
@@ -584,7 +586,7 @@ def _on_grow(state: ClusterState, soft: SoftState, config: CoreConfig) -> list[E
         return []
     nodes = generation.world_size // config.job.ranks_per_node
     detail = f"{target} nodes healthy for a world of {nodes}: growing back toward {config.job.nodes}"
-    return [GenerationEnded(generation.number, EndReason.ELASTIC_GROW, "", _last_step(soft, generation.number), detail)]
+    return [_ended(soft, generation.number, EndReason.ELASTIC_GROW, "", detail)]
 
 
 def _declare_dead(
@@ -597,18 +599,10 @@ def _declare_dead(
     events: list[Event] = [dead]
     generation = state.generation
     if generation is not None and generation.member(verdict.node_id):
-        events.append(
-            GenerationEnded(
-                generation=generation.number,
-                reason=EndReason.NODE_LOST,
-                node_id=verdict.node_id,
-                last_step=_last_step(soft, generation.number),
-                detail=verdict.reason,
-                silent_for_s=verdict.silent_for_s,
-            )
-        )
+        events.append(_ended(soft, generation.number, EndReason.NODE_LOST, verdict.node_id, verdict.reason,
+                             silent_for_s=verdict.silent_for_s))
     if not state.nodes[verdict.node_id].is_quarantined:
-        events.append(NodeQuarantined(verdict.node_id, _quarantine_reason(verdict.reason), dead_seq))
+        events.append(NodeQuarantined(verdict.node_id, _quarantine_reason(verdict.reason), dead_seq, verdict.cause))
     return events
 
 

@@ -20,6 +20,25 @@ class Action(enum.Enum):
     RUN = "run"
 
 
+class StandbyCause(enum.Enum):
+    """Why a node stands by, for agents to branch on (`Directive.reason` says it in words).
+    The first four stop any trainer parked for a rejoin; the others keep parked trainers."""
+
+    UNSPECIFIED = "unspecified"  # a RUN directive (or one from a supervisor that predates causes)
+    JOB_COMPLETED = "job_completed"
+    JOB_FAILED = "job_failed"  # the restart budget is spent
+    QUARANTINED = "quarantined"
+    DRAINED = "drained"
+    SPARE = "spare"  # a generation runs without this node
+    WAITING = "waiting"  # no generation runs: the planner waits (the reason says for what)
+
+    @property
+    def is_final(self) -> bool:
+        """Trainers on this node stop for good: none of them may wait to rejoin."""
+        return self in (StandbyCause.JOB_COMPLETED, StandbyCause.JOB_FAILED, StandbyCause.QUARANTINED,
+                        StandbyCause.DRAINED)
+
+
 @dataclass(frozen=True, slots=True)
 class EnvVar:
     name: str
@@ -82,7 +101,7 @@ class Directive:
     buddy_node_id: str = ""
     buddy_address: str = ""
     retain_from_step: int = 0
-    reason: str = ""
+    reason: str = ""  # for people; machines branch on `standby_cause`
     checkpoint_steps: tuple[int, ...] = ()
     sdc_checks: tuple[SdcCheckOrder, ...] = ()
     # torchrun's contract (issue 13): where and how ranks run, and the restart budget they see.
@@ -92,6 +111,7 @@ class Directive:
     max_restarts: int = -1  # -1: unlimited
     job_name: str = ""
     peer_grants: tuple[PeerGrant, ...] = ()
+    standby_cause: StandbyCause = StandbyCause.UNSPECIFIED
 
 
 def peer_grants(state: ClusterState) -> Mapping[str, tuple[PeerGrant, ...]]:
@@ -152,8 +172,9 @@ def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reaso
             run = _run(state, job, generation, node_id, retain, restores_by_rank)
             return replace(run, sdc_checks=checks, peer_grants=mine)
     number = generation.number if generation else state.last_generation
-    return Directive(generation=number, action=Action.STANDBY, retain_from_step=retain,
-                     reason=_standby_reason(state, node_id, waiting_reason), sdc_checks=checks, peer_grants=mine)
+    cause, reason = _standby(state, node_id, waiting_reason)
+    return Directive(generation=number, action=Action.STANDBY, retain_from_step=retain, reason=reason,
+                     sdc_checks=checks, peer_grants=mine, standby_cause=cause)
 
 
 def _sdc_orders(state: ClusterState, job: JobSpec, node_id: str) -> tuple[SdcCheckOrder, ...]:
@@ -237,19 +258,20 @@ def _address(state: ClusterState, node_id: str) -> str:
     return node.peer_address if node else ""
 
 
-def _standby_reason(state: ClusterState, node_id: str, waiting_reason: str) -> str:
+def _standby(state: ClusterState, node_id: str, waiting_reason: str) -> tuple[StandbyCause, str]:
+    """Why `node_id` stands by: the cause agents branch on, and the words people read."""
     node = state.node(node_id)
     if state.completion is not None:
-        return "job completed"
+        return StandbyCause.JOB_COMPLETED, "job completed"
     if state.failed is not None:
-        return "job failed: restart budget spent"
+        return StandbyCause.JOB_FAILED, "job failed: restart budget spent"
     if node is not None and node.is_quarantined:
-        return f"quarantined: {node.quarantine_reason}"
+        return StandbyCause.QUARANTINED, f"quarantined: {node.quarantine_reason}"
     if node is not None and node.is_drained:
-        return "drained"
+        return StandbyCause.DRAINED, "drained"
     if state.generation is not None:
-        return f"spare for generation {state.generation.number}"
-    return waiting_reason or "waiting"
+        return StandbyCause.SPARE, f"spare for generation {state.generation.number}"
+    return StandbyCause.WAITING, waiting_reason or "waiting"
 
 
 def _checkpoint_env(state: ClusterState, generation: Generation, restores: tuple[RestoreFrom, ...]) -> tuple[EnvVar, ...]:

@@ -11,6 +11,27 @@ import enum
 from dataclasses import dataclass
 
 
+class QuarantineCause(enum.Enum):
+    """Why a node was quarantined, for the core to branch on (the event's reason says it in words).
+    A death's three kinds are kept apart: a lost stream or a node a new leader never heard may have
+    been a network blip, and the same agent coming back returns to service."""
+
+    UNSPECIFIED = "unspecified"  # only on records older than causes, whose codec infers none
+    DEAD_STREAM_LOSS = "dead_stream_loss"  # its stream closed and did not reopen in the grace
+    DEAD_NEVER_HEARD = "dead_never_heard"  # a new leader never heard it within the timeout
+    DEAD_SILENT = "dead_silent"  # its heartbeats stopped on an open stream
+    XID = "xid"
+    SDC = "sdc"
+    STRAGGLER = "straggler"
+    HUNG = "hung"
+    OPERATOR = "operator"
+
+    @property
+    def is_transient_death(self) -> bool:
+        """A death the same agent process reconnecting proves was not one."""
+        return self in (QuarantineCause.DEAD_STREAM_LOSS, QuarantineCause.DEAD_NEVER_HEARD)
+
+
 class NodeRole(enum.Enum):
     ACTIVE = "active"
     SPARE = "spare"
@@ -116,6 +137,7 @@ class NodeQuarantined:
     node_id: str
     reason: str
     evidence_seq: int
+    cause: QuarantineCause = QuarantineCause.UNSPECIFIED
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from ftsup.supervisor.core.events import (
     NodeSuspected,
     NodeUnquarantined,
     OperatorCommand,
+    QuarantineCause,
     Record,
     SdcCheckFinished,
     SdcCheckStarted,
@@ -51,7 +52,6 @@ from ftsup.supervisor.core.state import (
     Generation,
     Liveness,
     NodeRecord,
-    node_index,
 )
 
 
@@ -191,6 +191,7 @@ def _on_registered(state: ClusterState, event: NodeRegistered) -> ClusterState:
         registered_order=state.registrations + 1,
         is_quarantined=previous.is_quarantined if previous else False,
         quarantine_reason=previous.quarantine_reason if previous else "",
+        quarantine_cause=previous.quarantine_cause if previous else QuarantineCause.UNSPECIFIED,
     )
     state = frozen.replace(_with_node(state, node), registrations=state.registrations + 1)
     snapshot = state.snapshot
@@ -231,7 +232,7 @@ def _on_quarantined(state: ClusterState, event: NodeQuarantined) -> ClusterState
             " end the generation before quarantining it"
         )
     return _with_node(
-        state, frozen.replace(node, is_quarantined=True, quarantine_reason=event.reason)
+        state, frozen.replace(node, is_quarantined=True, quarantine_reason=event.reason, quarantine_cause=event.cause)
     )
 
 
@@ -240,7 +241,8 @@ def _on_unquarantined(state: ClusterState, event: NodeUnquarantined) -> ClusterS
     if node.is_in_service:
         raise InvalidEvent(f"node {event.node_id!r} is neither quarantined nor drained")
     return _with_node(
-        state, frozen.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="")
+        state, frozen.replace(node, is_quarantined=False, is_drained=False, quarantine_reason="",
+                              quarantine_cause=QuarantineCause.UNSPECIFIED)
     )
 
 
@@ -269,8 +271,6 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
         raise InvalidEvent(
             f"generation {event.generation} does not follow {state.last_generation}"
         )
-    if not _is_valid_gang(state, event):
-        _reject_gang(state, event)
     generation = Generation(
         number=event.generation,
         members=event.members,
@@ -281,6 +281,8 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
         restore_generation=event.restore_generation,
         restores=event.restores,
     )
+    if not _is_valid_gang(state, event, generation):
+        _reject_gang(state, event)
     snapshot = state.snapshot
     if snapshot is not None and (event.restore_step is None or event.restore_step < snapshot.step):
         # Restored from older state (a rank and its buddy lost, an SDC taint, a fresh start): the
@@ -290,11 +292,11 @@ def _on_generation_started(state: ClusterState, event: GenerationStarted) -> Clu
     return frozen.replace(state, generation=generation, last_generation=event.generation, snapshot=snapshot)
 
 
-def _is_valid_gang(state: ClusterState, event: GenerationStarted) -> bool:
+def _is_valid_gang(state: ClusterState, event: GenerationStarted, generation: Generation) -> bool:
     """Every member registered, alive and in service, no node twice, ranks exactly 0..world-1:
     checked in C-level passes (12,500 members at 100k GPUs); `_reject_gang` names what is wrong."""
     members = event.members
-    by_node = node_index(members)  # built here once, then serves the generation's member lookups
+    by_node = generation.index.by_node()  # built here once, then serves the generation's member lookups
     if len(by_node) != len(members):  # a node twice
         return False
     try:
@@ -315,7 +317,7 @@ def _reject_gang(state: ClusterState, event: GenerationStarted) -> None:
     seen_nodes: set[str] = set()
     for member in event.members:
         node = _require_node(state, member.node_id)
-        if not node.is_in_service or node.liveness is not Liveness.ALIVE:
+        if not node.can_train:
             out = " and quarantined" if node.is_quarantined else " and drained" if node.is_drained else ""
             raise InvalidEvent(
                 f"node {member.node_id!r} is {node.liveness.value}{out}; it cannot join a generation"

@@ -21,7 +21,7 @@ from ftsup.supervisor.core.events import Event, SdcCheckFinished, SdcCheckStarte
 from ftsup.supervisor.core.inputs import SdcCheckResult
 from ftsup.supervisor.core.policies import recompute
 from ftsup.supervisor.core.policies.recompute import Outcome, VerifierCandidate
-from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
+from ftsup.supervisor.core.state import ClusterState, Observation, SoftState, is_usable
 
 # -- the hold -------------------------------------------------------------------------------
 
@@ -68,12 +68,13 @@ def find(state: ClusterState, check_id: str) -> SdcCheckStarted | None:
 # -- starting ------------------------------------------------------------------------------
 
 
-def on_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, seq: int) -> list[Event]:
-    """A step's digest vote completed: a scheduled check of it, or a check of a split (the vote
-    names nobody; a full replay's parameter digest can). `seq`: the record seq of the first event."""
+def on_vote(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *, seq: int) -> list[Event]:
+    """A step's digest vote completed (`seen`, from soft.observe): a scheduled check of it, or a
+    check of a split (the vote names nobody; a full replay's parameter digest can). `seq`: the
+    record seq of the first event."""
     progress = soft.progress
     generation = state.generation
-    vote = progress.new_sdc_vote if progress is not None else None
+    vote = seen.sdc_vote
     if vote is None or generation is None or progress is None or progress.generation != generation.number:
         return []
     if generation.world_size != config.job.world_size:
@@ -93,7 +94,7 @@ def on_vote(state: ClusterState, soft: SoftState, config: CoreConfig, *, seq: in
     if suspect is None:
         return []
     replayed = recompute.replay_ranks(rank, generation.world_size, rc, config.sdc.model_parallel_size)
-    reported = tuple(d for d in progress.new_vote_reports if d.rank in replayed)
+    reported = tuple(d for d in seen.vote_reports if d.rank in replayed)
     if not any(d.rank == rank and d.grad_digest for d in reported):
         return []  # the trainer reports no local-gradient digest: unknown, skip
     holders = _holders(state, soft, rank, vote.step - 1)
@@ -138,8 +139,7 @@ def _candidates(state: ClusterState, soft: SoftState) -> list[VerifierCandidate]
     generation = state.generation
     out = []
     for node in state.nodes.values():
-        info = soft.nodes.get(node.node_id)
-        if node.liveness is Liveness.ALIVE and node.is_in_service and info is not None and info.stream_id is not None:
+        if is_usable(node, soft):
             is_member = generation is not None and generation.member(node.node_id) is not None
             out.append(VerifierCandidate(node.node_id, is_member, node.failure_domain, node.registered_order))
     return out

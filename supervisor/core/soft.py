@@ -31,27 +31,38 @@ from ftsup.supervisor.core.inputs import (
     TrainerHung,
     XidReport,
 )
+from ftsup.supervisor.core.limits import (
+    MAX_CLEAR_STEPS,
+    MAX_HELD_EXITS,
+    MAX_HOLDING_LEAD,
+    MAX_OPEN_STEPS,
+    XID_HISTORY_MAX,
+    XID_HISTORY_S,
+)
 from ftsup.supervisor.core.policies import exit_cause
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import straggler as straggler_policy
-from ftsup.supervisor.core.policies.sdc import SdcConfig
-from ftsup.supervisor.core.policies.straggler import StragglerConfig
+from ftsup.supervisor.core.policies.sdc import SdcConfig, StepVote
+from ftsup.supervisor.core.policies.straggler import StragglerConfig, StragglerVerdict
 from ftsup.supervisor.core.policies.xid import XidSighting
-from ftsup.supervisor.core.state import ClusterState, Generation, GenerationProgress, NodeSoft, SoftState
-
-XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid policy
-XID_HISTORY_MAX = 256
+from ftsup.supervisor.core.state import (
+    NOTHING_OBSERVED,
+    ClusterState,
+    Generation,
+    GenerationProgress,
+    NodeSoft,
+    Observation,
+    SoftState,
+)
 
 
 def observe(
     soft: SoftState, state: ClusterState, inp: Input, now: float, straggler: StragglerConfig = StragglerConfig(),
     sdc: SdcConfig = SdcConfig(),
-) -> None:
-    """Records what `inp` says about liveness and progress; call before `decide` on the same input."""
-    if soft.progress is not None:
-        soft.progress.new_straggler_verdicts = []
-        soft.progress.new_sdc_vote = None
-        soft.progress.new_vote_reports = ()
+) -> Observation:
+    """Records what `inp` says about liveness and progress; returns what it completed that
+    `decide` must act on (a step's straggler scores, its digest vote): pass it to `decide` on
+    the same input."""
     if soft.sdc_check_seen_s or state.sdc_checks:
         _see_sdc_checks(soft, state, now)
     if soft.pending_drains:
@@ -94,10 +105,14 @@ def observe(
             elif exit_cause.should_hold(state, inp):
                 _hold_exit(soft, state, inp, now)
         case StepReport():
-            _observe_step(soft, state, inp, now, straggler, sdc)
+            return _observation(*_observe_step(soft, state, inp, now, straggler, sdc))
         case StepAggregate():
+            verdicts: tuple[StragglerVerdict, ...] | None = None
+            voted: tuple[StepVote, VoteReports] | None = None
             for report in inp.reports:  # as if they came one by one, in the aggregate's order
-                _observe_step(soft, state, report, now, straggler, sdc)
+                scored, completed = _observe_step(soft, state, report, now, straggler, sdc)
+                verdicts, voted = scored if scored is not None else verdicts, completed or voted
+            return _observation(verdicts, voted)
         case SnapshotReport():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
@@ -109,24 +124,32 @@ def observe(
             if progress is not None:
                 progress.finished[inp.rank] = inp.param_digest
                 progress.max_step = max(progress.max_step, inp.step)
+    return NOTHING_OBSERVED
+
+
+def _observation(verdicts: tuple[StragglerVerdict, ...] | None, voted: tuple[StepVote, VoteReports] | None
+                 ) -> Observation:
+    if verdicts is None and voted is None:
+        return NOTHING_OBSERVED
+    vote, reports = voted if voted is not None else (None, ())
+    return Observation(verdicts or (), vote, reports)
 
 
 def _observe_step(soft: SoftState, state: ClusterState, report: StepReport, now: float, straggler: StragglerConfig,
-                  sdc: SdcConfig) -> None:
+                  sdc: SdcConfig) -> tuple[tuple[StragglerVerdict, ...] | None, tuple[StepVote, VoteReports] | None]:
+    """Records one rank's step report; returns the straggler verdicts and the digest vote of the
+    step this report completed (None each while the step waits for other ranks)."""
     _heard(soft, report.node_id, now)
     progress = _progress_for(soft, state, report.generation)
-    if progress is not None:
-        progress.step_reports += 1
-        if report.step >= progress.max_step:
-            progress.max_step = report.step
-            progress.step_time_s = report.step_time_s
-            if math.isfinite(report.loss):
-                progress.last_loss = report.loss
-        _score_compute_time(progress, state, report, straggler)
-        _vote_digests(progress, state, report, sdc)
-
-
-MAX_HELD_EXITS = 256  # a whole node's ranks and then some; later ones add nothing to the attribution
+    if progress is None:
+        return None, None
+    progress.step_reports += 1
+    if report.step >= progress.max_step:
+        progress.max_step = report.step
+        progress.step_time_s = report.step_time_s
+        if math.isfinite(report.loss):
+            progress.last_loss = report.loss
+    return _score_compute_time(progress, state, report, straggler), _vote_digests(progress, state, report, sdc)
 
 
 def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: float) -> None:
@@ -136,9 +159,6 @@ def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: fl
     progress.held_exits.append(exit_)
     if progress.held_since_s is None:
         progress.held_since_s = now
-
-
-MAX_HOLDING_LEAD = 1024  # a holding this far past the generation's progress is absurd: ignored
 
 
 def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
@@ -156,29 +176,28 @@ def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
     by_rank[report.rank] = by_rank.get(report.rank, frozenset()) | {report.node_id}
 
 
-MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
-
-
 def _score_compute_time(
     progress: GenerationProgress, state: ClusterState, report: StepReport, config: StragglerConfig
-) -> None:
-    """Once every rank reported a step, the straggler detector scores its compute times."""
+) -> tuple[StragglerVerdict, ...] | None:
+    """Once every rank reported a step, the straggler detector scores its compute times (None:
+    the step still waits for ranks)."""
     assert state.generation is not None
     times = progress.compute_times.setdefault(report.step, {})
     times[report.rank] = report.compute_time_s
     if len(times) < state.generation.world_size:
         for stale in sorted(progress.compute_times)[:-MAX_OPEN_STEPS]:
             del progress.compute_times[stale]
-        return
+        return None
     del progress.compute_times[report.step]
-    progress.straggler, progress.new_straggler_verdicts = straggler_policy.observe_step(
-        progress.straggler, report.step, times, config
-    )
+    progress.straggler, verdicts = straggler_policy.observe_step(progress.straggler, report.step, times, config)
+    return tuple(verdicts)
 
 
-def _vote_digests(progress: GenerationProgress, state: ClusterState, report: StepReport, config: SdcConfig) -> None:
+def _vote_digests(progress: GenerationProgress, state: ClusterState, report: StepReport, config: SdcConfig
+                  ) -> tuple[StepVote, VoteReports] | None:
     """Once every rank reported a step, its digests are voted on (policies/sdc.py); what every
-    rank reported is kept with the vote for a recompute check of the step."""
+    rank reported comes with the vote, for a recompute check of the step (None: the step still
+    waits for ranks)."""
     generation = state.generation
     assert generation is not None
     digests = progress.digests.setdefault(report.step, {})
@@ -193,19 +212,18 @@ def _vote_digests(progress: GenerationProgress, state: ClusterState, report: Ste
             del progress.digests[stale]
             progress.grad_digests.pop(stale, None)
             progress.replica_groups.pop(stale, None)
-        return
+        return None
     del progress.digests[report.step]
     progress.grad_digests.pop(report.step, None)
     groups = progress.replica_groups.pop(report.step, None)
     vote = sdc_policy.vote_step(report.step, digests, world, config, groups)
-    progress.new_sdc_vote = vote
-    progress.new_vote_reports = VoteReports(digests, grads, generation)
     if vote.is_clear:
         progress.sdc_clear_steps.add(report.step)
         for old in sorted(progress.sdc_clear_steps)[:-MAX_CLEAR_STEPS]:
             progress.sdc_clear_steps.discard(old)
     elif progress.sdc_diverged_step is None or report.step < progress.sdc_diverged_step:
         progress.sdc_diverged_step = report.step
+    return vote, VoteReports(digests, grads, generation)
 
 
 class VoteReports(Sequence[SdcRankDigests]):
@@ -253,9 +271,6 @@ class VoteReports(Sequence[SdcRankDigests]):
 
     def __repr__(self) -> str:
         return repr(tuple(self))
-
-
-MAX_CLEAR_STEPS = 256  # agreed steps remembered for commits (commits trail steps by ~1)
 
 
 def is_committable(progress: GenerationProgress, step: int) -> bool:

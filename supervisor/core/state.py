@@ -20,6 +20,7 @@ from ftsup.supervisor.core.events import (
     EndReason,
     JobFailed,
     NodeRole,
+    QuarantineCause,
     RankAssignment,
     RankRestore,
     SdcCheckStarted,
@@ -49,6 +50,7 @@ class NodeRecord:
     liveness: Liveness = Liveness.ALIVE
     is_quarantined: bool = False
     quarantine_reason: str = ""
+    quarantine_cause: QuarantineCause = QuarantineCause.UNSPECIFIED  # what the core branches on
     is_drained: bool = False  # taken out of service on purpose, not faulty
     xid_count: int = 0
     straggler_score: float = 0.0  # robust z of the last straggler verdict
@@ -60,8 +62,46 @@ class NodeRecord:
         return not (self.is_quarantined or self.is_drained)
 
     @property
+    def can_train(self) -> bool:
+        """Alive and in service, as the log knows it: may be placed in a generation (whether it is
+        connected to this supervisor is soft state: see `is_usable`)."""
+        return self.liveness is Liveness.ALIVE and not (self.is_quarantined or self.is_drained)
+
+    @property
     def peer_address(self) -> str:
         return f"{self.host}:{self.peer_port}"
+
+
+class MemberIndex:
+    """Lookups over one members tuple (node -> assignment, rank -> node), each built on first use
+    and kept by the generation that owns it: no module-level memo. A linear scan per StepReport
+    costs 12.5k comparisons at 100k GPUs; the maps are built in C-level passes."""
+
+    __slots__ = ("members", "_by_node", "_by_rank")
+
+    def __init__(self, members: tuple[RankAssignment, ...]) -> None:
+        self.members = members
+        self._by_node: dict[str, RankAssignment] | None = None
+        self._by_rank: dict[int, str] | None = None
+
+    def by_node(self) -> Mapping[str, RankAssignment]:
+        """node -> its assignment; a node listed twice keeps its first (as a scan would find)."""
+        if self._by_node is None:
+            members = self.members
+            by_node = dict(zip(map(attrgetter("node_id"), members), members))
+            if len(by_node) != len(members):
+                by_node = dict(zip(reversed(list(map(attrgetter("node_id"), members))), reversed(members)))
+            self._by_node = by_node
+        return self._by_node
+
+    def by_rank(self) -> Mapping[int, str]:
+        """rank -> its node (built only when asked: most generations never look a rank up)."""
+        if self._by_rank is None:
+            node_ids = list(map(attrgetter("node_id"), self.members))
+            ranks = list(map(attrgetter("ranks"), self.members))
+            owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
+            self._by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
+        return self._by_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,52 +115,26 @@ class Generation:
     restore_generation: int
     restores: tuple[RankRestore, ...]
     first_step: int | None = None  # set when its first step completed
+    # Its lookups, built on first use (not logged, not compared; frozen.replace may carry it over
+    # to a copy, which `index` checks is of the same members).
+    _index: list[MemberIndex] = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def is_running(self) -> bool:
         return self.first_step is not None
 
+    @property
+    def index(self) -> MemberIndex:
+        held = self._index
+        if not held or held[0].members is not self.members:
+            held[:] = [MemberIndex(self.members)]
+        return held[0]
+
     def member(self, node_id: str) -> RankAssignment | None:
-        return node_index(self.members).get(node_id)
+        return self.index.by_node().get(node_id)
 
     def node_of_rank(self, rank: int) -> str | None:
-        return _rank_index(self.members).get(rank)
-
-
-_BY_NODE: dict[int, tuple[tuple[RankAssignment, ...], dict[str, RankAssignment]]] = {}
-_BY_RANK: dict[int, tuple[tuple[RankAssignment, ...], dict[int, str]]] = {}
-
-
-def node_index(members: tuple[RankAssignment, ...]) -> Mapping[str, RankAssignment]:
-    """node -> assignment of one members tuple, built once per tuple (memoized by identity; the
-    tuple is kept alive with its index; read-only). A linear scan per StepReport costs 12.5k
-    comparisons at 100k GPUs. First match wins, as the scan did (built in C-level passes)."""
-    hit = _BY_NODE.get(id(members))
-    if hit is not None and hit[0] is members:
-        return hit[1]
-    by_node = dict(zip(map(attrgetter("node_id"), members), members))
-    if len(by_node) != len(members):  # a node listed twice: keep its first assignment
-        by_node = dict(zip(reversed(list(map(attrgetter("node_id"), members))), reversed(members)))
-    if len(_BY_NODE) >= 16:
-        _BY_NODE.clear()
-    _BY_NODE[id(members)] = (members, by_node)
-    return by_node
-
-
-def _rank_index(members: tuple[RankAssignment, ...]) -> dict[int, str]:
-    """rank -> node of one members tuple, memoized as `node_index` (and built only when asked:
-    most generations never look a rank up)."""
-    hit = _BY_RANK.get(id(members))
-    if hit is not None and hit[0] is members:
-        return hit[1]
-    node_ids = list(map(attrgetter("node_id"), members))
-    ranks = list(map(attrgetter("ranks"), members))
-    owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
-    by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
-    if len(_BY_RANK) >= 16:
-        _BY_RANK.clear()
-    _BY_RANK[id(members)] = (members, by_rank)
-    return by_rank
+        return self.index.by_rank().get(rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +243,15 @@ class ClusterState:
         return self.nodes.get(node_id)
 
 
+def is_usable(node: NodeRecord, soft: SoftState) -> bool:
+    """The rule, in its one home: `node` can take ranks (or a recompute) now: it can train and its
+    stream to this supervisor is open."""
+    if not node.can_train:
+        return False
+    info = soft.nodes.get(node.node_id)
+    return info is not None and info.stream_id is not None
+
+
 @dataclass(slots=True)
 class NodeSoft:
     last_heard_s: float  # monotonic time of the last message from this node
@@ -256,22 +279,32 @@ class GenerationProgress:
     # step -> rank -> compute time, until every rank of the step reported (then scored)
     compute_times: dict[int, dict[int, float]] = field(default_factory=dict)
     straggler: StragglerState = field(default_factory=StragglerState)
-    # verdicts from the input being observed now (decide turns them into events)
-    new_straggler_verdicts: list[StragglerVerdict] = field(default_factory=list)
     # step -> rank -> parameter digest, until every rank of the step reported (then voted on)
     digests: dict[int, dict[int, str]] = field(default_factory=dict)
     sdc_clear_steps: set[int] = field(default_factory=set)  # voted and agreed: committable
     sdc_diverged_step: int | None = None  # the first step whose vote disagreed
-    new_sdc_vote: StepVote | None = None  # the vote completed by the input being observed now
     # step -> rank -> the rank's local-gradient digest, until the step is voted on
     grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
     replica_groups: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> rank -> reported group
-    # what every rank reported at the step of `new_sdc_vote` (its evidence, for a recompute check)
-    new_vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports, records made when read
     # Exits that looked like collateral damage (policies/exit_cause.py), oldest first, and when the
     # first was held: the generation ends on the real cause if one shows within the settle window.
     held_exits: list[TrainerExit] = field(default_factory=list)
     held_since_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What observing one input completed that `decide` acts on, handed from `soft.observe` to
+    `decide` as a value (never left on the soft state for decide to read back)."""
+
+    # the straggler detector's verdicts on the step this input completed (decide records them)
+    straggler_verdicts: tuple[StragglerVerdict, ...] = ()
+    sdc_vote: StepVote | None = None  # the digest vote of the step this input completed
+    # what every rank reported at the voted step (its evidence, for a recompute check), by rank
+    vote_reports: Sequence[SdcRankDigests] = ()  # soft.VoteReports: records made when read
+
+
+NOTHING_OBSERVED = Observation()
 
 
 @dataclass(slots=True)

@@ -27,14 +27,18 @@ def taint_from(state: ClusterState, step: int) -> ClusterState:
     return frozen.replace(state, sdc_tainted_from_step=step)
 
 
+def covers(tainted_from_step: int | None, step: int) -> bool:
+    """The rule, in its one home: `step` is SDC-tainted when a taint starts at or before it."""
+    return tainted_from_step is not None and step >= tainted_from_step
+
+
 def is_tainted(state: ClusterState, step: int) -> bool:
-    tainted = state.sdc_tainted_from_step
-    return tainted is not None and step >= tainted
+    return covers(state.sdc_tainted_from_step, step)
 
 
 def require_untainted(state: ClusterState, step: int, what: str) -> None:
     tainted = state.sdc_tainted_from_step
-    if tainted is not None and step >= tainted:
+    if covers(tainted, step):
         raise InvalidEvent(f"{what} at step {step}: steps from {tainted} on are SDC-tainted")
 
 

@@ -103,8 +103,7 @@ def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size:
             1
             for n in nodes
             if n.role is NodeRole.SPARE
-            and n.liveness is Liveness.ALIVE
-            and n.is_in_service
+            and n.can_train
             and n.node_id not in members
         ),
         waiting_reason=soft.waiting_reason if phase is JobPhase.WAITING else "",

@@ -16,11 +16,11 @@ import grpc
 
 from ftsup.common import logs
 from ftsup.supervisor import codec
-from ftsup.supervisor.core.admission import MAX_TEXT
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.events import CheckpointRequested, GenerationStarted
 from ftsup.supervisor.core.goodput import GoodputReport
 from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
+from ftsup.supervisor.core.limits import MAX_TEXT
 from ftsup.supervisor.core.views import straggler_views
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest

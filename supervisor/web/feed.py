@@ -85,7 +85,7 @@ def _plain(value: Any) -> Any:
             return {"count": len(value)}
         return [_plain(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     return value
 
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core.admission import refusal
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from ftsup.supervisor.core.decide import decide
-from ftsup.supervisor.core.events import Event, NodeRole, SnapshotCommitted
-from ftsup.supervisor.core.evolve import evolve_all
+from ftsup.supervisor.core.events import Event, NodeRole
 from ftsup.supervisor.core.inputs import AgentHello, Input
 from ftsup.supervisor.core.state import ClusterState, SoftState
+from ftsup.supervisor.core.step import Core
 
 NOW = 1_000.0
 
@@ -43,33 +38,41 @@ def hello(node_id: str, *, spare: bool = False, incarnation: int = 1, stream_id:
 
 
 class Sim:
-    """Drives the pure core like the runtime does: refuse, observe, decide, fold."""
+    """Drives the pure core as the runtime does, through the same step (core/step.py): refuse,
+    observe, decide, then fold the events as records stamped with the sim's clock."""
 
-    def __init__(self, cfg: CoreConfig | None = None, now: float = NOW) -> None:
+    def __init__(self, cfg: CoreConfig | None = None, now: float = NOW, state: ClusterState | None = None) -> None:
         self.config = cfg or config()
         self.now = now
-        self.state = ClusterState()
-        self.soft = SoftState(started_at_s=now)
+        self.core = Core(self.config, state or ClusterState(), SoftState(started_at_s=now))
         self.log: list[Event] = []
-        self.waiting_reason = ""
+
+    @property
+    def state(self) -> ClusterState:
+        return self.core.state
+
+    @property
+    def soft(self) -> SoftState:
+        return self.core.soft
+
+    @property
+    def waiting_reason(self) -> str:
+        return self.core.waiting_reason
+
+    def restart_leader(self, started_at_s: float) -> None:
+        """A new leader: the soft state starts afresh, the logged state stays."""
+        self.core.reset_soft(started_at_s)
 
     def feed(self, inp: Input, *, at: float | None = None) -> list[Event] | str:
         """Returns the events decided, or the refusal reason."""
         if at is not None:
             self.now = at
-        reason = refusal(self.state, self.soft, inp, self.config)
-        if reason is not None:
-            return reason
-        soft_state.observe(self.soft, self.state, inp, self.now, self.config.straggler)
-        decision = decide(self.state, self.soft, inp, self.now, self.config)
-        self.state = evolve_all(self.state, decision.events)
-        self.state = dataclasses.replace(self.state, applied_seq=self.state.applied_seq + len(decision.events))
-        self.waiting_reason = decision.waiting_reason
-        self.log.extend(decision.events)
-        for event in decision.events:
-            if isinstance(event, SnapshotCommitted):
-                soft_state.forget_committed(self.soft, event.step)
-        return list(decision.events)
+        ready = self.core.step(inp, self.now)
+        if ready.refusal is not None:
+            return ready.refusal.reason
+        self.core.advance(ready, self.core.records(ready.events, self.now))
+        self.log.extend(ready.events)
+        return list(ready.events)
 
     def events(self, inp: Input, *, at: float | None = None) -> list[Event]:
         result = self.feed(inp, at=at)

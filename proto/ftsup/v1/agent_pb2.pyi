@@ -43,6 +43,42 @@ ACTION_RUN: Action.ValueType  # 2
 """run `ranks` in `generation`"""
 Global___Action: _TypeAlias = Action  # noqa: Y015
 
+class _StandbyCause:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StandbyCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StandbyCause.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STANDBY_CAUSE_UNSPECIFIED: _StandbyCause.ValueType  # 0
+    """a RUN directive, or a supervisor that predates causes"""
+    STANDBY_CAUSE_JOB_COMPLETED: _StandbyCause.ValueType  # 1
+    STANDBY_CAUSE_JOB_FAILED: _StandbyCause.ValueType  # 2
+    """the restart budget is spent"""
+    STANDBY_CAUSE_QUARANTINED: _StandbyCause.ValueType  # 3
+    STANDBY_CAUSE_DRAINED: _StandbyCause.ValueType  # 4
+    STANDBY_CAUSE_SPARE: _StandbyCause.ValueType  # 5
+    """a generation runs without this node"""
+    STANDBY_CAUSE_WAITING: _StandbyCause.ValueType  # 6
+    """no generation runs: the planner waits (reason says for what)"""
+
+class StandbyCause(_StandbyCause, metaclass=_StandbyCauseEnumTypeWrapper):
+    """Why a node stands by. Quarantined, drained and the job's end stop any trainer waiting to rejoin;
+    a spare or a waiting node keeps them parked for the next generation.
+    """
+
+STANDBY_CAUSE_UNSPECIFIED: StandbyCause.ValueType  # 0
+"""a RUN directive, or a supervisor that predates causes"""
+STANDBY_CAUSE_JOB_COMPLETED: StandbyCause.ValueType  # 1
+STANDBY_CAUSE_JOB_FAILED: StandbyCause.ValueType  # 2
+"""the restart budget is spent"""
+STANDBY_CAUSE_QUARANTINED: StandbyCause.ValueType  # 3
+STANDBY_CAUSE_DRAINED: StandbyCause.ValueType  # 4
+STANDBY_CAUSE_SPARE: StandbyCause.ValueType  # 5
+"""a generation runs without this node"""
+STANDBY_CAUSE_WAITING: StandbyCause.ValueType  # 6
+"""no generation runs: the planner waits (reason says for what)"""
+Global___StandbyCause: _TypeAlias = StandbyCause  # noqa: Y015
+
 class _RefusalKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -897,6 +933,7 @@ class Directive(_message.Message):
     MAX_RESTARTS_FIELD_NUMBER: _builtins.int
     JOB_NAME_FIELD_NUMBER: _builtins.int
     PEER_GRANTS_FIELD_NUMBER: _builtins.int
+    STANDBY_CAUSE_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     action: Global___Action.ValueType
     world_size: _builtins.int
@@ -923,6 +960,10 @@ class Directive(_message.Message):
     """the job's budget (TORCHELASTIC_MAX_RESTARTS); -1: unlimited"""
     job_name: _builtins.str
     """TORCHELASTIC_RUN_ID"""
+    standby_cause: Global___StandbyCause.ValueType
+    """Field numbers 300-319: typed causes (issue 15). Why a STANDBY directive stands the node by;
+    agents branch on this, never on `reason`.
+    """
     @_builtins.property
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """global ranks; local rank = index"""
@@ -974,10 +1015,11 @@ class Directive(_message.Message):
         max_restarts: _builtins.int = ...,
         job_name: _builtins.str = ...,
         peer_grants: _abc.Iterable[Global___PeerGrant] | None = ...,
+        standby_cause: Global___StandbyCause.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "restore_step", b"restore_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "cwd", b"cwd", "env", b"env", "generation", b"generation", "job_name", b"job_name", "master_addr", b"master_addr", "master_port", b"master_port", "max_restarts", b"max_restarts", "peer_grants", b"peer_grants", "ranks", b"ranks", "reason", b"reason", "restart_count", b"restart_count", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "stop_grace_s", b"stop_grace_s", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step", "action", b"action", "argv", b"argv", "buddy_address", b"buddy_address", "buddy_node_id", b"buddy_node_id", "checkpoint_steps", b"checkpoint_steps", "cwd", b"cwd", "env", b"env", "generation", b"generation", "job_name", b"job_name", "master_addr", b"master_addr", "master_port", b"master_port", "max_restarts", b"max_restarts", "peer_grants", b"peer_grants", "ranks", b"ranks", "reason", b"reason", "restart_count", b"restart_count", "restore_step", b"restore_step", "restores", b"restores", "retain_from_step", b"retain_from_step", "sdc_checks", b"sdc_checks", "standby_cause", b"standby_cause", "stop_grace_s", b"stop_grace_s", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__restore_step: _TypeAlias = _typing.Literal["restore_step"]  # noqa: Y015
     _WhichOneofArgType__restore_step: _TypeAlias = _typing.Literal["_restore_step", b"_restore_step"]  # noqa: Y015

@@ -177,6 +177,44 @@ SDC_VERDICT_MISMATCH: SdcVerdict.ValueType  # 2
 SDC_VERDICT_INCONCLUSIVE: SdcVerdict.ValueType  # 3
 Global___SdcVerdict: _TypeAlias = SdcVerdict  # noqa: Y015
 
+class _QuarantineCause:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QuarantineCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QuarantineCause.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QUARANTINE_CAUSE_UNSPECIFIED: _QuarantineCause.ValueType  # 0
+    QUARANTINE_CAUSE_DEAD_STREAM_LOSS: _QuarantineCause.ValueType  # 1
+    """declared dead: its stream closed and did not reopen"""
+    QUARANTINE_CAUSE_DEAD_NEVER_HEARD: _QuarantineCause.ValueType  # 2
+    """declared dead: a new leader never heard it in time"""
+    QUARANTINE_CAUSE_DEAD_SILENT: _QuarantineCause.ValueType  # 3
+    """declared dead: heartbeats stopped on an open stream"""
+    QUARANTINE_CAUSE_XID: _QuarantineCause.ValueType  # 4
+    QUARANTINE_CAUSE_SDC: _QuarantineCause.ValueType  # 5
+    QUARANTINE_CAUSE_STRAGGLER: _QuarantineCause.ValueType  # 6
+    QUARANTINE_CAUSE_HUNG: _QuarantineCause.ValueType  # 7
+    QUARANTINE_CAUSE_OPERATOR: _QuarantineCause.ValueType  # 8
+
+class QuarantineCause(_QuarantineCause, metaclass=_QuarantineCauseEnumTypeWrapper):
+    """Why a node was quarantined. A lost stream, or a node a new leader never heard, may have been a
+    network blip: the same agent process reconnecting returns the node to service.
+    """
+
+QUARANTINE_CAUSE_UNSPECIFIED: QuarantineCause.ValueType  # 0
+QUARANTINE_CAUSE_DEAD_STREAM_LOSS: QuarantineCause.ValueType  # 1
+"""declared dead: its stream closed and did not reopen"""
+QUARANTINE_CAUSE_DEAD_NEVER_HEARD: QuarantineCause.ValueType  # 2
+"""declared dead: a new leader never heard it in time"""
+QUARANTINE_CAUSE_DEAD_SILENT: QuarantineCause.ValueType  # 3
+"""declared dead: heartbeats stopped on an open stream"""
+QUARANTINE_CAUSE_XID: QuarantineCause.ValueType  # 4
+QUARANTINE_CAUSE_SDC: QuarantineCause.ValueType  # 5
+QUARANTINE_CAUSE_STRAGGLER: QuarantineCause.ValueType  # 6
+QUARANTINE_CAUSE_HUNG: QuarantineCause.ValueType  # 7
+QUARANTINE_CAUSE_OPERATOR: QuarantineCause.ValueType  # 8
+Global___QuarantineCause: _TypeAlias = QuarantineCause  # noqa: Y015
+
 @_typing.final
 class Record(_message.Message):
     """One entry of the event log."""
@@ -400,20 +438,26 @@ class NodeQuarantined(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     EVIDENCE_SEQ_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     reason: _builtins.str
     evidence_seq: _builtins.int
     """the record that justified it (0 when none)"""
+    cause: Global___QuarantineCause.ValueType
+    """Field numbers 300-319: typed causes (issue 15). What the supervisor branches on; `reason`
+    is for people. Unset on records written before causes (the codec infers the death kinds).
+    """
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         reason: _builtins.str = ...,
         evidence_seq: _builtins.int = ...,
+        cause: Global___QuarantineCause.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence_seq", b"evidence_seq", "node_id", b"node_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "evidence_seq", b"evidence_seq", "node_id", b"node_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

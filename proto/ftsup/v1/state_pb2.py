@@ -25,35 +25,35 @@ _sym_db = _symbol_database.Default()
 from ftsup.v1 import events_pb2 as ftsup_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tsup/v1/state.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\"\xce\x02\n\nNodeRecord\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12 \n\x04role\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x11\n\tpeer_port\x18\x05 \x01(\r\x12\x0c\n\x04gpus\x18\x06 \x01(\r\x12$\n\x08liveness\x18\x07 \x01(\x0e\x32\x12.ftsup.v1.Liveness\x12\x16\n\x0eis_quarantined\x18\x08 \x01(\x08\x12\x19\n\x11quarantine_reason\x18\t \x01(\t\x12\x12\n\nis_drained\x18\n \x01(\x08\x12\x11\n\txid_count\x18\x0b \x01(\r\x12\x17\n\x0fstraggler_score\x18\x0c \x01(\x01\x12\x16\n\x0e\x66\x61ilure_domain\x18\r \x01(\t\x12\x18\n\x10registered_order\x18\x0e \x01(\x04\"\x9e\x02\n\nGeneration\x12\x0e\n\x06number\x18\x01 \x01(\x04\x12)\n\x07members\x18\x02 \x03(\x0b\x32\x18.ftsup.v1.RankAssignment\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x13\n\x0bmaster_port\x18\x05 \x01(\r\x12\x19\n\x0crestore_step\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12restore_generation\x18\x07 \x01(\x04\x12\'\n\x08restores\x18\x08 \x03(\x0b\x32\x15.ftsup.v1.RankRestore\x12\x17\n\nfirst_step\x18\t \x01(\x04H\x01\x88\x01\x01\x42\x0f\n\r_restore_stepB\r\n\x0b_first_step\"j\n\x0f\x45ndedGeneration\x12\x0e\n\x06number\x18\x01 \x01(\x04\x12#\n\x06reason\x18\x02 \x01(\x0e\x32\x13.ftsup.v1.EndReason\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x11\n\tlast_step\x18\x04 \x01(\x04\"v\n\x11\x43ommittedSnapshot\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.ftsup.v1.RankAssignment\x12\x14\n\x0clost_holders\x18\x04 \x03(\t\"D\n\nCompletion\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cparam_digest\x18\x03 \x01(\t\"j\n\x13\x43ommittedCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cmanifest_key\x18\x03 \x01(\t\x12\x18\n\x0fmanifest_sha256\x18\xb4\x01 \x01(\t\"M\n\x0bShardRecord\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\"\xa7\x01\n\x11PendingCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\x0f\n\x07written\x18\x05 \x03(\r\x12&\n\x07records\x18\x06 \x03(\x0b\x32\x15.ftsup.v1.ShardRecord\x12\x10\n\x08location\x18\x07 \x01(\t\"^\n\x13RequestedCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x9e\x05\n\x0c\x43lusterState\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.ftsup.v1.NodeRecord\x12(\n\ngeneration\x18\x02 \x01(\x0b\x32\x14.ftsup.v1.Generation\x12\x17\n\x0flast_generation\x18\x03 \x01(\x04\x12-\n\nlast_ended\x18\x04 \x01(\x0b\x32\x19.ftsup.v1.EndedGeneration\x12-\n\x08snapshot\x18\x05 \x01(\x0b\x32\x1b.ftsup.v1.CommittedSnapshot\x12(\n\ncompletion\x18\x06 \x01(\x0b\x32\x14.ftsup.v1.Completion\x12\x13\n\x0b\x61pplied_seq\x18\x07 \x01(\x04\x12\x31\n\ncheckpoint\x18\x08 \x01(\x0b\x32\x1d.ftsup.v1.CommittedCheckpoint\x12\x37\n\x12pending_checkpoint\x18\t \x01(\x0b\x32\x1b.ftsup.v1.PendingCheckpoint\x12\x15\n\rregistrations\x18\x0b \x01(\x04\x12\"\n\x15sdc_tainted_from_step\x18\x0c \x01(\x04H\x00\x88\x01\x01\x12;\n\x14requested_checkpoint\x18\x14 \x01(\x0b\x32\x1d.ftsup.v1.RequestedCheckpoint\x12\x1f\n\x17last_checkpoint_attempt\x18\x15 \x01(\t\x12-\n\nsdc_checks\x18( \x03(\x0b\x32\x19.ftsup.v1.SdcCheckStarted\x12\x10\n\x08\x66\x61ilures\x18\x64 \x01(\x04\x12#\n\x06\x66\x61iled\x18\x65 \x01(\x0b\x32\x13.ftsup.v1.JobFailedB\x18\n\x16_sdc_tainted_from_stepJ\x04\x08\n\x10\x0b\"N\n\rStateSnapshot\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12%\n\x05state\x18\x02 \x01(\x0b\x32\x16.ftsup.v1.ClusterState*a\n\x08Liveness\x12\x18\n\x14LIVENESS_UNSPECIFIED\x10\x00\x12\x12\n\x0eLIVENESS_ALIVE\x10\x01\x12\x14\n\x10LIVENESS_SUSPECT\x10\x02\x12\x11\n\rLIVENESS_DEAD\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tsup/v1/state.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\"\x84\x03\n\nNodeRecord\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12 \n\x04role\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x11\n\tpeer_port\x18\x05 \x01(\r\x12\x0c\n\x04gpus\x18\x06 \x01(\r\x12$\n\x08liveness\x18\x07 \x01(\x0e\x32\x12.ftsup.v1.Liveness\x12\x16\n\x0eis_quarantined\x18\x08 \x01(\x08\x12\x19\n\x11quarantine_reason\x18\t \x01(\t\x12\x12\n\nis_drained\x18\n \x01(\x08\x12\x11\n\txid_count\x18\x0b \x01(\r\x12\x17\n\x0fstraggler_score\x18\x0c \x01(\x01\x12\x16\n\x0e\x66\x61ilure_domain\x18\r \x01(\t\x12\x18\n\x10registered_order\x18\x0e \x01(\x04\x12\x34\n\x10quarantine_cause\x18\xac\x02 \x01(\x0e\x32\x19.ftsup.v1.QuarantineCause\"\x9e\x02\n\nGeneration\x12\x0e\n\x06number\x18\x01 \x01(\x04\x12)\n\x07members\x18\x02 \x03(\x0b\x32\x18.ftsup.v1.RankAssignment\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x13\n\x0bmaster_port\x18\x05 \x01(\r\x12\x19\n\x0crestore_step\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12restore_generation\x18\x07 \x01(\x04\x12\'\n\x08restores\x18\x08 \x03(\x0b\x32\x15.ftsup.v1.RankRestore\x12\x17\n\nfirst_step\x18\t \x01(\x04H\x01\x88\x01\x01\x42\x0f\n\r_restore_stepB\r\n\x0b_first_step\"j\n\x0f\x45ndedGeneration\x12\x0e\n\x06number\x18\x01 \x01(\x04\x12#\n\x06reason\x18\x02 \x01(\x0e\x32\x13.ftsup.v1.EndReason\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x11\n\tlast_step\x18\x04 \x01(\x04\"v\n\x11\x43ommittedSnapshot\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.ftsup.v1.RankAssignment\x12\x14\n\x0clost_holders\x18\x04 \x03(\t\"D\n\nCompletion\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cparam_digest\x18\x03 \x01(\t\"j\n\x13\x43ommittedCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cmanifest_key\x18\x03 \x01(\t\x12\x18\n\x0fmanifest_sha256\x18\xb4\x01 \x01(\t\"M\n\x0bShardRecord\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\"\xa7\x01\n\x11PendingCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0e\n\x06shards\x18\x04 \x01(\r\x12\x0f\n\x07written\x18\x05 \x03(\r\x12&\n\x07records\x18\x06 \x03(\x0b\x32\x15.ftsup.v1.ShardRecord\x12\x10\n\x08location\x18\x07 \x01(\t\"^\n\x13RequestedCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x9e\x05\n\x0c\x43lusterState\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.ftsup.v1.NodeRecord\x12(\n\ngeneration\x18\x02 \x01(\x0b\x32\x14.ftsup.v1.Generation\x12\x17\n\x0flast_generation\x18\x03 \x01(\x04\x12-\n\nlast_ended\x18\x04 \x01(\x0b\x32\x19.ftsup.v1.EndedGeneration\x12-\n\x08snapshot\x18\x05 \x01(\x0b\x32\x1b.ftsup.v1.CommittedSnapshot\x12(\n\ncompletion\x18\x06 \x01(\x0b\x32\x14.ftsup.v1.Completion\x12\x13\n\x0b\x61pplied_seq\x18\x07 \x01(\x04\x12\x31\n\ncheckpoint\x18\x08 \x01(\x0b\x32\x1d.ftsup.v1.CommittedCheckpoint\x12\x37\n\x12pending_checkpoint\x18\t \x01(\x0b\x32\x1b.ftsup.v1.PendingCheckpoint\x12\x15\n\rregistrations\x18\x0b \x01(\x04\x12\"\n\x15sdc_tainted_from_step\x18\x0c \x01(\x04H\x00\x88\x01\x01\x12;\n\x14requested_checkpoint\x18\x14 \x01(\x0b\x32\x1d.ftsup.v1.RequestedCheckpoint\x12\x1f\n\x17last_checkpoint_attempt\x18\x15 \x01(\t\x12-\n\nsdc_checks\x18( \x03(\x0b\x32\x19.ftsup.v1.SdcCheckStarted\x12\x10\n\x08\x66\x61ilures\x18\x64 \x01(\x04\x12#\n\x06\x66\x61iled\x18\x65 \x01(\x0b\x32\x13.ftsup.v1.JobFailedB\x18\n\x16_sdc_tainted_from_stepJ\x04\x08\n\x10\x0b\"N\n\rStateSnapshot\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12%\n\x05state\x18\x02 \x01(\x0b\x32\x16.ftsup.v1.ClusterState*a\n\x08Liveness\x12\x18\n\x14LIVENESS_UNSPECIFIED\x10\x00\x12\x12\n\x0eLIVENESS_ALIVE\x10\x01\x12\x14\n\x10LIVENESS_SUSPECT\x10\x02\x12\x11\n\rLIVENESS_DEAD\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftsup.v1.state_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LIVENESS']._serialized_start=2187
-  _globals['_LIVENESS']._serialized_end=2284
+  _globals['_LIVENESS']._serialized_start=2241
+  _globals['_LIVENESS']._serialized_end=2338
   _globals['_NODERECORD']._serialized_start=58
-  _globals['_NODERECORD']._serialized_end=392
-  _globals['_GENERATION']._serialized_start=395
-  _globals['_GENERATION']._serialized_end=681
-  _globals['_ENDEDGENERATION']._serialized_start=683
-  _globals['_ENDEDGENERATION']._serialized_end=789
-  _globals['_COMMITTEDSNAPSHOT']._serialized_start=791
-  _globals['_COMMITTEDSNAPSHOT']._serialized_end=909
-  _globals['_COMPLETION']._serialized_start=911
-  _globals['_COMPLETION']._serialized_end=979
-  _globals['_COMMITTEDCHECKPOINT']._serialized_start=981
-  _globals['_COMMITTEDCHECKPOINT']._serialized_end=1087
-  _globals['_SHARDRECORD']._serialized_start=1089
-  _globals['_SHARDRECORD']._serialized_end=1166
-  _globals['_PENDINGCHECKPOINT']._serialized_start=1169
-  _globals['_PENDINGCHECKPOINT']._serialized_end=1336
-  _globals['_REQUESTEDCHECKPOINT']._serialized_start=1338
-  _globals['_REQUESTEDCHECKPOINT']._serialized_end=1432
-  _globals['_CLUSTERSTATE']._serialized_start=1435
-  _globals['_CLUSTERSTATE']._serialized_end=2105
-  _globals['_STATESNAPSHOT']._serialized_start=2107
-  _globals['_STATESNAPSHOT']._serialized_end=2185
+  _globals['_NODERECORD']._serialized_end=446
+  _globals['_GENERATION']._serialized_start=449
+  _globals['_GENERATION']._serialized_end=735
+  _globals['_ENDEDGENERATION']._serialized_start=737
+  _globals['_ENDEDGENERATION']._serialized_end=843
+  _globals['_COMMITTEDSNAPSHOT']._serialized_start=845
+  _globals['_COMMITTEDSNAPSHOT']._serialized_end=963
+  _globals['_COMPLETION']._serialized_start=965
+  _globals['_COMPLETION']._serialized_end=1033
+  _globals['_COMMITTEDCHECKPOINT']._serialized_start=1035
+  _globals['_COMMITTEDCHECKPOINT']._serialized_end=1141
+  _globals['_SHARDRECORD']._serialized_start=1143
+  _globals['_SHARDRECORD']._serialized_end=1220
+  _globals['_PENDINGCHECKPOINT']._serialized_start=1223
+  _globals['_PENDINGCHECKPOINT']._serialized_end=1390
+  _globals['_REQUESTEDCHECKPOINT']._serialized_start=1392
+  _globals['_REQUESTEDCHECKPOINT']._serialized_end=1486
+  _globals['_CLUSTERSTATE']._serialized_start=1489
+  _globals['_CLUSTERSTATE']._serialized_end=2159
+  _globals['_STATESNAPSHOT']._serialized_start=2161
+  _globals['_STATESNAPSHOT']._serialized_end=2239
 # @@protoc_insertion_point(module_scope)

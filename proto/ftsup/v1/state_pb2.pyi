@@ -60,6 +60,7 @@ class NodeRecord(_message.Message):
     STRAGGLER_SCORE_FIELD_NUMBER: _builtins.int
     FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
     REGISTERED_ORDER_FIELD_NUMBER: _builtins.int
+    QUARANTINE_CAUSE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     role: _events_pb2.NodeRole.ValueType
@@ -75,6 +76,8 @@ class NodeRecord(_message.Message):
     failure_domain: _builtins.str
     registered_order: _builtins.int
     """1 for the first registration seen, increasing: older = healthy longer"""
+    quarantine_cause: _events_pb2.QuarantineCause.ValueType
+    """typed (issue 15); unset in older snapshots: inferred"""
     def __init__(
         self,
         *,
@@ -92,10 +95,11 @@ class NodeRecord(_message.Message):
         straggler_score: _builtins.float = ...,
         failure_domain: _builtins.str = ...,
         registered_order: _builtins.int = ...,
+        quarantine_cause: _events_pb2.QuarantineCause.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "is_drained", b"is_drained", "is_quarantined", b"is_quarantined", "liveness", b"liveness", "node_id", b"node_id", "peer_port", b"peer_port", "quarantine_reason", b"quarantine_reason", "registered_order", b"registered_order", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "is_drained", b"is_drained", "is_quarantined", b"is_quarantined", "liveness", b"liveness", "node_id", b"node_id", "peer_port", b"peer_port", "quarantine_cause", b"quarantine_cause", "quarantine_reason", b"quarantine_reason", "registered_order", b"registered_order", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ftsup.supervisor.core.config import DetectorConfig
+from ftsup.supervisor.core.events import QuarantineCause
 from ftsup.supervisor.core.state import ClusterState, Liveness, NodeSoft, SoftState
 
 STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason
 NEVER_HEARD = "not heard from within"  # ...when this supervisor never heard the node at all
+_SILENT = QuarantineCause.DEAD_SILENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,8 @@ class Verdict:
     liveness: Liveness  # SUSPECT or DEAD (or ALIVE to clear)
     reason: str
     silent_for_s: float
+    # For a DEAD verdict, which kind of death (what a quarantine for it records); else UNSPECIFIED.
+    cause: QuarantineCause = QuarantineCause.UNSPECIFIED
 
 
 def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: float) -> list[Verdict]:
@@ -58,6 +62,7 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
                     Liveness.DEAD,
                     f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)",
                     silent_for,
+                    _SILENT,
                 )
             )
         elif silent_for >= suspect_after and liveness is alive:  # (not NaN)
@@ -75,14 +80,16 @@ def _judge_unconnected(
     if info is None:
         # Not heard since this supervisor started: no verdict until the grace is over.
         if silent_for >= config.dead_after_s:
-            return Verdict(node_id, Liveness.DEAD, f"{NEVER_HEARD} {config.dead_after_s:g}s", silent_for)
+            return Verdict(node_id, Liveness.DEAD, f"{NEVER_HEARD} {config.dead_after_s:g}s", silent_for,
+                           QuarantineCause.DEAD_NEVER_HEARD)
         return None
     closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
     if now - closed_at >= config.reconnect_grace_s:
-        return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS} within {config.reconnect_grace_s:g}s", silent_for)
+        return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS} within {config.reconnect_grace_s:g}s", silent_for,
+                       QuarantineCause.DEAD_STREAM_LOSS)
     if silent_for >= config.dead_after_s:  # silence is silence, connected or not
         return Verdict(node_id, Liveness.DEAD, f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)",
-                       silent_for)
+                       silent_for, _SILENT)
     if liveness is Liveness.ALIVE:
         return Verdict(node_id, Liveness.SUSPECT, "stream closed", silent_for)
     return None

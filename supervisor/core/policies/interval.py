@@ -43,8 +43,9 @@ from ftsup.supervisor.core.events import (
     JobCompleted,
     Record,
 )
+from ftsup.supervisor.core.limits import KEEP_CHECKPOINT_COSTS
 
-KEEP_COSTS = 64  # measured costs remembered (the window reads the newest ones)
+KEEP_COSTS = KEEP_CHECKPOINT_COSTS  # measured costs remembered (the window reads the newest ones)
 
 
 class Formula(enum.Enum):

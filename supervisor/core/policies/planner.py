@@ -22,7 +22,7 @@ from typing import cast
 from ftsup.supervisor.core.config import JobSpec
 from ftsup.supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RestoreKind
 from ftsup.supervisor.core.policies import restore
-from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState
+from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState, is_usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,7 @@ def _survey(state: ClusterState, soft: SoftState) -> _Fleet:
     for node_id, node in state.nodes.items():
         info = infos.get(node_id)
         if node.liveness is alive and info is not None and info.stream_id is not None:
-            if not (node.is_quarantined or node.is_drained):  # is_in_service, inlined
+            if not (node.is_quarantined or node.is_drained):  # state.is_usable, inlined: the hot loop
                 healthy.append(node)
                 continue
         else:
@@ -153,16 +153,6 @@ def _survey(state: ClusterState, soft: SoftState) -> _Fleet:
                 suspects.append(node_id)
         unusable.append(node_id)
     return _Fleet(healthy, unusable, unreadable, frozenset(suspects))
-
-
-def _is_usable(node: NodeRecord, soft: SoftState) -> bool:
-    info = soft.nodes.get(node.node_id)
-    return (
-        node.liveness is Liveness.ALIVE
-        and node.is_in_service
-        and info is not None
-        and info.stream_id is not None
-    )
 
 
 def _previous_members(state: ClusterState) -> list[str]:
@@ -232,7 +222,7 @@ def _replace_lost(state: ClusterState, soft: SoftState, fleet: _Fleet, job: JobS
     if not free:
         return last
     outside = state.nodes.keys() - block_of.keys()  # the nodes holding no block: spares, mostly
-    pool = [state.nodes[n] for n in outside if _is_usable(state.nodes[n], soft)]
+    pool = [state.nodes[n] for n in outside if is_usable(state.nodes[n], soft)]
     picks = _pick(state, pool, free, {block: last[block].node_id for block in free}, set())
     count = len(last)
 

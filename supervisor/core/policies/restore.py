@@ -24,6 +24,7 @@ from itertools import chain, compress
 from operator import attrgetter, is_not, not_
 
 from ftsup.supervisor.core.events import RankAssignment, RankRestore, RestoreKind
+from ftsup.supervisor.core.taint import covers
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ def plan_restore(world: RestoreWorld) -> RestorePlan:
 
 def _untainted_checkpoint(world: RestoreWorld) -> int | None:
     checkpoint = world.checkpoint_step
-    if checkpoint is not None and world.tainted_from_step is not None and checkpoint >= world.tainted_from_step:
+    if checkpoint is not None and covers(world.tainted_from_step, checkpoint):
         return None
     return checkpoint
 
@@ -135,7 +136,7 @@ def _plan_from_snapshot(world: RestoreWorld) -> RestorePlan | None:
     assert isinstance(copies, SnapshotCopies)
     step, placement, members = copies.step, world.placement, copies.members
     checkpoint = _untainted_checkpoint(world)
-    if world.tainted_from_step is not None and step >= world.tainted_from_step:
+    if covers(world.tainted_from_step, step):
         return None
     if (checkpoint is not None and checkpoint > step) or not placement or len(placement) != len(members):
         return None
@@ -253,7 +254,7 @@ def _usable_holders(world: RestoreWorld) -> dict[int, dict[int, tuple[str, ...]]
     for h in world.holdings:
         if h.node_id not in world.reachable:
             continue
-        if world.tainted_from_step is not None and h.step >= world.tainted_from_step:
+        if covers(world.tainted_from_step, h.step):
             continue
         by_step[h.step][h.rank].add(h.node_id)
     return {step: {rank: tuple(sorted(nodes)) for rank, nodes in ranks.items()} for step, ranks in by_step.items()}

@@ -125,7 +125,8 @@ async def test_standby_terms_then_kills_trainers_that_ignore_sigterm(tmp_path):
     node = Node(tmp_path)
     node.runner.dies_on = {signal.SIGKILL}
     await node.launcher.apply(run(2))
-    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="quarantined")
+    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="quarantined",
+                                 standby_cause=agent_pb2.STANDBY_CAUSE_QUARANTINED)
     assert (await node.launcher.apply(standby)).step is Step.STOP
     assert all(p.signals == [signal.SIGTERM, signal.SIGKILL] for p in node.runner.spawned)
     assert (await node.launcher.apply(standby)).step is Step.NOOP
@@ -218,7 +219,8 @@ async def test_stop_gives_the_jobs_sigterm_grace_before_sigkill(tmp_path):
     node = Node(tmp_path)  # the agent's default grace: 0.05 s
     node.runner.dies_on = {signal.SIGKILL}  # a save-on-SIGTERM handler that takes its time
     await node.launcher.apply(run(3, stop_grace_s=60.0))
-    standby = agent_pb2.Directive(generation=3, action=agent_pb2.ACTION_STANDBY, reason="job failed")
+    standby = agent_pb2.Directive(generation=3, action=agent_pb2.ACTION_STANDBY, reason="job failed",
+                                 standby_cause=agent_pb2.STANDBY_CAUSE_JOB_FAILED)
     stopping = asyncio.create_task(node.launcher.apply(standby))
     await asyncio.sleep(0.2)  # well past the agent's default grace, far within the job's
     assert all(p.signals == [signal.SIGTERM] for p in node.runner.spawned)
@@ -236,7 +238,8 @@ async def test_a_rank_that_finished_exits_by_itself_before_any_signal(tmp_path):
     await node.launcher.apply(run(2))
     assert node.launcher.mark_finished(2, 4)
     finished, unfinished = node.runner.spawned
-    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="job completed")
+    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="job completed",
+                                 standby_cause=agent_pb2.STANDBY_CAUSE_JOB_COMPLETED)
     stopping = asyncio.create_task(node.launcher.apply(standby))
     await asyncio.sleep(0.2)
     assert finished.signals == [] and unfinished.signals == []  # waiting for the finished one
@@ -249,6 +252,7 @@ async def test_a_finished_rank_that_does_not_exit_is_stopped_after_its_grace(tmp
     node = Node(tmp_path, finished_exit_grace_s=0.1)
     await node.launcher.apply(run(2))
     assert node.launcher.mark_finished(2, 4) and node.launcher.mark_finished(2, 5)
-    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="job completed")
+    standby = agent_pb2.Directive(generation=2, action=agent_pb2.ACTION_STANDBY, reason="job completed",
+                                 standby_cause=agent_pb2.STANDBY_CAUSE_JOB_COMPLETED)
     await asyncio.wait_for(node.launcher.apply(standby), 10)
     assert all(p.signals == [signal.SIGTERM] for p in node.runner.spawned)

@@ -25,6 +25,7 @@ from ftsup.supervisor.core.events import (
     GenerationEnded,
     GenerationStarted,
     NodeRole,
+    QuarantineCause,
     RankAssignment,
     RankRestore,
     RestoreKind,
@@ -324,21 +325,25 @@ def ref_judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now:
         if info is None:
             if silent_for >= config.dead_after_s:
                 verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD,
-                                                f"{failure.NEVER_HEARD} {config.dead_after_s:g}s", silent_for))
+                                                f"{failure.NEVER_HEARD} {config.dead_after_s:g}s", silent_for,
+                                                QuarantineCause.DEAD_NEVER_HEARD))
             continue
         limit = f"no heartbeat for {silent_for:.1f}s (limit {config.dead_after_s:g}s)"
         if info.stream_id is None:
             closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
             if now - closed_at >= config.reconnect_grace_s:
                 reason = f"{failure.STREAM_LOSS} within {config.reconnect_grace_s:g}s"
-                verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD, reason, silent_for))
+                verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD, reason, silent_for,
+                                                QuarantineCause.DEAD_STREAM_LOSS))
             elif silent_for >= config.dead_after_s:
-                verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD, limit, silent_for))
+                verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD, limit, silent_for,
+                                                QuarantineCause.DEAD_SILENT))
             elif node.liveness is Liveness.ALIVE:
                 verdicts.append(failure.Verdict(node.node_id, Liveness.SUSPECT, "stream closed", silent_for))
             continue
         if silent_for >= config.dead_after_s:
-            verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD, limit, silent_for))
+            verdicts.append(failure.Verdict(node.node_id, Liveness.DEAD, limit, silent_for,
+                                            QuarantineCause.DEAD_SILENT))
         elif silent_for >= 1.5 * config.heartbeat_interval_s and node.liveness is Liveness.ALIVE:
             verdicts.append(failure.Verdict(node.node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
         elif silent_for < config.heartbeat_interval_s * 1.5 and node.liveness is Liveness.SUSPECT:

@@ -168,8 +168,7 @@ def test_a_suspect_that_reconnects_within_the_grace_is_cleared_and_nothing_resta
 def test_a_fresh_supervisor_gives_every_node_a_full_timeout_of_grace():
     sim = running_cluster()
     # Restarted supervisor: same state, empty soft state, nobody has spoken yet.
-    fresh = Sim(sim.config, now=NOW + 100)
-    fresh.state = sim.state
+    fresh = Sim(sim.config, now=NOW + 100, state=sim.state)
     assert fresh.events(Tick(), at=NOW + 102.9) == []
     verdicts = fresh.events(Tick(), at=NOW + 103.1)
     assert {e.node_id for e in verdicts if isinstance(e, NodeDeclaredDead)} == {"n1", "n2", "n3", "s1"}
@@ -512,11 +511,10 @@ def test_the_first_layout_does_not_depend_on_the_order_active_nodes_registered_i
 
 def test_a_node_a_new_leader_never_heard_in_time_returns_to_service_when_the_same_agent_reconnects():
     from ftsup.supervisor.core.events import NodeUnquarantined
-    from ftsup.supervisor.core.state import SoftState
 
     sim = running_cluster()
     step(sim, 1, 1)
-    sim.soft = SoftState(started_at_s=NOW + 10.0)  # a new leader: soft state rebuilt from scratch
+    sim.restart_leader(started_at_s=NOW + 10.0)  # a new leader: soft state rebuilt from scratch
     for node_id, stream in (("n1", 51), ("n2", 52), ("s1", 53)):  # n3 is still finding the leader
         sim.events(hello(node_id, spare=node_id == "s1", stream_id=stream), at=NOW + 10.5)
     alive(sim, NOW + 12.0)

@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core.admission import refusal
 from ftsup.supervisor.core.decide import decide_hellos
 from ftsup.supervisor.core.events import Event, GenerationStarted, NodeRegistered, Record
 from ftsup.supervisor.core.evolve import evolve, evolve_all
@@ -66,23 +64,20 @@ def test_a_batch_of_hellos_decides_what_the_same_hellos_decide_one_by_one(prefix
             assume(position == len(batch) - 1 or not any(isinstance(e, GenerationStarted) for e in result))
             sequential += result
 
-    admitted = []
-    for each in batch:
-        if refusal(sim.state, sim.soft, each, sim.config) is None:
-            soft_state.observe(sim.soft, sim.state, each, now, sim.config.straggler)
-            admitted.append(each)
-    if not admitted:  # the runtime decides nothing then (each Hello got its refusal)
+    stepped = sim.core.step_hellos([(each, now) for each in batch])
+    if not stepped.admitted:  # the runtime decides nothing then (each Hello got its refusal)
         assert sequential == []
+        assert stepped.ready.events == ()
         return
-    decision = decide_hellos(sim.state, sim.soft, admitted, now, sim.config)
-    batched = evolve_all(sim.state, decision.events)
+    ready = stepped.ready
+    batched = evolve_all(sim.state, ready.events)
 
-    assert _by_value(decision.events) == _by_value(sequential)
+    assert _by_value(ready.events) == _by_value(sequential)
     assert batched.nodes == one_by_one.state.nodes
     assert batched.generation == one_by_one.state.generation
     assert batched.registrations == one_by_one.state.registrations
     if last_admitted:  # (else the sequential reason is that of an earlier Hello's decision)
-        assert decision.waiting_reason == one_by_one.waiting_reason
+        assert ready.waiting_reason == one_by_one.waiting_reason
 
 
 def test_a_batch_naming_a_node_twice_is_refused():

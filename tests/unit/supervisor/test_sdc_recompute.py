@@ -17,6 +17,7 @@ from ftsup.supervisor.core.events import (
     GenerationStarted,
     JobCompleted,
     NodeQuarantined,
+    QuarantineCause,
     SdcCheckFinished,
     SdcCheckStarted,
     SdcRankDigests,
@@ -187,7 +188,8 @@ def test_a_gradient_mismatch_confirmed_by_a_third_node_quarantines_the_culprit_a
     assert done.verdict is SdcVerdict.MISMATCH and done.culprit_node_ids == ("n3",)
     assert done.tainted_from_step == EVERY
     assert isinstance(ended, GenerationEnded) and ended.reason is EndReason.NODE_QUARANTINED and ended.node_id == "n3"
-    assert quarantined == NodeQuarantined("n3", quarantined.reason, sim.log.index(done) + 1)  # evidence: the verdict
+    assert quarantined == NodeQuarantined("n3", quarantined.reason, sim.log.index(done) + 1,
+                                         QuarantineCause.SDC)  # evidence: the verdict
     assert quarantined.reason.startswith("SDC: recompute of step 5")
     assert isinstance(started, GenerationStarted) and started.restore_step == EVERY - 1
     assert [m.node_id for m in started.members] == ["n1", "n2", "s1", "n4"]

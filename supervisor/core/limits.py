@@ -1,0 +1,47 @@
+"""Every bound the supervisor's core enforces, in one place, each with why it is where it is.
+
+Two kinds: sanity limits on what a sender may claim (past them a report is corrupt or hostile and
+is refused with the limit named), and caps on what the core remembers (past them the oldest goes:
+memory stays bounded whatever a fleet or an attacker sends). Pure constants; nothing here reads
+configuration, which validates its own ranges (core/config.py).
+"""
+
+from __future__ import annotations
+
+# -- what a sender may claim (admission.py refuses past these) ------------------------------------
+
+# Node ids travel in paths, metrics labels and certificates: a short, plain alphabet.
+MAX_NODE_ID = 64
+# Steps are counted one optimizer step at a time: 2^53 - 1 is ~285 million years of 1 ms steps,
+# and the largest count that stays exact as a float (JSON, Prometheus). Larger is a corrupt report.
+MAX_STEP = (1 << 53) - 1
+MAX_STEP_TIME_S = 86_400.0  # a day per optimizer step: slower is a stuck clock, not training
+MAX_TOKENS_PER_STEP = 1 << 40  # far above any real batch; larger is a corrupt report
+MAX_HUNG_S = 1e9  # about 31 years: a larger silence or limit is a corrupt report
+MAX_XID_CODE = 65_535  # NVIDIA's Xid codes are 16-bit
+MAX_PCI_BUS_ID = 64  # characters; a PCI bus id is "0000:3b:00.0" (12)
+MAX_TEXT = 4096  # characters of free text (an Xid line, an operator's reason, an error) kept in the log
+MAX_DIGEST = 128  # characters of a hex digest; far above the 32 of trainer.digest
+MAX_AGGREGATE_REPORTS = 1 << 20  # a world of a million ranks; a larger aggregate is corrupt
+MAX_CHECKPOINT_REASON = 1000  # characters of a checkpoint request's reason kept in the log
+
+# -- what the core remembers (soft state: oldest dropped past these) ------------------------------
+
+XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid policy
+XID_HISTORY_MAX = 256  # Xids remembered per node: far more than any repeat rule counts
+MAX_HELD_EXITS = 256  # a whole node's ranks and then some; later ones add nothing to the attribution
+MAX_HOLDING_LEAD = 1024  # steps a snapshot holding may run ahead of progress; further is absurd: ignored
+MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
+MAX_CLEAR_STEPS = 256  # agreed steps remembered for commits (commits trail steps by ~1)
+KEEP_CHECKPOINT_COSTS = 64  # measured checkpoint costs the Young/Daly policy remembers (it reads the newest)
+
+# -- the supervisor loop's queues (runtime.py) -----------------------------------------------------
+
+# Inputs from agent streams that may wait in the loop's queue at once. A stream that sends faster
+# than the loop decides waits here (and, through gRPC flow control, so does its sender) instead of
+# growing memory. Far above a healthy fleet's backlog: 12,500 nodes' heartbeats and step reports.
+STREAM_INPUT_CAPACITY = 50_000
+# Hellos decided and appended together at most (a connecting fleet's burst): one fsync'd append
+# and one planner pass per batch. Large enough that 12,500 nodes register in a few dozen appends,
+# small enough that one batch keeps the loop from heartbeats for well under a heartbeat interval.
+HELLO_BATCH = 512

@@ -1,0 +1,227 @@
+"""The one core step: an input in, a `Ready` out (refusal, events, waiting reason, touched nodes).
+
+Modelled on raft's RawNode/Ready: `Core.step` admits or refuses the input, folds it into the soft
+state, decides, and hands back everything the shell must do as data; the shell persists
+`ready.events` and then calls `Core.advance` with the stored records, which folds them. The
+supervisor's runtime, the fleet simulator and the unit-test driver all drive the core through
+this object, so admission, observation, decision and folding cannot drift apart between them.
+Pure: no I/O, no clock (`now` is an argument), no logging.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ftsup.supervisor.core import admission
+from ftsup.supervisor.core import soft as soft_state
+from ftsup.supervisor.core.config import CoreConfig
+from ftsup.supervisor.core.decide import decide, decide_hellos
+from ftsup.supervisor.core.errors import InvalidEvent
+from ftsup.supervisor.core.events import (
+    CheckpointAborted,
+    CheckpointCommitted,
+    CheckpointStarted,
+    Event,
+    GenerationEnded,
+    GenerationStarted,
+    JobCompleted,
+    NodeCleared,
+    NodeDeclaredDead,
+    NodeDrained,
+    NodeQuarantined,
+    NodeRegistered,
+    NodeSuspected,
+    NodeUnquarantined,
+    OperatorCommand,
+    Record,
+    SnapshotCommitted,
+    StragglerDetected,
+    XidReported,
+)
+from ftsup.supervisor.core.evolve import apply_record, apply_records
+from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input
+from ftsup.supervisor.core.policies import interval as interval_policy
+from ftsup.supervisor.core.policies.interval import IntervalObservations
+from ftsup.supervisor.core.state import ClusterState, SoftState
+
+# Events the Young/Daly interval policy learns from (checkpoint costs, failures, the job's span).
+INTERVAL_EVENTS = (GenerationStarted, GenerationEnded, JobCompleted, CheckpointStarted, CheckpointCommitted,
+                   CheckpointAborted)
+# Events that can change no directive but the named node's own (a registration of a generation's
+# member may change its peers' buddy and restore addresses: see `affected_nodes`). Any other event
+# may change every node's directive.
+NODE_LOCAL_EVENTS = (NodeRegistered, NodeSuspected, NodeCleared, NodeDeclaredDead, NodeQuarantined, XidReported,
+                     NodeUnquarantined, NodeDrained, StragglerDetected, OperatorCommand)
+
+
+class RefusalKind(enum.Enum):
+    """Whether a refused sender may send the same input again (the wire's RefusalKind)."""
+
+    PERMANENT = "permanent"  # the input's own fault: sent again, it is refused again
+    RETRYABLE = "retryable"  # says nothing about the input: this replica could not decide it now
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    kind: RefusalKind
+    reason: str  # for people: logged and answered on the sender's stream
+
+    @property
+    def is_retryable(self) -> bool:
+        return self.kind is RefusalKind.RETRYABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """What one step asks of the shell: persist `events` (then `Core.advance`), show the waiting
+    reason, push the directives of `affected` nodes (None: possibly every node's changed)."""
+
+    events: tuple[Event, ...] = ()
+    waiting_reason: str = ""  # why no generation runs, when none does
+    affected: tuple[str, ...] | None = ()
+    refusal: Refusal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReady:
+    """A batch of Hellos stepped together: per Hello its refusal (None: admitted), and one Ready
+    for the admitted ones, decided together (one append for the batch)."""
+
+    refusals: tuple[Refusal | None, ...]
+    ready: Ready
+
+    @property
+    def admitted(self) -> tuple[int, ...]:
+        """Positions in the batch of the Hellos that were not refused."""
+        return tuple(i for i, refusal in enumerate(self.refusals) if refusal is None)
+
+
+def affected_nodes(state: ClusterState, events: Sequence[Event], hellos: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """Nodes whose directive `events` may change, plus the nodes that said Hello (`hellos`);
+    None: possibly every node.
+
+    At 10k+ nodes recomputing every directive per registration is quadratic. A change of the
+    waiting reason alone touches nobody (it is the note a standby directive carries): agents get
+    the current reason with their next directive that changes anything else. Node-local events
+    never change the generation, so `state` may be the one before or after folding them.
+    """
+    named = list(hellos)
+    generation = state.generation
+    for event in events:
+        if not isinstance(event, NODE_LOCAL_EVENTS):
+            return None
+        if isinstance(event, NodeRegistered) and generation is not None and (
+            generation.member(event.node_id) is not None
+            or any(r.source_node_id == event.node_id for r in generation.restores)
+        ):
+            return None  # its peers' buddy / restore addresses may have changed
+        named.append(getattr(event, "node_id", ""))
+    return tuple(named)
+
+
+class Core:
+    """Owns the cluster state, the soft state and the Young/Daly observations of one supervisor
+    (or one simulated run); changed only through `step`/`step_hellos` and `advance`/`fold`."""
+
+    def __init__(self, config: CoreConfig, state: ClusterState | None = None, soft: SoftState | None = None) -> None:
+        self.config = config
+        self.state = state if state is not None else ClusterState()
+        self.interval_obs = IntervalObservations()
+        self.soft = soft if soft is not None else SoftState(started_at_s=0.0)
+        self.soft.interval_obs = self.interval_obs
+
+    @property
+    def waiting_reason(self) -> str:
+        return self.soft.waiting_reason
+
+    def reset_soft(self, started_at_s: float) -> None:
+        """Starts the soft state afresh (a new leader rebuilds it from what agents send); what the
+        log taught (Young/Daly observations) and the waiting reason stay."""
+        self.soft = SoftState(started_at_s=started_at_s, interval_obs=self.interval_obs,
+                              waiting_reason=self.soft.waiting_reason)
+
+    # -- deciding ---------------------------------------------------------------------------------
+    def step(self, inp: Input, now: float) -> Ready:
+        """Refuses `inp`, or observes it into the soft state and decides on it. Nothing is folded:
+        the caller persists `ready.events` and calls `advance` (or drops them: the soft state has
+        moved, the cluster state has not)."""
+        refused = admission.refusal(self.state, self.soft, inp, self.config)
+        if refused is not None:
+            return Ready(waiting_reason=self.waiting_reason, refusal=Refusal(RefusalKind.PERMANENT, refused))
+        seen = soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
+        if isinstance(inp, Heartbeat):
+            # The hot path (one per node per interval): a heartbeat only refreshes soft state; the
+            # detector and the planner act on the next Tick, so skipping decide changes no
+            # decision, only saves a planner pass.
+            return Ready(waiting_reason=self.waiting_reason)
+        decision = decide(self.state, self.soft, inp, now, self.config, seen)
+        hellos = (inp.node_id,) if isinstance(inp, AgentHello) else ()
+        return Ready(decision.events, decision.waiting_reason, affected_nodes(self.state, decision.events, hellos))
+
+    def step_hellos(self, hellos: Sequence[tuple[AgentHello, float]]) -> HelloReady:
+        """A batch of Hellos of distinct nodes, each with its arrival time: each admitted and
+        observed as alone, then decided together (as of the last arrival) with one budget, drain
+        and planner pass, so a fleet connecting costs one append per batch, not one per node."""
+        refusals = tuple(self._admit(hello, at_s) for hello, at_s in hellos)
+        admitted = [hello for (hello, _), refused in zip(hellos, refusals) if refused is None]
+        if not admitted:
+            return HelloReady(refusals, Ready(waiting_reason=self.waiting_reason))
+        now = hellos[-1][1]
+        decision = decide_hellos(self.state, self.soft, admitted, now, self.config)
+        affected = affected_nodes(self.state, decision.events, [hello.node_id for hello in admitted])
+        return HelloReady(refusals, Ready(decision.events, decision.waiting_reason, affected))
+
+    def _admit(self, inp: Input, now: float) -> Refusal | None:
+        reason = admission.refusal(self.state, self.soft, inp, self.config)
+        if reason is not None:
+            return Refusal(RefusalKind.PERMANENT, reason)
+        soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
+        return None
+
+    # -- folding ----------------------------------------------------------------------------------
+    def records(self, events: Sequence[Event], time_s: float, term: int = 0) -> list[Record]:
+        """`events` as the next records of a log that has no other writer (the simulator's and the
+        test driver's stand-in for an append), stamped `time_s`."""
+        seq = self.state.applied_seq
+        return [Record(seq + i, term, time_s, event) for i, event in enumerate(events, start=1)]
+
+    def advance(self, ready: Ready, records: Sequence[Record], *, clock_offset_s: float = 0.0,
+                on_record: Callable[[Record], None] | None = None) -> None:
+        """Folds the records `ready.events` were persisted as, and adopts its waiting reason."""
+        if tuple(r.event for r in records) != ready.events:
+            raise InvalidEvent(f"advance got {len(records)} records for a Ready of {len(ready.events)} events"
+                               " (or other events): persist exactly ready.events")
+        self.fold(records, clock_offset_s=clock_offset_s, on_record=on_record)
+        self.soft.waiting_reason = ready.waiting_reason
+
+    def fold(self, records: Sequence[Record], *, clock_offset_s: float = 0.0,
+             on_record: Callable[[Record], None] | None = None) -> None:
+        """Folds stored records (a replay, a follower's copy, a persisted Ready) into the state,
+        the Young/Daly observations (record times plus `clock_offset_s`: the wall clock moved onto
+        the monotonic one the core decides with) and the snapshot holdings a commit retires.
+
+        A batch that cannot change the generation (registrations, liveness) is folded with one copy
+        of the node map (see evolve_all); `on_record` is called once each record is folded in."""
+        is_bulk = len(records) > 1 and not any(isinstance(r.event, INTERVAL_EVENTS) for r in records)
+        if is_bulk:
+            self.state = apply_records(self.state, records)
+        for record in records:
+            if not is_bulk:
+                self._fold_one(record, clock_offset_s)
+            if isinstance(record.event, SnapshotCommitted):
+                soft_state.forget_committed(self.soft, record.event.step)
+            if on_record is not None:
+                on_record(record)
+
+    def _fold_one(self, record: Record, clock_offset_s: float) -> None:
+        self.state = apply_record(self.state, record)
+        if isinstance(record.event, INTERVAL_EVENTS):
+            shifted = Record(record.seq, record.term, record.time_unix_s + clock_offset_s, record.event)
+            self.interval_obs = interval_policy.observe(self.interval_obs, shifted)
+            self.soft.interval_obs = self.interval_obs
+
+    def checkpoint_advice(self, now: float) -> interval_policy.IntervalAdvice:
+        """The Young/Daly interval at `now`, from the costs and failures folded so far (and why)."""
+        return interval_policy.advise(self.interval_obs, self.config.checkpoint_timing.interval, now)
