@@ -49,10 +49,6 @@ class Checkpoints:
             with self._lock:
                 self._requested_steps.update(s for s in steps if s > after_step)
 
-    def forget_requests(self) -> None:
-        with self._lock:
-            self._requested_steps.clear()
-
     def save(self, generation: int, rank: int, step: int, objects: dict[str, Any], extra: Any) -> agent_pb2.CheckpointShard:
         """Collective: writes this rank's shards; returns the report (with `error` set on a failure)."""
         checkpoint_id = supervised.checkpoint_id_for(step, generation)

@@ -154,6 +154,7 @@ class Session:
             restored = restore.apply_held(held, self._client.address, self.rank, expected,
                                           any_rank=self.launch.full_world_size is not None, objects=objects)
         self.restored_extra = restored.extra
+        self.schedule.snapshotted_step = restored.step  # held by the agents: a recompute of the next step replays it
         return restored.step
 
     # -- object-store checkpoints ------------------------------------------------------------
