@@ -38,15 +38,15 @@ def config_from_mapping(env: Mapping[str, str]) -> core.CadenceConfig:
 
 
 class Schedule:
-    """`is_due(step)` on every rank at every step; collective at snapshot steps in auto mode."""
+    """`is_due(step)` on every rank at every step; collective at agreement steps in auto mode."""
 
     def __init__(self, config: core.CadenceConfig, clock: Callable[[], float] = time.monotonic,
                  agree: Callable[[int], int] = collective.agree_on_min) -> None:
         self.config = config
         self._clock = clock
         self._agree = agree
-        self._cadence = core.start(config)
-        self.snapshotted_step: int | None = None  # the last step handed to snapshot(), any cadence
+        self._cadence = core.start(config, 0)
+        self.snapshotted_step: int | None = None  # the last step handed to snapshot(), or restored
 
     @property
     def every(self) -> int:
@@ -54,19 +54,17 @@ class Schedule:
         return self._cadence.every
 
     def is_due(self, step: int) -> bool:
-        if not core.is_due(self._cadence, step):
-            return False
         now = self._clock()
-        mine = core.proposal(self.config, self._cadence, step, now)
-        agreed = self._agree(mine) if self.config.is_auto else mine
-        self._cadence = core.after_snapshot_step(self._cadence, step, now, agreed)
-        return True
+        agreed = None
+        if core.needs_agreement(self.config, self._cadence, step):
+            agreed = self._agree(core.proposal(self.config, self._cadence, step, now))
+        self._cadence, due = core.observe(self.config, self._cadence, step, now, agreed)
+        return due
 
     def is_recomputable(self, step: int) -> bool:
         """Can an SDC recompute replay `step`? Only from this rank's snapshot of the step before."""
         return self.snapshotted_step is not None and self.snapshotted_step == step - 1
 
-    def restart(self) -> None:
-        """A new generation (in-process rejoin): its first step snapshots again."""
-        self._cadence = core.start(self.config)
-        self.snapshotted_step = None
+    def restart(self, from_step: int) -> None:
+        """A start, restore or rejoin from `from_step` (held already): the cadence begins again there."""
+        self._cadence = core.start(self.config, from_step)

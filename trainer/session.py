@@ -143,6 +143,7 @@ class Session:
         objects = state_module.objects_of(model_or_state, optimizer)
         expected = self.launch.restore_step
         if expected is None:
+            self.schedule.restart(0)
             return 0
         held = restore.fetch(self._client, self.rank, self.generation)
         if held is None and self.checkpoints.restore_checkpoint_id:
@@ -154,6 +155,7 @@ class Session:
             restored = restore.apply_held(held, self._client.address, self.rank, expected,
                                           any_rank=self.launch.full_world_size is not None, objects=objects)
         self.restored_extra = restored.extra
+        self.schedule.restart(restored.step)
         self.schedule.snapshotted_step = restored.step  # held by the agents: a recompute of the next step replays it
         return restored.step
 
@@ -353,7 +355,8 @@ class Session:
         fresh = CheckpointEnv.from_mapping(os.environ)
         self.checkpoints = dataclasses.replace(fresh, read_timeout_s=self.checkpoints.read_timeout_s,
                                                retry_deadline_s=self.checkpoints.retry_deadline_s)
-        self.schedule.restart()
+        self.schedule.restart(self.launch.restore_step or 0)
+        self.schedule.snapshotted_step = None
         self.rejoins += 1
         self._start_watch()
         return True

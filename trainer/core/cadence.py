@@ -7,7 +7,8 @@ proposal over the ranks (one small all-reduce at each snapshot step, never in be
 the agreed k back in. Auto mode aims at `interval_s` of training between snapshots: a failure then
 loses at most about that much work (k steps), and the snapshot's fixed cost is spread over k
 steps. A step slower than the interval gives k = 1: every step, at most one step lost, as a
-fixed `every_steps=1`. The first step after a start or a restore is always a snapshot step.
+fixed `every_steps=1`. The step a rank starts from is held already (restored, or the initial
+state), so auto measures the pace first instead of snapshotting the slow steps of a restart.
 Stdlib only: no clock (the shell passes `now`), no torch.
 """
 
@@ -41,36 +42,49 @@ class CadenceConfig:
 
 @dataclass(frozen=True, slots=True)
 class Cadence:
-    """Where a rank is in its cadence: the last snapshot step (None: none since the start) and k."""
+    """Where a rank is in its cadence: the last step held (a snapshot's, or the one the rank started
+    from: restored, or 0 at a fresh start), k, and where the pace is measured from."""
 
-    every: int = 1
-    last_step: int | None = None
-    last_at: float = 0.0  # `now` at the last snapshot step
-
-
-def start(config: CadenceConfig) -> Cadence:
-    return Cadence(every=config.every_steps or 1)
+    every: int
+    last_step: int
+    mark_step: int | None = None  # None: the pace has no origin yet (the first call sets it)
+    mark_at: float = 0.0  # `now` at mark_step
 
 
-def is_due(cadence: Cadence, step: int) -> bool:
-    """Is `step` a snapshot step? The same answer on every rank that folded the same agreements."""
-    return cadence.last_step is None or step - cadence.last_step >= cadence.every
+def start(config: CadenceConfig, from_step: int) -> Cadence:
+    """At a start or a restore from `from_step`: that step is held already (restored, or step 0 is
+    the initial state), so nothing is snapshotted before the pace is known; auto measures one
+    step first and agrees at the second call."""
+    return Cadence(every=config.every_steps or 1, last_step=from_step)
+
+
+def needs_agreement(config: CadenceConfig, cadence: Cadence, step: int) -> bool:
+    """Does this call agree on k (collective in auto mode)? Where k as it stands makes `step` a
+    snapshot step, once a pace is measured: auto starts at k = 1, so the second call after a start
+    agrees (the first pace), then each snapshot step. The same steps on every rank."""
+    return config.is_auto and cadence.mark_step is not None and step - cadence.last_step >= cadence.every
 
 
 def proposal(config: CadenceConfig, cadence: Cadence, step: int, now: float) -> int:
-    """The k this rank proposes at snapshot step `step`: the steps that fit into the interval at
-    the pace measured since the last snapshot step (1 before any measurement)."""
+    """The k this rank proposes at `step`: the steps that fit into the interval at the pace
+    measured since the mark (1 when nothing is measured yet)."""
     if not config.is_auto:
         return config.every_steps
-    if cadence.last_step is None or step <= cadence.last_step or now <= cadence.last_at:
+    if cadence.mark_step is None or step <= cadence.mark_step or now <= cadence.mark_at:
         return 1
-    per_step_s = (now - cadence.last_at) / (step - cadence.last_step)
+    per_step_s = (now - cadence.mark_at) / (step - cadence.mark_step)
     return max(1, min(MAX_EVERY_STEPS, math.ceil(config.interval_s / per_step_s)))
 
 
-def after_snapshot_step(cadence: Cadence, step: int, now: float, agreed_every: int) -> Cadence:
-    """The cadence once `step` was a snapshot step and the ranks agreed on `agreed_every`."""
-    if agreed_every < 1:
+def observe(config: CadenceConfig, cadence: Cadence, step: int, now: float, agreed_every: int | None) -> tuple[Cadence, bool]:
+    """Folds one call at `step` (with the agreed k when this call agreed) into the cadence; returns
+    the new cadence and whether `step` is a snapshot step. The pace is measured from the first call
+    after a start, then from each snapshot step."""
+    if agreed_every is not None and agreed_every < 1:
         raise ValueError(f"agreed snapshot cadence must be >= 1 step, got {agreed_every}")
-    return Cadence(every=agreed_every, last_step=step, last_at=now)
-
+    if config.is_auto and cadence.mark_step is None:
+        return Cadence(cadence.every, cadence.last_step, step, now), False  # the pace's origin
+    every = agreed_every if agreed_every is not None else cadence.every
+    if step - cadence.last_step >= every:
+        return Cadence(every, step, step, now), True
+    return Cadence(every, cadence.last_step, cadence.mark_step, cadence.mark_at), False

@@ -27,15 +27,16 @@ def run(schedule: Schedule, clock: Clock, steps: range, step_s: float) -> list[i
     return due
 
 
-def test_a_fixed_cadence_snapshots_the_first_step_then_every_k_and_never_agrees():
+def test_a_fixed_cadence_snapshots_every_k_steps_from_the_start_and_never_agrees():
     asked: list[int] = []
     schedule = Schedule(cadence.CadenceConfig(every_steps=3), Clock(), agree=lambda v: asked.append(v) or v)
-    assert run(schedule, Clock(), range(1, 11), 0.01) == [1, 4, 7, 10]
+    assert run(schedule, Clock(), range(1, 11), 0.01) == [3, 6, 9]
     assert asked == [] and schedule.every == 3
 
 
 def test_every_step_is_the_old_contract():
     schedule = Schedule(cadence.CadenceConfig(every_steps=1), Clock())
+    schedule.restart(4)  # restored step 4
     assert run(schedule, Clock(), range(5, 10), 5.0) == [5, 6, 7, 8, 9]
 
 
@@ -43,15 +44,23 @@ def test_auto_spaces_snapshots_by_the_interval_at_the_measured_pace():
     clock = Clock()
     schedule = Schedule(cadence.CadenceConfig(interval_s=1.0), clock)
     due = run(schedule, clock, range(1, 101), 0.125)  # 8 steps per second
-    assert due[:2] == [1, 2]  # the first, then one measured step
-    assert schedule.every == 8
-    assert all(b - a == 8 for a, b in zip(due[1:], due[2:]))
+    # Step 1 marks the pace, step 2 measures it: k = 8 from the start (step 0 is the initial state).
+    assert due[0] == 8 and schedule.every == 8
+    assert all(b - a == 8 for a, b in zip(due, due[1:]))
 
 
-def test_auto_with_steps_longer_than_the_interval_snapshots_every_step():
+def test_auto_does_not_snapshot_the_steps_right_after_a_restore_the_restored_step_is_held():
     clock = Clock()
     schedule = Schedule(cadence.CadenceConfig(interval_s=1.0), clock)
-    assert run(schedule, clock, range(1, 6), 3.0) == [1, 2, 3, 4, 5]
+    schedule.restart(30)
+    due = run(schedule, clock, range(31, 60), 0.25)  # 4 steps per second
+    assert due[0] == 34 and all(b - a == 4 for a, b in zip(due, due[1:]))
+
+
+def test_auto_with_steps_longer_than_the_interval_snapshots_every_step_once_measured():
+    clock = Clock()
+    schedule = Schedule(cadence.CadenceConfig(interval_s=1.0), clock)
+    assert run(schedule, clock, range(1, 6), 3.0) == [2, 3, 4, 5]
     assert schedule.every == 1
 
 
@@ -65,8 +74,9 @@ def test_auto_agrees_on_the_smallest_proposal_so_ranks_with_different_clocks_sna
     clock = Clock()
     schedule = Schedule(cadence.CadenceConfig(interval_s=1.0), clock, agree=agree)
     due = run(schedule, clock, range(1, 20), 0.125)
-    assert due == [1, 2, 6, 10, 14, 18]
-    assert proposals[1] == 8 and schedule.every == 4
+    assert due == [4, 8, 12, 16]
+    assert proposals[0] == 8 and len(proposals) == 1 + len(due)  # step 2, then each snapshot step
+    assert schedule.every == 4
 
 
 def test_auto_follows_a_change_of_pace_at_the_next_snapshot_step():
@@ -78,12 +88,12 @@ def test_auto_follows_a_change_of_pace_at_the_next_snapshot_step():
     assert schedule.every == 2
 
 
-def test_a_restart_snapshots_its_first_step_again():
+def test_a_restart_begins_the_cadence_at_its_step():
     clock = Clock()
     schedule = Schedule(cadence.CadenceConfig(every_steps=5), clock)
     run(schedule, clock, range(1, 4), 0.1)
-    schedule.restart()
-    assert schedule.is_due(3)
+    schedule.restart(2)
+    assert [s for s in range(3, 13) if schedule.is_due(s)] == [7, 12]
 
 
 @pytest.mark.parametrize("env, message", [
@@ -120,7 +130,7 @@ def test_session_wants_a_gradient_digest_only_for_the_step_after_a_snapshot():
 def test_session_snapshot_due_follows_its_schedule_and_checks_the_step():
     session = make_session(FakeClient())
     session.schedule = Schedule(cadence.CadenceConfig(every_steps=2), Clock())
-    assert [s for s in range(1, 8) if session.snapshot_due(s)] == [1, 3, 5, 7]
+    assert [s for s in range(1, 8) if session.snapshot_due(s)] == [2, 4, 6]
     assert session.snapshot_every == 2
     with pytest.raises(ValueError, match="step must be a non-negative int"):
         session.snapshot_due(-1)
