@@ -201,6 +201,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="disk checkpoint interval of torchrun, ftsup run (Level 0), NVRx and DLRover's disk copy")
     p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the steady-state figure")
+    p.add_argument("--ftsup-snapshot-every", default="auto",
+                   help="ftsup Level 2's RAM snapshot cadence, passed to the example trainer: 'auto' (the library's"
+                        " default: about one second of training between snapshots) or N steps (1: every step)")
     p.add_argument("--peers-python", type=pathlib.Path, default=None,
                    help="python of the venv with the peers installed (default: .venv-peers/bin/python beside ours)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per run")
@@ -214,6 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.repeats < 1 or args.steps < 10 or not args.warmup_steps < args.kill_at < args.steps:
         p.error(f"need --repeats >= 1, --steps >= 10 and --warmup-steps < --kill-at < --steps "
                 f"(got {args.repeats}, {args.steps}, {args.warmup_steps} < {args.kill_at} < {args.steps})")
+    if args.ftsup_snapshot_every != "auto" and not args.ftsup_snapshot_every.isdigit():
+        p.error(f"--ftsup-snapshot-every must be 'auto' or a step count, got {args.ftsup_snapshot_every!r}")
     if args.checkpoint_every < 1:
         p.error(f"--checkpoint-every must be >= 1 (got {args.checkpoint_every})")
     args.tools = tools
@@ -495,13 +500,13 @@ def _figures(tool: str, records: list[StepRecord], args: argparse.Namespace, kil
 
 
 def _one_ftsup_run(args: argparse.Namespace, run_dir: pathlib.Path, kill: bool) -> dict[str, Any]:
-    """Level 2: the example trainer (RAM snapshots every step, buddy copies) under a LocalCluster of
+    """Level 2: the example trainer (RAM snapshots at --ftsup-snapshot-every, buddy copies) under a LocalCluster of
     2 nodes x 2 ranks and one hot spare with pre-warmed trainers, as bench/recovery.py runs it."""
     from ftsup.harness.cluster import ClusterSpec, LocalCluster
     from ftsup.harness.demo import trainer_argv
 
-    spec = ClusterSpec(nodes=2, spares=1, ranks_per_node=2, job_name="peers-bench",
-                       trainer_argv=trainer_argv(sys.executable, args.steps, 0), warm_trainers=2)
+    argv = (*trainer_argv(sys.executable, args.steps, 0), "--snapshot-every", args.ftsup_snapshot_every)
+    spec = ClusterSpec(nodes=2, spares=1, ranks_per_node=2, job_name="peers-bench", trainer_argv=argv, warm_trainers=2)
 
     def files() -> dict[int, pathlib.Path]:
         return {int(p.name.split(".gen-")[1].split(".")[0]): p for p in (run_dir / "nodes").glob("*/rank-0.gen-*.log")}
@@ -586,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "world": {"nodes": 2, "ranks_per_node": 2, "backend": "gloo", "model": "trainer/examples/gpt.py defaults"},
         "steps": args.steps, "kill_at": args.kill_at, "repeats": args.repeats,
-        "checkpoint_every": args.checkpoint_every, "versions": versions,
+        "checkpoint_every": args.checkpoint_every, "ftsup_snapshot_every": args.ftsup_snapshot_every,
+        "versions": versions,
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "cpus": os.cpu_count(),
         "tools": results, "errors": errors, "ftsup_vs_best_peer": rat, "goals": goals(results, rat),

@@ -10,7 +10,7 @@ grpc exceptions. Blocking calls only; `session.py` decides what runs in the back
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -149,7 +149,7 @@ class AgentClient:
         return AgentLinkError(self.address, method, code, detail or "")
 
 
-def _assemble(messages: Iterator[peer_pb2.SnapshotChunk]) -> HeldSnapshot | None:
+def _assemble(messages: Iterable[peer_pb2.SnapshotChunk]) -> HeldSnapshot | None:
     """A GetRestore stream put back together; None when it carries no chunk at all (start fresh)."""
     assembly: Assembly | None = None
     header = peer_pb2.SnapshotHeader()

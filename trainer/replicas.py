@@ -14,7 +14,7 @@ its lowest rank, which is what a StepReport carries (`replica_group`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +54,7 @@ def replica_group_of(tensors: Iterable[torch.Tensor], rank: int, world_size: int
     return ReplicaGroup(tuple(sorted(members)))
 
 
-def _mesh_replicas(grid: torch.Tensor, coordinate: list[int] | None, replicated: list[bool], rank: int) -> set[int]:
+def _mesh_replicas(grid: torch.Tensor, coordinate: Sequence[int] | None, replicated: list[bool], rank: int) -> set[int]:
     """The ranks of `grid` (the mesh's rank layout) equal to `rank` on every non-replicated dim."""
     if coordinate is None:  # this rank is not in the mesh: nobody in it holds what this rank holds
         return {rank}

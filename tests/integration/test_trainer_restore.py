@@ -129,7 +129,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None, *flags: str):
+def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None, *flags: str,
+                extra_env: dict[str, str] | None = None):
     port = free_port()
     procs = []
     for rank in range(WORLD):
@@ -140,7 +141,7 @@ def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None
             FTSUP_AGENT_ADDRESS=agent.address, FTSUP_GENERATION=str(generation),
             FTSUP_NODE_ID="node-a",
             FTSUP_RESTORE_STEP="" if restore_step is None else str(restore_step),
-            TMPDIR=str(tmp_path), GRPC_VERBOSITY="ERROR",
+            TMPDIR=str(tmp_path), GRPC_VERBOSITY="ERROR", **(extra_env or {}),
         )
         log = open(tmp_path / f"gen{generation}-rank{rank}.log", "wb")
         procs.append(
@@ -226,6 +227,44 @@ def test_run_restarted_after_rank_crash_at_step_4_ends_bit_identical(
     assert restore_step is not None and 1 <= restore_step <= 4
 
     run(agent, tmp_path, 2, restore_step, "--steps", str(STEPS))
+
+    restored = assert_replicas_agree(agent, 2, range(restore_step + 1, STEPS + 1))
+    assert restored == {s: per_step[s] for s in range(restore_step + 1, STEPS + 1)}
+    assert final_digest(agent, 2) == final
+
+
+def test_auto_cadence_snapshots_the_same_steps_on_every_rank_and_restores_bit_identical(
+    agent, tmp_path, uninterrupted
+):
+    """Session.snapshot_due in auto mode (real gloo: the ranks agree on k with an all-reduce at each
+    snapshot step): every rank snapshots the same steps, a gradient digest is reported only for a
+    step right after a snapshot (the only steps a recompute can replay), and a crash restores from
+    the latest step every rank holds, bit-identical to the uninterrupted run."""
+    per_step, final = uninterrupted
+    # A short interval: at this model's pace (20-200 ms a step) k is 1 to 5, so a snapshot lands before the crash.
+    cadence = {"FTSUP_SNAPSHOT_INTERVAL_S": "0.1"}
+    procs = start_ranks(agent, tmp_path, 1, None, "--steps", str(STEPS), "--snapshot-every", "auto",
+                        "--crash-at-step", "6", "--crash-rank", "1", extra_env=cadence)
+    try:
+        assert procs[1].wait(timeout=RUN_DEADLINE_S) == 17
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    by_rank: dict[int, set[int]] = defaultdict(set)
+    for rank, step in agent.snapshots:
+        by_rank[rank].add(step)
+    survivors = [by_rank[r] for r in (0, 2)]
+    assert survivors[0] and survivors[0] == survivors[1], by_rank  # one cadence for all ranks
+    assert by_rank[1] <= survivors[0] | {6}  # the crashed rank's snapshots: the same steps (6 maybe lost)
+    with agent.lock:
+        graded = {(r.rank, r.step) for r in agent.reports if r.local_grad_digest}
+    assert graded and all(step - 1 in by_rank[rank] for rank, step in graded), (graded, by_rank)
+    restore_step = agent.latest_complete_step(WORLD)
+    assert restore_step is not None and 1 <= restore_step <= 6
+
+    run(agent, tmp_path, 2, restore_step, "--steps", str(STEPS), "--snapshot-every", "auto")
 
     restored = assert_replicas_agree(agent, 2, range(restore_step + 1, STEPS + 1))
     assert restored == {s: per_step[s] for s in range(restore_step + 1, STEPS + 1)}

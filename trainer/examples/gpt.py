@@ -107,7 +107,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--snapshot-every", type=int, default=1, help="0 disables snapshots")
+    p.add_argument("--snapshot-every", type=_snapshot_every, default=1,
+                   help="a RAM snapshot every N steps (0: none; 1, the default here: every step, at most one step"
+                        " lost), or 'auto': the session's cadence (FTSUP_SNAPSHOT_EVERY_STEPS /"
+                        " FTSUP_SNAPSHOT_INTERVAL_S; by default about one second of training between snapshots)")
     p.add_argument(
         "--grad-sync",
         choices=("deterministic", "allreduce"),
@@ -141,13 +144,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "seq_len", "layers", "d_model", "heads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.snapshot_every < 0:
-        p.error(f"--snapshot-every must be >= 0, got {args.snapshot_every}")
     for name in ("checkpoint_read_timeout_s", "checkpoint_retry_deadline_s"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
     return args
+
+
+AUTO = None  # --snapshot-every auto: the session decides (Session.snapshot_due)
+
+
+def _snapshot_every(raw: str) -> int | None:
+    if raw == "auto":
+        return AUTO
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a step count >= 0 or 'auto', got {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a step count >= 0 or 'auto', got {value}")
+    return value
+
+
+def _is_snapshot_step(args: argparse.Namespace, session: Session, step: int) -> bool:
+    """Every --snapshot-every steps, or the session's cadence (collective at its snapshot steps)."""
+    if args.snapshot_every is AUTO:
+        return session.snapshot_due(step)
+    return bool(args.snapshot_every) and step % args.snapshot_every == 0
 
 
 def _abort_process_group() -> None:
@@ -245,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rejoin and not args.offline:
         session.on_generation_replaced(_abort_process_group)
     grad_sync: DeterministicGradSync | ComputeClock | None = None
+    ddp: DistributedDataParallel | None = None
+    cadence = 0  # the session's snapshot cadence last printed (--snapshot-every auto)
     while True:  # once, unless this rank rejoins a new generation in-process (the fast path)
         try:
             done = session.restore(model, optimizer)
@@ -263,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for step in range(done + 1, args.steps + 1):
                 started = time.monotonic()
                 grad_sync.reset()
+                # The local gradients serve only an SDC recompute, which replays a step from the
+                # snapshot of the step before: copy and digest them for such steps only.
+                wants_grads = session.wants_grad_digest(step)
+                grad_sync.grad_digester = local_grads if wants_grads else None
                 injector.begin_step(step)
                 optimizer.zero_grad(set_to_none=True)
                 # Micro-batches: one per full-world rank this rank stands in for (one unless an elastic
@@ -298,18 +327,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 compute_s = max(0.0, ready - started - waited_s)
                 session.report_step(step, ended - started, compute_s, loss_value, digest(),
                                     grad_norm=float(grad_norm), tokens=tokens_done,
-                                    local_grad_digest=local_grads())
+                                    local_grad_digest=local_grads() if wants_grads else "")
                 if session.checkpoint_due(step):  # object-store checkpoint (FTSUP_CHECKPOINT_*), synchronous
                     session.save_checkpoint(step, model, optimizer)
-                if args.snapshot_every and step % args.snapshot_every == 0:
+                if _is_snapshot_step(args, session, step):
                     session.snapshot(step, model, optimizer)
+                    if session.rank == 0 and args.snapshot_every is AUTO and session.snapshot_every != cadence:
+                        cadence = session.snapshot_every
+                        print(f"snapshot cadence: every {cadence} step(s) from step {step}", file=sys.stderr, flush=True)
                 if step == done + 1:
                     phases["first_step_s"] = time.monotonic() - started
                     timings = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
                     print(f"rank {session.rank} start-up: {timings}", file=sys.stderr, flush=True)
                 if session.rank == 0:
                     print(
-                        f"step {step} loss {loss_value:.4f} step_ms {(ended - started) * 1e3:.1f}",
+                        f"step {step} world {session.world_size} t {time.time():.4f} loss {loss_value:.4f}"
+                        f" step_ms {(ended - started) * 1e3:.1f}",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf.attach(trainer, session=offline.offline_session(os.environ) if args.offline else None)  # the one line
     trainer.train()
     if trainer.is_world_process_zero():
-        print(f"final loss {printer.last_loss:.6f} digest {param_digest(trainer.model)}", flush=True)
+        print(f"final loss {printer.last_loss:.6f} digest {param_digest(hf.model_of(trainer))}", flush=True)
     return 0
 
 

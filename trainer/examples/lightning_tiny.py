@@ -76,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)  # many ranks share few cores; also fixes the reduction order
     L.seed_everything(args.seed, verbose=False)
     data = torch.randint(0, VOCAB, (args.samples, LENGTH + 1), generator=torch.Generator().manual_seed(args.seed))
-    loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size, shuffle=True)
+    # A tensor is a map-style dataset (len and indexing); the stubs ask for a Dataset subclass.
+    loader: torch.utils.data.DataLoader[torch.Tensor] = torch.utils.data.DataLoader(
+        data, batch_size=args.batch_size, shuffle=True)  # type: ignore[arg-type]
     session = offline.offline_session(os.environ) if args.offline else None
     module = TinyGPT(args.steps, args.step_delay_s)
     trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", strategy="ddp", logger=False,

@@ -73,7 +73,7 @@ def capture(trainer: Trainer) -> Protected:
             "numpy_rng": _numpy_rng_state(),
         }
     }
-    return Protected(model=trainer.model, optimizer=torch_optimizer(trainer.optimizer), extra=plain(extra))
+    return Protected(model=model_of(trainer), optimizer=torch_optimizer(trainer.optimizer), extra=plain(extra))
 
 
 def restore(session: Session, trainer: Trainer) -> int | None:
@@ -110,8 +110,18 @@ def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return inner
 
 
+def model_of(trainer: Trainer) -> torch.nn.Module:
+    """The Trainer's model (a Trainer built without one cannot train, hence cannot be protected)."""
+    if trainer.model is None:
+        raise ValueError("the Trainer has no model")
+    return trainer.model
+
+
 def _numpy_rng_state() -> list[Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = np.random.get_state(legacy=True)
+    if isinstance(state, dict):  # legacy=True gives the tuple for the default MT19937 generator
+        raise TypeError(f"numpy's global generator is a {state.get('bit_generator')!r}, not MT19937: cannot capture it")
+    kind, keys, pos, has_gauss, cached = state
     return [str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
 
 
@@ -155,7 +165,7 @@ class FtsupCallback(TrainerCallback):
                     setattr(self.trainer, name, self.restored_step)
             print(f"ftsup: rank {self.session.rank} restored step {self.restored_step} from its agent; resuming at epoch"
                   f" {position.epoch} after {position.batches} batches", file=sys.stderr, flush=True)
-        self._digest = Digester.of(self.trainer.model)
+        self._digest = Digester.of(model_of(self.trainer))
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._started = time.monotonic()
@@ -181,7 +191,7 @@ class FtsupCallback(TrainerCallback):
         if self._resume is not None:
             self._resume.remove()
             self._resume = None
-        self.session.finish(state.global_step, param_digest(self.trainer.model))
+        self.session.finish(state.global_step, param_digest(model_of(self.trainer)))
         if self._owns_session:
             self.session.close()
 
@@ -227,7 +237,7 @@ class _ResumedLoop:
         self._load_rng_state = trainer._load_rng_state
 
     def install(self) -> None:
-        self.trainer._run_epoch = self.run_epoch  # type: ignore[method-assign]
+        self.trainer._run_epoch = self.run_epoch  # type: ignore[method-assign, assignment]
         self.trainer._load_rng_state = self.load_rng_state  # type: ignore[method-assign]
 
     def remove(self) -> None:

@@ -263,8 +263,14 @@ def _skip_consumed_batches(trainer: Trainer) -> int:
     if all(callable(getattr(dl, "state_dict", None)) and callable(getattr(dl, "load_state_dict", None))
            for dl in combined.flattened):
         return 0
-    consumed = fit_loop.epoch_loop.batch_progress.current.processed
+    # The batch loop's tracker is a _ProcessedTracker at run time; its declared type is the base class.
+    consumed: int = fit_loop.epoch_loop.batch_progress.current.processed  # type: ignore[attr-defined]
     iterator = fetcher.iterator
+    if consumed == 0:
+        return 0
+    if iterator is None:
+        raise RuntimeError(f"Lightning's data fetcher has no iterator yet: cannot skip the {consumed} batches"
+                           " the restored snapshot had consumed")
     for _ in range(consumed):
         next(iterator)
     return consumed

@@ -242,13 +242,13 @@ def set_once_waiting_in(gate: threading.Event, thread_id: int, function: str) ->
 def hold_capture(session: Session) -> threading.Event:
     """Makes the session's background copy wait for the returned gate."""
     gate = threading.Event()
-    real_capture = session._buffers.capture
+    real_capture = session._handoff._buffers.capture
 
     def gated(state):
         assert gate.wait(WAIT_S)
         return real_capture(state)
 
-    session._buffers.capture = gated
+    session._handoff._buffers.capture = gated
     return gate
 
 
@@ -287,7 +287,7 @@ def test_a_failed_background_copy_releases_the_optimizer_and_surfaces_at_the_nex
     def broken(state):
         raise RuntimeError("host buffer allocation failed")
 
-    session._buffers.capture = broken
+    session._handoff._buffers.capture = broken
     session.snapshot(1, model, optimizer)
     optimizer.step()  # does not hang on a copy that will never land
     with pytest.raises(RuntimeError, match="host buffer allocation failed"):
