@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import glob
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,9 +16,9 @@ from ftsup.agent.core.hang import HangConfig
 from ftsup.common import tls
 from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
 from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.common.node_id import node_id_problem
 from ftsup.v1 import events_pb2
 
-NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0
 MAX_SNAPSHOT_MEMORY_MIB = 64 * 1024 * 1024  # 64 TiB
 ENV_PREFIX = "FTSUP_AGENT_"
@@ -134,8 +133,8 @@ def parse_address(text: str) -> str:
 
 
 def config_from_args(ns: argparse.Namespace) -> AgentConfig:
-    if not NODE_ID_RE.fullmatch(ns.node_id):
-        raise ConfigError(f"--node-id: {ns.node_id!r} must match [A-Za-z0-9._-]{{1,64}}")
+    if (problem := node_id_problem(ns.node_id)) is not None:
+        raise ConfigError(f"--node-id: {problem}")
     supervisors = tuple(parse_address(part) for part in ns.supervisor.split(",") if part.strip())
     if not supervisors:
         raise ConfigError(f"--supervisor: {ns.supervisor!r} names no HOST:PORT")
