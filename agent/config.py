@@ -49,7 +49,7 @@ class AgentConfig:
     hang: HangConfig = HangConfig()
     tls_files: tls.TlsFiles | None = None  # mTLS to supervisors and peers; None: plaintext
     metrics_listen: str = ""  # host:port of /metrics; empty: none
-    snapshot_memory_mib: int = 0  # snapshots held + arriving; 0: half the machine's RAM
+    snapshot_memory_mib: int = 0  # cap on snapshots held + arriving; 0: none (the derived limit, <= half the RAM)
 
     @property
     def snapshot_memory_bytes(self) -> int:
@@ -103,9 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to watch for NVIDIA Xid lines: a kernel-log file followed like tail -F,"
                         " /dev/kmsg, 'auto' (/dev/kmsg when readable) or 'none'")
     p.add_argument("--snapshot-memory-mib", type=int, default=0,
-                   help="RAM for snapshots held (own ranks' and buddies') plus those arriving; a snapshot that"
-                        " does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive (0: half the machine's"
-                        " RAM); a rank's snapshot may also declare at most 4x the largest of that rank held")
+                   help="cap on RAM for snapshots held (own ranks' and buddies') plus those arriving. The limit is"
+                        " derived from the job's snapshot sizes (ranks x largest snapshot x (retained steps + 2) +"
+                        " 25%%), capped by half the machine's RAM and by this when given (0: no explicit cap); a"
+                        " snapshot that does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive; a"
+                        " rank's snapshot may also declare at most 4x the largest of that rank held")
     p.add_argument("--hang-multiple", type=float, default=10.0,
                    help="a rank is hung after this many median step times without progress")
     p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")
