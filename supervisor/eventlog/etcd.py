@@ -627,7 +627,10 @@ class EtcdLog:
         self._notify()
         for seq in [seq for seq in self._record_blobs if seq <= covered]:
             await self._delete_blob(self._record_blobs.pop(seq))
-        await self.collect_garbage()
+        try:  # best effort: what a failed collection leaves, the next one finds
+            await self.collect_garbage()
+        except LogError as exc:
+            log.warning("etcd log %s: collecting orphaned blobs failed (%r); next compaction retries", self.prefix, exc)
         await self._compact_history()
         return int(result.deleted)
 
