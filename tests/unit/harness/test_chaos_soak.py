@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ftsup.harness.chaos import soak
 from ftsup.harness.chaos.soak import Limits, Usage, growth_problems, log_bound_problems, restarts_without_progress
 from ftsup.v1 import events_pb2
 
@@ -58,3 +59,14 @@ def test_a_log_that_stopped_compacting_is_named() -> None:
     assert "keeps 1 segment(s) its older snapshot (seq 800) covers, from seq 1" in covered
     (many,) = log_bound_problems(1_000, {1: 10}, [800, 900, 950], 100)
     assert "3 snapshots" in many
+
+
+def test_an_etcd_log_within_two_snapshot_intervals_is_no_problem() -> None:
+    assert soak.etcd_bound_problems(head_seq=1000, records=180, blobs=3, snapshot_every=100) == []
+    assert soak.etcd_bound_problems(head_seq=150, records=150, blobs=0, snapshot_every=100) == []
+
+
+def test_an_etcd_log_that_stopped_compacting_or_leaked_blobs_is_named() -> None:
+    problems = soak.etcd_bound_problems(head_seq=1000, records=900, blobs=950, snapshot_every=100)
+    assert any("900 log records > 2 x --snapshot-every 100" in p for p in problems)
+    assert any("950 out-of-line blobs for 900 records" in p for p in problems)
