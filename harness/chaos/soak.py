@@ -60,6 +60,7 @@ VERDICTS = {
     "leader_kill": ("leader_elected",),
 }
 REPLICAS = 3  # with --etcd
+LEADER_KILL_STEPS = 40  # steps trained while a killed replica restarts and the soak waits for it
 HANG_FLAGS = ("--hang-multiple", "10", "--hang-floor-s", "3", "--hang-startup-s", "120")
 NODES = 3
 SNAPSHOT_EVERY = 100  # the supervisor's --snapshot-every: the compaction bound follows from it
@@ -241,8 +242,10 @@ class Soak:
         self.kinds = ETCD_KINDS if use_etcd else KINDS
         self.etcd_prefix = f"/ftsup-soak/{uuid.uuid4().hex[:8]}" if use_etcd else ""
         self.replica_pids: dict[str, int] = {}  # address -> the replica process sampled at the baseline
-        # Enough steps for every failure, its re-trained steps and the steps between, plus a tail.
-        self.steps = 6 + failures * (STEPS_BETWEEN + 4)
+        # Enough steps for every failure, its re-trained steps and the steps between, plus a tail;
+        # a leader kill also trains on while the killed replica starts again (~20 steps here).
+        leader_kills = sum(1 for i in range(failures) if self.kinds[i % len(self.kinds)] == "leader_kill")
+        self.steps = 6 + failures * (STEPS_BETWEEN + 4) + leader_kills * LEADER_KILL_STEPS
         self.workdir = ctx.workdir / "soak"
         self.proxies: dict[str, list[PartitionProxy]] = {}  # node -> one proxy per supervisor replica
         self.metrics: dict[str, str] = {}

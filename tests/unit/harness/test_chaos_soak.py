@@ -70,3 +70,12 @@ def test_an_etcd_log_that_stopped_compacting_or_leaked_blobs_is_named() -> None:
     problems = soak.etcd_bound_problems(head_seq=1000, records=900, blobs=950, snapshot_every=100)
     assert any("900 log records > 2 x --snapshot-every 100" in p for p in problems)
     assert any("950 out-of-line blobs for 900 records" in p for p in problems)
+
+
+def test_etcd_is_a_soak_flag_only_and_adds_leader_kills_to_the_rotation(capsys) -> None:
+    from ftsup.harness.chaos.main import main
+
+    assert main(["leader_kill", "--etcd"]) == 2
+    assert "--etcd applies to `soak`" in capsys.readouterr().err
+    assert soak.ETCD_KINDS[-1] == "leader_kill" and set(soak.KINDS) < set(soak.ETCD_KINDS)
+    assert soak.VERDICTS["leader_kill"] == ("leader_elected",) and "leader_kill" not in soak.RESTARTS
