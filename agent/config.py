@@ -15,6 +15,7 @@ from pathlib import Path
 from ftsup.agent.core.hang import HangConfig
 from ftsup.common import tls
 from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.common.hello_fields import MAX_FAILURE_DOMAIN_CHARS, host_problem, text_problem
 from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
 from ftsup.common.node_id import node_id_problem
 from ftsup.v1 import events_pb2
@@ -137,6 +138,10 @@ def parse_address(text: str) -> str:
 def config_from_args(ns: argparse.Namespace) -> AgentConfig:
     if (problem := node_id_problem(ns.node_id)) is not None:
         raise ConfigError(f"--node-id: {problem}")
+    if (problem := host_problem(ns.host.strip())) is not None:
+        raise ConfigError(f"--host: {problem}")
+    if (problem := text_problem("failure domain", ns.failure_domain.strip(), MAX_FAILURE_DOMAIN_CHARS)) is not None:
+        raise ConfigError(f"--failure-domain: {problem}")
     supervisors = tuple(parse_address(part) for part in ns.supervisor.split(",") if part.strip())
     if not supervisors:
         raise ConfigError(f"--supervisor: {ns.supervisor!r} names no HOST:PORT")

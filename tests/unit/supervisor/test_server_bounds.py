@@ -137,3 +137,12 @@ def test_the_default_rpc_limit_covers_every_agent_twice_and_operators():
     assert server_limits.default_max_concurrent_rpcs(12_500) == 2 * 12_500 + server_limits.OPERATOR_ROOM
     with pytest.raises(ValueError, match="max_concurrent_rpcs must be >= 1"):
         server_limits.make_server(0)
+
+
+@pytest.mark.parametrize("flag, value, why", [
+    ("--host", "my host", "--host: host 'my host' is neither a host name nor an IP address"),
+    ("--failure-domain", "rack 7", "--failure-domain: failure domain 'rack 7' has spaces"),
+])
+def test_the_agent_refuses_hello_fields_the_supervisor_would_refuse_at_start(flag, value, why):
+    with pytest.raises(AgentConfigError, match=why):
+        parse_config(["--node-id", "node-1", "--supervisor", "127.0.0.1:7070", flag, value], environ={})
