@@ -195,6 +195,12 @@ def log_bound_problems(head_seq: int, segments: dict[int, int], snapshots: list[
     return problems
 
 
+def compaction_filled(records: list[events_pb2.Record], compacted_unread: set[int]) -> list[events_pb2.Record]:
+    """The records read, with a placeholder for each seq compacted before it could be read, in order."""
+    read = {r.seq: r for r in records}
+    return [read.get(seq) or events_pb2.Record(seq=seq) for seq in sorted(set(read) | compacted_unread)]
+
+
 def etcd_bound_problems(head_seq: int, records: int, blobs: int, snapshot_every: int, slack: int = 64) -> list[str]:
     """The etcd log's compaction bound (supervisor/eventlog/etcd.py): records back to the older of
     the two retained snapshots, so at most 2 x `snapshot_every` (plus a batch of `slack`); blobs:
@@ -547,8 +553,7 @@ class Soak:
         if self.use_etcd:  # holes the soak could not read are compaction's; etcd's own keys are checked
             result.problems += self.read_problems
             result.compacted_unread = len(self.compacted_unread)
-            result.problems += checks.gap_problems([r for r in records if r.seq not in self.compacted_unread]
-                                                   + [events_pb2.Record(seq=s) for s in sorted(self.compacted_unread)])
+            result.problems += checks.gap_problems(compaction_filled(records, self.compacted_unread))
         else:
             result.problems += checks.gap_problems(records)
         result.problems += restarts_without_progress(records)

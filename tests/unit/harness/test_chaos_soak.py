@@ -79,3 +79,11 @@ def test_etcd_is_a_soak_flag_only_and_adds_leader_kills_to_the_rotation(capsys) 
     assert "--etcd applies to `soak`" in capsys.readouterr().err
     assert soak.ETCD_KINDS[-1] == "leader_kill" and set(soak.KINDS) < set(soak.ETCD_KINDS)
     assert soak.VERDICTS["leader_kill"] == ("leader_elected",) and "leader_kill" not in soak.RESTARTS
+
+
+def test_records_compacted_before_the_soak_read_them_are_no_hole_but_a_hole_still_is() -> None:
+    from ftsup.harness.chaos import checks
+
+    read = [events_pb2.Record(seq=s) for s in (1, 2, 5, 6)]
+    assert checks.gap_problems(soak.compaction_filled(read, {3, 4})) == []
+    assert "missing seqs [4]" in checks.gap_problems(soak.compaction_filled(read, {3}))[0]
