@@ -9,17 +9,17 @@ from __future__ import annotations
 import argparse
 import glob
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftsup.agent.core.hang import HangConfig
 from ftsup.common import tls
 from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
+from ftsup.common.hello_fields import MAX_FAILURE_DOMAIN_CHARS, host_problem, text_problem
 from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.common.node_id import node_id_problem
 from ftsup.v1 import events_pb2
 
-NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_HEARTBEAT_INTERVAL_S = 60.0
 MAX_SNAPSHOT_MEMORY_MIB = 64 * 1024 * 1024  # 64 TiB
 ENV_PREFIX = "FTSUP_AGENT_"
@@ -50,7 +50,7 @@ class AgentConfig:
     hang: HangConfig = HangConfig()
     tls_files: tls.TlsFiles | None = None  # mTLS to supervisors and peers; None: plaintext
     metrics_listen: str = ""  # host:port of /metrics; empty: none
-    snapshot_memory_mib: int = 0  # snapshots held + arriving; 0: half the machine's RAM
+    snapshot_memory_mib: int = 0  # cap on snapshots held + arriving; 0: none (the derived limit, <= half the RAM)
 
     @property
     def snapshot_memory_bytes(self) -> int:
@@ -104,9 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to watch for NVIDIA Xid lines: a kernel-log file followed like tail -F,"
                         " /dev/kmsg, 'auto' (/dev/kmsg when readable) or 'none'")
     p.add_argument("--snapshot-memory-mib", type=int, default=0,
-                   help="RAM for snapshots held (own ranks' and buddies') plus those arriving; a snapshot that"
-                        " does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive (0: half the machine's"
-                        " RAM); a rank's snapshot may also declare at most 4x the largest of that rank held")
+                   help="cap on RAM for snapshots held (own ranks' and buddies') plus those arriving. The limit is"
+                        " derived from the job's snapshot sizes (ranks x largest snapshot x (retained steps + 2) +"
+                        " 25%%), capped by half the machine's RAM and by this when given (0: no explicit cap); a"
+                        " snapshot that does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive; a"
+                        " rank's snapshot may also declare at most 4x the largest of that rank held")
     p.add_argument("--hang-multiple", type=float, default=10.0,
                    help="a rank is hung after this many median step times without progress")
     p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")
@@ -134,8 +136,12 @@ def parse_address(text: str) -> str:
 
 
 def config_from_args(ns: argparse.Namespace) -> AgentConfig:
-    if not NODE_ID_RE.fullmatch(ns.node_id):
-        raise ConfigError(f"--node-id: {ns.node_id!r} must match [A-Za-z0-9._-]{{1,64}}")
+    if (problem := node_id_problem(ns.node_id)) is not None:
+        raise ConfigError(f"--node-id: {problem}")
+    if (problem := host_problem(ns.host.strip())) is not None:
+        raise ConfigError(f"--host: {problem}")
+    if (problem := text_problem("failure domain", ns.failure_domain.strip(), MAX_FAILURE_DOMAIN_CHARS)) is not None:
+        raise ConfigError(f"--failure-domain: {problem}")
     supervisors = tuple(parse_address(part) for part in ns.supervisor.split(",") if part.strip())
     if not supervisors:
         raise ConfigError(f"--supervisor: {ns.supervisor!r} names no HOST:PORT")

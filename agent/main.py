@@ -68,7 +68,11 @@ async def run_agent(config: AgentConfig) -> int:
     with contextlib.suppress(FileNotFoundError):
         config.socket_path.unlink()  # a stale socket from a previous agent process
 
-    store = SnapshotStore(memory_limit_bytes=config.snapshot_memory_bytes)
+    store = SnapshotStore(memory_limit_bytes=config.snapshot_memory_bytes, on_budget=lambda budget: log.info(
+        "snapshot_memory_limit", limit_bytes=budget.limit_bytes, basis=budget.basis.value,
+        derived_bytes=budget.derived_bytes, ranks=budget.ranks, reason=budget.reason))
+    log.info("snapshot_memory_limit", limit_bytes=store.memory_limit_bytes, basis=store.budget.basis.value,
+             reason=store.budget.reason)
     files = config.tls_files
     peers = PeerClient(random.Random(rng.getrandbits(64)),
                        credentials=tls.channel_credentials(files) if files is not None else None,
@@ -126,6 +130,8 @@ async def run_agent(config: AgentConfig) -> int:
             directive = await directives.get()
             try:
                 authority.apply(directive)
+                grants = authority.grants  # the store makes room for its own and its buddies' ranks
+                store.expect_ranks(grants.own_ranks.union(*grants.stores.values()))
                 sdc.apply(directive.sdc_checks)
                 await launcher.apply(directive)
                 reports.forget_sticky_before(directive.generation)

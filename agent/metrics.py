@@ -47,8 +47,17 @@ class AgentCollector(Collector):
         yield _gauge("ftsup_agent_snapshots", "Snapshots held in RAM", node, len(self._store))
         yield _gauge("ftsup_agent_snapshot_incoming_bytes", "Snapshot bytes reserved by streams still arriving",
                      node, self._store.bytes_incoming)
+        budget = self._store.budget
         yield _gauge("ftsup_agent_snapshot_memory_limit_bytes", "Limit on snapshot bytes held plus arriving",
-                     node, self._store.memory_limit_bytes)
+                     node, budget.limit_bytes)
+        if budget.derived_bytes is not None:
+            yield _gauge("ftsup_agent_snapshot_memory_derived_bytes",
+                         "What the job's snapshot sizes call for: ranks x largest snapshot x copies + headroom",
+                         node, budget.derived_bytes)
+        basis = GaugeMetricFamily("ftsup_agent_snapshot_memory_limit_basis",
+                                  "Where the limit comes from (1 on the current basis)", labels=["node", "basis"])
+        basis.add_metric([self._node_id, budget.basis.value], 1)
+        yield basis
         yield _gauge("ftsup_agent_reports_queued", "Reports waiting for the supervisor", node, len(self._reports))
         yield _gauge("ftsup_agent_reports_dropped", "Reports dropped because the queue was full", node,
                      self._reports.dropped)

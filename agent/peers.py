@@ -21,7 +21,7 @@ import grpc
 
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
-from ftsup.agent.streams import header_of, held_pieces, ident_of, opening_header, receive, send
+from ftsup.agent.streams import header_of, ident_of, opening_header, receive, send
 from ftsup.common import tls
 from ftsup.common.backoff import Backoff
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
@@ -112,12 +112,6 @@ class PeerClient:
 
         response = await self._retry(address, node_id, backoff, attempt)
         return response.holder_node_id
-
-    async def store_blob(self, address: str, blob: Blob, backoff: Backoff = STORE_BACKOFF, *,
-                         node_id: str = "") -> str:
-        """Streams a held blob to node `node_id`'s peer at `address`."""
-        return await self.store(address, blob.ident, blob.size_bytes,
-                                lambda: held_pieces(blob, self._chunk_bytes), backoff, node_id=node_id)
 
     async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
                     backoff: Backoff = FETCH_BACKOFF, *, generation: int = 0, node_id: str = "") -> Blob:

@@ -1,7 +1,9 @@
 """RAM snapshot store: verified payloads keyed by (rank, step), for this node's ranks and its buddies'.
 
-Owns the bytes held, the bytes arriving, the memory limit over both (`--snapshot-memory-mib`)
-and the retention rule (agent/core/retention.py). A snapshot enters as a stream through
+Owns the bytes held, the bytes arriving, the memory limit over both and the retention rule
+(agent/core/retention.py). The limit is derived from the job's own snapshot sizes and the ranks
+this node answers for (agent/core/snapshot_budget.py), capped by half the RAM and by
+`--snapshot-memory-mib` when given; it is recomputed as sizes and directives change. A snapshot enters as a stream through
 `receive`: its declared size is reserved against the limit before a byte lands, the bytes go into
 one lazily committed buffer of that size (common/chunks.py: RAM follows the bytes that arrived),
 and only a complete payload whose SHA-256 matches
@@ -20,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
+from ftsup.agent.core.snapshot_budget import SnapshotBudget, snapshot_budget
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, HashMismatch, InvalidSnapshot, OversizedStream, check_sha256
 
 __all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryFull", "SnapshotStore", "verify"]
@@ -187,20 +190,54 @@ class Incoming:
 class SnapshotStore:
     """In-memory snapshots. Single-threaded (one event loop), so no locking."""
 
-    def __init__(self, keep_per_rank: int = KEEP_STEPS_PER_RANK, memory_limit_bytes: int = 0) -> None:
+    def __init__(self, keep_per_rank: int = KEEP_STEPS_PER_RANK, memory_limit_bytes: int = 0, *,
+                 ram_bytes: int = 0, on_budget: Callable[[SnapshotBudget], None] | None = None) -> None:
         if memory_limit_bytes < 0:
-            raise ValueError(f"memory_limit_bytes must be >= 0 (0: half this machine's RAM), got {memory_limit_bytes}")
+            raise ValueError(f"memory_limit_bytes must be >= 0 (0: no explicit cap), got {memory_limit_bytes}")
         self._blobs: dict[tuple[int, int], Blob] = {}
         self._retain_from_step = 0
         self._keep_per_rank = keep_per_rank
-        # 0: half the machine's RAM (the rest is the trainers'); the job's own snapshot sizes bound
-        # each rank further (`receive`: SIZE_GROWTH_LIMIT).
-        self.memory_limit_bytes = memory_limit_bytes or physical_memory_bytes() // 2
+        self._flag_bytes = memory_limit_bytes  # the operator's cap (--snapshot-memory-mib); 0: none
+        self._ram_bytes = ram_bytes or physical_memory_bytes()
+        self._expected: frozenset[int] = frozenset()  # own and buddy ranks of the current directive
+        self._on_budget = on_budget  # told when the limit moves by a tenth or changes basis
         self.bytes_held = 0  # held blobs, and dropped ones a reader still streams (`pinned`)
         self.bytes_incoming = 0  # reserved by snapshots still arriving
         self._readers: dict[int, int] = {}  # id(blob) -> streams reading it now
         self._pinned: dict[int, Blob] = {}  # dropped while read: counted until the last reader lets go
         self._largest: dict[int, int] = {}  # rank -> its largest verified snapshot here (the job's sizes)
+        self.budget = self._budget()
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """The limit on bytes held plus arriving, as of the sizes and ranks known now."""
+        return self.budget.limit_bytes
+
+    @property
+    def cap_bytes(self) -> int:
+        """What the limit can never exceed (half the RAM, or the flag): a larger snapshot never fits."""
+        ram_cap = self._ram_bytes // 2
+        return min(self._flag_bytes, ram_cap) if self._flag_bytes else ram_cap
+
+    def expect_ranks(self, ranks: frozenset[int]) -> None:
+        """The ranks the current directive makes this node hold snapshots of (its own, its buddies')."""
+        self._expected = frozenset(ranks)
+        self._rebudget()
+
+    def _budget(self, declared: tuple[int, int] | None = None) -> SnapshotBudget:
+        largest, ranks = self._largest, set(self._expected) | {rank for rank, _ in self._blobs}
+        if declared is not None:  # a snapshot being declared counts at its size
+            rank, size = declared
+            largest = {**largest, rank: max(largest.get(rank, 0), size)}
+            ranks.add(rank)
+        return snapshot_budget(largest, ranks, keep_per_rank=self._keep_per_rank, ram_bytes=self._ram_bytes,
+                               flag_bytes=self._flag_bytes)
+
+    def _rebudget(self) -> None:
+        old, self.budget = self.budget, self._budget()
+        moved = abs(self.budget.limit_bytes - old.limit_bytes) * 10 >= old.limit_bytes
+        if self._on_budget is not None and (moved or self.budget.basis is not old.basis):
+            self._on_budget(self.budget)
 
     def __len__(self) -> int:
         return len(self._blobs)
@@ -219,13 +256,14 @@ class SnapshotStore:
                 f"{ident.describe()}: declared size {size_bytes} bytes is over {SIZE_GROWTH_LIMIT}x the largest "
                 f"snapshot of rank {ident.rank} held here ({largest} bytes): a rank's state does not grow so fast"
             )
-        assembly = Assembly(ident.describe(), size_bytes, self.memory_limit_bytes)
+        assembly = Assembly(ident.describe(), size_bytes, self.cap_bytes)
         in_use = self.bytes_held + self.bytes_incoming
-        if in_use + size_bytes > self.memory_limit_bytes:
+        budget = self._budget((ident.rank, size_bytes))
+        if in_use + size_bytes > budget.limit_bytes:
             raise SnapshotMemoryFull(
                 f"{ident.describe()}: {size_bytes} bytes do not fit: {self.bytes_held} bytes held + "
-                f"{self.bytes_incoming} arriving + {size_bytes} > the limit of {self.memory_limit_bytes} bytes "
-                "(--snapshot-memory-mib)"
+                f"{self.bytes_incoming} arriving + {size_bytes} > the limit of {budget.limit_bytes} bytes "
+                f"({budget.reason})"
             )
         self.bytes_incoming += size_bytes
         return Incoming(ident, assembly, self._ended)
@@ -249,6 +287,7 @@ class SnapshotStore:
         self.bytes_held += blob.size_bytes
         self._largest[blob.rank] = max(self._largest.get(blob.rank, 0), blob.size_bytes)
         self._prune()
+        self._rebudget()
 
     def get(self, rank: int, step: int) -> Blob | None:
         return self._blobs.get((rank, step))
@@ -301,6 +340,7 @@ class SnapshotStore:
         # stale directives never get here (the launcher ignores older generations).
         self._retain_from_step = step
         self._prune()
+        self._rebudget()
 
     def _prune(self) -> None:
         for key in keys_to_drop(self._blobs, self._retain_from_step, self._keep_per_rank):

@@ -15,10 +15,11 @@ import operator
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from ftsup.supervisor.core import events as ev
@@ -177,14 +178,12 @@ def _set_field(message: Message, name: str, value: Any) -> None:
         setattr(message, name, _enum_number(message.DESCRIPTOR, name, value))
     elif isinstance(value, Mapping):
         target = getattr(message, name)
-        for key in sorted(value):
-            to_proto(value[key], target.add())
+        if value:
+            _add_items(message, name, [value[key] for key in sorted(value)])
     elif isinstance(value, tuple):
         target = getattr(message, name)
-        first: type = type(value[0]) if value else type(None)
-        if value and _is_dataclass_type(first):
-            for item in value:
-                to_proto(item, target.add())
+        if value and _is_dataclass_type(type(value[0])):
+            _add_items(message, name, value)
         else:
             target.extend(value)
     elif _is_dataclass_type(kind):
@@ -194,6 +193,72 @@ def _set_field(message: Message, name: str, value: Any) -> None:
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes})
+
+
+def _add_items(message: Message, name: str, items: Sequence[Any]) -> None:
+    """Appends one message per dataclass in `items` to the repeated field `name` of `message`.
+
+    The big events are long lists of small flat items (a 12,500-node GenerationStarted holds
+    12,500 RankAssignments and 100,000 RankRestores). Setting each item's fields one attribute
+    at a time cost ~8 us per item, ~0.9 s per such event on the leader's loop; a flat item
+    class gets an adder compiled once that builds each item in one `add(**fields)` call inside
+    the protobuf runtime. Items with nested messages take the field-by-field path.
+    """
+    target = getattr(message, name)
+    item_type = message.DESCRIPTOR.fields_by_name[name].message_type
+    add = _flat_adder(type(items[0]), item_type)
+    if add is None:
+        for item in items:
+            to_proto(item, target.add())
+        return
+    append = target.add
+    try:
+        for item in items:
+            add(append, item)
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        # Name the item and field, as the field-by-field path does (it raises CodecError).
+        index = len(target)
+        to_proto(items[index], message_factory.GetMessageClass(item_type)())
+        raise CodecError(f"{type(items[index]).__name__} #{index} of {name}: {exc!r}") from exc
+
+
+@functools.cache
+def _flat_adder(cls: type, descriptor: Any) -> Callable[[Any, Any], Any] | None:
+    """`(add, item) -> message` for a dataclass whose fields are all scalars, enums, optionals
+    of those or tuples of scalars; None when a field needs a nested message."""
+    hints = typing.get_type_hints(cls)
+    arguments = []
+    tables: dict[str, dict[Any, int | None]] = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        is_optional = False
+        if typing.get_origin(hint) in (types.UnionType, typing.Union):
+            inner = [a for a in typing.get_args(hint) if a is not type(None)]
+            if len(inner) != 1:
+                return None
+            hint, is_optional = inner[0], True
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            # Every member's number up front, keyed by name (an Enum's own __hash__ is a Python
+            # call: a sixth of the time); None stays None, an unset optional.
+            enum_type = descriptor.fields_by_name[field.name].enum_type
+            table: dict[Any, int | None] = {}
+            for member in hint:
+                value = enum_type.values_by_name.get(_enum_prefix(hint) + member.name)
+                if value is not None:
+                    table[member.name] = value.number
+            tables[f"t_{field.name}"] = table
+            lookup = f"t_{field.name}[item.{field.name}._name_]"
+            if is_optional:
+                lookup = f"(None if item.{field.name} is None else {lookup})"
+            arguments.append(f"{field.name}={lookup}")
+        elif hint in _SCALARS or (typing.get_origin(hint) is tuple and typing.get_args(hint)[0] in _SCALARS):
+            # A None handed to add() leaves an optional field unset, as ClearField does.
+            arguments.append(f"{field.name}=item.{field.name}")
+        else:
+            return None
+    source = f"lambda add, item: add({', '.join(arguments)})"
+    adder: Callable[[Any, Any], Any] = eval(source, tables)
+    return adder
 
 
 def from_proto(cls: type[T], message: Message) -> T:

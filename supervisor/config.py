@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ftsup.common import tls
 from ftsup.common.config_file import ConfigFileError, add_config_flag, parse_layered
 from ftsup.common.metrics_http import MetricsListenError, check_metrics_listen
+from ftsup.common.node_id import node_id_problem
 from ftsup.supervisor.core.config import CheckpointTiming, CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.policies.interval import IntervalConfig
 from ftsup.supervisor.core.policies.recompute import RecomputeConfig
@@ -63,6 +64,7 @@ class SupervisorConfig:
     status_listen: str = ""  # empty: no status page (supervisor/web)
     throughput: ThroughputConfig = ThroughputConfig()
     checkpoints: CheckpointSettings = field(default_factory=lambda: CheckpointSettings())
+    max_concurrent_rpcs: int = 0  # 0: derived from the job (server_limits.default_max_concurrent_rpcs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +300,9 @@ def parser() -> argparse.ArgumentParser:
                    help="recompute a step whose digest vote split without a majority")
     p.add_argument("--sdc-full-replay-max-world", type=int, default=16,
                    help="replay every rank of a checked step (and its update) up to this world size")
+    p.add_argument("--max-concurrent-rpcs", type=int, default=0,
+                   help="RPCs served at once (each agent holds one stream); beyond it calls are refused with"
+                        " RESOURCE_EXHAUSTED. 0: 2 x the job's nodes + 1024")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -369,6 +374,11 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             check_status_listen(args.status_listen, server_tls, is_insecure_allowed=args.insecure)
     except (tls.TlsConfigError, MetricsListenError, StatusListenError) as exc:
         raise ConfigError(str(exc)) from exc
+    for node in (n for n in args.allowed_nodes.split(",") if n):
+        if (problem := node_id_problem(node)) is not None:
+            raise ConfigError(f"--allowed-nodes: {problem}")
+    if not 0 <= args.max_concurrent_rpcs <= 1_000_000:
+        raise ConfigError(f"--max-concurrent-rpcs must be within [0, 1000000] (0: derived), got {args.max_concurrent_rpcs}")
     if not 1 <= args.lease_ttl_s <= 60:
         raise ConfigError(f"--lease-ttl-s must be within [1, 60], got {args.lease_ttl_s}")
     if ":" not in args.listen:
@@ -395,6 +405,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
         status_listen=args.status_listen,
         throughput=throughput,
         checkpoints=checkpoints,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
     )
 
 

@@ -13,7 +13,6 @@ import signal
 import sys
 from typing import Any
 
-import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -29,6 +28,7 @@ from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.supervisor.replica import rehome_on_change, run_replica
 from ftsup.supervisor.runtime import HELLO_BATCH, Runtime
+from ftsup.supervisor.server import server_limits
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.authz import Authorizer, is_loopback_only
 from ftsup.supervisor.server.log_relay import LogRelay
@@ -40,13 +40,9 @@ from ftsup.supervisor.shard_members import ReplicaMembers
 from ftsup.supervisor.web.server import StatusListenError
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc, shard_pb2_grpc
 
-# Every message on this server is small (agent reports, views, event records; snapshots of the
-# state go to etcd or disk, never over this server): 16 MiB bounds a ListNodes of ~100k nodes.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+# The server's bounds live in supervisor/server/server_limits.py; these names stay for callers.
+MAX_MESSAGE_BYTES = server_limits.MAX_RECEIVE_BYTES
+SERVER_OPTIONS = server_limits.server_options()
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Supervisor"].full_name
 OPERATOR_SERVICE = operator_pb2.DESCRIPTOR.services_by_name["Operator"].full_name
 HEALTH_PERIOD_S = 0.5
@@ -105,7 +101,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         from ftsup.supervisor.web.server import serve_status
 
         status_server = await serve_status(runtime, config.status_listen, tls_files=config.server_tls)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = server_limits.make_server(config.max_concurrent_rpcs
+                                       or server_limits.default_max_concurrent_rpcs(config.core.job.nodes))
     is_tls = config.server_tls is not None
     members: ReplicaMembers | None = None
     shard: LinkShard | None = None

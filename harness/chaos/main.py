@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-region", default="us-east-1", help="region of --s3-endpoint")
     p.add_argument("--failures", type=int, default=50,
                    help="`soak` only: failures to put one job through (default 50)")
+    p.add_argument("--etcd", action="store_true",
+                   help="`soak` only: three supervisor replicas on a local 3-member etcd cluster, with leader"
+                        " kills in the rotation")
     return p
 
 
@@ -54,7 +57,7 @@ def run_soak(args: argparse.Namespace, ctx: RunContext) -> int:
         if args.json:
             print(json.dumps({"failure": failure.as_dict()}), flush=True)  # type: ignore[attr-defined]
 
-    result = Soak(ctx, args.failures).run(report)
+    result = Soak(ctx, args.failures, use_etcd=args.etcd).run(report)
     if args.json:
         print(json.dumps(result.summary()), flush=True)
     else:
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     is_soak = args.scenarios == ["soak"]
     if is_soak and args.failures < 1:
         print(f"ftsup chaos: --failures must be >= 1, got {args.failures}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.etcd and not is_soak:
+        print("ftsup chaos: --etcd applies to `soak` (scenarios choose their own supervisors)", file=sys.stderr)
         return EXIT_USAGE
     names = ["soak"] if is_soak else chosen(args.scenarios)
     if isinstance(names, str):

@@ -11,10 +11,18 @@ the retention bound, warm pools refilled, the supervisor's and agents' RSS, open
 and asyncio tasks within stated growth limits of their baselines (read from /proc and the
 agents' /metrics), the event log within its compaction bound, and no generation that restarted
 without progress. Each violated bound is named in `problems`; `main.py` exits 1 on any.
+
+With `--etcd` the supervisor is three replicas on a local 3-member etcd cluster and the rotation
+adds `leader_kill` (SIGKILL of the leading replica, restarted as systemd would once a new leader
+is elected; training must go on without a restart). Each agent then reaches every replica through
+a proxy of its own per replica; a replica's usage is compared only while the same process lives
+from baseline to end (a killed one restarts from nothing), and the event log's bound is read from
+etcd (records and out-of-line blobs under the job's prefix).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -24,6 +32,7 @@ import signal
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -40,6 +49,7 @@ from ftsup.supervisor.eventlog.embedded import DEFAULT_SEGMENT_BYTES, KEEP_SNAPS
 from ftsup.v1 import events_pb2, operator_pb2
 
 KINDS = ("node_kill", "hung_trainer", "xid_79", "buddy_loss_in_handoff", "stream_cut", "trainer_crash")
+ETCD_KINDS = (*KINDS, "leader_kill")  # with --etcd: three replicas, the leader killed in turn
 # Kinds that end the generation (recovery = a later generation's first step); the others do not.
 RESTARTS = {"node_kill", "hung_trainer", "xid_79", "buddy_loss_in_handoff", "trainer_crash"}
 # Kinds that take a node out of the job for good: a fresh spare joins once the job recovered.
@@ -47,7 +57,10 @@ CONSUMES_NODE = {"node_kill", "xid_79", "buddy_loss_in_handoff"}
 VERDICTS = {
     "node_kill": ("node_declared_dead",), "hung_trainer": ("generation_ended",), "xid_79": ("xid_reported",),
     "buddy_loss_in_handoff": ("node_declared_dead",), "stream_cut": (), "trainer_crash": ("generation_ended",),
+    "leader_kill": ("leader_elected",),
 }
+REPLICAS = 3  # with --etcd
+LEADER_KILL_STEPS = 40  # steps trained while a killed replica restarts and the soak waits for it
 HANG_FLAGS = ("--hang-multiple", "10", "--hang-floor-s", "3", "--hang-startup-s", "120")
 NODES = 3
 SNAPSHOT_EVERY = 100  # the supervisor's --snapshot-every: the compaction bound follows from it
@@ -105,12 +118,14 @@ class SoakResult:
     steps: int = 0
     duration_s: float = 0.0
     workdir: str = ""
+    compacted_unread: int = 0  # records compacted before the soak read them (etcd; see fetch_records)
 
     def summary(self) -> dict[str, Any]:
         return {"soak": True, "passed": self.passed, "failures": len(self.failures), "steps": self.steps,
                 "lost_steps_total": sum(f.lost_steps or 0 for f in self.failures),
                 "bitwise_match": bool(self.final_digest) and self.final_digest == self.reference_digest,
                 "baselines": self.baselines, "problems": self.problems, "duration_s": round(self.duration_s, 1),
+                "compacted_unread": self.compacted_unread,
                 "workdir": self.workdir}
 
 
@@ -180,6 +195,39 @@ def log_bound_problems(head_seq: int, segments: dict[int, int], snapshots: list[
     return problems
 
 
+def compaction_filled(records: list[events_pb2.Record], compacted_unread: set[int]) -> list[events_pb2.Record]:
+    """The records read, with a placeholder for each seq compacted before it could be read, in order."""
+    read = {r.seq: r for r in records}
+    return [read.get(seq) or events_pb2.Record(seq=seq) for seq in sorted(set(read) | compacted_unread)]
+
+
+def etcd_bound_problems(head_seq: int, records: int, blobs: int, snapshot_every: int, slack: int = 64) -> list[str]:
+    """The etcd log's compaction bound (supervisor/eventlog/etcd.py): records back to the older of
+    the two retained snapshots, so at most 2 x `snapshot_every` (plus a batch of `slack`); blobs:
+    at most the two snapshots' and those of records still kept (a few GenerationStarted)."""
+    problems = []
+    bound = 2 * snapshot_every + slack
+    if head_seq > bound and records > bound:
+        problems.append(f"etcd holds {records} log records > 2 x --snapshot-every {snapshot_every} + {slack}")
+    if blobs > 2 + records:
+        problems.append(f"etcd holds {blobs} out-of-line blobs for {records} records and 2 snapshots")
+    return problems
+
+
+async def etcd_key_counts(endpoints: tuple[str, ...], prefix: str) -> tuple[int, int]:
+    """(log records, distinct blobs) under the job's etcd prefix."""
+    from ftsup.supervisor.eventlog.etcd import make_client
+
+    client = make_client(list(endpoints), timeout_s=10.0)
+    try:
+        records = len(list(await client.get_prefix(f"{prefix}/log/".encode(), keys_only=True)))
+        root = f"{prefix}/blob/".encode()
+        blobs = {kv.key[len(root):].split(b"/", 1)[0] for kv in await client.get_prefix(root, keys_only=True)}
+        return records, len(blobs)
+    finally:
+        await client.close()
+
+
 def restarts_without_progress(records: list[events_pb2.Record]) -> list[str]:
     """Generations that ended (not completed) without a step beyond the one they restored."""
     restored = {g.generation: (g.restore_step if g.HasField("restore_step") else 0)
@@ -193,35 +241,48 @@ def restarts_without_progress(records: list[events_pb2.Record]) -> list[str]:
 class Soak:
     """One soak run: the cluster, a proxy and a metrics port per agent, the failures so far."""
 
-    def __init__(self, ctx: RunContext, failures: int, limits: Limits = Limits(), seed: int = 7) -> None:
+    def __init__(self, ctx: RunContext, failures: int, limits: Limits = Limits(), seed: int = 7, *,
+                 use_etcd: bool = False) -> None:
         if failures < 1:
             raise ValueError(f"a soak needs at least 1 failure, got {failures}")
         self.ctx, self.count, self.limits, self.seed = ctx, failures, limits, seed
-        # Enough steps for every failure, its re-trained steps and the steps between, plus a tail.
-        self.steps = 6 + failures * (STEPS_BETWEEN + 4)
+        self.use_etcd = use_etcd
+        self.kinds = ETCD_KINDS if use_etcd else KINDS
+        self.etcd_prefix = f"/ftsup-soak/{uuid.uuid4().hex[:8]}" if use_etcd else ""
+        self.replica_pids: dict[str, int] = {}  # address -> the replica process sampled at the baseline
+        # Enough steps for every failure, its re-trained steps and the steps between, plus a tail;
+        # a leader kill also trains on while the killed replica starts again (~20 steps here).
+        leader_kills = sum(1 for i in range(failures) if self.kinds[i % len(self.kinds)] == "leader_kill")
+        self.steps = 6 + failures * (STEPS_BETWEEN + 4) + leader_kills * LEADER_KILL_STEPS
         self.workdir = ctx.workdir / "soak"
-        self.proxies: dict[str, PartitionProxy] = {}
+        self.proxies: dict[str, list[PartitionProxy]] = {}  # node -> one proxy per supervisor replica
         self.metrics: dict[str, str] = {}
         self.records: dict[int, events_pb2.Record] = {}
         self.spares_started = 0
         self.cluster: LocalCluster | None = None
         self.supervisor_metrics = ""  # the supervisor's /metrics address, set when the run starts
+        self.compacted_unread: set[int] = set()  # seqs compacted before a read reached them (etcd)
+        self.read_problems: list[str] = []
 
     # -- the cluster ------------------------------------------------------------------------------
     def spec(self) -> ClusterSpec:
+        etcd = self.ctx.etcd() if self.use_etcd else None
         return ClusterSpec(
             nodes=NODES, spares=0, ranks_per_node=1,
             trainer_argv=trainer_base_argv(sys.executable, self.steps, self.seed),
             heartbeat_interval_s=HEARTBEAT_INTERVAL_S, heartbeat_misses=HEARTBEAT_MISSES,
             reconnect_grace_s=RECONNECT_GRACE_S, job_name="chaos-soak", warm_trainers=1, agent_args=HANG_FLAGS,
             supervisor_args=("--snapshot-every", str(SNAPSHOT_EVERY)),
+            supervisors=REPLICAS if etcd is not None else 1,
+            etcd_endpoints=tuple(etcd.endpoints.split(",")) if etcd is not None else (),
+            etcd_prefix=self.etcd_prefix,
         )  # fmt: skip
 
     def start_agent(self, node_id: str, role: str) -> None:
         assert self.cluster is not None
-        proxy = PartitionProxy(self.cluster.address)
-        self.proxies[node_id] = proxy
-        self.cluster.agent_routes[node_id] = proxy.address
+        proxies = [PartitionProxy(address) for address in self.cluster.addresses]
+        self.proxies[node_id] = proxies
+        self.cluster.agent_routes[node_id] = ",".join(proxy.address for proxy in proxies)
         self.metrics[node_id] = f"127.0.0.1:{free_port()}"
         self.cluster.start_agent(node_id, role, ("--metrics-listen", self.metrics[node_id]))
 
@@ -237,7 +298,11 @@ class Soak:
         node = self.cluster.agents[node_id]
         terminate_group(node.process)
         node.is_killed = True
-        self.proxies.pop(node_id).close()
+        self.close_proxies(node_id)
+
+    def close_proxies(self, node_id: str) -> None:
+        for proxy in self.proxies.pop(node_id, []):
+            proxy.close()
 
     def live_agents(self) -> list[str]:
         assert self.cluster is not None
@@ -252,12 +317,24 @@ class Soak:
             return None
 
     def fetch_records(self) -> list[events_pb2.Record]:
-        """Every record seen so far: read incrementally, so compaction never hides one from the checks."""
+        """Every record seen so far: read incrementally, so compaction rarely hides one from the checks.
+
+        The etcd log compacts records a snapshot covers as soon as it is taken (the embedded one
+        drops whole 64 MiB segments, which a soak never fills), so there a read can start past
+        `since`: those records were compacted before the soak could read them, which the log's
+        contract allows. They are counted (`compacted_unread`); a hole inside one read is a problem."""
         assert self.cluster is not None
         since = max(self.records, default=0) + 1
+        batch: list[events_pb2.Record] = []
         with contextlib.suppress(grpc.RpcError):
-            for record in self.cluster.events(since):
-                self.records[record.seq] = record
+            batch = self.cluster.events(since)
+        if batch:
+            self.compacted_unread.update(range(since, batch[0].seq))
+            seqs = [r.seq for r in batch]
+            if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+                self.read_problems.append(f"one read of the event log from seq {since} has holes or repeats")
+        for record in batch:
+            self.records[record.seq] = record
         return [self.records[s] for s in sorted(self.records)]
 
     def members(self) -> list[str]:
@@ -271,7 +348,13 @@ class Soak:
 
     def sample(self) -> dict[str, Usage]:
         assert self.cluster is not None and self.cluster.supervisor is not None
-        out = {"supervisor": self.usage(self.cluster.supervisor.pid, self.supervisor_metrics)}
+        if self.use_etcd:  # every replica still running the process sampled at the baseline
+            out = {}
+            for address, process in self.cluster.replicas.items():
+                if process.poll() is None and self.replica_pids.setdefault(address, process.pid) == process.pid:
+                    out[f"supervisor@{address}"] = self.usage(process.pid, "")
+        else:
+            out = {"supervisor": self.usage(self.cluster.supervisor.pid, self.supervisor_metrics)}
         for node_id in self.live_agents():
             out[node_id] = self.usage(self.cluster.agents[node_id].process.pid, self.metrics[node_id])
         return out
@@ -291,6 +374,8 @@ class Soak:
 
     # -- the failures -----------------------------------------------------------------------------
     def victim(self, kind: str, members: list[str]) -> str:
+        if kind == "leader_kill":
+            return "leader"
         if kind in CONSUMES_NODE:  # never the protected node: it carries the start-to-end baseline
             return [m for m in members if m != PROTECTED][-1]
         return members[1]
@@ -326,8 +411,11 @@ class Soak:
                               "SIGKILL of a buddy (no snapshot stream was seen in flight within 10 s)")
         elif kind == "stream_cut":
             at = time.time()
-            self.proxies[node].cut()
+            for proxy in self.proxies[node]:
+                proxy.cut()
             failure.detail = "its agent's connections to the supervisor cut (EOF/reset both ways)"
+        elif kind == "leader_kill":
+            at, failure.detail = self.kill_leader()
         else:
             raise ValueError(f"unknown failure kind {kind!r}")
         recovered = self.wait_recovered(failure, at)
@@ -341,9 +429,36 @@ class Soak:
             if not self.cluster.agents[node].is_killed:
                 self.retire(node)
             else:
-                self.proxies.pop(node).close()
+                self.close_proxies(node)
             self.add_spare()
         return failure
+
+    def kill_leader(self) -> tuple[float, str]:
+        """SIGKILLs the leading replica; once another leads, starts it again (as systemd would)."""
+        cluster = self.cluster
+        assert cluster is not None
+        leader = cluster.wait_for(cluster.leader, 30, "a leader")
+        at = cluster.kill_supervisor(leader.address)
+        cluster.wait_for(lambda: (now := cluster.leader()) is not None and now.term > leader.term, 60,
+                         "a new leader")
+        cluster.restart_supervisor(leader.address)
+        self.point_at_leader()
+        return at, f"SIGKILL of the leader replica {leader.address} (term {leader.term}), restarted as a follower"
+
+    def point_at_leader(self) -> None:
+        """Queries go to the leading replica: step progress and the job's phase are the leader's
+        (a follower's view of them trails, and would hold the soak's pacing back)."""
+        cluster = self.cluster
+        assert cluster is not None
+        if not self.use_etcd:
+            return
+        leader = cluster.wait_for(cluster.leader, 30, "a leader")
+        if cluster.address != leader.address:
+            cluster.address = leader.address
+            cluster.supervisor = cluster.replicas[leader.address]
+            if cluster._channel is not None:
+                cluster._channel.close()
+                cluster._channel = None
 
     def kill_while_receiving(self, node: str) -> tuple[float, bool]:
         """SIGKILLs `node` the moment its /metrics shows a snapshot stream arriving (a buddy copy
@@ -379,18 +494,19 @@ class Soak:
     def run(self, on_failure: Callable[[Failure], None] = lambda _f: None) -> SoakResult:
         result = SoakResult(steps=self.steps, workdir=str(self.workdir))
         started = time.monotonic()
-        self.supervisor_metrics = f"127.0.0.1:{free_port()}"
         spec = self.spec()
-        spec = dataclasses.replace(
-            spec, supervisor_args=spec.supervisor_args + ("--metrics-listen", self.supervisor_metrics))
+        if not self.use_etcd:  # one replica: its /metrics gives the asyncio task count
+            self.supervisor_metrics = f"127.0.0.1:{free_port()}"
+            spec = dataclasses.replace(
+                spec, supervisor_args=spec.supervisor_args + ("--metrics-listen", self.supervisor_metrics))
         try:
             with LocalCluster(spec, self.workdir) as cluster:
                 self.cluster = cluster
                 try:
                     self._run(cluster, result, on_failure)
                 finally:
-                    for proxy in self.proxies.values():
-                        proxy.close()
+                    for node_id in list(self.proxies):
+                        self.close_proxies(node_id)
         except ClusterError as exc:
             result.problems.append(str(exc))
         result.duration_s = time.monotonic() - started
@@ -403,11 +519,12 @@ class Soak:
             self.start_agent(f"node-{i + 1}", "active")
         for _ in range(2):
             self.add_spare()
+        self.point_at_leader()
         status = self.wait_steady(0, 1)
         self.wait_warm_pools()
         baseline = self.sample()
         for index in range(self.count):
-            kind = KINDS[index % len(KINDS)]
+            kind = self.kinds[index % len(self.kinds)]
             failure = self.break_once(index + 1, kind)
             result.failures.append(failure)
             on_failure(failure)
@@ -426,13 +543,19 @@ class Soak:
         result.baselines = {who: {"baseline": asdict(base), "end": asdict(end[who]) if who in end else None}
                             for who, base in baseline.items()}
         def completed() -> operator_pb2.GetStatusResponse | None:
+            self.fetch_records()  # keep reading while it trains on: compaction drops what is not read
             s = self.status()
             return s if s is not None and s.phase == operator_pb2.JOB_PHASE_COMPLETED else None
 
         final = cluster.wait_for(completed, self.ctx.timeout_s, "the job to complete after the last failure")
         result.problems += self.store_problems()
         records = self.fetch_records()
-        result.problems += checks.gap_problems(records)
+        if self.use_etcd:  # holes the soak could not read are compaction's; etcd's own keys are checked
+            result.problems += self.read_problems
+            result.compacted_unread = len(self.compacted_unread)
+            result.problems += checks.gap_problems(compaction_filled(records, self.compacted_unread))
+        else:
+            result.problems += checks.gap_problems(records)
         result.problems += restarts_without_progress(records)
         generations = len(checks.of_kind(records, "generation_started"))
         restarting = sum(1 for f in result.failures if f.kind in RESTARTS)
@@ -479,12 +602,16 @@ class Soak:
         return problems
 
     def log_problems(self) -> list[str]:
-        """The embedded event log on disk within its compaction bound (log_bound_problems)."""
+        """The event log within its compaction bound: the embedded one on disk (log_bound_problems),
+        or etcd's keys under the job's prefix (etcd_bound_problems)."""
         assert self.cluster is not None
         try:
             head = self.cluster.events(max(self.records, default=1))[-1].seq
         except (grpc.RpcError, IndexError) as exc:
             return [f"could not read the event log's head: {exc}"]
+        if self.use_etcd:
+            records, blobs = asyncio.run(etcd_key_counts(self.cluster.spec.etcd_endpoints, self.etcd_prefix))
+            return etcd_bound_problems(head, records, blobs, SNAPSHOT_EVERY)
         directory = self.workdir / "supervisor"
         segments = {int(p.stem): p.stat().st_size for p in (directory / "segments").glob("*.seg")}
         snapshots = sorted(int(p.stem) for p in (directory / "snapshots").glob("*.snap"))

@@ -5,8 +5,13 @@ Keys: `<prefix>/log/<seq:020d>` (one Record proto each), `<prefix>/head` (the la
 `<prefix>/blob/<sha256>/<n>`: values too large for one etcd request (a 12,500-node snapshot or
 GenerationStarted) are chunked there and the record or snapshot key holds a small pointer written
 last (etcd_blobs.py); reads are paged at one revision, under the client's 4 MiB response limit.
-After each snapshot, compact() drops the records and blobs it covers and compacts etcd's revision
-history to the previous snapshot's revision (docs/ops.md: quota and defragmentation).
+After each snapshot, compact() drops the records and blobs it covers, collects orphaned blobs (an
+append or snapshot that failed or crashed after its chunks were written, a compaction cut short
+before its blobs went) and compacts etcd's revision history to the previous snapshot's revision
+(docs/ops.md: quota and defragmentation). Collection is safe against writers in flight: it deletes
+only in a transaction comparing that no pointer was committed since it looked (head and snapshot
+mod revisions unchanged), and every transaction that commits a pointer compares that the pointed
+chunks exist, rewriting them and retrying if a collection took them first.
 Every append is ONE transaction comparing the head (gapless seqs, the contract's expect_seq) and,
 when the log is fenced, that the leader key's create revision still equals the writer's term: a
 deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed leader cannot append").
@@ -23,7 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -58,6 +63,7 @@ DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
 DEFAULT_MAX_TXN_BYTES = 1024 * 1024  # inline values per transaction, under etcd's 1.5 MiB request limit
 DEFAULT_PAGE_KEYS = 1000
 _WATCH_BACKOFF_S = (0.05, 1.0)
+_BLOB_RETRIES = 3  # commits of one append whose chunks a collection deleted first, before LogUnavailable
 
 
 def client_target(endpoints: Sequence[str]) -> tuple[str, int]:
@@ -108,6 +114,7 @@ class _Pending:
     time_unix_s: float
     expect_seq: int | None
     done: asyncio.Future[list[Record]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    blob_retries: int = 0  # commits refused because a collection took this append's chunks first
 
 
 class EtcdLog:
@@ -152,6 +159,8 @@ class EtcdLog:
         self._page_keys = page_keys
         self._compacts_history = compact_history
         self._record_blobs: dict[int, str] = {}  # seq -> blob of a record stored out of line
+        self._blob_suspects: dict[str, int] = {}  # unreferenced at the last collection: sha -> newest chunk revision
+        self.blobs_collected = 0  # orphaned blobs deleted by collect_garbage, since open
         self._prev_raw = b""  # what snapshot.prev holds (a pointer for a chunked snapshot)
         self._prev_rev = 0  # mod revision of snapshot.prev
         self._history_floor = 0  # revision at which the older retained snapshot was written (0: unknown)
@@ -211,13 +220,17 @@ class EtcdLog:
         self._revision = max(self._revision, revision)
         self._notify()
 
-    async def _read_range(self, start: bytes, end: bytes, revision: int = 0) -> AsyncIterator[tuple[Any, int]]:
+    async def _read_range(
+        self, start: bytes, end: bytes, revision: int = 0, *, keys_only: bool = False
+    ) -> AsyncIterator[tuple[Any, int]]:
         """(kv, revision) for every key in [start, end) at one revision (0: now), a page per call.
         A page shrinks when its response would pass the client's message limit (large values)."""
         limit = self._page_keys
         while True:
             try:
-                page = await self._call(range_page(self._client, start, end, limit=limit, revision=revision))
+                page = await self._call(
+                    range_page(self._client, start, end, limit=limit, revision=revision, keys_only=keys_only)
+                )
             except LogUnavailable as exc:
                 if limit > 1 and "larger than max" in str(exc):
                     limit = max(1, limit // 8)
@@ -445,7 +458,9 @@ class EtcdLog:
                 mine.append(record)
                 values.append((seq, codec.record_to_proto(record).SerializeToString()))
             records.append(mine)
-        blobs = await self._out_of_line(values)
+        pointers = await self._out_of_line(values)
+        blobs = {at: pointer.sha256 for at, pointer in pointers.items()}
+        compare.extend(self._chunks_exist(pointers.values(), self._max_records + 1 - len(compare)))
         puts = [tx.Put(self._log_key(at), value) for at, value in values]
         puts.append(tx.Put(self._head_key, str(seq).encode()))
         failure = [tx.Get(self._head_key)]
@@ -461,11 +476,22 @@ class EtcdLog:
                     pending.done.set_result(mine)
             self._notify()
             return []
+        head = int(responses[0][0][0]) if responses[0] else 0
+        current = responses[1][0][1].create_revision if self._fence_key is not None and responses[1] else 0
+        if pointers and head == base and (self._fence_key is None or current == term):
+            # Neither the head nor the leader moved: a collection deleted these chunks between
+            # their writing and this commit (they looked orphaned). Rewrite them and commit again.
+            for pending in batch:
+                pending.blob_retries += 1
+                if pending.blob_retries > _BLOB_RETRIES:
+                    _fail(pending, LogUnavailable(
+                        f"etcd log {self.prefix}: the chunks of an out-of-line record vanished before its "
+                        f"commit {pending.blob_retries} times (a collection racing it)"))
+            return [pending for pending in batch if not pending.done.done()]
         # Chunks written for records that did not land stay unreferenced: drop them.
         for sha in set(blobs.values()) - set(self._record_blobs.values()):
             with contextlib.suppress(LogError):
                 await self._delete_blob(sha)
-        head = int(responses[0][0][0]) if responses[0] else 0
         fetched = []
         if head > base:  # what the other writer appended, paged (it may be large)
             async for kv, revision in self._read_range(self._log_key(base + 1), self._log_key(head + 1)):
@@ -476,7 +502,6 @@ class EtcdLog:
         self._absorb_records(fetched, head)
         self._notify()
         if self._fence_key is not None:
-            current = responses[1][0][1].create_revision if responses[1] else 0
             if current != term:
                 for pending in batch:
                     _fail(pending, Deposed(term, current, head))
@@ -489,11 +514,11 @@ class EtcdLog:
                 _fail(pending, Fenced(pending.expect_seq, head))
         return retry
 
-    async def _out_of_line(self, values: list[tuple[int, bytes]]) -> dict[int, str]:
+    async def _out_of_line(self, values: list[tuple[int, bytes]]) -> dict[int, Pointer]:
         """Replaces the largest values by pointers (their chunks written first) until each is at
-        most chunk_bytes and all fit max_txn_bytes; returns seq -> blob of those replaced."""
+        most chunk_bytes and all fit max_txn_bytes; returns seq -> pointer of those replaced."""
         total = sum(len(value) for _, value in values)
-        blobs: dict[int, str] = {}
+        blobs: dict[int, Pointer] = {}
         for index in sorted(range(len(values)), key=lambda i: len(values[i][1]), reverse=True):
             at, value = values[index]
             if len(value) <= self._chunk_bytes and total <= self._max_txn_bytes:
@@ -501,8 +526,24 @@ class EtcdLog:
             pointer = await self._store_blob(value)
             values[index] = (at, pointer.encode())
             total += len(values[index][1]) - len(value)
-            blobs[at] = pointer.sha256
+            blobs[at] = pointer
         return blobs
+
+    def _chunks_exist(self, pointers: Iterable[Pointer], budget: int) -> list[Any]:
+        """Compares that every chunk of `pointers` exists, for the transaction that commits them.
+
+        Within `budget` compares, one per chunk. Beyond it, the first and last chunk of each blob:
+        a collection deletes a whole blob in one request and a writer puts its chunks in order, so
+        a deletion after the first put removes the first chunk, and one before it removes nothing
+        the writer puts afterwards (only a second writer of the very same bytes, racing, could
+        leave a gap, and its own commit compares the same keys)."""
+        pointers = list(pointers)
+        every = sum(pointer.chunks for pointer in pointers) <= budget
+        compares: list[Any] = []
+        for pointer in pointers:
+            indexes = range(pointer.chunks) if every else sorted({0, pointer.chunks - 1})
+            compares.extend(tx.Version(chunk_key(self._root, pointer.sha256, i)) > 0 for i in indexes)
+        return compares
 
     def _log_key(self, seq: int) -> bytes:
         return self._log_prefix + b"%020d" % seq
@@ -532,19 +573,23 @@ class EtcdLog:
         if len(raw) > self._chunk_bytes:  # chunks first; the snapshot key gets the pointer, last
             pointer = await self._store_blob(raw)
             stored, mine = pointer.encode(), pointer.sha256
-        for _ in range(5):
+        for attempt in range(5):
             if self._snapshot is not None and self._snapshot.applied_seq >= state.applied_seq:
                 await self._drop_unreferenced((mine,))
                 return  # a replica already stored this point or a later one
+            if attempt and mine:  # a collection may have taken the chunks: rewriting is idempotent
+                await self._store_blob(raw)
             replaced, replaced_rev = self._snapshot, self._snapshot_rev  # the watch may move them
             dropped = self._prev_raw
             success: list[Any] = [tx.Put(self._snap_key, stored), tx.Get(self._snap_key)]
             if self._snapshot_raw:
                 success.insert(0, tx.Put(self._prev_key, self._snapshot_raw))
-            # Compare-and-swap on the newest snapshot's revision, so `prev` is really the one we replace.
-            ok, responses = await self._call(
-                self._client.transaction([tx.Mod(self._snap_key) == self._snapshot_rev], success, [])
-            )
+            # Compare-and-swap on the newest snapshot's revision, so `prev` is really the one we
+            # replace; and the chunks the new pointer names must all be there.
+            compare: list[Any] = [tx.Mod(self._snap_key) == self._snapshot_rev]
+            if mine:
+                compare.extend(self._chunks_exist([decode_pointer(stored)], self._max_records))
+            ok, responses = await self._call(self._client.transaction(compare, success, []))
             if ok:
                 revision = responses[-1][0][1].mod_revision
                 if self._snapshot_raw:
@@ -582,8 +627,65 @@ class EtcdLog:
         self._notify()
         for seq in [seq for seq in self._record_blobs if seq <= covered]:
             await self._delete_blob(self._record_blobs.pop(seq))
+        try:  # best effort: what a failed collection leaves, the next one finds
+            await self.collect_garbage()
+        except LogError as exc:
+            log.warning("etcd log %s: collecting orphaned blobs failed (%r); next compaction retries", self.prefix, exc)
         await self._compact_history()
         return int(result.deleted)
+
+    async def collect_garbage(self) -> int:
+        """Deletes orphaned blobs; returns how many. Called after each compaction (on the leader).
+
+        A blob is orphaned when no retained record or snapshot points at it: an append or
+        snapshot that failed (or whose process died) after writing its chunks, records another
+        replica compacted, a deletion cut short. One is deleted only when two collections in a row
+        saw it unreferenced and unchanged (so a writer between its chunks and its commit is not
+        disturbed), and only in a transaction comparing that no pointer was committed since the
+        references were taken (the head's and the snapshot's mod revisions) and that no chunk was
+        rewritten since it was listed. A collection that loses the race deletes nothing: the next
+        one looks again.
+        """
+        # Where etcd's head and snapshot are now (one read, one revision); the hot copy's
+        # references are complete only if it holds that head and that snapshot (else: next time).
+        _, cut = await self._call(self._client.transaction([], [tx.Get(self._head_key), tx.Get(self._snap_key)], []))
+        head_kv = cut[0][0][1] if cut[0] else None
+        head_mod = head_kv.mod_revision if head_kv is not None else 0
+        snap_mod = cut[1][0][1].mod_revision if cut[1] else 0
+        head = int(cut[0][0][0]) if cut[0] else 0
+        if head != self.head_seq or snap_mod != self._snapshot_rev:
+            return 0
+        self._record_blobs = {seq: sha for seq, sha in self._record_blobs.items() if seq >= self._first}
+        referenced = set(self._record_blobs.values())
+        referenced.update(decode_pointer(raw).sha256 for raw in (self._snapshot_raw, self._prev_raw)
+                          if is_pointer(raw))
+        newest: dict[str, int] = {}
+        async for kv, _ in self._read_range(self._blob_prefix, prefix_end(self._blob_prefix), keys_only=True):
+            sha = kv.key[len(self._blob_prefix) :].split(b"/", 1)[0].decode()
+            if sha not in referenced:
+                newest[sha] = max(newest.get(sha, 0), kv.mod_revision)
+        doomed = [sha for sha, revision in newest.items() if self._blob_suspects.get(sha) == revision]
+        self._blob_suspects = {sha: revision for sha, revision in newest.items() if sha not in doomed}
+        deleted = 0
+        per_txn = max(1, self._max_records - 2)
+        for start in range(0, len(doomed), per_txn):
+            shas = doomed[start : start + per_txn]
+            compare: list[Any] = [tx.Mod(self._head_key) == head_mod, tx.Mod(self._snap_key) == snap_mod]
+            ops: list[Any] = []
+            for sha in shas:
+                directory = blob_directory(self._root, sha)
+                compare.append(tx.Mod(directory, prefix_end(directory)) < newest[sha] + 1)
+                ops.append(tx.Delete(directory, prefix_end(directory)))
+            ok, _ = await self._call(self._client.transaction(compare, ops, []))
+            if not ok:
+                for sha in shas:  # judged again, from scratch, by the next collection
+                    self._blob_suspects.pop(sha, None)
+                break
+            deleted += len(shas)
+        if deleted:
+            self.blobs_collected += deleted
+            log.info("etcd log %s: collected %d orphaned blob(s)", self.prefix, deleted)
+        return deleted
 
     async def _compact_history(self) -> None:
         """Compacts etcd's revision history (MVCC keeps every old value until then, counting against

@@ -26,6 +26,7 @@ from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.server.hello_checks import hello_problem
 from ftsup.supervisor.shard import LinkShard
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
@@ -137,6 +138,12 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                            ends_stream=True)
             return
         hello = first.hello
+        problem = hello_problem(hello)  # bounded before anything logs or decides on its strings
+        if problem is not None:
+            self._runtime.close_stream(stream_id, None, 0)
+            log.warning("hello refused", reason=problem, peer=peer)
+            yield _refusal(problem, "hello", ends_stream=True)
+            return
         if self._is_tls:
             identity = peer_identity(context)
             if identity is None or identity.kind is not PeerKind.NODE or identity.name != hello.node_id:

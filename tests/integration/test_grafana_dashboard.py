@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from ftsup.agent.snapshots import physical_memory_bytes
 from ftsup.harness.cluster import ClusterSpec, LocalCluster, free_port
 from ftsup.harness.demo import trainer_argv
 
@@ -59,4 +60,19 @@ def test_every_metric_the_grafana_dashboard_queries_is_exported_by_a_running_clu
         supervisor = f"http://127.0.0.1:{port}/metrics"
         have = cluster.wait_for(lambda: (h := exported(supervisor) | exported(agent_url)) >= names and h, 30,
                                 "every dashboard metric to be exported")
+        # The agent's snapshot memory limit comes from the job's snapshots it holds, not the RAM.
+        limit = cluster.wait_for(lambda: derived_limit(agent_url), 30, "a limit derived from the snapshots held")
+        assert 0 < limit < physical_memory_bytes() // 2
     assert not names - have
+
+
+def derived_limit(url: str) -> float | None:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("ftsup_agent_snapshot_memory")}
+    if samples.get('ftsup_agent_snapshot_memory_limit_basis{basis="derived",node="node-1"}') != 1.0:
+        return None
+    limit = samples['ftsup_agent_snapshot_memory_limit_bytes{node="node-1"}']
+    assert limit == samples['ftsup_agent_snapshot_memory_derived_bytes{node="node-1"}']
+    return limit

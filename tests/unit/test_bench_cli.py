@@ -42,3 +42,12 @@ def test_registration_bench_quick_registers_in_batches_without_false_verdicts(ca
     assert run["registered"] == 40 and run["generation_started_s"] is not None
     assert run["appends"] < 40, "Hellos queued together were appended together"
     assert run["false_suspects"] == 0 and run["false_deaths"] == 0
+
+
+def test_codec_bench_quick_compares_compiled_adders_with_the_field_by_field_baseline(capsys):
+    assert cli.main(["bench", "codec", "--quick", "--json", "--nodes", "50", "--ranks-per-node", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for shape in ("generation_started", "state_snapshot"):
+        figures = result[shape]
+        assert figures["bytes"] > 50 * 2 * 10  # one restore entry per rank, at least
+        assert figures["encode_s"] > 0 and figures["baseline_encode_s"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ftsup.harness.chaos import soak
 from ftsup.harness.chaos.soak import Limits, Usage, growth_problems, log_bound_problems, restarts_without_progress
 from ftsup.v1 import events_pb2
 
@@ -58,3 +59,31 @@ def test_a_log_that_stopped_compacting_is_named() -> None:
     assert "keeps 1 segment(s) its older snapshot (seq 800) covers, from seq 1" in covered
     (many,) = log_bound_problems(1_000, {1: 10}, [800, 900, 950], 100)
     assert "3 snapshots" in many
+
+
+def test_an_etcd_log_within_two_snapshot_intervals_is_no_problem() -> None:
+    assert soak.etcd_bound_problems(head_seq=1000, records=180, blobs=3, snapshot_every=100) == []
+    assert soak.etcd_bound_problems(head_seq=150, records=150, blobs=0, snapshot_every=100) == []
+
+
+def test_an_etcd_log_that_stopped_compacting_or_leaked_blobs_is_named() -> None:
+    problems = soak.etcd_bound_problems(head_seq=1000, records=900, blobs=950, snapshot_every=100)
+    assert any("900 log records > 2 x --snapshot-every 100" in p for p in problems)
+    assert any("950 out-of-line blobs for 900 records" in p for p in problems)
+
+
+def test_etcd_is_a_soak_flag_only_and_adds_leader_kills_to_the_rotation(capsys) -> None:
+    from ftsup.harness.chaos.main import main
+
+    assert main(["leader_kill", "--etcd"]) == 2
+    assert "--etcd applies to `soak`" in capsys.readouterr().err
+    assert soak.ETCD_KINDS[-1] == "leader_kill" and set(soak.KINDS) < set(soak.ETCD_KINDS)
+    assert soak.VERDICTS["leader_kill"] == ("leader_elected",) and "leader_kill" not in soak.RESTARTS
+
+
+def test_records_compacted_before_the_soak_read_them_are_no_hole_but_a_hole_still_is() -> None:
+    from ftsup.harness.chaos import checks
+
+    read = [events_pb2.Record(seq=s) for s in (1, 2, 5, 6)]
+    assert checks.gap_problems(soak.compaction_filled(read, {3, 4})) == []
+    assert "missing seqs [4]" in checks.gap_problems(soak.compaction_filled(read, {3}))[0]

@@ -86,3 +86,27 @@ def test_the_agent_unit_keeps_the_node_through_a_trainer_oom_and_stops_retrying_
     assert int(settings["OOMScoreAdjust"]) < 0 < TRAINER_OOM_SCORE_ADJ
     assert set(settings["RestartPreventExitStatus"].split()) == {str(EXIT_USAGE), str(EXIT_REFUSED)}
     assert "CAP_KILL" not in settings["CapabilityBoundingSet"]
+
+
+def _bytes(value: str, ram: int = 1 << 40) -> int:
+    """A systemd memory size (K/M/G/T suffixes or a percentage of `ram`) in bytes."""
+    if value.endswith("%"):
+        return int(float(value[:-1]) / 100 * ram)
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    return int(float(value[:-1]) * units[value[-1]]) if value[-1] in units else int(value)
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_each_unit_throttles_before_its_hard_memory_cap(unit: str) -> None:
+    settings = dict(re.findall(r"^(\w+)=(.*)$", (ROOT / "systemd" / unit).read_text(), flags=re.MULTILINE))
+    assert 0 < _bytes(settings["MemoryHigh"]) < _bytes(settings["MemoryMax"])
+    assert settings["SystemCallErrorNumber"] == "EPERM"  # a refused call is an error, not a SIGSYS kill
+
+
+def test_the_agent_leaves_the_host_room_and_the_supervisor_has_no_wx_memory() -> None:
+    agent = dict(re.findall(r"^(\w+)=(.*)$", (ROOT / "systemd" / "ftsup-agent.service").read_text(), flags=re.MULTILINE))
+    supervisor = dict(re.findall(r"^(\w+)=(.*)$", (ROOT / "systemd" / "ftsup-supervisor.service").read_text(),
+                                 flags=re.MULTILINE))
+    assert agent["MemoryMax"].endswith("%") and float(agent["MemoryMax"][:-1]) < 100
+    assert "MemoryDenyWriteExecute" not in agent  # trainers JIT (triton, torch.compile)
+    assert supervisor["MemoryDenyWriteExecute"] == "yes" and supervisor["PrivateUsers"] == "yes"
