@@ -182,7 +182,8 @@ def _set_field(message: Message, name: str, value: Any) -> None:
             _add_items(message, name, [value[key] for key in sorted(value)])
     elif isinstance(value, tuple):
         target = getattr(message, name)
-        if value and _is_dataclass_type(type(value[0])):
+        first: type = type(value[0]) if value else type(None)
+        if value and _is_dataclass_type(first):
             _add_items(message, name, value)
         else:
             target.extend(value)
@@ -206,7 +207,9 @@ def _add_items(message: Message, name: str, items: Sequence[Any]) -> None:
     """
     target = getattr(message, name)
     item_type = message.DESCRIPTOR.fields_by_name[name].message_type
-    add = _flat_adder(type(items[0]), item_type)
+    assert item_type is not None, f"{name} is not a repeated message field"
+    item_class: type = type(items[0])
+    add = _flat_adder(item_class, item_type)
     if add is None:
         for item in items:
             to_proto(item, target.add())
@@ -218,7 +221,8 @@ def _add_items(message: Message, name: str, items: Sequence[Any]) -> None:
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
         # Name the item and field, as the field-by-field path does (it raises CodecError).
         index = len(target)
-        to_proto(items[index], message_factory.GetMessageClass(item_type)())
+        item_descriptor: Any = item_type  # (the stubs' two Descriptor classes are one at runtime)
+        to_proto(items[index], message_factory.GetMessageClass(item_descriptor)())
         raise CodecError(f"{type(items[index]).__name__} #{index} of {name}: {exc!r}") from exc
 
 
