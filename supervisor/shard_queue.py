@@ -21,9 +21,11 @@ from ftsup.v1 import agent_pb2, shard_pb2
 # Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
 # resync and sticky facts, ~10 messages a node) fits; a leader that stops reading does not grow it.
 UP_CAPACITY = 100_000
-# Items per ShardBatch at most: keeps a batch far below the 16 MiB message limit (an item is a
-# few hundred bytes; a step aggregate of 8 ranks ~1 KiB).
+# Items per ShardBatch at most (an item is a few hundred bytes; a step aggregate of 8 ranks ~1 KiB)...
 MAX_BATCH_ITEMS = 4_096
+# ...and bytes: the leader's server takes at most 4 MiB per message (server_limits), and a batch of
+# trainer exits (4 KiB output tails each) or checkpoint reports would pass that by item count alone.
+MAX_BATCH_BYTES = 2 * 1024 * 1024
 
 
 class UpQueue:
@@ -61,9 +63,17 @@ class UpQueue:
         self._items.append(item)
         return True
 
-    def take(self, max_items: int = MAX_BATCH_ITEMS) -> list[shard_pb2.Forwarded]:
-        """Up to `max_items` items, oldest first, removed from the queue (step reports folded)."""
-        head, rest = self._items[:max_items], self._items[max_items:]
+    def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES) -> list[shard_pb2.Forwarded]:
+        """Up to `max_items` items and about `max_bytes` (always at least one item), oldest first,
+        removed from the queue (step reports folded)."""
+        count, size = 0, 0
+        for item in self._items[:max_items]:
+            if item is not None:
+                size += item.ByteSize() + 8  # (the repeated field's tag and length)
+                if count and size > max_bytes:
+                    break
+            count += 1
+        head, rest = self._items[:count], self._items[count:]
         self._items = rest
         self._heartbeat_at = {s: i - len(head) for s, i in self._heartbeat_at.items() if i >= len(head)}
         taken = fold_step_reports([item for item in head if item is not None])

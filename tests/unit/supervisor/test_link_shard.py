@@ -26,7 +26,7 @@ from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
 from ftsup.supervisor.shard import LinkShard
 from ftsup.supervisor.shard_members import parse_members
-from ftsup.supervisor.shard_queue import UpQueue, fold_step_reports, forwarded
+from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, UpQueue, fold_step_reports, forwarded
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, shard_pb2, shard_pb2_grpc
 from tests.support.builders import config
 
@@ -59,6 +59,23 @@ def test_a_sessions_queued_heartbeats_fold_into_its_newest_and_everything_else_k
         assert queue.push(item)
     assert kinds(queue.take()) == [(1, "hb3"), (2, "hb1"), (1, "xid_event"), (2, "xid_event")]
     assert queue.folded == 2 and len(queue) == 0
+
+
+def test_a_batch_stays_under_the_leaders_message_limit_however_large_its_items():
+    tail = "x" * 4096  # a trainer exit's output tail at its bound
+    exits = [forwarded(n, f"n{n}", 1, agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(
+        generation=1, rank=n, exit_code=1, output_tail=tail))) for n in range(2_000)]
+    queue = UpQueue()
+    for item in exits:
+        assert queue.push(item)
+    batches = []
+    while len(queue):
+        batch = queue.take()
+        assert batch and shard_pb2.ShardBatch(items=batch).ByteSize() <= MAX_BATCH_BYTES
+        batches.append(batch)
+    assert [i.session for b in batches for i in b] == list(range(2_000)) and len(batches) > 1
+    huge = forwarded(1, "a", 1, agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(output_tail="y" * (3 << 20))))
+    assert queue.push(huge) and queue.take() == [huge]  # one item always goes, whatever its size
 
 
 def test_a_heartbeat_after_a_partial_take_folds_into_the_one_still_queued():
