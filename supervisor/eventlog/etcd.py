@@ -15,9 +15,12 @@ before its blobs went) and compacts etcd's revision history to the previous snap
 only in a transaction comparing that no pointer was committed since it looked (head and snapshot
 mod revisions unchanged), and every transaction that commits a pointer compares that the pointed
 chunks exist, rewriting them and retrying if a collection took them first.
-Every append, of any size, is ONE transaction comparing the head (gapless seqs, the contract's expect_seq) and,
-when the log is fenced, that the leader key's create revision still equals the writer's term: a
-deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed leader cannot append").
+Every append, of any size, is ONE transaction comparing the head (gapless seqs, the contract's
+expect_seq) and, when the log is fenced, that the leader key's create revision still equals the
+writer's term: a deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed
+leader cannot append"). A decision is never split over transactions (a half-committed one, say
+deaths without their GenerationEnded, is a state no later leader repairs): an append of more
+records than --max-txn-ops leaves room for is one span value (plus the head), whatever its size.
 Concurrent appends from this process are group-committed: several appends, one transaction.
 Reads are served from the hot copy kept by a watch (re-watched from last revision + 1 after a
 broken stream, so it is gap-free), so read()/load_snapshot() stay synchronous like the other
