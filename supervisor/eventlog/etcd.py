@@ -310,6 +310,9 @@ class EtcdLog:
                         # error, so resuming at revision + 1 neither skips nor repeats a revision.
                         self._revision = max(self._revision, kv.mod_revision)
                         self._notify()
+                        if self._closed:
+                            return  # closed while this event was handled: its cancel may have been
+                            # swallowed by a wait_for whose call finished at that moment (Python 3.11)
                 finally:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(watch.cancel(), self._timeout_s)
@@ -746,12 +749,21 @@ class EtcdLog:
         self._notify()
 
     async def aclose(self) -> None:
-        """close(), then waits for the watch to be cancelled on the (possibly shared) client."""
+        """close(), then waits for the watch to be cancelled on the (possibly shared) client.
+
+        Waits a bounded time: a cancel swallowed by Python 3.11's wait_for (its call finished in
+        the same iteration) is repeated, and a task still running after that is logged, not awaited."""
         self.close()
         for task in (self._watcher, self._flusher):
-            if task is not None:
-                with contextlib.suppress(BaseException):
-                    await task
+            for _ in range(3):
+                if task is None or task.done():
+                    break
+                await asyncio.wait({task}, timeout=self._timeout_s)
+                task.cancel()
+            if task is not None and task.done() and not task.cancelled():
+                task.exception()  # retrieved: the log was closing anyway
+            elif task is not None and not task.done():
+                log.warning("etcd log %s: task %s did not stop after close", self.prefix, task.get_name())
 
     # -- the boundary ----------------------------------------------------------------------
     async def _call(self, call: Awaitable[T]) -> T:
