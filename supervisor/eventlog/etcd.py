@@ -1,6 +1,9 @@
 """EventLog on etcd: the replicated backend. Owns the keys under `<prefix>/` and a hot copy of them.
 
-Keys: `<prefix>/log/<seq:020d>` (one Record proto each), `<prefix>/head` (the last seq, decimal),
+Keys: `<prefix>/log/<seq:020d>` (one Record proto each; or, for an append of more records than one
+transaction has operations for, one span value holding them all under its last seq: etcd_spans.py),
+`<prefix>/head` (the last seq, decimal), `<prefix>/log.compacted` (the seq compaction dropped
+through: a span it cut into keeps its key, and readers skip its covered records),
 `<prefix>/snapshot` and `<prefix>/snapshot.prev` (the two retained ClusterState protos), and
 `<prefix>/blob/<sha256>/<n>`: values too large for one etcd request (a 12,500-node snapshot or
 GenerationStarted) are chunked there and the record or snapshot key holds a small pointer written
@@ -12,9 +15,12 @@ before its blobs went) and compacts etcd's revision history to the previous snap
 only in a transaction comparing that no pointer was committed since it looked (head and snapshot
 mod revisions unchanged), and every transaction that commits a pointer compares that the pointed
 chunks exist, rewriting them and retrying if a collection took them first.
-Every append is ONE transaction comparing the head (gapless seqs, the contract's expect_seq) and,
-when the log is fenced, that the leader key's create revision still equals the writer's term: a
-deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed leader cannot append").
+Every append, of any size, is ONE transaction comparing the head (gapless seqs, the contract's
+expect_seq) and, when the log is fenced, that the leader key's create revision still equals the
+writer's term: a deposed or paused leader's append fails with `Deposed` (DESIGN.md "a deposed
+leader cannot append"). A decision is never split over transactions (a half-committed one, say
+deaths without their GenerationEnded, is a state no later leader repairs): an append of more
+records than --max-txn-ops leaves room for is one span value (plus the head), whatever its size.
 Concurrent appends from this process are group-committed: several appends, one transaction.
 Reads are served from the hot copy kept by a watch (re-watched from last revision + 1 after a
 broken stream, so it is gap-free), so read()/load_snapshot() stay synchronous like the other
@@ -52,6 +58,7 @@ from ftsup.supervisor.eventlog.etcd_blobs import (
     range_page,
     split,
 )
+from ftsup.supervisor.eventlog.etcd_spans import SpanFormatError, decode_span, encode_span, is_span
 from ftsup.v1 import events_pb2, state_pb2
 
 log = logging.getLogger(__name__)
@@ -149,11 +156,12 @@ class EtcdLog:
         self._log_prefix = f"{prefix}/log/".encode()
         self._blob_prefix = f"{prefix}/blob/".encode()
         self._head_key = f"{prefix}/head".encode()
+        self._floor_key = f"{prefix}/log.compacted".encode()  # sorts between head and log/
         self._snap_key = f"{prefix}/snapshot".encode()
         self._prev_key = f"{prefix}/snapshot.prev".encode()
         self._fence_key = fence_key.encode() if fence_key else None
         self._timeout_s = op_timeout_s
-        self._max_records = max_txn_ops - 1  # one op is the head
+        self._max_records = max_txn_ops - 1  # one op is the head; more records than this: a span
         self._chunk_bytes = chunk_bytes
         self._max_txn_bytes = max_txn_bytes
         self._page_keys = page_keys
@@ -203,20 +211,20 @@ class EtcdLog:
                     raise
 
     async def _sync_once(self) -> None:
-        head, records, revision = 0, [], 0
+        head, floor, records, revision = 0, 0, [], 0
         # Everything after `blob/` (chunks are read through the pointers that reference them).
         async for kv, revision in self._read_range(self._head_key, prefix_end(self._root)):
             value = await self._resolve(kv.value, revision)
             if kv.key.startswith(self._log_prefix):
-                record = codec.record_from_proto(events_pb2.Record.FromString(value))
-                if is_pointer(kv.value):
-                    self._record_blobs[record.seq] = decode_pointer(kv.value).sha256
-                records.append(record)
+                records.extend(self._records_of(kv.key, value, kv.value))
             elif kv.key == self._head_key:
                 head = int(value)
+            elif kv.key == self._floor_key:
+                floor = int(value)
             else:
                 self._absorb_kv(kv.key, value, kv.mod_revision, kv.value)
         self._absorb_records(records, head)
+        self._drop_through(floor)  # a span cut by a compaction still holds records it covered
         self._revision = max(self._revision, revision)
         self._notify()
 
@@ -302,6 +310,9 @@ class EtcdLog:
                         # error, so resuming at revision + 1 neither skips nor repeats a revision.
                         self._revision = max(self._revision, kv.mod_revision)
                         self._notify()
+                        if self._closed:
+                            return  # closed while this event was handled: its cancel may have been
+                            # swallowed by a wait_for whose call finished at that moment (Python 3.11)
                 finally:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(watch.cancel(), self._timeout_s)
@@ -322,15 +333,39 @@ class EtcdLog:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _WATCH_BACKOFF_S[1])
 
+    def _records_of(self, key: bytes, value: bytes, stored: bytes) -> list[Record]:
+        """The records a `log/<seq>` key holds: one, or a span ending at <seq>. `value` is
+        resolved (a pointer's chunks joined), `stored` what the key holds; a pointer's blob is
+        remembered under the key's seq, which is when a compaction deletes the key and the blob."""
+        seq = int(key[len(self._log_prefix) :])
+        try:
+            if is_span(value):
+                first, raws = decode_span(value)
+                records = [codec.record_from_proto(events_pb2.Record.FromString(raw)) for raw in raws]
+                if [r.seq for r in records] != list(range(first, first + len(records))) or first + len(
+                    records
+                ) - 1 != seq:
+                    raise SpanFormatError(
+                        f"its {len(records)} records from seq {first} are not seqs {first}..{seq}"
+                    )
+            else:
+                records = [codec.record_from_proto(events_pb2.Record.FromString(value))]
+        except ValueError as exc:  # SpanFormatError, protobuf's DecodeError, a bad enum
+            raise LogError(f"etcd log {self.prefix}: key {key.decode(errors='replace')} does not hold"
+                           f" records: {exc}") from exc
+        if is_pointer(stored):
+            self._record_blobs[seq] = decode_pointer(stored).sha256
+        return records
+
     def _absorb_kv(self, key: bytes, value: bytes, mod_revision: int, stored: bytes) -> None:
         """`value` is the resolved value; `stored` what the key holds (a pointer for a chunked one)."""
         if key.startswith(self._log_prefix):
-            record = codec.record_from_proto(events_pb2.Record.FromString(value))
-            if is_pointer(stored):
-                self._record_blobs[record.seq] = decode_pointer(stored).sha256
-            self._absorb_record(record)
+            for record in self._records_of(key, value, stored):
+                self._absorb_record(record)
         elif key == self._head_key:
             self._write_head = max(self._write_head, int(value))
+        elif key == self._floor_key:
+            self._drop_through(int(value))
         elif key == self._snap_key and mod_revision > self._snapshot_rev:
             self._snapshot = codec.state_from_proto(state_pb2.ClusterState.FromString(value))
             self._snapshot_raw, self._snapshot_rev = stored, mod_revision
@@ -389,11 +424,6 @@ class EtcdLog:
     ) -> list[Record]:
         if self._closed:
             raise LogUnavailable(f"etcd log {self.prefix} is closed")
-        if len(events) > self._max_records:
-            raise ValueError(
-                f"{len(events)} events in one append exceed one etcd transaction ({self._max_records} "
-                f"records at --max-txn-ops {self._max_records + 1}); split the batch or raise the limit"
-            )
         if self._fence_key is not None and term <= 0:
             raise ValueError(f"a fenced append needs the leader's term (> 0), got {term}")
         if not events:
@@ -458,6 +488,9 @@ class EtcdLog:
                 mine.append(record)
                 values.append((seq, codec.record_to_proto(record).SerializeToString()))
             records.append(mine)
+        if len(values) > self._max_records:
+            # More records than operations: all of them in one span value under the last seq.
+            values = [(seq, encode_span(base + 1, [value for _, value in values]))]
         pointers = await self._out_of_line(values)
         blobs = {at: pointer.sha256 for at, pointer in pointers.items()}
         compare.extend(self._chunks_exist(pointers.values(), self._max_records + 1 - len(compare)))
@@ -496,9 +529,7 @@ class EtcdLog:
         if head > base:  # what the other writer appended, paged (it may be large)
             async for kv, revision in self._read_range(self._log_key(base + 1), self._log_key(head + 1)):
                 value = await self._resolve(kv.value, revision)
-                fetched.append(codec.record_from_proto(events_pb2.Record.FromString(value)))
-                if is_pointer(kv.value):
-                    self._record_blobs[fetched[-1].seq] = decode_pointer(kv.value).sha256
+                fetched.extend(r for r in self._records_of(kv.key, value, kv.value) if r.seq > base)
         self._absorb_records(fetched, head)
         self._notify()
         if self._fence_key is not None:
@@ -620,9 +651,13 @@ class EtcdLog:
         if oldest is None or oldest.applied_seq < self._first:
             return 0
         covered = oldest.applied_seq
-        result = await self._call(
-            self._client.delete_range(self._log_key(self._first), self._log_key(covered + 1))
-        )
+        dropped = min(covered, self.head_seq) - self._first + 1
+        # Keys through `covered` go; a span holding `covered` and later seqs stays whole (its key
+        # is its last seq), and the floor written with the deletion tells readers where to start.
+        await self._call(self._client.transaction([], [
+            tx.Delete(self._log_prefix, self._log_key(covered + 1)),
+            tx.Put(self._floor_key, str(covered).encode()),
+        ], []))
         self._drop_through(covered)
         self._notify()
         for seq in [seq for seq in self._record_blobs if seq <= covered]:
@@ -632,7 +667,7 @@ class EtcdLog:
         except LogError as exc:
             log.warning("etcd log %s: collecting orphaned blobs failed (%r); next compaction retries", self.prefix, exc)
         await self._compact_history()
-        return int(result.deleted)
+        return dropped
 
     async def collect_garbage(self) -> int:
         """Deletes orphaned blobs; returns how many. Called after each compaction (on the leader).
@@ -714,12 +749,21 @@ class EtcdLog:
         self._notify()
 
     async def aclose(self) -> None:
-        """close(), then waits for the watch to be cancelled on the (possibly shared) client."""
+        """close(), then waits for the watch to be cancelled on the (possibly shared) client.
+
+        Waits a bounded time: a cancel swallowed by Python 3.11's wait_for (its call finished in
+        the same iteration) is repeated, and a task still running after that is logged, not awaited."""
         self.close()
         for task in (self._watcher, self._flusher):
-            if task is not None:
-                with contextlib.suppress(BaseException):
-                    await task
+            for _ in range(3):
+                if task is None or task.done():
+                    break
+                await asyncio.wait({task}, timeout=self._timeout_s)
+                task.cancel()
+            if task is not None and task.done() and not task.cancelled():
+                task.exception()  # retrieved: the log was closing anyway
+            elif task is not None and not task.done():
+                log.warning("etcd log %s: task %s did not stop after close", self.prefix, task.get_name())
 
     # -- the boundary ----------------------------------------------------------------------
     async def _call(self, call: Awaitable[T]) -> T:

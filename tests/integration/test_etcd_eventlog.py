@@ -225,8 +225,9 @@ async def test_a_12500_node_fleet_appends_snapshots_and_reopens_within_etcds_req
     client, etcd, etcd_prefix
 ) -> None:
     """12,500 nodes x 8 ranks under the default --max-request-bytes (1.5 MiB) and the client's
-    4 MiB response limit: the GenerationStarted record and the state snapshot are each larger than
-    one request, so both go out of line in chunks; a follower's watch and a fresh reader's paged
+    4 MiB response limit: the 12,500 registrations are one append (one span, out of line), the
+    GenerationStarted record and the state snapshot are each larger than one request, so all go
+    out of line in chunks; a follower's watch and a fresh reader's paged
     reload rebuild the identical state; etcd's history is compacted after the snapshots."""
     from ftsup.harness.sim.fleet import CoreDriver, registered_state
     from ftsup.supervisor.core.config import DetectorConfig, JobSpec
@@ -246,8 +247,9 @@ async def test_a_12500_node_fleet_appends_snapshots_and_reopens_within_etcds_req
     try:
         joins = [NodeRegistered(n.node_id, n.incarnation, n.role, n.host, n.peer_port, n.gpus)
                  for n in registered.nodes.values()]
-        for start in range(0, len(joins), 127):
-            await leader.append(joins[start:start + 127], term=1, time_unix_s=1.0)
+        await leader.append(joins, term=1, time_unix_s=1.0)  # one transaction: a span, out of line
+        span = await client.get(f"{etcd_prefix}/log/{nodes:020d}".encode())
+        assert span is not None and span.value.startswith(POINTER_MAGIC)
         await leader.save_snapshot(registered)  # the first snapshot: nothing to rotate yet
         await leader.append(list(started), term=1, time_unix_s=2.0)
         assert leader.head_seq == driver.state.applied_seq
