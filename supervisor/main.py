@@ -23,7 +23,7 @@ from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
 from ftsup.supervisor.etcd_tls import make_tls_client
 from ftsup.supervisor.eventlog.api import LogError
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog
-from ftsup.supervisor.eventlog.etcd import DEFAULT_MAX_TXN_OPS, EtcdLog, make_client
+from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
 from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.supervisor.replica import rehome_on_change, run_replica
@@ -81,11 +81,9 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         election, event_log, client = replicated
     else:
         event_log = open_embedded(config, log)
-    # On etcd one append is one transaction of at most DEFAULT_MAX_TXN_OPS - 1 records: a batch of
-    # Hellos (one NodeRegistered each, plus what the batch decides) must fit, with room for the rest.
-    hello_batch = min(HELLO_BATCH, DEFAULT_MAX_TXN_OPS // 2) if replicated else HELLO_BATCH
+    # One append of any size is one transaction on etcd too (a big one is stored as a span).
     runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every,
-                      hello_batch=hello_batch)
+                      hello_batch=HELLO_BATCH)
     if config.checkpoints.location:
         from ftsup.supervisor.checkpointer import Checkpointer
 

@@ -215,7 +215,9 @@ def etcd_bound_problems(head_seq: int, records: int, blobs: int, snapshot_every:
 
 
 async def etcd_key_counts(endpoints: tuple[str, ...], prefix: str) -> tuple[int, int]:
-    """(log records, distinct blobs) under the job's etcd prefix."""
+    """(log keys, distinct blobs) under the job's etcd prefix. A key is one record, or a span of a
+    decision's records past one transaction's op limit (never at a soak's few nodes): the bound
+    above then counts a span once, which only loosens it."""
     from ftsup.supervisor.eventlog.etcd import make_client
 
     client = make_client(list(endpoints), timeout_s=10.0)
