@@ -44,7 +44,7 @@ FIGURES = ("recovery_s", "lost_steps", "regain_s", "goodput_lost_s", "step_s", "
            "full_world_s", "reduced_step_s", "samples_lost_steps")
 GOAL = {"regain_ratio": 0.5, "lost_steps": 1, "overhead_pp": 1.0}
 POLL_S = 0.05
-LINE = re.compile(rb"^step (\d+)(?: world (\d+) t ([0-9.]+))?", re.MULTILINE)
+LINE = re.compile(rb"^step (\d+)(?: loss \S+)?(?: world (\d+) t ([0-9.]+))?", re.MULTILINE)
 INSTALL_HINT = ("cp -a .venv .venv-peers && .venv/bin/python -c "
                 "\"import torch; print('torch==' + torch.__version__)\" > torch-pin.txt && "
                 ".venv-peers/bin/python -m pip install -c torch-pin.txt -e '.[bench-peers]'")

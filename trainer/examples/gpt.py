@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"rank {session.rank} start-up: {timings}", file=sys.stderr, flush=True)
                 if session.rank == 0:
                     print(
-                        f"step {step} world {session.world_size} t {time.time():.4f} loss {loss_value:.4f}"
+                        f"step {step} loss {loss_value:.4f} world {session.world_size} t {time.time():.4f}"
                         f" step_ms {(ended - started) * 1e3:.1f}",
                         file=sys.stderr,
                         flush=True,
