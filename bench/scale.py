@@ -32,6 +32,7 @@ from ftsup.bench import _scale_plot
 from ftsup.common import plot
 from ftsup.common.shard_map import shard_of
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
+from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
 GOAL_P99_MS = 50.0
@@ -474,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.procs <= 16 or args.duration_s <= 0 or args.step_s < 0:
         parser.error(f"--procs within [1, 16], --duration-s > 0, --step-s >= 0; got {args.procs}, "
                      f"{args.duration_s}, {args.step_s}")
+    if not 1 <= args.streams_per_channel <= MAX_STREAMS_PER_CONNECTION:
+        parser.error(f"--streams-per-channel within [1, {MAX_STREAMS_PER_CONNECTION}] (the supervisor's streams per"
+                     f" connection), got {args.streams_per_channel}")
     result: dict[str, Any] = {
         "nodes": args.nodes,
         "gpus": args.nodes * args.ranks_per_node,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ftsup.common.shard_map import shard_of
+from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 CONNECT_TIMEOUT_S = 600.0
@@ -87,7 +88,10 @@ class Fleet:
             by_shard.setdefault(home, []).append(node)
         for address, nodes in by_shard.items():
             for offset in range(0, len(nodes), per):
-                channel = grpc.aio.insecure_channel(address)
+                # A private subchannel pool: otherwise gRPC shares one HTTP/2 connection among all
+                # channels to the same address, and the server's per-connection stream cap
+                # (server_limits.MAX_STREAMS_PER_CONNECTION) would hold every node past it unwelcomed.
+                channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
                 self.channels.append(channel)
                 stub = agent_pb2_grpc.SupervisorStub(channel)
                 tasks += [asyncio.create_task(self.node_loop(stub, n)) for n in nodes[offset:offset + per]]
@@ -247,7 +251,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="sim")
     p.add_argument("--interval-s", type=float, default=1.0, help="until the Welcome names the interval")
     p.add_argument("--step-s", type=float, default=10.0, help="one StepReport per node per step (0: none)")
-    p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection")
+    p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection (at most the server's per-connection cap)")
     p.add_argument("--connect-concurrency", type=int, default=200, help="Hellos not yet welcomed at once")
     p.add_argument("--seed", type=int, default=1)
     return p
@@ -255,7 +259,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.count < 1 or args.interval_s <= 0 or args.step_s < 0 or args.streams_per_channel < 1:
+    if args.count < 1 or args.interval_s <= 0 or args.step_s < 0 or not 1 <= args.streams_per_channel <= MAX_STREAMS_PER_CONNECTION:
         print(f"fleet_load: bad arguments {vars(args)}", file=sys.stderr)
         return 2
     asyncio.run(Fleet(args).run())

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ftsup.trainer.ddp import ComputeClock
 from ftsup.trainer.digest import GradDigester, tensors_digest
+from tests.support import gloo_exit
 
 
 def main() -> None:
@@ -63,7 +64,7 @@ def main() -> None:
                 q.add_(q.grad, alpha=-0.01)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank-{args.rank}.json").write_text(json.dumps(steps))
-    dist.destroy_process_group()
+    gloo_exit.leave()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from ftsup.trainer.digest import GradDigester, tensors_digest
+from tests.support import gloo_exit
 
 
 def build() -> torch.nn.Module:
@@ -64,7 +65,7 @@ def main() -> None:
               "global_numel": [g.numel() for _, g in grads]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank-{args.rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    gloo_exit.leave()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ftsup.trainer.digest import Digester
 from ftsup.trainer.replicas import replica_group
 from ftsup.trainer.session import Session
+from tests.support import gloo_exit
 
 SAMPLES = 256
 
@@ -110,7 +111,7 @@ def main() -> None:
     session.finish(step, digester())
     session.close()
     log.write_text(json.dumps(batches))
-    dist.destroy_process_group()
+    gloo_exit.leave()
 
 
 if __name__ == "__main__":
