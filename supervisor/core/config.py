@@ -63,13 +63,13 @@ class JobSpec:
             raise ValueError(f"ranks_per_node must be within [1, 64], got {self.ranks_per_node}")
         if not self.argv:
             raise ValueError("job argv (the trainer command) must not be empty")
-        if not (self.master_port_base >= 1024 and self.master_port_base + self.master_port_span <= 65535):
-            raise ValueError(
-                f"master ports {self.master_port_base}..{self.master_port_base + self.master_port_span}"
-                " must lie within 1024..65535"
-            )
         if self.master_port_span < 1:
             raise ValueError(f"master_port_span must be >= 1, got {self.master_port_span}")
+        last_master_port = self.master_port_base + self.master_port_span - 1  # the planner's base + n % span
+        if not (self.master_port_base >= 1024 and last_master_port <= 65535):
+            raise ValueError(
+                f"master ports {self.master_port_base}..{last_master_port} must lie within 1024..65535"
+            )
         if not 0 <= self.min_nodes <= self.nodes:
             raise ValueError(f"min_nodes must be within [0, nodes={self.nodes}] (0: never shrink), got {self.min_nodes}")
         if self.max_restarts is not None and not 0 <= self.max_restarts <= 1_000_000:

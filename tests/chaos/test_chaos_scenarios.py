@@ -22,8 +22,10 @@ pytestmark = pytest.mark.integration
 
 # name -> what its figures must show beyond `passed`
 COVERED_HERE = {
-    # the restarted agent: the job goes on (see docs/chaos.md for what happens to its ranks)
-    "agent_crash": lambda r: r.lost_steps is not None and r.lost_steps <= 1,
+    # the restarted agent: the job goes on (see docs/chaos.md for what happens to its ranks). Its
+    # trainer outlives it by one step: a SIGKILL after step S's hand-off but before the agent's
+    # own holding report left leaves S held once (the buddy), so S-1 is restored after S+1 ran
+    "agent_crash": lambda r: r.lost_steps is not None and r.lost_steps <= 2,
     # heartbeat silence: 4 misses x 0.5 s; a loaded 2-core machine may add a few seconds
     "node_sigstop": lambda r: r.detected_s is not None and 1.5 <= r.detected_s < 15 and r.lost_steps <= 1,
     # the hang floor is 3 s: never sooner, and the supervisor acts on the first report
