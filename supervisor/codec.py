@@ -67,21 +67,30 @@ _EVENT_DECODERS: dict[str, Callable[[Message], Any]] = {}  # filled below, once 
 
 # -- upcasters: values written before a field existed, given what that field would have held ------
 
-# The words a death's quarantine began with before QuarantineCause was logged (decide.py wrote
-# "declared dead: " + the failure detector's reason). Read only to upcast such old values.
-_LEGACY_DEATH_PREFIXES = (
-    ("declared dead: stream closed and not reopened", ev.QuarantineCause.DEAD_STREAM_LOSS),
-    ("declared dead: not heard from within", ev.QuarantineCause.DEAD_NEVER_HEARD),
-    ("declared dead: no heartbeat", ev.QuarantineCause.DEAD_SILENT),
+# The words the failure detector's death verdicts begin with (policies/failure.py), which a
+# death's quarantine repeated after "declared dead: " before causes were logged. Read only to
+# upcast values written before the `cause` fields existed.
+_DEATH_QUARANTINE_PREFIX = "declared dead: "
+_LEGACY_DEATH_WORDS = (
+    ("stream closed and not reopened", ev.QuarantineCause.DEAD_STREAM_LOSS),
+    ("not heard from within", ev.QuarantineCause.DEAD_NEVER_HEARD),
+    ("no heartbeat", ev.QuarantineCause.DEAD_SILENT),
 )
+
+
+def legacy_death_cause(reason: str) -> ev.QuarantineCause:
+    """The kind of a death recorded without one, from the detector's fixed wording."""
+    for words, cause in _LEGACY_DEATH_WORDS:
+        if reason.startswith(words):
+            return cause
+    return ev.QuarantineCause.UNSPECIFIED
 
 
 def legacy_quarantine_cause(reason: str) -> ev.QuarantineCause:
     """The cause of a quarantine recorded without one: the death kinds from their fixed wording,
     anything else stays UNSPECIFIED (nothing branches on the other causes)."""
-    for prefix, cause in _LEGACY_DEATH_PREFIXES:
-        if reason.startswith(prefix):
-            return cause
+    if reason.startswith(_DEATH_QUARANTINE_PREFIX):
+        return legacy_death_cause(reason.removeprefix(_DEATH_QUARANTINE_PREFIX))
     return ev.QuarantineCause.UNSPECIFIED
 
 
@@ -91,13 +100,21 @@ def _upcast_quarantined(event: ev.NodeQuarantined) -> ev.NodeQuarantined:
     return dataclasses.replace(event, cause=legacy_quarantine_cause(event.reason))
 
 
+def _upcast_declared_dead(event: ev.NodeDeclaredDead) -> ev.NodeDeclaredDead:
+    if event.cause is not ev.QuarantineCause.UNSPECIFIED:
+        return event
+    return dataclasses.replace(event, cause=legacy_death_cause(event.reason))
+
+
 def _upcast_node(node: NodeRecord) -> NodeRecord:
     if not node.is_quarantined or node.quarantine_cause is not ev.QuarantineCause.UNSPECIFIED:
         return node
     return dataclasses.replace(node, quarantine_cause=legacy_quarantine_cause(node.quarantine_reason))
 
 
-_UPCASTS: dict[type, Callable[[Any], Any]] = {ev.NodeQuarantined: _upcast_quarantined, NodeRecord: _upcast_node}
+_UPCASTS: dict[type, Callable[[Any], Any]] = {
+    ev.NodeQuarantined: _upcast_quarantined, ev.NodeDeclaredDead: _upcast_declared_dead, NodeRecord: _upcast_node,
+}
 
 
 def record_to_proto(record: ev.Record) -> events_pb2.Record:

@@ -593,7 +593,7 @@ def _declare_dead(
     state: ClusterState, soft: SoftState, verdict: failure.Verdict, *, offset: int
 ) -> list[Event]:
     """Dead, then (if it was training) the generation ends, then quarantine: evolve's order."""
-    dead = NodeDeclaredDead(verdict.node_id, verdict.reason, verdict.silent_for_s)
+    dead = NodeDeclaredDead(verdict.node_id, verdict.reason, verdict.silent_for_s, verdict.cause)
     # The batch is appended atomically after `applied_seq`, so the death's seq is known now.
     dead_seq = state.applied_seq + offset + 1
     events: list[Event] = [dead]

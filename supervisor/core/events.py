@@ -130,6 +130,7 @@ class NodeDeclaredDead:
     node_id: str
     reason: str
     silent_for_s: float
+    cause: QuarantineCause = QuarantineCause.UNSPECIFIED  # one of the DEAD_* kinds (older records: inferred)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,15 @@ from typing import Any
 
 from ftsup.v1 import events_pb2
 
-SDC_PREFIX = "SDC:"  # decide.py prefixes the reasons of SDC quarantines and restarts with it
+# Records written before quarantine causes existed carry no cause; their reasons began with this
+# (decide.py's wording then). Read only for such records: a cause, when present, decides.
+LEGACY_SDC_PREFIX = "SDC:"
+
+
+def _is_sdc_quarantine(body: events_pb2.NodeQuarantined) -> bool:
+    if body.cause != events_pb2.QUARANTINE_CAUSE_UNSPECIFIED:
+        return body.cause == events_pb2.QUARANTINE_CAUSE_SDC
+    return body.reason.startswith(LEGACY_SDC_PREFIX)
 
 
 def sdc_dict(records: Iterable[events_pb2.Record]) -> dict[str, Any]:
@@ -46,7 +54,7 @@ def sdc_dict(records: Iterable[events_pb2.Record]) -> dict[str, Any]:
                          culprit_node_ids=list(body.culprit_node_ids), detail=body.detail,
                          tainted_from_step=body.tainted_from_step if body.HasField("tainted_from_step") else None,
                          ranks=[_rank(r, recomputed.get(r["rank"])) for r in check["ranks"]])
-        elif kind == "node_quarantined" and body.reason.startswith(SDC_PREFIX):
+        elif kind == "node_quarantined" and _is_sdc_quarantine(body):
             verdicts.append({"seq": record.seq, "action": "quarantined", "node_id": body.node_id,
                              "evidence_seq": body.evidence_seq, "reason": body.reason})
         elif kind == "generation_ended" and body.reason == events_pb2.END_REASON_SDC:

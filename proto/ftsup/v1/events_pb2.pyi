@@ -413,19 +413,25 @@ class NodeDeclaredDead(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     SILENT_FOR_S_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     reason: _builtins.str
     silent_for_s: _builtins.float
+    cause: Global___QuarantineCause.ValueType
+    """Which death (one of the QUARANTINE_CAUSE_DEAD_* kinds; issue 15's typed causes, 300-319).
+    Unset on records written before it: the codec infers it from the detector's fixed wording.
+    """
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         reason: _builtins.str = ...,
         silent_for_s: _builtins.float = ...,
+        cause: Global___QuarantineCause.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "reason", b"reason", "silent_for_s", b"silent_for_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "node_id", b"node_id", "reason", b"reason", "silent_for_s", b"silent_for_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,6 +7,7 @@ from ftsup.supervisor.core.events import (
     EndReason,
     GenerationEnded,
     NodeQuarantined,
+    QuarantineCause,
     Record,
     SdcCheckFinished,
     SdcCheckStarted,
@@ -25,8 +26,10 @@ def test_the_view_links_suspects_checks_and_verdicts_with_their_evidence():
     log = records(
         SdcSuspected("n3", 2, 5, "bad", "good", 1, 4),
         GenerationEnded(1, EndReason.NODE_QUARANTINED, "n3", 5, "SDC: step 5: rank 2 bad vs majority good"),
-        NodeQuarantined("n3", "SDC: step 5: rank 2 bad vs majority good", 1),
+        NodeQuarantined("n3", "SDC: step 5: rank 2 bad vs majority good", 1),  # no cause: an older record
         NodeQuarantined("n9", "declared dead: stream closed", 3),  # not SDC: left out
+        NodeQuarantined("n7", "step 6 disagreed", 1, QuarantineCause.SDC),  # the cause decides, not the words
+        NodeQuarantined("n8", "SDC: looks like it", 1, QuarantineCause.OPERATOR),
         SdcCheckStarted("c1", 7, 1, "n2", "n4"),
         SdcCheckFinished("c1", SdcVerdict.MATCH, "x", "x"),
         SdcSuspected("n1", 0, 9, "a", "", 2, 2),
@@ -37,12 +40,12 @@ def test_the_view_links_suspects_checks_and_verdicts_with_their_evidence():
         ("n3", 5, "minority", "bad", "good"), ("n1", 9, "split", "a", ""),
     ]
     assert [(v["action"], v["node_id"], v["evidence_seq"]) for v in view["verdicts"]] == [
-        ("quarantined", "n3", 1), ("restarted", "", 0),
+        ("quarantined", "n3", 1), ("quarantined", "n7", 1), ("restarted", "", 0),
     ]
-    assert view["checks"] == [{"check_id": "c1", "seq": 5, "step": 7, "rank": 1, "suspect_node_id": "n2",
+    assert view["checks"] == [{"check_id": "c1", "seq": 7, "step": 7, "rank": 1, "suspect_node_id": "n2",
                                "verifier_node_id": "n4", "verdict": "match", "reported_digest": "x",
                                "recomputed_digest": "x", "generation": 0, "reason": "", "confirms_check_id": "",
-                               "finished_seq": 6, "culprit_node_ids": [], "detail": "", "tainted_from_step": None,
+                               "finished_seq": 8, "culprit_node_ids": [], "detail": "", "tainted_from_step": None,
                                "ranks": []}]
     text = sdc_text(view)
     assert "step 5 n3 rank 2 (minority): digest bad vs majority good" in text

@@ -9,7 +9,13 @@ import dataclasses
 from ftsup.agent import launcher
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.directives import Action, StandbyCause, directive_for
-from ftsup.supervisor.core.events import NodeQuarantined, NodeUnquarantined, QuarantineCause, Record
+from ftsup.supervisor.core.events import (
+    NodeDeclaredDead,
+    NodeQuarantined,
+    NodeUnquarantined,
+    QuarantineCause,
+    Record,
+)
 from ftsup.supervisor.core.inputs import StreamClosed, Tick, XidReport
 from ftsup.supervisor.core.state import ClusterState
 from ftsup.v1 import agent_pb2
@@ -21,8 +27,11 @@ def _lose_stream(sim: Sim, node_id: str, stream_id: int, at: float) -> NodeQuara
     sim.events(StreamClosed(node_id, 1, stream_id), at=at)
     sim.events(Tick(), at=at + 0.1)
     alive(sim, at + 1.5, silent=(node_id,))
-    quarantined = [e for e in sim.events(Tick(), at=at + 1.6) if isinstance(e, NodeQuarantined)]
-    assert len(quarantined) == 1
+    events = sim.events(Tick(), at=at + 1.6)
+    quarantined = [e for e in events if isinstance(e, NodeQuarantined)]
+    dead = [e for e in events if isinstance(e, NodeDeclaredDead)]
+    assert len(quarantined) == 1 and len(dead) == 1
+    assert dead[0].cause is quarantined[0].cause  # the death says which kind, as its quarantine does
     return quarantined[0]
 
 
@@ -52,6 +61,9 @@ def test_records_and_snapshots_from_before_causes_are_upcast_from_their_fixed_wo
     stored = codec.record_to_proto(Record(5, 1, 0.0, old))
     stored.event.node_quarantined.ClearField("cause")  # as an older writer left it
     assert codec.record_from_proto(stored).event.cause is QuarantineCause.DEAD_STREAM_LOSS
+    dead = codec.record_to_proto(Record(4, 1, 0.0, NodeDeclaredDead("n3", "no heartbeat for 5.1s (limit 5s)", 5.1)))
+    dead.event.node_declared_dead.ClearField("cause")
+    assert codec.record_from_proto(dead).event.cause is QuarantineCause.DEAD_SILENT
     xid = codec.event_to_proto(NodeQuarantined("n4", "Xid 79: GPU fell off the bus", 4))
     assert codec.event_from_proto(xid).cause is QuarantineCause.UNSPECIFIED  # nothing branches on it
 
