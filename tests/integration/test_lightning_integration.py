@@ -41,7 +41,10 @@ def test_a_lightning_job_survives_a_node_kill_and_ends_as_the_uninterrupted_run(
                        heartbeat_interval_s=0.5, reconnect_grace_s=1.0, job_name="lightning")
     with LocalCluster(spec, tmp_path / "cluster") as cluster:
         cluster.start()
-        cluster.wait_for(lambda: cluster.status().step >= 3, 240, "step 3")
+        # The callback snapshots on the session's auto cadence (about 1 s of training, k = 3 at
+        # 0.4 s a step): kill once one is committed, so the spare restores from a peer's RAM.
+        cluster.wait_for(lambda: (s := cluster.status()).step >= 3 and s.HasField("last_snapshot_step")
+                         and s.last_snapshot_step >= 2, 240, "step 3 and a committed snapshot")
         cluster.kill_node("node-2")
         status = cluster.wait_for(
             lambda: (s := cluster.status()).phase == operator_pb2.JOB_PHASE_COMPLETED and s, 300, "the job to complete")

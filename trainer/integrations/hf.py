@@ -40,6 +40,8 @@ from ftsup.trainer.digest import Digester, param_digest
 from ftsup.trainer.integrations.state import (
     Protected,
     ResumePosition,
+    check_snapshot_every,
+    is_snapshot_step,
     plain,
     resume_position,
     rng_state,
@@ -133,12 +135,12 @@ def _set_numpy_rng_state(held: list[Any]) -> None:
 # -- the callback ------------------------------------------------------------------------------------
 
 class FtsupCallback(TrainerCallback):
-    """Step reports, RAM snapshots every `snapshot_every` steps, object-store checkpoints when the
+    """Step reports, RAM snapshots on the session's cadence (or every `snapshot_every` steps), object-store checkpoints when the
     supervisor asks, restore at `on_train_begin`, completion at `on_train_end`. Made by `attach`."""
 
-    def __init__(self, trainer: Trainer, session: Session, snapshot_every: int = 1, owns_session: bool = True) -> None:
-        if snapshot_every < 0:
-            raise ValueError(f"snapshot_every must be >= 0, got {snapshot_every}")
+    def __init__(self, trainer: Trainer, session: Session, snapshot_every: int | None = None,
+                 owns_session: bool = True) -> None:
+        check_snapshot_every(snapshot_every)
         _check_supported(trainer)
         self.trainer = trainer
         self.session = session
@@ -183,7 +185,7 @@ class FtsupCallback(TrainerCallback):
         if self.session.checkpoint_due(step):  # collective; the supervisor's cadence or `checkpoint now`
             protected = capture(self.trainer)
             self.session.save_checkpoint(step, protected.model, protected.optimizer, protected.extra)
-        if self.snapshot_every and step % self.snapshot_every == 0:
+        if is_snapshot_step(self.session, step, self.snapshot_every):
             protected = capture(self.trainer)
             self.session.snapshot(step, protected.model, protected.optimizer, extra=protected.extra)
 
@@ -203,7 +205,7 @@ class FtsupCallback(TrainerCallback):
         return float((accumulated.detach() - self._loss_before).item())
 
 
-def attach(trainer: Trainer, session: Session | None = None, snapshot_every: int = 1) -> FtsupCallback | None:
+def attach(trainer: Trainer, session: Session | None = None, snapshot_every: int | None = None) -> FtsupCallback | None:
     """Adds ftsup's callback to `trainer`; call it before `trainer.train()`. Without a session and
     outside ftsup (no FTSUP_AGENT_ADDRESS: plain torchrun or python) it adds nothing and says so,
     so one script runs both ways."""

@@ -33,7 +33,9 @@ from ftsup.trainer.digest import Digester, param_digest
 from ftsup.trainer.integrations.state import (
     Protected,
     RestoredParts,
+    check_snapshot_every,
     framework_state,
+    is_snapshot_step,
     plain,
     restore_parts,
     set_rng_state,
@@ -188,12 +190,12 @@ class FtsupCheckpointIO(TorchCheckpointIO):
 
 
 class FtsupCallback(Callback):
-    """Step reports and RAM snapshots after each optimizer step; completion at the end of `fit`."""
+    """Step reports after each optimizer step, RAM snapshots on the session's cadence (or every
+    `snapshot_every` steps); completion at the end of `fit`."""
 
-    def __init__(self, session: Session | None, checkpoint_io: FtsupCheckpointIO, snapshot_every: int = 1,
+    def __init__(self, session: Session | None, checkpoint_io: FtsupCheckpointIO, snapshot_every: int | None = None,
                  owns_session: bool = True) -> None:
-        if snapshot_every < 0:
-            raise ValueError(f"snapshot_every must be >= 0, got {snapshot_every}")
+        check_snapshot_every(snapshot_every)
         self.session = session
         self.checkpoint_io = checkpoint_io
         self.snapshot_every = snapshot_every
@@ -234,7 +236,7 @@ class FtsupCallback(Callback):
         if self.session.checkpoint_due(step):
             protected = capture(trainer)
             self.session.save_checkpoint(step, framework_state(protected), extra=protected.extra)
-        if self.snapshot_every and step % self.snapshot_every == 0:
+        if is_snapshot_step(self.session, step, self.snapshot_every):
             protected = capture(trainer)
             self.session.snapshot(step, framework_state(protected), extra=protected.extra)
 
@@ -278,7 +280,8 @@ def _skip_consumed_batches(trainer: Trainer) -> int:
 
 # -- what a script adds ------------------------------------------------------------------------------
 
-def trainer_kwargs(session: Session | None = None, snapshot_every: int = 1, environ: Mapping[str, str] | None = None,
+def trainer_kwargs(session: Session | None = None, snapshot_every: int | None = None,
+                   environ: Mapping[str, str] | None = None,
                    ) -> dict[str, Any]:
     """`L.Trainer(**trainer_kwargs(), ...)`: the cluster environment, the checkpoint I/O, the
     callback, num_nodes and devices from the agent's variables. Outside ftsup (no

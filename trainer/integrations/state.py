@@ -134,3 +134,19 @@ def restore_parts(session: Session) -> RestoredParts | None:
         raise RuntimeError(f"rank {session.rank}: the restore of step {step} loaded no model or optimizer state")
     return RestoredParts(step=step, model_state=model.held, optimizer_state=optimizer.held,
                          extra=session.restored_extra, rng=rng_state())
+
+
+def check_snapshot_every(snapshot_every: int | None) -> None:
+    """None: the session's cadence; 0: never; k > 0: every k-th global step."""
+    if snapshot_every is not None and (isinstance(snapshot_every, bool) or snapshot_every < 0):
+        raise ValueError(f"snapshot_every must be None (the session's cadence), 0 (never) or > 0, got {snapshot_every!r}")
+
+
+def is_snapshot_step(session: Session, step: int, snapshot_every: int | None) -> bool:
+    """Does a callback snapshot after `step`? By default (None) the session decides: its cadence
+    (FTSUP_SNAPSHOT_EVERY_STEPS, or auto: about FTSUP_SNAPSHOT_INTERVAL_S of training between
+    snapshots; docs/state.md), which is collective at snapshot steps, so every rank asks at every
+    step. An explicit k keeps the fixed every-k-th-step schedule."""
+    if snapshot_every is None:
+        return session.snapshot_due(step)
+    return snapshot_every > 0 and step % snapshot_every == 0

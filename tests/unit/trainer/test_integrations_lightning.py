@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ftsup.trainer.integrations import lightning as ftsup_lightning
+from ftsup.trainer.schedule import Schedule, config_from_mapping
 from tests.unit.trainer.test_trainer_session import FakeClient, make_session
 
 NODE_2 = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
@@ -83,7 +84,9 @@ def test_a_snapshot_taken_in_fit_restores_through_lightnings_own_resume(tmp_path
     monkeypatch.chdir(tmp_path)
     client = FakeClient()
     source = Tiny(seed=0)
-    fit(source, make_session(client, **{k: SINGLE[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}), 3)
+    session = make_session(client, **{k: SINGLE[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")})
+    session.schedule = Schedule(config_from_mapping({"FTSUP_SNAPSHOT_EVERY_STEPS": "1"}))  # the callback follows it
+    fit(source, session, 3)
     held = [c[1] for c in client.calls if c[0] == "PutSnapshot"]
     assert [h.step for h in held] == [1, 2, 3]
     client.restore_blob = held[-1]

@@ -135,3 +135,17 @@ def test_session_snapshot_due_follows_its_schedule_and_checks_the_step():
     with pytest.raises(ValueError, match="step must be a non-negative int"):
         session.snapshot_due(-1)
     session.close()
+
+
+def test_the_framework_callbacks_follow_the_sessions_cadence_unless_given_a_fixed_k():
+    from ftsup.trainer.integrations.state import check_snapshot_every, is_snapshot_step
+
+    session = make_session(FakeClient())
+    session.schedule = Schedule(cadence.CadenceConfig(every_steps=3), Clock())
+    assert [s for s in range(1, 8) if is_snapshot_step(session, s, None)] == [3, 6]  # the default
+    assert [s for s in range(1, 8) if is_snapshot_step(session, s, 2)] == [2, 4, 6]
+    assert not any(is_snapshot_step(session, s, 0) for s in range(1, 8))
+    for bad in (-1, True):
+        with pytest.raises(ValueError, match="snapshot_every must be None"):
+            check_snapshot_every(bad)
+    session.close()
