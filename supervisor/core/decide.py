@@ -387,7 +387,7 @@ def _commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Eve
         return []  # an open recompute check may still prove it corrupt, or one did
     if step in progress.holding_mismatches:
         return []  # owner and buddy reported different bytes for a rank: never a restore source
-    if not soft_state.is_held_twice(progress.holdings.get(step, {}), generation.members):
+    if not soft_state.is_held_twice(progress.holdings.get(step, {}), generation.index):
         return []
     committed: list[Event] = [SnapshotCommitted(generation=generation.number, step=step)]
     # A step boundary with every rank held twice: the moment to hand a drained node's ranks over.

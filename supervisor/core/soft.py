@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from itertools import chain, repeat
-from operator import attrgetter, contains
+from itertools import repeat
+from operator import contains
 from typing import overload
 
 from ftsup.supervisor.core import checkpoints
-from ftsup.supervisor.core.events import RankAssignment, SdcRankDigests
+from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.inputs import (
     AgentHello,
     Heartbeat,
@@ -50,6 +50,7 @@ from ftsup.supervisor.core.state import (
     ClusterState,
     Generation,
     GenerationProgress,
+    MemberIndex,
     NodeSoft,
     Observation,
     SoftState,
@@ -279,41 +280,20 @@ def is_committable(progress: GenerationProgress, step: int) -> bool:
     return step in progress.sdc_clear_steps and (diverged is None or step < diverged)
 
 
-def is_held_twice(held: Mapping[int, frozenset[str]], members: tuple[RankAssignment, ...]) -> bool:
-    """Every rank of `members` is held by its node and by its node's buddy, where it has one
+def is_held_twice(held: Mapping[int, frozenset[str]], index: MemberIndex) -> bool:
+    """Every rank of the generation is held by its node and by its node's buddy, where it has one
     (`held`: rank -> holders, from one step's SnapshotReports). Checked in C-level passes over
-    per-rank lists kept per layout: at 12,500 nodes a commit is otherwise ~3 ms of Python."""
-    lists = _holder_lists(members)
+    per-rank lists the generation's index builds once: at 12,500 nodes a commit is otherwise
+    ~3 ms of Python."""
+    lists = index.holder_lists()
     if lists is None:  # a node or buddy id is empty (a world of one node): the plain loop
         return all(
-            {m.node_id, m.buddy_node_id} - {""} <= held.get(rank, frozenset()) for m in members for rank in m.ranks
+            {m.node_id, m.buddy_node_id} - {""} <= held.get(rank, frozenset())
+            for m in index.members for rank in m.ranks
         )
     ranks, owners, buddies = lists
     holders = list(map(held.get, ranks, repeat(frozenset())))
     return all(map(contains, holders, owners)) and all(map(contains, holders, buddies))
-
-
-_HOLDER_LISTS: dict[int, tuple[tuple[RankAssignment, ...], tuple[list[int], list[str], list[str]] | None]] = {}
-
-
-def _holder_lists(members: tuple[RankAssignment, ...]) -> tuple[list[int], list[str], list[str]] | None:
-    """Per rank of `members`, in order: the rank, its node and its node's buddy; None when an id
-    is empty. Memoized by identity (the tuple kept alive with its lists), like the node index."""
-    hit = _HOLDER_LISTS.get(id(members))
-    if hit is not None and hit[0] is members:
-        return hit[1]
-    per_member = list(map(attrgetter("ranks"), members))
-    ranks = list(chain.from_iterable(per_member))
-    owners = list(map(attrgetter("node_id"), members))
-    buddies = list(map(attrgetter("buddy_node_id"), members))
-    if members and not (len(ranks) == len(members) and min(map(len, per_member)) == 1):  # repeat ids per rank
-        owners = [node for node, its in zip(owners, per_member) for _ in its]
-        buddies = [buddy for buddy, its in zip(buddies, per_member) for _ in its]
-    lists = None if "" in owners or "" in buddies else (ranks, owners, buddies)
-    if len(_HOLDER_LISTS) >= 4:
-        _HOLDER_LISTS.clear()
-    _HOLDER_LISTS[id(members)] = (members, lists)
-    return lists
 
 
 def forget_committed(soft: SoftState, up_to_step: int) -> None:

@@ -27,6 +27,7 @@ from ftsup.supervisor.core.events import (
     SdcRankDigests,
 )
 from ftsup.supervisor.core.inputs import TrainerExit
+from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
 from ftsup.supervisor.core.policies.straggler import StragglerState, StragglerVerdict
@@ -77,12 +78,13 @@ class MemberIndex:
     and kept by the generation that owns it: no module-level memo. A linear scan per StepReport
     costs 12.5k comparisons at 100k GPUs; the maps are built in C-level passes."""
 
-    __slots__ = ("members", "_by_node", "_by_rank")
+    __slots__ = ("members", "_by_node", "_by_rank", "_holders")
 
     def __init__(self, members: tuple[RankAssignment, ...]) -> None:
         self.members = members
         self._by_node: dict[str, RankAssignment] | None = None
         self._by_rank: dict[int, str] | None = None
+        self._holders: tuple[tuple[list[int], list[str], list[str]] | None] | None = None
 
     def by_node(self) -> Mapping[str, RankAssignment]:
         """node -> its assignment; a node listed twice keeps its first (as a scan would find)."""
@@ -102,6 +104,21 @@ class MemberIndex:
             owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
             self._by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
         return self._by_rank
+
+    def holder_lists(self) -> tuple[list[int], list[str], list[str]] | None:
+        """Per rank, in order: the rank, its node and its node's buddy (the two copies a commit
+        needs); None when an id is empty (a world of one node: no buddy)."""
+        if self._holders is None:
+            members = self.members
+            per_member = list(map(attrgetter("ranks"), members))
+            ranks = list(chain.from_iterable(per_member))
+            owners = list(map(attrgetter("node_id"), members))
+            buddies = list(map(attrgetter("buddy_node_id"), members))
+            if members and not (len(ranks) == len(members) and min(map(len, per_member)) == 1):  # ids per rank
+                owners = [node for node, its in zip(owners, per_member) for _ in its]
+                buddies = [buddy for buddy, its in zip(buddies, per_member) for _ in its]
+            self._holders = (None if "" in owners or "" in buddies else (ranks, owners, buddies),)
+        return self._holders[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,3 +347,5 @@ class SoftState:
     # open SDC check id -> when this supervisor first saw it open: its answer is due within the
     # recompute timeout from then (a new leader gives every open check a full timeout)
     sdc_check_seen_s: dict[str, float] = field(default_factory=dict)
+    # The planners' objects from recent plans (plan_memo.py): plans equal without it, only slower.
+    plan_memo: PlanMemo = field(default_factory=PlanMemo)

@@ -21,6 +21,7 @@ from typing import cast
 
 from ftsup.supervisor.core.config import JobSpec
 from ftsup.supervisor.core.events import GenerationStarted, NodeRole, RankAssignment, RestoreKind
+from ftsup.supervisor.core.plan_memo import Layouts, Shape
 from ftsup.supervisor.core.policies import restore
 from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, SoftState, is_usable
 
@@ -78,7 +79,7 @@ def plan_generation(state: ClusterState, soft: SoftState, job: JobSpec, now: flo
         job = dataclasses.replace(job, nodes=shrunk)
     members = _assign_ranks(state, soft, fleet, job)
     restore_plan = restore.plan_restore(restore_world(state, soft, members, unreadable=fleet.unreadable,
-                                                      replicated=full.is_elastic))
+                                                      replicated=full.is_elastic), soft.plan_memo)
     restores, restore_step = restore_plan.restores, restore_plan.step
     from_ram = restore_step is not None and any(
         r.kind in (RestoreKind.LOCAL_SNAPSHOT, RestoreKind.PEER_SNAPSHOT) for r in restores
@@ -179,20 +180,20 @@ def _count_quarantined(state: ClusterState) -> int:
 def _assign_ranks(state: ClusterState, soft: SoftState, fleet: _Fleet, job: JobSpec) -> tuple[RankAssignment, ...]:
     """Survivors of the last layout keep their rank blocks; free blocks go to active nodes, then spares."""
     last = state.snapshot.members if state.snapshot is not None else ()
-    known = _layouts.get(last, job)
+    known = soft.plan_memo.layouts.get(last, _shape(job))
     if known is not None:
         return _replace_lost(state, soft, fleet, job, last, known)
-    return _lay_out(state, fleet.healthy, job, last)
+    return _lay_out(state, fleet.healthy, job, last, soft.plan_memo.layouts)
 
 
 def _lay_out(state: ClusterState, healthy: list[NodeRecord], job: JobSpec,
-             last: tuple[RankAssignment, ...]) -> tuple[RankAssignment, ...]:
+             last: tuple[RankAssignment, ...], layouts: Layouts) -> tuple[RankAssignment, ...]:
     """The general case, from any last layout (or none): every block is looked at."""
     if not last:  # every block is free: the head of one candidate order
         nodes = _candidate_order(healthy, "")[:job.nodes]
         buddies = nodes[1:] + nodes[:1] if len(nodes) > 1 else [""]
-        members = _shared_members(nodes, _block_ranks(job), buddies)
-        _layouts.remember(members, job)
+        members = _shared_members(nodes, layouts.block_ranks(_shape(job)), buddies, layouts)
+        layouts.remember(members, _shape(job))
         return members
     usable = {n.node_id for n in healthy}
     blocks: dict[int, str | None] = {b: None for b in range(job.nodes)}
@@ -207,8 +208,8 @@ def _lay_out(state: ClusterState, healthy: list[NodeRecord], job: JobSpec,
     blocks.update(_pick(state, pool, free, previous, taken))
     nodes = cast(list[str], list(blocks.values()))  # blocks 0.. in order, every one now held
     buddies = nodes[1:] + nodes[:1] if len(nodes) > 1 else [""]
-    members = _shared_members(nodes, _block_ranks(job), buddies)
-    _layouts.remember(members, job)
+    members = _shared_members(nodes, layouts.block_ranks(_shape(job)), buddies, layouts)
+    layouts.remember(members, _shape(job))
     return members
 
 
@@ -238,7 +239,7 @@ def _replace_lost(state: ClusterState, soft: SoftState, fleet: _Fleet, job: JobS
     for block, node_id in picks.items():
         del index[last[block].node_id]
         index[node_id] = block
-    _layouts.remember(out, job, index)
+    soft.plan_memo.layouts.remember(out, _shape(job), index)
     return out
 
 
@@ -290,59 +291,20 @@ def _candidate_order(pool: list[NodeRecord], lost_domain: str) -> list[str]:
     return [*chain.from_iterable(actives), *(node_id for group in spares for _, node_id in group)]
 
 
-class _Layouts:
-    """Layouts this planner returned lately, by identity, each with its node -> block index once
-    asked for: the next plan usually starts from one (the committed snapshot's members are the
-    generation's). A memo: plans are the same without it, only slower."""
-
-    def __init__(self) -> None:
-        self._recent: dict[int, tuple[tuple[RankAssignment, ...], tuple[int, int], dict[str, int] | None]] = {}
-        self.latest: tuple[RankAssignment, ...] = ()
-        self.latest_shape = (0, 0)
-
-    def get(self, members: tuple[RankAssignment, ...], job: JobSpec) -> dict[str, int] | None:
-        """`members`' node -> block index, if this planner laid it out for `job` with distinct nodes."""
-        hit = self._recent.get(id(members))
-        if hit is None or hit[0] is not members or hit[1] != (job.nodes, job.ranks_per_node):
-            return None
-        if hit[2] is None:
-            index = dict(zip(map(attrgetter("node_id"), members), range(len(members))))
-            if len(index) != len(members):
-                return None  # a node holds two blocks (only from a malformed last layout)
-            self._recent[id(members)] = (members, hit[1], index)
-            return index
-        return hit[2]
-
-    def remember(self, members: tuple[RankAssignment, ...], job: JobSpec,
-                 block_of: dict[str, int] | None = None) -> None:
-        if len(self._recent) >= 4:
-            del self._recent[next(iter(self._recent))]
-        self._recent[id(members)] = (members, (job.nodes, job.ranks_per_node), block_of)
-        self.latest, self.latest_shape = members, (job.nodes, job.ranks_per_node)
+def _shape(job: JobSpec) -> Shape:
+    return (job.nodes, job.ranks_per_node)
 
 
-_layouts = _Layouts()
-_BLOCK_RANKS: dict[tuple[int, int], list[tuple[int, ...]]] = {}
-
-
-def _block_ranks(job: JobSpec) -> list[tuple[int, ...]]:
-    """Block b's ranks, b*rpn .. b*rpn + rpn - 1, for every block (built once per job shape)."""
-    key = (job.nodes, job.ranks_per_node)
-    if key not in _BLOCK_RANKS:
-        rpn = job.ranks_per_node
-        _BLOCK_RANKS[key] = [tuple(range(b * rpn, (b + 1) * rpn)) for b in range(job.nodes)]
-    return _BLOCK_RANKS[key]
-
-
-def _shared_members(nodes: list[str], ranks: list[tuple[int, ...]], buddies: list[str]) -> tuple[RankAssignment, ...]:
+def _shared_members(nodes: list[str], ranks: list[tuple[int, ...]], buddies: list[str],
+                    layouts: Layouts) -> tuple[RankAssignment, ...]:
     """The layout, sharing the latest layout's RankAssignment objects where equal (building 12,500
     costs ~6 ms; with no last layout every block after a lost node moves, so half change)."""
-    latest = _layouts.latest
+    latest = layouts.latest
     if len(latest) != len(nodes):
         return tuple(map(RankAssignment, nodes, ranks, buddies))
     changed = map(or_, map(ne, map(attrgetter("node_id"), latest), nodes),
                   map(ne, map(attrgetter("buddy_node_id"), latest), buddies))
-    if ranks is not _BLOCK_RANKS.get(_layouts.latest_shape):  # (the latest has these ranks: no compare)
+    if ranks is not layouts.latest_block_ranks():  # (the latest has these ranks: no compare)
         changed = map(or_, changed, map(ne, map(attrgetter("ranks"), latest), ranks))
     out = list(latest)
     for index in compress(range(len(nodes)), changed):

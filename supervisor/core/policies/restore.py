@@ -24,6 +24,7 @@ from itertools import chain, compress
 from operator import attrgetter, is_not, not_
 
 from ftsup.supervisor.core.events import RankAssignment, RankRestore, RestoreKind
+from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.taint import covers
 
 
@@ -78,9 +79,12 @@ class RestorePlan:
     reason: str
 
 
-def plan_restore(world: RestoreWorld) -> RestorePlan:
-    """The newest whole-world recoverable step and each rank's source; see the module docstring."""
-    quick = _plan_from_snapshot(world) if isinstance(world.holdings, SnapshotCopies) else None
+def plan_restore(world: RestoreWorld, memo: PlanMemo | None = None) -> RestorePlan:
+    """The newest whole-world recoverable step and each rank's source; see the module docstring.
+    `memo`: the caller's (SoftState.plan_memo), shared with the previous plans; the same plan
+    without it, built slower."""
+    memo = memo if memo is not None else PlanMemo()
+    quick = _plan_from_snapshot(world, memo) if isinstance(world.holdings, SnapshotCopies) else None
     if quick is not None:
         return quick
     ranks = list(chain.from_iterable(map(attrgetter("ranks"), world.placement)))
@@ -107,7 +111,7 @@ def plan_restore(world: RestoreWorld) -> RestorePlan:
                 for rank in ranks
             )
         else:
-            restores = _uniform(ranks, RestoreKind.CHECKPOINT, is_whole_world)  # what _source gives every rank
+            restores = _uniform(ranks, RestoreKind.CHECKPOINT, is_whole_world, memo)  # what _source gives every rank
         reason = _reason(step, restores, skipped)
         borrowed = [r.rank for r in restores if r.source_rank is not None]
         if borrowed:
@@ -115,7 +119,7 @@ def plan_restore(world: RestoreWorld) -> RestorePlan:
         return RestorePlan(step, restores, False, reason)
     why = _why_nothing(world, ranks, checkpoint, skipped)
     if world.allow_fresh:
-        fresh = _uniform(ranks, RestoreKind.FRESH, is_whole_world)
+        fresh = _uniform(ranks, RestoreKind.FRESH, is_whole_world, memo)
         return RestorePlan(None, fresh, False, f"starting from step 0: {why}")
     return RestorePlan(None, (), True, f"refused: {why}; no object-store checkpoint to fall back on")
 
@@ -127,7 +131,7 @@ def _untainted_checkpoint(world: RestoreWorld) -> int | None:
     return checkpoint
 
 
-def _plan_from_snapshot(world: RestoreWorld) -> RestorePlan | None:
+def _plan_from_snapshot(world: RestoreWorld, memo: PlanMemo) -> RestorePlan | None:
     """The common plan, in time proportional to what changed: the snapshot is the newest
     candidate, every rank is recoverable from it, and the placement keeps the snapshot's blocks
     (member i holds ranks i*r .. i*r + r - 1). None otherwise: `plan_restore`'s general path
@@ -140,13 +144,13 @@ def _plan_from_snapshot(world: RestoreWorld) -> RestorePlan | None:
         return None
     if (checkpoint is not None and checkpoint > step) or not placement or len(placement) != len(members):
         return None
-    if not _blocks.has(members):
+    if not memo.blocks.has(members):
         return None
     count = len(members)
     moved = list(compress(range(count), map(is_not, placement, members)))  # other objects: maybe other nodes
     if any(placement[i].ranks != members[i].ranks for i in moved):
         return None
-    _blocks.add(placement)
+    memo.blocks.add(placement)
     lost, reachable = copies.lost, world.reachable
     owners = list(map(attrgetter("node_id"), members))
     # Blocks whose ranks cannot all come from their own node's RAM: another node runs them now,
@@ -171,80 +175,19 @@ def _plan_from_snapshot(world: RestoreWorld) -> RestorePlan | None:
             # rank's copy (replicated state) or falls back
         for rank in member.ranks:
             sources[rank] = source
-    restores = _last_plan.restores(placement, members, sources)
+    restores = memo.last_plan.restores(placement, members, sources)
     return RestorePlan(step, restores, False, _reason_sparse(step, count * len(members[0].ranks), sources))
 
 
-class _BlockLayouts:
-    """Members tuples known to be block layouts (member i holds ranks i*r .. i*r + r - 1), by
-    identity: checked once, then passed on to the placements that keep their blocks."""
-
-    def __init__(self) -> None:
-        self._known: dict[int, tuple[RankAssignment, ...]] = {}
-
-    def has(self, members: tuple[RankAssignment, ...]) -> bool:
-        known = self._known.get(id(members))
-        if known is members:
-            return True
-        width = len(members[0].ranks) if members else 0
-        blocks = list(zip(*[iter(range(len(members) * width))] * width)) if width else []
-        if width == 0 or list(map(attrgetter("ranks"), members)) != blocks:
-            return False
-        self.add(members)
-        return True
-
-    def add(self, members: tuple[RankAssignment, ...]) -> None:
-        if len(self._known) >= 8:
-            del self._known[next(iter(self._known))]
-        self._known[id(members)] = members
-
-
-class _LastPlan:
-    """The previous fast plan's restores, to share RankRestore objects with (equal values; a plan
-    at 12,500 nodes otherwise builds 12,500 of them, ~7 ms, per failure). A memo: results never
-    depend on it."""
-
-    def __init__(self) -> None:
-        self._placement: tuple[RankAssignment, ...] = ()
-        self._restores: tuple[RankRestore, ...] = ()
-        self._elsewhere: frozenset[int] = frozenset()  # ranks not restored from their own node's RAM
-
-    def restores(self, placement: tuple[RankAssignment, ...], members: tuple[RankAssignment, ...],
-                 sources: dict[int, tuple[RestoreKind, str]]) -> tuple[RankRestore, ...]:
-        """One RankRestore per rank (block layouts): `sources[rank]` where given, else LOCAL from
-        its node in `placement`. Where the snapshot's layout is the previous plan's placement,
-        only the ranks in `sources` or restored elsewhere last time are looked at."""
-        local, width = RestoreKind.LOCAL_SNAPSHOT, len(members[0].ranks)
-        if members is self._placement and len(self._restores) == width * len(members):
-            out = list(self._restores)
-            for rank in self._elsewhere - sources.keys():
-                out[rank] = RankRestore(rank, local, placement[rank // width].node_id)
-        else:
-            out = [RankRestore(rank, local, m.node_id) for m in placement for rank in m.ranks]
-        for rank, (kind, node_id) in sources.items():
-            if out[rank].kind is not kind or out[rank].source_node_id != node_id:
-                out[rank] = RankRestore(rank, kind, node_id)
-        self._placement, self._restores = placement, tuple(out)
-        self._elsewhere = frozenset(r for r, (kind, _) in sources.items() if kind is not local)
-        return self._restores
-
-
-_blocks = _BlockLayouts()
-_last_plan = _LastPlan()
-
-
-_uniform_restores: dict[RestoreKind, tuple[RankRestore, ...]] = {}  # kind -> ranks 0..W-1, shared
-
-
-def _uniform(ranks: list[int], kind: RestoreKind, is_whole_world: bool) -> tuple[RankRestore, ...]:
+def _uniform(ranks: list[int], kind: RestoreKind, is_whole_world: bool, memo: PlanMemo) -> tuple[RankRestore, ...]:
     """Every rank from the same kind of source with no node (FRESH, CHECKPOINT); `is_whole_world`:
     `ranks` are 0..len-1 (then the tuple is shared between plans)."""
-    cached = _uniform_restores.get(kind, ())
+    cached = memo.uniform_restores.get(kind, ())
     if is_whole_world and len(cached) == len(ranks):
         return cached
     restores = tuple(RankRestore(rank, kind, "") for rank in ranks)
     if is_whole_world:
-        _uniform_restores[kind] = restores
+        memo.uniform_restores[kind] = restores
     return restores
 
 

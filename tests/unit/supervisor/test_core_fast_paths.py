@@ -33,6 +33,7 @@ from ftsup.supervisor.core.events import (
     SnapshotCommitted,
 )
 from ftsup.supervisor.core.evolve import evolve
+from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.policies import failure, planner, restore
 from ftsup.supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
 from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_step
@@ -41,6 +42,7 @@ from ftsup.supervisor.core.state import (
     CommittedCheckpoint,
     Generation,
     Liveness,
+    MemberIndex,
     NodeRecord,
     NodeSoft,
     SoftState,
@@ -284,9 +286,7 @@ def test_plans_equal_the_reference_planners_generation_after_generation(fleet, r
     step = 0
     for commit, changes, checkpoint, taint, forget in rounds:
         if forget:
-            planner._layouts = planner._Layouts()
-            restore._blocks = restore._BlockLayouts()
-            restore._last_plan = restore._LastPlan()
+            soft.plan_memo = PlanMemo()
         plan = planner.plan_generation(state, soft, job, 100.0, 0.0)
         assert plan == ref_plan(state, soft, job, 100.0, 0.0)
         if plan.started is None:
@@ -380,7 +380,7 @@ def test_the_commit_holding_check_equals_the_plain_loop(layout, held):
         members.append(RankAssignment(node, tuple(range(rank, rank + width)), buddy))
         rank += width
     expected = all({m.node_id, m.buddy_node_id} - {""} <= held.get(r, frozenset()) for m in members for r in m.ranks)
-    assert soft_state.is_held_twice(held, tuple(members)) is expected
+    assert soft_state.is_held_twice(held, MemberIndex(tuple(members))) is expected
 
 
 def ref_vote_step(step: int, digests: dict[int, str], world_size: int, config: SdcConfig) -> StepVote:
