@@ -3,6 +3,7 @@ link (chunk streams: agent/streams.py)."""
 
 from __future__ import annotations
 
+from ftsup.agent.core.snapshot_budget import SnapshotBudget
 from ftsup.agent.snapshots import Blob
 from ftsup.v1 import agent_pb2
 
@@ -17,3 +18,10 @@ def holding_report(blob: Blob, holder_node_id: str) -> agent_pb2.AgentMessage:
             holder_node_ids=[holder_node_id], size_bytes=blob.size_bytes, sha256=blob.sha256,
         )
     )
+
+
+def snapshot_memory_report(budget: SnapshotBudget) -> agent_pb2.AgentMessage:
+    """The snapshot store's limit and its basis, for the operator's view of the node."""
+    return agent_pb2.AgentMessage(snapshot_memory=agent_pb2.SnapshotMemory(
+        limit_bytes=budget.limit_bytes, derived_bytes=budget.derived_bytes, basis=budget.basis.value,
+        ranks=budget.ranks, reason=budget.reason))

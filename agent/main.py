@@ -22,8 +22,9 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ftsup.agent.codec import holding_report
+from ftsup.agent.codec import holding_report, snapshot_memory_report
 from ftsup.agent.config import AgentConfig, ConfigError, parse_config
+from ftsup.agent.core.snapshot_budget import SnapshotBudget
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.launcher import STOP_GRACE_S, Launcher
 from ftsup.agent.link import HelloRefused, Reports, SupervisorLink, new_incarnation
@@ -68,16 +69,20 @@ async def run_agent(config: AgentConfig) -> int:
     with contextlib.suppress(FileNotFoundError):
         config.socket_path.unlink()  # a stale socket from a previous agent process
 
-    store = SnapshotStore(memory_limit_bytes=config.snapshot_memory_bytes, on_budget=lambda budget: log.info(
-        "snapshot_memory_limit", limit_bytes=budget.limit_bytes, basis=budget.basis.value,
-        derived_bytes=budget.derived_bytes, ranks=budget.ranks, reason=budget.reason))
-    log.info("snapshot_memory_limit", limit_bytes=store.memory_limit_bytes, basis=store.budget.basis.value,
-             reason=store.budget.reason)
+    reports = Reports()
+
+    def announce_budget(budget: SnapshotBudget) -> None:
+        """Logged, and told the supervisor (`supervisorctl nodes`): sticky, so every new session hears it."""
+        log.info("snapshot_memory_limit", limit_bytes=budget.limit_bytes, basis=budget.basis.value,
+                 derived_bytes=budget.derived_bytes, ranks=budget.ranks, reason=budget.reason)
+        reports.send(snapshot_memory_report(budget), sticky=True)
+
+    store = SnapshotStore(memory_limit_bytes=config.snapshot_memory_bytes, on_budget=announce_budget)
+    announce_budget(store.budget)
     files = config.tls_files
     peers = PeerClient(random.Random(rng.getrandbits(64)),
                        credentials=tls.channel_credentials(files) if files is not None else None,
                        node_id=config.node_id)
-    reports = Reports()
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
     runner: AsyncioProcessRunner | WarmPoolRunner = AsyncioProcessRunner(nice=config.trainer_nice)
     if config.warm_trainers:

@@ -23,6 +23,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorRequest,
     RankFinished,
     SdcCheckResult,
+    SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
     StepReport,
@@ -38,11 +39,14 @@ from ftsup.supervisor.core.limits import (
     MAX_HUNG_S,
     MAX_NODE_ID,
     MAX_PCI_BUS_ID,
+    MAX_RANKS_PER_NODE_REPORT,
+    MAX_SNAPSHOT_MEMORY_BYTES,
     MAX_STEP,
     MAX_STEP_TIME_S,
     MAX_TEXT,
     MAX_TOKENS_PER_STEP,
     MAX_XID_CODE,
+    SNAPSHOT_MEMORY_BASES,
 )
 from ftsup.supervisor.core.state import ClusterState, SoftState
 
@@ -89,7 +93,20 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return None  # the shell's own result
         case SdcCheckResult():
             return _check_sender(state, soft, inp.node_id) or _check_sdc_result(state, inp)
+        case SnapshotMemoryReport():
+            return _check_sender(state, soft, inp.node_id) or _check_snapshot_memory(inp)
     return f"unsupported input {type(inp).__name__}"
+
+
+def _check_snapshot_memory(report: SnapshotMemoryReport) -> str | None:
+    if report.basis not in SNAPSHOT_MEMORY_BASES:
+        return f"snapshot memory basis {report.basis[:40]!r} is not one of {', '.join(sorted(SNAPSHOT_MEMORY_BASES))}"
+    sizes = (report.limit_bytes, report.derived_bytes or 0)
+    if not all(0 <= size <= MAX_SNAPSHOT_MEMORY_BYTES for size in sizes) or not 0 <= report.ranks <= MAX_RANKS_PER_NODE_REPORT:
+        return (f"snapshot memory figures out of range: limit {report.limit_bytes}, derived {report.derived_bytes},"
+                f" ranks {report.ranks} (bytes within [0, {MAX_SNAPSHOT_MEMORY_BYTES}], ranks within"
+                f" [0, {MAX_RANKS_PER_NODE_REPORT}])")
+    return None
 
 
 def _check_hello(soft: SoftState, hello: AgentHello, config: CoreConfig) -> str | None:

@@ -49,6 +49,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorRequest,
     RankFinished,
     SdcCheckResult,
+    SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
     StepReport,
@@ -112,6 +113,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_sdc_check_result(state, soft, inp)
         case Heartbeat() | StreamClosed():
             events = []  # liveness changes from these are judged on the next Tick
+        case SnapshotMemoryReport():
+            events = []  # for operators (supervisorctl nodes): nothing to decide
         case _:
             events = []
     return _conclude(state, soft, events, now, config)

@@ -32,6 +32,19 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotMemoryReport:
+    """The agent's limit on snapshot bytes and what it rests on (agent/core/snapshot_budget.py).
+    Shown to operators; the core decides nothing on it."""
+
+    node_id: str
+    limit_bytes: int
+    derived_bytes: int | None  # None: no snapshot size known yet
+    basis: str  # no_sizes_yet | derived | ram_cap | flag_cap
+    ranks: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepReport:
     node_id: str
     generation: int
@@ -220,4 +233,5 @@ Input = (
     | CheckpointShardReport
     | CheckpointCommitResult
     | SdcCheckResult
+    | SnapshotMemoryReport
 )

@@ -24,6 +24,9 @@ MAX_TEXT = 4096  # characters of free text (an Xid line, an operator's reason, a
 MAX_DIGEST = 128  # characters of a hex digest; far above the 32 of trainer.digest
 MAX_AGGREGATE_REPORTS = 1 << 20  # a world of a million ranks; a larger aggregate is corrupt
 MAX_CHECKPOINT_REASON = 1000  # characters of a checkpoint request's reason kept in the log
+MAX_SNAPSHOT_MEMORY_BYTES = 1 << 50  # 1 PiB: no node's snapshot store is larger; a larger figure is corrupt
+MAX_RANKS_PER_NODE_REPORT = 1 << 20  # ranks one agent's snapshot store may answer for (held copies included)
+SNAPSHOT_MEMORY_BASES = frozenset({"no_sizes_yet", "derived", "ram_cap", "flag_cap"})  # agent/core/snapshot_budget.py
 
 # -- what the core remembers (soft state: oldest dropped past these) ------------------------------
 

@@ -22,6 +22,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorCommandKind,
     OperatorRequest,
     RankFinished,
+    SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
     StepReport,
@@ -96,6 +97,11 @@ def observe(
                 node.disconnected_at_s = now
         case Heartbeat():
             _heard(soft, inp.node_id, now)
+        case SnapshotMemoryReport():
+            _heard(soft, inp.node_id, now)
+            node = soft.nodes.get(inp.node_id)
+            if node is not None:
+                node.snapshot_memory = inp
         case TrainerExit():
             _heard(soft, inp.node_id, now)
             if inp.exit_code == 0 and inp.is_plain_script:

@@ -26,7 +26,7 @@ from ftsup.supervisor.core.events import (
     SdcCheckStarted,
     SdcRankDigests,
 )
-from ftsup.supervisor.core.inputs import TrainerExit
+from ftsup.supervisor.core.inputs import SnapshotMemoryReport, TrainerExit
 from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
@@ -275,6 +275,7 @@ class NodeSoft:
     stream_id: int | None  # the open stream, None when disconnected
     incarnation: int
     disconnected_at_s: float | None = None
+    snapshot_memory: SnapshotMemoryReport | None = None  # as its agent reported it in this session
 
 
 @dataclass(slots=True)

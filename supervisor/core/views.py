@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ftsup.supervisor.core import budget
 from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.inputs import SnapshotMemoryReport
 from ftsup.supervisor.core.state import ClusterState, Liveness, SoftState
 
 
@@ -60,6 +61,7 @@ class NodeView:
     straggler_score: float = 0.0
     failure_domain: str = ""  # as the agent registered it ("" when it named none)
     is_drained: bool = False
+    snapshot_memory: SnapshotMemoryReport | None = None  # its agent's snapshot store limit, when reported
 
 
 def status_view(state: ClusterState, soft: SoftState, job_name: str, world_size: int) -> StatusView:
@@ -137,6 +139,7 @@ def node_views(state: ClusterState, soft: SoftState, now: float) -> list[NodeVie
                 straggler_score=node.straggler_score,
                 failure_domain=node.failure_domain,
                 is_drained=node.is_drained,
+                snapshot_memory=info.snapshot_memory if info else None,
             )
         )
     return views

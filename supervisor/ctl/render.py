@@ -95,7 +95,21 @@ def node_dict(node: operator_pb2.NodeInfo) -> dict[str, Any]:
         "straggler_score": node.straggler_score,
         "failure_domain": node.failure_domain,
         "drained": node.drained,
+        "snapshot_memory": _snapshot_memory(node),
     }
+
+
+def _snapshot_memory(node: operator_pb2.NodeInfo) -> dict[str, Any] | None:
+    """The agent's snapshot store limit (None: its agent has not reported one to this leader)."""
+    if not node.HasField("snapshot_memory"):
+        return None
+    m = node.snapshot_memory
+    return {"limit_bytes": m.limit_bytes, "derived_bytes": m.derived_bytes if m.HasField("derived_bytes") else None,
+            "basis": m.basis, "ranks": m.ranks, "reason": m.reason}
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):,.0f}MiB" if count >= 1 << 20 else f"{count}B"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -111,9 +125,12 @@ def nodes_text(nodes: Sequence[operator_pb2.NodeInfo]) -> str:
         state = d["liveness"] + (" quarantined" if d["quarantined"] else "")
         age = f"{d['last_heartbeat_age_s']:.1f}s" if d["last_heartbeat_age_s"] is not None else "-"
         ranks = ",".join(str(r) for r in d["ranks"]) or "-"
+        memory = d["snapshot_memory"]
+        snap = f"{_mib(memory['limit_bytes'])} {memory['basis']}" if memory is not None else "-"
         rows.append([d["node_id"], d["role"], state, ranks, age, str(d["xid_count"]), f"{d['straggler_score']:.1f}",
-                     d["host"], d["quarantine_reason"] or ""])
-    return table(["NODE", "ROLE", "STATE", "RANKS", "HEARTBEAT", "XIDS", "STRAGGLER", "HOST", "REASON"], rows)
+                     snap, d["host"], d["quarantine_reason"] or ""])
+    return table(["NODE", "ROLE", "STATE", "RANKS", "HEARTBEAT", "XIDS", "STRAGGLER", "SNAPSHOT MEM", "HOST", "REASON"],
+                 rows)
 
 
 def record_dict(record: events_pb2.Record) -> dict[str, Any]:

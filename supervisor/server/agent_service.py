@@ -95,6 +95,10 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         c = message.checkpoint_shard
         return inputs.CheckpointShardReport(node_id, c.generation, c.rank, c.checkpoint_id, c.step, c.key, c.sha256,
                                             c.size_bytes, c.error)
+    if kind == "snapshot_memory":
+        m = message.snapshot_memory
+        return inputs.SnapshotMemoryReport(node_id, m.limit_bytes, m.derived_bytes if m.HasField("derived_bytes") else None,
+                                           m.basis, m.ranks, m.reason[:MAX_OUTPUT_TAIL])
     if kind == "sdc_check_result":
         c = message.sdc_check_result
         # Every recomputed digest is the sender's own: the node id comes from the stream, never the message.

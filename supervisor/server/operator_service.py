@@ -16,13 +16,13 @@ from ftsup.supervisor import codec
 from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.inputs import OperatorCommandKind, OperatorRequest
 from ftsup.supervisor.core.state import Liveness
-from ftsup.supervisor.core.views import JobPhase
+from ftsup.supervisor.core.views import JobPhase, NodeView
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server.log_digest import LogDigest
 from ftsup.supervisor.server.log_relay import LogRelay, RelayRefused
 from ftsup.supervisor.server.operator_guard import principal
 from ftsup.supervisor.server.operator_jobs import JobMethods, require_reason
-from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc, peer_pb2, state_pb2
+from ftsup.v1 import agent_pb2, events_pb2, operator_pb2, operator_pb2_grpc, peer_pb2, state_pb2
 
 _PHASE = {
     JobPhase.WAITING: operator_pb2.JOB_PHASE_WAITING,
@@ -93,27 +93,7 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
     async def ListNodes(
         self, request: operator_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> operator_pb2.ListNodesResponse:
-        return operator_pb2.ListNodesResponse(
-            nodes=[
-                operator_pb2.NodeInfo(
-                    node_id=n.node_id,
-                    role=_ROLE[n.role],
-                    liveness=_LIVENESS[n.liveness],
-                    quarantined=n.is_quarantined,
-                    quarantine_reason=n.quarantine_reason,
-                    ranks=n.ranks,
-                    last_heartbeat_age_s=n.last_heartbeat_age_s,
-                    incarnation=n.incarnation,
-                    host=n.host,
-                    connected=n.is_connected,
-                    xid_count=n.xid_count,
-                    straggler_score=n.straggler_score,
-                    failure_domain=n.failure_domain,
-                    drained=n.is_drained,
-                )
-                for n in self._runtime.nodes()
-            ]
-        )
+        return operator_pb2.ListNodesResponse(nodes=[_node_info(n) for n in self._runtime.nodes()])
 
     async def GetLeader(
         self, request: operator_pb2.GetLeaderRequest, context: grpc.aio.ServicerContext
@@ -193,3 +173,28 @@ class OperatorService(JobMethods, operator_pb2_grpc.OperatorServicer):
             if code == grpc.StatusCode.CANCELLED:
                 return
             await context.abort(code, f"from the node's agent: {error.details()}")  # ctl/logs.py AGENT_ERROR
+
+
+def _node_info(n: NodeView) -> operator_pb2.NodeInfo:
+    info = operator_pb2.NodeInfo(
+        node_id=n.node_id,
+        role=_ROLE[n.role],
+        liveness=_LIVENESS[n.liveness],
+        quarantined=n.is_quarantined,
+        quarantine_reason=n.quarantine_reason,
+        ranks=n.ranks,
+        last_heartbeat_age_s=n.last_heartbeat_age_s,
+        incarnation=n.incarnation,
+        host=n.host,
+        connected=n.is_connected,
+        xid_count=n.xid_count,
+        straggler_score=n.straggler_score,
+        failure_domain=n.failure_domain,
+        drained=n.is_drained,
+    )
+    memory = n.snapshot_memory
+    if memory is not None:
+        info.snapshot_memory.CopyFrom(agent_pb2.SnapshotMemory(
+            limit_bytes=memory.limit_bytes, derived_bytes=memory.derived_bytes, basis=memory.basis,
+            ranks=memory.ranks, reason=memory.reason))
+    return info

@@ -99,13 +99,20 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_ends_bit_identical(
         nodes = json.loads(subprocess.run([*ctl, "nodes", "--json"], capture_output=True, text=True, check=True).stdout)
         node3 = next(n for n in nodes["nodes"] if n["node_id"] == "node-3")
         assert node3["liveness"] == "dead" and node3["quarantined"] and "declared dead" in node3["quarantine_reason"]
+        # Each agent told the supervisor its snapshot store limit, derived from the job's real sizes.
+        node1 = next(n for n in nodes["nodes"] if n["node_id"] == "node-1")
+        memory = node1["snapshot_memory"]
+        assert memory["basis"] == "derived" and memory["ranks"] >= 1, memory
+        assert 0 < memory["derived_bytes"] == memory["limit_bytes"], memory
         events = json.loads(subprocess.run([*ctl, "events", "--json", "--node", "node-3"],
                                            capture_output=True, text=True, check=True).stdout)["events"]
         assert [e["kind"] for e in events if e["kind"] != "generation_started"][:3] == [
             "node_registered", "node_suspected", "node_declared_dead"
         ]
+        death = next(e for e in events if e["kind"] == "node_declared_dead")
+        assert death["cause"] in ("QUARANTINE_CAUSE_DEAD_STREAM_LOSS", "QUARANTINE_CAUSE_DEAD_SILENT"), death
         table = subprocess.run([*ctl, "nodes"], capture_output=True, text=True, check=True).stdout
-        assert "dead quarantined" in table and "spare-1" in table
+        assert "dead quarantined" in table and "spare-1" in table and "SNAPSHOT MEM" in table and " derived" in table
 
 
 def rank0_losses(text: str) -> dict[int, float]:

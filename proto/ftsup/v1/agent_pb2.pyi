@@ -530,6 +530,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_SHARD_FIELD_NUMBER: _builtins.int
     SDC_CHECK_RESULT_FIELD_NUMBER: _builtins.int
     STEP_AGGREGATE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_MEMORY_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -552,6 +553,10 @@ class AgentMessage(_message.Message):
     def sdc_check_result(self) -> Global___SdcCheckResult: ...
     @_builtins.property
     def step_aggregate(self) -> Global___StepAggregate: ...
+    @_builtins.property
+    def snapshot_memory(self) -> Global___SnapshotMemory:
+        """Field numbers 320-339: hardening (issue 16)."""
+
     def __init__(
         self,
         *,
@@ -566,16 +571,59 @@ class AgentMessage(_message.Message):
         checkpoint_shard: Global___CheckpointShard | None = ...,
         sdc_check_result: Global___SdcCheckResult | None = ...,
         step_aggregate: Global___StepAggregate | None = ...,
+        snapshot_memory: Global___SnapshotMemory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_memory", b"snapshot_memory", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_memory", b"snapshot_memory", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result", "step_aggregate"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result", "step_aggregate", "snapshot_memory"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class SnapshotMemory(_message.Message):
+    """The agent's limit on snapshot bytes held plus arriving, and what it rests on (issue 16): sent at
+    every new session and whenever it moves. The supervisor shows it (`supervisorctl nodes`) and
+    decides nothing on it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    DERIVED_BYTES_FIELD_NUMBER: _builtins.int
+    BASIS_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    limit_bytes: _builtins.int
+    derived_bytes: _builtins.int
+    """what the job's snapshot sizes call for; absent: none known yet"""
+    basis: _builtins.str
+    """no_sizes_yet | derived | ram_cap | flag_cap"""
+    ranks: _builtins.int
+    """the ranks the derived figure covers (own, buddy, held)"""
+    reason: _builtins.str
+    """the arithmetic, for people"""
+    def __init__(
+        self,
+        *,
+        limit_bytes: _builtins.int = ...,
+        derived_bytes: _builtins.int | None = ...,
+        basis: _builtins.str = ...,
+        ranks: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_derived_bytes", b"_derived_bytes", "derived_bytes", b"derived_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_derived_bytes", b"_derived_bytes", "basis", b"basis", "derived_bytes", b"derived_bytes", "limit_bytes", b"limit_bytes", "ranks", b"ranks", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__derived_bytes: _TypeAlias = _typing.Literal["derived_bytes"]  # noqa: Y015
+    _WhichOneofArgType__derived_bytes: _TypeAlias = _typing.Literal["_derived_bytes", b"_derived_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__derived_bytes) -> _WhichOneofReturnType__derived_bytes | None: ...
+
+Global___SnapshotMemory: _TypeAlias = SnapshotMemory  # noqa: Y015
 
 @_typing.final
 class StepAggregate(_message.Message):

@@ -22,60 +22,61 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from ftsup.v1 import agent_pb2 as ftsup_dot_v1_dot_agent__pb2
 from ftsup.v1 import events_pb2 as ftsup_dot_v1_dot_events__pb2
 from ftsup.v1 import peer_pb2 as ftsup_dot_v1_dot_peer__pb2
 from ftsup.v1 import state_pb2 as ftsup_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66tsup/v1/operator.proto\x12\x08\x66tsup.v1\x1a\x15\x66tsup/v1/events.proto\x1a\x13\x66tsup/v1/peer.proto\x1a\x14\x66tsup/v1/state.proto\"\x87\x01\n\x11StreamLogsRequest\x12\x12\n\x04rank\x18\xf0\x01 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x07node_id\x18\xf1\x01 \x01(\t\x12\x13\n\ngeneration\x18\xf2\x01 \x01(\x04\x12\x13\n\x05lines\x18\xf3\x01 \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x06\x66ollow\x18\xf4\x01 \x01(\x08\x42\x07\n\x05_rankB\x08\n\x06_lines\"\x12\n\x10GetLeaderRequest\"\x95\x01\n\x11GetLeaderResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x13\n\x0b\x61pplied_seq\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"G\n\x12NodeCommandRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\"5\n\x11JobCommandRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\"^\n\x0f\x43ommandResponse\x12\x0e\n\x06\x64\x65tail\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x15\n\rcheckpoint_id\x18\x03 \x01(\t\x12\x17\n\x0f\x63heckpoint_step\x18\x04 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xf6\x04\n\x11GetStatusResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12!\n\x05phase\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.JobPhase\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x1f\n\x12last_snapshot_step\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08head_seq\x18\x08 \x01(\x04\x12\x16\n\x0eleader_address\x18\t \x01(\t\x12\x13\n\x0bnodes_alive\x18\n \x01(\r\x12\x15\n\rnodes_suspect\x18\x0b \x01(\r\x12\x12\n\nnodes_dead\x18\x0c \x01(\r\x12\x19\n\x11nodes_quarantined\x18\r \x01(\r\x12\x14\n\x0cspares_ready\x18\x0e \x01(\r\x12\x16\n\x0ewaiting_reason\x18\x0f \x01(\t\x12\x14\n\x0c\x66inal_digest\x18\x10 \x01(\t\x12\x17\n\x0f\x64\x65graded_reason\x18\x11 \x01(\t\x12\x11\n\tfirst_seq\x18\x12 \x01(\x04\x12!\n\x14last_checkpoint_step\x18\x13 \x01(\x04H\x01\x88\x01\x01\x12\x11\n\x04\x65ttr\x18\x14 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07\x66\x61ilure\x18\x64 \x01(\t\x12\x14\n\x0c\x66\x61ilure_tail\x18\x65 \x01(\t\x12\x10\n\x08restarts\x18\x66 \x01(\r\x12\x19\n\x0cmax_restarts\x18g \x01(\rH\x03\x88\x01\x01\x42\x15\n\x13_last_snapshot_stepB\x17\n\x15_last_checkpoint_stepB\x07\n\x05_ettrB\x0f\n\r_max_restarts\"\x12\n\x10ListNodesRequest\"\xcb\x02\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12$\n\x08liveness\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.Liveness\x12\x13\n\x0bquarantined\x18\x04 \x01(\x08\x12\x19\n\x11quarantine_reason\x18\x05 \x01(\t\x12\r\n\x05ranks\x18\x06 \x03(\r\x12\x1c\n\x14last_heartbeat_age_s\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x0c\n\x04host\x18\t \x01(\t\x12\x11\n\tconnected\x18\n \x01(\x08\x12\x11\n\txid_count\x18\x0b \x01(\r\x12\x17\n\x0fstraggler_score\x18\x0c \x01(\x01\x12\x16\n\x0e\x66\x61ilure_domain\x18x \x01(\t\x12\x0f\n\x07\x64rained\x18y \x01(\x08\"6\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.ftsup.v1.NodeInfo\"6\n\x11ListEventsRequest\x12\x11\n\tsince_seq\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\"\x13\n\x11GetGoodputRequest\",\n\x0bReasonCount\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xcd\x03\n\x12GetGoodputResponse\x12\x11\n\x04\x65ttr\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06wall_s\x18\x02 \x01(\x01\x12\x14\n\x0cproductive_s\x18\x03 \x01(\x01\x12\x13\n\x0b\x64\x65tection_s\x18\x04 \x01(\x01\x12\x11\n\trestart_s\x18\x05 \x01(\x01\x12\x13\n\x0blost_work_s\x18\x06 \x01(\x01\x12\x11\n\twaiting_s\x18\x07 \x01(\x01\x12\x1f\n\x12\x63heckpoint_pause_s\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tunsaved_s\x18\t \x01(\x01\x12\x13\n\x0bgenerations\x18\n \x01(\r\x12\x15\n\rinterruptions\x18\x0b \x01(\r\x12\x36\n\x17interruptions_by_reason\x18\x0c \x03(\x0b\x32\x15.ftsup.v1.ReasonCount\x12\x12\n\nlost_steps\x18\r \x01(\x04\x12\x19\n\x0csince_unix_s\x18\x0e \x01(\x01H\x02\x88\x01\x01\x12\x14\n\x0cuntil_unix_s\x18\x0f \x01(\x01\x12\x11\n\tfirst_seq\x18\x10 \x01(\x04\x12\r\n\x05notes\x18\x11 \x03(\tB\x07\n\x05_ettrB\x15\n\x13_checkpoint_pause_sB\x0f\n\r_since_unix_s\"\x17\n\x15ListStragglersRequest\"\x81\x01\n\rStragglerRank\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x12\n\nlast_score\x18\x03 \x01(\x01\x12\x14\n\x0cwindow_steps\x18\x04 \x01(\r\x12\x16\n\x0eover_threshold\x18\x05 \x01(\r\x12\x0f\n\x07\x66lagged\x18\x06 \x01(\x08\"\xb7\x01\n\x16ListStragglersResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12&\n\x05ranks\x18\x02 \x03(\x0b\x32\x17.ftsup.v1.StragglerRank\x12$\n\ndetections\x18\x03 \x03(\x0b\x32\x10.ftsup.v1.Record\x12\x0e\n\x06\x66lag_z\x18\x04 \x01(\x01\x12\x15\n\rflag_min_over\x18\x05 \x01(\r\x12\x14\n\x0cwindow_steps\x18\x06 \x01(\r\"\x18\n\x16ListCheckpointsRequest\"\xbd\x04\n\x17ListCheckpointsResponse\x12\x1a\n\rsnapshot_step\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x1b\n\x13snapshot_generation\x18\x02 \x01(\x04\x12\x1c\n\x0fsnapshot_unix_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\t\x12\x1c\n\x0f\x63heckpoint_step\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1b\n\x13\x63heckpoint_manifest\x18\x06 \x01(\t\x12\x1e\n\x11\x63heckpoint_unix_s\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x1d\n\x15pending_checkpoint_id\x18\x08 \x01(\t\x12\x14\n\x0cpending_step\x18\t \x01(\x04\x12\x16\n\x0epending_shards\x18\n \x01(\r\x12\x17\n\x0fpending_written\x18\x0b \x01(\r\x12\x17\n\ninterval_s\x18\x0c \x01(\x01H\x04\x88\x01\x01\x12\x17\n\x0finterval_reason\x18\r \x01(\t\x12\x1f\n\x17requested_checkpoint_id\x18\x0e \x01(\t\x12\x16\n\x0erequested_step\x18\x0f \x01(\x04\x12\x18\n\x10requested_reason\x18\x10 \x01(\t\x12\x0f\n\x07\x63\x61\x64\x65nce\x18\x11 \x01(\tB\x10\n\x0e_snapshot_stepB\x12\n\x10_snapshot_unix_sB\x12\n\x10_checkpoint_stepB\x14\n\x12_checkpoint_unix_sB\r\n\x0b_interval_s*\x9a\x01\n\x08JobPhase\x12\x19\n\x15JOB_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_PHASE_WAITING\x10\x01\x12\x16\n\x12JOB_PHASE_STARTING\x10\x02\x12\x15\n\x11JOB_PHASE_RUNNING\x10\x03\x12\x17\n\x13JOB_PHASE_COMPLETED\x10\x04\x12\x14\n\x10JOB_PHASE_FAILED\x10\x64\x32\xb0\x07\n\x08Operator\x12\x44\n\tGetStatus\x12\x1a.ftsup.v1.GetStatusRequest\x1a\x1b.ftsup.v1.GetStatusResponse\x12\x44\n\tListNodes\x12\x1a.ftsup.v1.ListNodesRequest\x1a\x1b.ftsup.v1.ListNodesResponse\x12=\n\nListEvents\x12\x1b.ftsup.v1.ListEventsRequest\x1a\x10.ftsup.v1.Record0\x01\x12\x44\n\tGetLeader\x12\x1a.ftsup.v1.GetLeaderRequest\x1a\x1b.ftsup.v1.GetLeaderResponse\x12\x45\n\nQuarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12G\n\x0cUnquarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12@\n\x05\x44rain\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12G\n\nGetGoodput\x12\x1b.ftsup.v1.GetGoodputRequest\x1a\x1c.ftsup.v1.GetGoodputResponse\x12S\n\x0eListStragglers\x12\x1f.ftsup.v1.ListStragglersRequest\x1a .ftsup.v1.ListStragglersResponse\x12V\n\x0fListCheckpoints\x12 .ftsup.v1.ListCheckpointsRequest\x1a!.ftsup.v1.ListCheckpointsResponse\x12G\n\rCheckpointNow\x12\x1b.ftsup.v1.JobCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12\x41\n\x07Restart\x12\x1b.ftsup.v1.JobCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12?\n\nStreamLogs\x12\x1b.ftsup.v1.StreamLogsRequest\x1a\x12.ftsup.v1.LogLines0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66tsup/v1/operator.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\x1a\x15\x66tsup/v1/events.proto\x1a\x13\x66tsup/v1/peer.proto\x1a\x14\x66tsup/v1/state.proto\"\x87\x01\n\x11StreamLogsRequest\x12\x12\n\x04rank\x18\xf0\x01 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x07node_id\x18\xf1\x01 \x01(\t\x12\x13\n\ngeneration\x18\xf2\x01 \x01(\x04\x12\x13\n\x05lines\x18\xf3\x01 \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x06\x66ollow\x18\xf4\x01 \x01(\x08\x42\x07\n\x05_rankB\x08\n\x06_lines\"\x12\n\x10GetLeaderRequest\"\x95\x01\n\x11GetLeaderResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x13\n\x0b\x61pplied_seq\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"G\n\x12NodeCommandRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\"5\n\x11JobCommandRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\"^\n\x0f\x43ommandResponse\x12\x0e\n\x06\x64\x65tail\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x15\n\rcheckpoint_id\x18\x03 \x01(\t\x12\x17\n\x0f\x63heckpoint_step\x18\x04 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xf6\x04\n\x11GetStatusResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12!\n\x05phase\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.JobPhase\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x1f\n\x12last_snapshot_step\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08head_seq\x18\x08 \x01(\x04\x12\x16\n\x0eleader_address\x18\t \x01(\t\x12\x13\n\x0bnodes_alive\x18\n \x01(\r\x12\x15\n\rnodes_suspect\x18\x0b \x01(\r\x12\x12\n\nnodes_dead\x18\x0c \x01(\r\x12\x19\n\x11nodes_quarantined\x18\r \x01(\r\x12\x14\n\x0cspares_ready\x18\x0e \x01(\r\x12\x16\n\x0ewaiting_reason\x18\x0f \x01(\t\x12\x14\n\x0c\x66inal_digest\x18\x10 \x01(\t\x12\x17\n\x0f\x64\x65graded_reason\x18\x11 \x01(\t\x12\x11\n\tfirst_seq\x18\x12 \x01(\x04\x12!\n\x14last_checkpoint_step\x18\x13 \x01(\x04H\x01\x88\x01\x01\x12\x11\n\x04\x65ttr\x18\x14 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07\x66\x61ilure\x18\x64 \x01(\t\x12\x14\n\x0c\x66\x61ilure_tail\x18\x65 \x01(\t\x12\x10\n\x08restarts\x18\x66 \x01(\r\x12\x19\n\x0cmax_restarts\x18g \x01(\rH\x03\x88\x01\x01\x42\x15\n\x13_last_snapshot_stepB\x17\n\x15_last_checkpoint_stepB\x07\n\x05_ettrB\x0f\n\r_max_restarts\"\x12\n\x10ListNodesRequest\"\xff\x02\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.ftsup.v1.NodeRole\x12$\n\x08liveness\x18\x03 \x01(\x0e\x32\x12.ftsup.v1.Liveness\x12\x13\n\x0bquarantined\x18\x04 \x01(\x08\x12\x19\n\x11quarantine_reason\x18\x05 \x01(\t\x12\r\n\x05ranks\x18\x06 \x03(\r\x12\x1c\n\x14last_heartbeat_age_s\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x0c\n\x04host\x18\t \x01(\t\x12\x11\n\tconnected\x18\n \x01(\x08\x12\x11\n\txid_count\x18\x0b \x01(\r\x12\x17\n\x0fstraggler_score\x18\x0c \x01(\x01\x12\x16\n\x0e\x66\x61ilure_domain\x18x \x01(\t\x12\x0f\n\x07\x64rained\x18y \x01(\x08\x12\x32\n\x0fsnapshot_memory\x18\xc0\x02 \x01(\x0b\x32\x18.ftsup.v1.SnapshotMemory\"6\n\x11ListNodesResponse\x12!\n\x05nodes\x18\x01 \x03(\x0b\x32\x12.ftsup.v1.NodeInfo\"6\n\x11ListEventsRequest\x12\x11\n\tsince_seq\x18\x01 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\"\x13\n\x11GetGoodputRequest\",\n\x0bReasonCount\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xcd\x03\n\x12GetGoodputResponse\x12\x11\n\x04\x65ttr\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06wall_s\x18\x02 \x01(\x01\x12\x14\n\x0cproductive_s\x18\x03 \x01(\x01\x12\x13\n\x0b\x64\x65tection_s\x18\x04 \x01(\x01\x12\x11\n\trestart_s\x18\x05 \x01(\x01\x12\x13\n\x0blost_work_s\x18\x06 \x01(\x01\x12\x11\n\twaiting_s\x18\x07 \x01(\x01\x12\x1f\n\x12\x63heckpoint_pause_s\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\tunsaved_s\x18\t \x01(\x01\x12\x13\n\x0bgenerations\x18\n \x01(\r\x12\x15\n\rinterruptions\x18\x0b \x01(\r\x12\x36\n\x17interruptions_by_reason\x18\x0c \x03(\x0b\x32\x15.ftsup.v1.ReasonCount\x12\x12\n\nlost_steps\x18\r \x01(\x04\x12\x19\n\x0csince_unix_s\x18\x0e \x01(\x01H\x02\x88\x01\x01\x12\x14\n\x0cuntil_unix_s\x18\x0f \x01(\x01\x12\x11\n\tfirst_seq\x18\x10 \x01(\x04\x12\r\n\x05notes\x18\x11 \x03(\tB\x07\n\x05_ettrB\x15\n\x13_checkpoint_pause_sB\x0f\n\r_since_unix_s\"\x17\n\x15ListStragglersRequest\"\x81\x01\n\rStragglerRank\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x12\n\nlast_score\x18\x03 \x01(\x01\x12\x14\n\x0cwindow_steps\x18\x04 \x01(\r\x12\x16\n\x0eover_threshold\x18\x05 \x01(\r\x12\x0f\n\x07\x66lagged\x18\x06 \x01(\x08\"\xb7\x01\n\x16ListStragglersResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12&\n\x05ranks\x18\x02 \x03(\x0b\x32\x17.ftsup.v1.StragglerRank\x12$\n\ndetections\x18\x03 \x03(\x0b\x32\x10.ftsup.v1.Record\x12\x0e\n\x06\x66lag_z\x18\x04 \x01(\x01\x12\x15\n\rflag_min_over\x18\x05 \x01(\r\x12\x14\n\x0cwindow_steps\x18\x06 \x01(\r\"\x18\n\x16ListCheckpointsRequest\"\xbd\x04\n\x17ListCheckpointsResponse\x12\x1a\n\rsnapshot_step\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x1b\n\x13snapshot_generation\x18\x02 \x01(\x04\x12\x1c\n\x0fsnapshot_unix_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\t\x12\x1c\n\x0f\x63heckpoint_step\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1b\n\x13\x63heckpoint_manifest\x18\x06 \x01(\t\x12\x1e\n\x11\x63heckpoint_unix_s\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x1d\n\x15pending_checkpoint_id\x18\x08 \x01(\t\x12\x14\n\x0cpending_step\x18\t \x01(\x04\x12\x16\n\x0epending_shards\x18\n \x01(\r\x12\x17\n\x0fpending_written\x18\x0b \x01(\r\x12\x17\n\ninterval_s\x18\x0c \x01(\x01H\x04\x88\x01\x01\x12\x17\n\x0finterval_reason\x18\r \x01(\t\x12\x1f\n\x17requested_checkpoint_id\x18\x0e \x01(\t\x12\x16\n\x0erequested_step\x18\x0f \x01(\x04\x12\x18\n\x10requested_reason\x18\x10 \x01(\t\x12\x0f\n\x07\x63\x61\x64\x65nce\x18\x11 \x01(\tB\x10\n\x0e_snapshot_stepB\x12\n\x10_snapshot_unix_sB\x12\n\x10_checkpoint_stepB\x14\n\x12_checkpoint_unix_sB\r\n\x0b_interval_s*\x9a\x01\n\x08JobPhase\x12\x19\n\x15JOB_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_PHASE_WAITING\x10\x01\x12\x16\n\x12JOB_PHASE_STARTING\x10\x02\x12\x15\n\x11JOB_PHASE_RUNNING\x10\x03\x12\x17\n\x13JOB_PHASE_COMPLETED\x10\x04\x12\x14\n\x10JOB_PHASE_FAILED\x10\x64\x32\xb0\x07\n\x08Operator\x12\x44\n\tGetStatus\x12\x1a.ftsup.v1.GetStatusRequest\x1a\x1b.ftsup.v1.GetStatusResponse\x12\x44\n\tListNodes\x12\x1a.ftsup.v1.ListNodesRequest\x1a\x1b.ftsup.v1.ListNodesResponse\x12=\n\nListEvents\x12\x1b.ftsup.v1.ListEventsRequest\x1a\x10.ftsup.v1.Record0\x01\x12\x44\n\tGetLeader\x12\x1a.ftsup.v1.GetLeaderRequest\x1a\x1b.ftsup.v1.GetLeaderResponse\x12\x45\n\nQuarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12G\n\x0cUnquarantine\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12@\n\x05\x44rain\x12\x1c.ftsup.v1.NodeCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12G\n\nGetGoodput\x12\x1b.ftsup.v1.GetGoodputRequest\x1a\x1c.ftsup.v1.GetGoodputResponse\x12S\n\x0eListStragglers\x12\x1f.ftsup.v1.ListStragglersRequest\x1a .ftsup.v1.ListStragglersResponse\x12V\n\x0fListCheckpoints\x12 .ftsup.v1.ListCheckpointsRequest\x1a!.ftsup.v1.ListCheckpointsResponse\x12G\n\rCheckpointNow\x12\x1b.ftsup.v1.JobCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12\x41\n\x07Restart\x12\x1b.ftsup.v1.JobCommandRequest\x1a\x19.ftsup.v1.CommandResponse\x12?\n\nStreamLogs\x12\x1b.ftsup.v1.StreamLogsRequest\x1a\x12.ftsup.v1.LogLines0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftsup.v1.operator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBPHASE']._serialized_start=3233
-  _globals['_JOBPHASE']._serialized_end=3387
-  _globals['_STREAMLOGSREQUEST']._serialized_start=104
-  _globals['_STREAMLOGSREQUEST']._serialized_end=239
-  _globals['_GETLEADERREQUEST']._serialized_start=241
-  _globals['_GETLEADERREQUEST']._serialized_end=259
-  _globals['_GETLEADERRESPONSE']._serialized_start=262
-  _globals['_GETLEADERRESPONSE']._serialized_end=411
-  _globals['_NODECOMMANDREQUEST']._serialized_start=413
-  _globals['_NODECOMMANDREQUEST']._serialized_end=484
-  _globals['_JOBCOMMANDREQUEST']._serialized_start=486
-  _globals['_JOBCOMMANDREQUEST']._serialized_end=539
-  _globals['_COMMANDRESPONSE']._serialized_start=541
-  _globals['_COMMANDRESPONSE']._serialized_end=635
-  _globals['_GETSTATUSREQUEST']._serialized_start=637
-  _globals['_GETSTATUSREQUEST']._serialized_end=655
-  _globals['_GETSTATUSRESPONSE']._serialized_start=658
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1288
-  _globals['_LISTNODESREQUEST']._serialized_start=1290
-  _globals['_LISTNODESREQUEST']._serialized_end=1308
-  _globals['_NODEINFO']._serialized_start=1311
-  _globals['_NODEINFO']._serialized_end=1642
-  _globals['_LISTNODESRESPONSE']._serialized_start=1644
-  _globals['_LISTNODESRESPONSE']._serialized_end=1698
-  _globals['_LISTEVENTSREQUEST']._serialized_start=1700
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1754
-  _globals['_GETGOODPUTREQUEST']._serialized_start=1756
-  _globals['_GETGOODPUTREQUEST']._serialized_end=1775
-  _globals['_REASONCOUNT']._serialized_start=1777
-  _globals['_REASONCOUNT']._serialized_end=1821
-  _globals['_GETGOODPUTRESPONSE']._serialized_start=1824
-  _globals['_GETGOODPUTRESPONSE']._serialized_end=2285
-  _globals['_LISTSTRAGGLERSREQUEST']._serialized_start=2287
-  _globals['_LISTSTRAGGLERSREQUEST']._serialized_end=2310
-  _globals['_STRAGGLERRANK']._serialized_start=2313
-  _globals['_STRAGGLERRANK']._serialized_end=2442
-  _globals['_LISTSTRAGGLERSRESPONSE']._serialized_start=2445
-  _globals['_LISTSTRAGGLERSRESPONSE']._serialized_end=2628
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=2630
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=2654
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=2657
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=3230
-  _globals['_OPERATOR']._serialized_start=3390
-  _globals['_OPERATOR']._serialized_end=4334
+  _globals['_JOBPHASE']._serialized_start=3307
+  _globals['_JOBPHASE']._serialized_end=3461
+  _globals['_STREAMLOGSREQUEST']._serialized_start=126
+  _globals['_STREAMLOGSREQUEST']._serialized_end=261
+  _globals['_GETLEADERREQUEST']._serialized_start=263
+  _globals['_GETLEADERREQUEST']._serialized_end=281
+  _globals['_GETLEADERRESPONSE']._serialized_start=284
+  _globals['_GETLEADERRESPONSE']._serialized_end=433
+  _globals['_NODECOMMANDREQUEST']._serialized_start=435
+  _globals['_NODECOMMANDREQUEST']._serialized_end=506
+  _globals['_JOBCOMMANDREQUEST']._serialized_start=508
+  _globals['_JOBCOMMANDREQUEST']._serialized_end=561
+  _globals['_COMMANDRESPONSE']._serialized_start=563
+  _globals['_COMMANDRESPONSE']._serialized_end=657
+  _globals['_GETSTATUSREQUEST']._serialized_start=659
+  _globals['_GETSTATUSREQUEST']._serialized_end=677
+  _globals['_GETSTATUSRESPONSE']._serialized_start=680
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1310
+  _globals['_LISTNODESREQUEST']._serialized_start=1312
+  _globals['_LISTNODESREQUEST']._serialized_end=1330
+  _globals['_NODEINFO']._serialized_start=1333
+  _globals['_NODEINFO']._serialized_end=1716
+  _globals['_LISTNODESRESPONSE']._serialized_start=1718
+  _globals['_LISTNODESRESPONSE']._serialized_end=1772
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1774
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1828
+  _globals['_GETGOODPUTREQUEST']._serialized_start=1830
+  _globals['_GETGOODPUTREQUEST']._serialized_end=1849
+  _globals['_REASONCOUNT']._serialized_start=1851
+  _globals['_REASONCOUNT']._serialized_end=1895
+  _globals['_GETGOODPUTRESPONSE']._serialized_start=1898
+  _globals['_GETGOODPUTRESPONSE']._serialized_end=2359
+  _globals['_LISTSTRAGGLERSREQUEST']._serialized_start=2361
+  _globals['_LISTSTRAGGLERSREQUEST']._serialized_end=2384
+  _globals['_STRAGGLERRANK']._serialized_start=2387
+  _globals['_STRAGGLERRANK']._serialized_end=2516
+  _globals['_LISTSTRAGGLERSRESPONSE']._serialized_start=2519
+  _globals['_LISTSTRAGGLERSRESPONSE']._serialized_end=2702
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=2704
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=2728
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=2731
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=3304
+  _globals['_OPERATOR']._serialized_start=3464
+  _globals['_OPERATOR']._serialized_end=4408
 # @@protoc_insertion_point(module_scope)

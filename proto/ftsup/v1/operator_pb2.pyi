@@ -4,6 +4,7 @@ isort:skip_file
 The Operator service behind supervisorctl. Read-only calls are answered by any replica."""
 
 from collections import abc as _abc
+from ftsup.v1 import agent_pb2 as _agent_pb2
 from ftsup.v1 import events_pb2 as _events_pb2
 from ftsup.v1 import state_pb2 as _state_pb2
 from google.protobuf import descriptor as _descriptor
@@ -398,6 +399,7 @@ class NodeInfo(_message.Message):
     STRAGGLER_SCORE_FIELD_NUMBER: _builtins.int
     FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_MEMORY_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     role: _events_pb2.NodeRole.ValueType
     liveness: _state_pb2.Liveness.ValueType
@@ -422,6 +424,12 @@ class NodeInfo(_message.Message):
     def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """ranks in the current generation"""
 
+    @_builtins.property
+    def snapshot_memory(self) -> _agent_pb2.SnapshotMemory:
+        """Field numbers 320-339: hardening (issue 16). As the node's agent last reported it; unset
+        when it has not (an older agent, or none since this supervisor started leading).
+        """
+
     def __init__(
         self,
         *,
@@ -439,10 +447,11 @@ class NodeInfo(_message.Message):
         straggler_score: _builtins.float = ...,
         failure_domain: _builtins.str = ...,
         drained: _builtins.bool = ...,
+        snapshot_memory: _agent_pb2.SnapshotMemory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot_memory", b"snapshot_memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "drained", b"drained", "failure_domain", b"failure_domain", "host", b"host", "incarnation", b"incarnation", "last_heartbeat_age_s", b"last_heartbeat_age_s", "liveness", b"liveness", "node_id", b"node_id", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "ranks", b"ranks", "role", b"role", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "drained", b"drained", "failure_domain", b"failure_domain", "host", b"host", "incarnation", b"incarnation", "last_heartbeat_age_s", b"last_heartbeat_age_s", "liveness", b"liveness", "node_id", b"node_id", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "ranks", b"ranks", "role", b"role", "snapshot_memory", b"snapshot_memory", "straggler_score", b"straggler_score", "xid_count", b"xid_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -54,3 +54,17 @@ def test_rank_finished_again_with_another_digest_is_refused_the_same_one_is_a_no
 def test_an_overlong_pci_id_is_named_as_such() -> None:
     sim = running()
     assert "PCI bus id of 65 characters" in sim.feed(XidReport("n1", "0" * 65, None, 79, "fell off the bus"))
+
+
+def test_a_snapshot_memory_report_is_shown_for_its_node_and_nonsense_is_refused() -> None:
+    from ftsup.supervisor.core.inputs import SnapshotMemoryReport
+    from ftsup.supervisor.core.views import node_views
+
+    sim = running()
+    report = SnapshotMemoryReport("n2", 3 << 30, 3 << 30, "derived", 4, "4 ranks x 4 copies")
+    assert sim.feed(report) == []  # nothing to decide: for operators
+    shown = {v.node_id: v.snapshot_memory for v in node_views(sim.state, sim.soft, NOW)}
+    assert shown["n2"] == report and shown["n1"] is None
+    assert "is not one of derived, flag_cap" in sim.feed(SnapshotMemoryReport("n1", 1, None, "guess", 1, ""))
+    assert "figures out of range" in sim.feed(SnapshotMemoryReport("n1", 1 << 60, None, "ram_cap", 1, ""))
+    assert "has not said Hello" in sim.feed(SnapshotMemoryReport("ghost", 1, None, "ram_cap", 1, ""))
