@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -28,6 +29,7 @@ import structlog
 from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
+from ftsup.common import step_pack
 from ftsup.common.backoff import Backoff
 from ftsup.common.shard_map import ranked
 from ftsup.common.tls import channel_credentials, expect_supervisor
@@ -75,6 +77,12 @@ def _priority(message: agent_pb2.AgentMessage) -> Priority:
 
 
 MAX_STICKY = 4096  # facts kept for re-sending; far above ranks per node x checkpoints in flight
+# A node's first step report of a step waits this long for its other ranks' reports, which then
+# go as one StepAggregate (issue 14: one message per node per step for the leader, not one per
+# rank). The ranks leave the same all-reduce within a millisecond or two; a rank that does not
+# report (dead, or slower) costs its node's report this much latency, nothing else.
+FOLD_WINDOW_S = 0.02
+MAX_FOLD = 1024  # step reports in one aggregate; far above the ranks of a node
 
 
 class Reports:
@@ -87,12 +95,20 @@ class Reports:
     every new session; the supervisor treats a repeat as a no-op.
     """
 
-    def __init__(self, capacity: int = OUTBOX_CAPACITY) -> None:
+    def __init__(self, capacity: int = OUTBOX_CAPACITY, clock: Callable[[], float] = time.monotonic) -> None:
         self._outbox: Outbox[agent_pb2.AgentMessage] = Outbox(capacity)
         self._ready = asyncio.Event()
         self._sticky: dict[tuple[str, int, int, str], agent_pb2.AgentMessage] = {}
+        self._clock = clock
+        self._step_seen: dict[tuple[int, int], float] = {}  # (generation, step) -> its first report's arrival
 
     def send(self, message: agent_pb2.AgentMessage, *, sticky: bool = False) -> None:
+        if message.WhichOneof("kind") == "step_report":
+            key = (message.step_report.generation, message.step_report.step)
+            if key not in self._step_seen:
+                if len(self._step_seen) >= MAX_FOLD:  # only reports dropped unsent leave keys behind
+                    del self._step_seen[next(iter(self._step_seen))]
+                self._step_seen[key] = self._clock()
         self._outbox.push(message, _priority(message))
         self._ready.set()
         if sticky:
@@ -127,6 +143,47 @@ class Reports:
             self._ready.clear()
         return message
 
+    def take(self, expected_ranks: int) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
+        """What to write next and the queued items it stands for (`done(items)` once written).
+
+        The head's step reports of one step go as one StepAggregate: the node's ranks' reports of
+        that step queued before anything but snapshot reports (which the aggregate may overtake:
+        a step's report precedes its snapshot's anyway). While fewer than `expected_ranks` are
+        queued and the first came less than FOLD_WINDOW_S ago: (None, [], seconds to wait for the
+        rest). (None, [], 0.0): nothing queued. `expected_ranks` 0: no folding (a supervisor that
+        did not say it takes aggregates)."""
+        head = self._outbox.peek()
+        if head is None:
+            return None, [], 0.0
+        if head.WhichOneof("kind") != "step_report" or expected_ranks < 1:
+            return head, [head], 0.0
+        key = (head.step_report.generation, head.step_report.step)
+        run: list[agent_pb2.AgentMessage] = []
+        ranks: set[int] = set()
+        for message in self._outbox.head(MAX_FOLD):
+            kind = message.WhichOneof("kind")
+            if kind == "snapshot_report":
+                continue
+            report = message.step_report
+            if kind != "step_report" or (report.generation, report.step) != key or report.rank in ranks:
+                break
+            run.append(message)
+            ranks.add(report.rank)
+        waited_s = self._clock() - self._step_seen.get(key, -math.inf)
+        if len(run) < expected_ranks and waited_s < FOLD_WINDOW_S:
+            return None, [], FOLD_WINDOW_S - waited_s
+        self._step_seen.pop(key, None)
+        if len(run) == 1:
+            return head, run, 0.0
+        aggregate = step_pack.pack([m.step_report for m in run])
+        return agent_pb2.AgentMessage(step_aggregate=aggregate), run, 0.0
+
+    def done(self, items: list[agent_pb2.AgentMessage]) -> None:
+        """`take`'s items were written: out of the queue."""
+        self._outbox.remove(items)
+        if not len(self._outbox):
+            self._ready.clear()
+
     async def wait(self, timeout_s: float) -> None:
         try:
             await asyncio.wait_for(self._ready.wait(), timeout_s)
@@ -152,6 +209,7 @@ class SupervisorLink:
         on_directive: Callable[[agent_pb2.Directive], Awaitable[None] | None],
         running_generation: Callable[[], int],
         log: Logger,
+        local_ranks: Callable[[], int] = lambda: 1,
         rng: random.Random,
         backoff: Backoff = RECONNECT_BACKOFF,
         resync: Callable[[], list[agent_pb2.AgentMessage]] = list,
@@ -163,6 +221,7 @@ class SupervisorLink:
         self._reports = reports
         self._on_directive = on_directive
         self._running_generation = running_generation
+        self._local_ranks = local_ranks  # ranks this node runs now: how many step reports make a step
         self._log = log
         self._rng = rng
         self._backoff = backoff
@@ -274,10 +333,17 @@ class SupervisorLink:
                 )
                 next_beat = now + interval_s
             # Reports are popped only after a successful write: a broken stream keeps them queued.
-            while (message := self._reports.peek()) is not None:
+            while True:
+                message, items, hold_s = self._reports.take(self._local_ranks() if state.folds_steps else 0)
+                if message is None:
+                    break
                 await call.write(message)
-                self._reports.pop()
-            await self._reports.wait(max(0.0, next_beat - loop.time()))
+                self._reports.done(items)
+            until_beat_s = max(0.0, next_beat - loop.time())
+            if hold_s > 0:  # a step's reports are being gathered: look again once the window closes
+                await asyncio.sleep(min(hold_s, until_beat_s))
+            else:
+                await self._reports.wait(until_beat_s)
 
     async def _read(self, call: StreamCall, state: _SessionState, log: Logger) -> None:
         while True:
@@ -289,6 +355,7 @@ class SupervisorLink:
                 state.welcomed = state.is_session = True
                 self._unreachable = []
                 w = message.welcome
+                state.folds_steps = w.takes_step_aggregates
                 # Beat at the supervisor's expected interval when it names a sane one (it decides
                 # death by it); otherwise keep the configured one.
                 if math.isfinite(w.heartbeat_interval_s) and 0 < w.heartbeat_interval_s <= MAX_HEARTBEAT_INTERVAL_S:
@@ -316,9 +383,10 @@ class SupervisorLink:
 
 
 class _SessionState:
-    __slots__ = ("interval_s", "is_session", "welcomed")
+    __slots__ = ("folds_steps", "interval_s", "is_session", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
+        self.folds_steps = False  # the Welcome said the supervisor takes StepAggregates
         self.is_session = False  # a Welcome came: this was a working session (not just a redirect)
         self.interval_s: float | None = None  # the Welcome's heartbeat interval, once known

@@ -157,6 +157,7 @@ async def run_agent(config: AgentConfig) -> int:
         reports=reports,
         on_directive=directives.put_nowait,
         running_generation=launcher.running_generation,
+        local_ranks=lambda: len(launcher.run.ranks) if launcher.run is not None else 1,
         log=log.bind(part="link"),
         rng=random.Random(rng.getrandbits(64)),
         resync=holdings,

@@ -422,6 +422,7 @@ class Runtime:
             incarnation=hello.incarnation,
             heartbeat_interval_s=self.config.detector.heartbeat_interval_s,
             term=self.term,
+            takes_step_aggregates=True,
         )
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 

@@ -15,7 +15,7 @@ instead of one per rank. A run of them ends at any other message of that session
 
 from __future__ import annotations
 
-from ftsup.supervisor.server import step_aggregate
+from ftsup.common import step_pack
 from ftsup.v1 import agent_pb2, shard_pb2
 
 # Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
@@ -125,10 +125,10 @@ def fold_step_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Forwar
     replaced: dict[int, shard_pb2.Forwarded | None] = {}
     for run in folds:
         first = items[run[0]]
-        reports = [step_aggregate.report_from_proto(first.node_id, items[p].message.step_report) for p in run]
+        reports = [items[p].message.step_report for p in run]
         replaced[run[0]] = shard_pb2.Forwarded(
             session=first.session, node_id=first.node_id, incarnation=first.incarnation,
-            message=agent_pb2.AgentMessage(step_aggregate=step_aggregate.to_proto(reports)))
+            message=agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
         for position in run[1:]:
             replaced[position] = None
     out: list[shard_pb2.Forwarded] = []

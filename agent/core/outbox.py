@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -64,3 +65,15 @@ class Outbox(Generic[T]):
 
     def pop(self) -> T:
         return self._entries.popleft().item
+
+    def head(self, limit: int) -> list[T]:
+        """The first `limit` items (fewer when fewer are queued), oldest first, left queued."""
+        return [entry.item for entry in islice(self._entries, limit)]
+
+    def remove(self, items: list[T]) -> None:
+        """Takes these items (by identity) out, wherever they are; ones already gone are skipped."""
+        wanted = {id(item) for item in items}
+        while self._entries and id(self._entries[0].item) in wanted:  # the usual case: the head
+            wanted.discard(id(self._entries.popleft().item))
+        if wanted:
+            self._entries = deque(e for e in self._entries if id(e.item) not in wanted)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ftsup.common import step_pack
+from ftsup.common.step_pack import NO_REPLICA_GROUP
 from ftsup.supervisor.core.inputs import StepAggregate, StepReport
 from ftsup.v1 import agent_pb2
-
-NO_REPLICA_GROUP = 0xFFFFFFFF  # in `replica_groups`: this rank did not report one
 
 
 class MalformedAggregate(ValueError):
@@ -60,35 +60,19 @@ def report_from_proto(node_id: str, r: agent_pb2.StepReport) -> StepReport:
 
 
 def to_proto(reports: Sequence[StepReport]) -> agent_pb2.StepAggregate:
-    """One step's reports (of one generation and step) packed for the wire: what an agent sends
-    for its node's ranks and a link shard for its nodes'."""
-    if not reports:
-        raise ValueError("a step aggregate needs at least one report")
-    first = reports[0]
-    message = agent_pb2.StepAggregate(generation=first.generation, step=first.step)
-    message.ranks.extend(r.rank for r in reports)
-    message.step_time_s.extend(r.step_time_s for r in reports)
-    message.compute_time_s.extend(r.compute_time_s for r in reports)
-    message.loss.extend(r.loss for r in reports)
-    if any(not math.isnan(r.grad_norm) for r in reports):
-        message.grad_norm.extend(r.grad_norm for r in reports)
-    if any(r.tokens for r in reports):
-        message.tokens.extend(r.tokens for r in reports)
-    if any(r.replica_group is not None for r in reports):
-        message.replica_groups.extend(NO_REPLICA_GROUP if r.replica_group is None else r.replica_group
-                                      for r in reports)
-    _group(message.param_digests, [r.param_digest for r in reports])
-    _group(message.local_grad_digests, [r.local_grad_digest for r in reports], skip_empty=True)
+    """Core reports (of one generation and step) packed for the wire (common/step_pack.py)."""
+    return step_pack.pack([report_to_proto(r) for r in reports])
+
+
+def report_to_proto(r: StepReport) -> agent_pb2.StepReport:
+    message = agent_pb2.StepReport(generation=r.generation, rank=r.rank, step=r.step, step_time_s=r.step_time_s,
+                                   compute_time_s=r.compute_time_s, loss=r.loss, param_digest=r.param_digest,
+                                   tokens=r.tokens, local_grad_digest=r.local_grad_digest)
+    if not math.isnan(r.grad_norm):
+        message.grad_norm = r.grad_norm
+    if r.replica_group is not None:
+        message.replica_group = r.replica_group
     return message
-
-
-def _group(target, digests: list[str], *, skip_empty: bool = False) -> None:
-    by_value: dict[str, list[int]] = {}
-    for index, digest in enumerate(digests):
-        if digest or not skip_empty:
-            by_value.setdefault(digest, []).append(index)
-    for digest, indexes in by_value.items():
-        target.add(digest=digest, indexes=indexes)
 
 
 def _spread(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> list[str | None]:

@@ -869,11 +869,16 @@ class Welcome(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
+    TAKES_STEP_AGGREGATES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     heartbeat_interval_s: _builtins.float
     """the interval the supervisor expects"""
     term: _builtins.int
+    takes_step_aggregates: _builtins.bool
+    """Issue 14: the supervisor takes a StepAggregate from an agent (one message per node per step);
+    an agent folds its ranks' step reports only when told so (an older supervisor is not).
+    """
     def __init__(
         self,
         *,
@@ -881,10 +886,11 @@ class Welcome(_message.Message):
         incarnation: _builtins.int = ...,
         heartbeat_interval_s: _builtins.float = ...,
         term: _builtins.int = ...,
+        takes_step_aggregates: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "incarnation", b"incarnation", "node_id", b"node_id", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "incarnation", b"incarnation", "node_id", b"node_id", "takes_step_aggregates", b"takes_step_aggregates", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

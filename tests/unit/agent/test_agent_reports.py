@@ -41,3 +41,63 @@ async def test_sticky_facts_outlive_their_send_until_a_newer_generation_and_repe
     assert [(m.rank_finished.rank, m.rank_finished.step) for m in again] == [(1, 10), (0, 12)]
     reports.forget_sticky_before(2)
     assert reports.sticky() == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ranked(rank: int, step_no: int, generation: int = 1, digest: str = "d") -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
+        generation=generation, rank=rank, step=step_no, step_time_s=1.0, compute_time_s=0.5, loss=0.1,
+        param_digest=digest))
+
+
+async def test_a_nodes_step_reports_go_as_one_aggregate_once_every_rank_reported():
+    clock = Clock()
+    reports = Reports(clock=clock)
+    reports.send(ranked(0, 7))
+    held = agent_pb2.AgentMessage(snapshot_report=agent_pb2.SnapshotReport(generation=1, rank=0, step=7))
+    reports.send(held)  # rank 0's snapshot of the step: the aggregate may overtake it
+    reports.send(ranked(1, 7))
+    message, items, hold_s = reports.take(expected_ranks=3)
+    assert (message, items) == (None, []) and 0 < hold_s <= 0.02  # rank 2 may follow: wait for it
+    reports.send(ranked(2, 7, digest="x"))
+    message, items, hold_s = reports.take(expected_ranks=3)
+    assert len(items) == 3 and hold_s == 0.0 and message is not None
+    aggregate = message.step_aggregate
+    assert (aggregate.generation, aggregate.step, list(aggregate.ranks)) == (1, 7, [0, 1, 2])
+    assert sorted((g.digest, list(g.indexes)) for g in aggregate.param_digests) == [("d", [0, 1]), ("x", [2])]
+    reports.done(items)
+    assert reports.take(expected_ranks=3) == (held, [held], 0.0)  # then the snapshot report, once
+
+
+async def test_a_missing_rank_delays_its_nodes_report_by_the_window_only_and_other_kinds_break_a_run():
+    clock = Clock()
+    reports = Reports(clock=clock)
+    reports.send(ranked(0, 7))
+    reports.send(ranked(0, 8))  # the same rank again: the next step, not this one's
+    clock.now += 0.021
+    message, items, _ = reports.take(expected_ranks=2)
+    assert len(items) == 1 and message is not None and message.step_report.step == 7  # alone, once the window closed
+    reports.done(items)
+    reports.send(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(rank=1)))
+    reports.send(ranked(1, 8))
+    clock.now += 0.021
+    message, items, _ = reports.take(expected_ranks=2)
+    assert len(items) == 1 and message is not None and message.step_report.rank == 0  # the exit sits between
+    reports.done(items)
+    message, _, _ = reports.take(expected_ranks=2)
+    assert message is not None and message.WhichOneof("kind") == "trainer_exit"  # never held back
+
+
+async def test_without_the_supervisors_word_nothing_is_folded():
+    reports = Reports(clock=Clock())
+    reports.send(ranked(0, 7))
+    reports.send(ranked(1, 7))
+    message, items, hold_s = reports.take(expected_ranks=0)  # an older supervisor: reports one by one
+    assert message is not None and message.WhichOneof("kind") == "step_report" and len(items) == 1 and hold_s == 0.0
