@@ -40,7 +40,8 @@ from typing import Any
 import grpc
 
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK
-from ftsup.harness.chaos import checks
+from ftsup.harness.chaos import attribution, checks
+from ftsup.harness.chaos.attribution import CONSUMES_NODE, RESTARTS, Steady
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.reference import ReferenceKey, trainer_base_argv
 from ftsup.harness.chaos.runner import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES, RECONNECT_GRACE_S, RunContext
@@ -50,15 +51,6 @@ from ftsup.v1 import events_pb2, operator_pb2
 
 KINDS = ("node_kill", "hung_trainer", "xid_79", "buddy_loss_in_handoff", "stream_cut", "trainer_crash")
 ETCD_KINDS = (*KINDS, "leader_kill")  # with --etcd: three replicas, the leader killed in turn
-# Kinds that end the generation (recovery = a later generation's first step); the others do not.
-RESTARTS = {"node_kill", "hung_trainer", "xid_79", "buddy_loss_in_handoff", "trainer_crash"}
-# Kinds that take a node out of the job for good: a fresh spare joins once the job recovered.
-CONSUMES_NODE = {"node_kill", "xid_79", "buddy_loss_in_handoff"}
-VERDICTS = {
-    "node_kill": ("node_declared_dead",), "hung_trainer": ("generation_ended",), "xid_79": ("xid_reported",),
-    "buddy_loss_in_handoff": ("node_declared_dead",), "stream_cut": (), "trainer_crash": ("generation_ended",),
-    "leader_kill": ("leader_elected",),
-}
 REPLICAS = 3  # with --etcd
 LEADER_KILL_STEPS = 40  # steps trained while a killed replica restarts and the soak waits for it
 HANG_FLAGS = ("--hang-multiple", "10", "--hang-floor-s", "3", "--hang-startup-s", "120")
@@ -99,6 +91,12 @@ class Failure:
     recovered_s: float | None = None
     lost_steps: int | None = None
     recovered_generation: int = 0
+    # The log's side of it (attribution.py): the last seq read before the fault, the record that
+    # ended the broken generation because of it (restarting kinds), the one that completed recovery.
+    break_seq: int = 0
+    cause_seq: int | None = None
+    recovered_seq: int | None = None
+    leader_term: int = 0  # leader_kill: the killed leader's term (recovery is committed in a newer one)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -339,10 +337,6 @@ class Soak:
             self.records[record.seq] = record
         return [self.records[s] for s in sorted(self.records)]
 
-    def members(self) -> list[str]:
-        started = checks.of_kind(self.fetch_records(), "generation_started")
-        return [m.node_id for m in started[-1].members] if started else []
-
     def usage(self, pid: int, metrics: str) -> Usage:
         rss, fds, threads = proc_usage(pid)
         tasks = scrape(metrics).get("ftsup_asyncio_tasks") if metrics else None
@@ -361,46 +355,48 @@ class Soak:
             out[node_id] = self.usage(self.cluster.agents[node_id].process.pid, self.metrics[node_id])
         return out
 
-    def wait_steady(self, generation_above: int, step_above: int) -> operator_pb2.GetStatusResponse:
-        """Training in a generation > `generation_above` (0: any), STEPS_BETWEEN steps past `step_above`."""
+    def wait_steady(self, generation_at_least: int, step_above: int) -> tuple[operator_pb2.GetStatusResponse, Steady]:
+        """Training in a generation >= `generation_at_least` that the leader's status and the log
+        agree runs, every member live and fit (attribution.steady_members), STEPS_BETWEEN steps
+        past `step_above`: the state a failure may be injected into."""
         assert self.cluster is not None
 
-        def steady() -> operator_pb2.GetStatusResponse | None:
+        def steady() -> tuple[operator_pb2.GetStatusResponse, Steady] | None:
             s = self.status()
-            is_past = (s is not None and s.phase == operator_pb2.JOB_PHASE_RUNNING
-                       and s.generation > generation_above and s.step >= step_above + STEPS_BETWEEN)
-            return s if is_past else None
+            if s is None or s.phase != operator_pb2.JOB_PHASE_RUNNING or s.generation < generation_at_least \
+                    or s.step < step_above + STEPS_BETWEEN:
+                return None
+            now = attribution.steady_members(self.fetch_records(), self.live_agents())
+            return (s, now) if now is not None and now.generation == s.generation else None
 
         return self.cluster.wait_for(
-            steady, self.ctx.timeout_s, f"training past step {step_above + STEPS_BETWEEN} in a generation > {generation_above}")
+            steady, self.ctx.timeout_s, f"training past step {step_above + STEPS_BETWEEN} in a generation >="
+            f" {generation_at_least} whose members are all live and fit")
 
     # -- the failures -----------------------------------------------------------------------------
-    def victim(self, kind: str, members: list[str]) -> str:
-        if kind == "leader_kill":
-            return "leader"
-        if kind in CONSUMES_NODE:  # never the protected node: it carries the start-to-end baseline
-            return [m for m in members if m != PROTECTED][-1]
-        return members[1]
-
-    def trainer_pid(self, node_id: str, generation: int) -> int:
+    def trainer_pid(self, node_id: str, rank: int, generation: int) -> int:
         assert self.cluster is not None
-        rank = self.members().index(node_id)
         pid = wait_until(lambda: self.cluster.trainer_pid(node_id, rank, generation), 30,  # type: ignore[union-attr]
                          f"the pid of rank {rank} of generation {generation} on {node_id}")
         return pid
 
-    def break_once(self, index: int, kind: str) -> Failure:
+    def break_once(self, index: int, kind: str, generation_at_least: int, step_above: int) -> Failure:
+        """Waits for a steady generation, breaks it once with `kind`, waits for this failure's own
+        recovery (attribution.attribute) and reads its figures from the records it owns."""
         assert self.cluster is not None
-        status = self.status()
-        assert status is not None
-        members = self.members()
-        node = self.victim(kind, members)
-        failure = Failure(index, kind, node, status.step, status.generation)
+        status, steady = self.wait_steady(generation_at_least, step_above)
+        node = attribution.pick_victim(kind, steady, PROTECTED)
+        if node is None:
+            raise ClusterError(f"failure {index} ({kind}): no member of generation {steady.generation} may be"
+                               f" taken ({', '.join(steady.members)}; {PROTECTED} is protected)")
+        # Anything the log appends from here on may be this fault's; what was read is not.
+        break_seq = max(self.records, default=0)
+        failure = Failure(index, kind, node, status.step, steady.generation, break_seq=break_seq)
         if kind == "node_kill":
             at = self.cluster.kill_node(node)
             failure.detail = "SIGKILL of the agent and its rank"
         elif kind in ("hung_trainer", "trainer_crash"):
-            pid = self.trainer_pid(node, status.generation)
+            pid = self.trainer_pid(node, steady.ranks[node], steady.generation)
             at = time.time()
             os.kill(pid, signal.SIGSTOP if kind == "hung_trainer" else signal.SIGKILL)
             failure.detail = f"{'SIGSTOP' if kind == 'hung_trainer' else 'SIGKILL'} of rank pid {pid}"
@@ -417,16 +413,17 @@ class Soak:
                 proxy.cut()
             failure.detail = "its agent's connections to the supervisor cut (EOF/reset both ways)"
         elif kind == "leader_kill":
-            at, failure.detail = self.kill_leader()
+            at, failure.leader_term, failure.detail = self.kill_leader()
         else:
             raise ValueError(f"unknown failure kind {kind!r}")
-        recovered = self.wait_recovered(failure, at)
-        records = self.fetch_records()
-        failure.detected_s = checks.first_time(records, VERDICTS[kind], at) if VERDICTS[kind] else None
-        failure.recovered_s = recovered.time_unix_s - at
-        failure.recovered_generation = (recovered.event.generation_running.generation if kind in RESTARTS
+        owned = self.wait_recovered(failure)
+        failure.detected_s = None if owned.verdict is None else owned.verdict.time_unix_s - at
+        failure.recovered_s = owned.recovery.time_unix_s - at
+        failure.recovered_seq = owned.recovery.seq
+        failure.cause_seq = None if owned.cause is None else owned.cause.seq
+        failure.recovered_generation = (owned.recovery.event.generation_running.generation if kind in RESTARTS
                                         else failure.generation)
-        failure.lost_steps = checks.lost_steps(records, at, failure.step)
+        failure.lost_steps = attribution.lost_steps(owned, failure.step)
         if kind in CONSUMES_NODE:
             if not self.cluster.agents[node].is_killed:
                 self.retire(node)
@@ -435,7 +432,7 @@ class Soak:
             self.add_spare()
         return failure
 
-    def kill_leader(self) -> tuple[float, str]:
+    def kill_leader(self) -> tuple[float, int, str]:
         """SIGKILLs the leading replica; once another leads, starts it again (as systemd would)."""
         cluster = self.cluster
         assert cluster is not None
@@ -445,7 +442,8 @@ class Soak:
                          "a new leader")
         cluster.restart_supervisor(leader.address)
         self.point_at_leader()
-        return at, f"SIGKILL of the leader replica {leader.address} (term {leader.term}), restarted as a follower"
+        return (at, int(leader.term),
+                f"SIGKILL of the leader replica {leader.address} (term {leader.term}), restarted as a follower")
 
     def point_at_leader(self) -> None:
         """Queries go to the leading replica: step progress and the job's phase are the leader's
@@ -474,23 +472,18 @@ class Soak:
                 break
         return self.cluster.kill_node(node), in_flight
 
-    def wait_recovered(self, failure: Failure, at: float) -> events_pb2.Record:
-        """The record that completes recovery: a later generation's first step (restarting kinds),
-        or a step committed after the fault (the others)."""
+    def wait_recovered(self, failure: Failure) -> attribution.Attribution:
+        """This failure's own recovery, attributed from the log's order (attribution.attribute):
+        for a restarting kind, a generation started after the record that ended the broken one
+        because of this fault ran its first step; for the others, a step committed after it."""
         assert self.cluster is not None
 
-        def done() -> events_pb2.Record | None:
-            for r in checks.after(self.fetch_records(), at):
-                if failure.kind in RESTARTS and checks.kind(r) == "generation_running" \
-                        and r.event.generation_running.generation > failure.generation:
-                    return r
-                if failure.kind not in RESTARTS and checks.kind(r) == "snapshot_committed" \
-                        and r.event.snapshot_committed.step > failure.step:
-                    return r
-            return None
+        def done() -> attribution.Attribution | None:
+            return attribution.attribute(failure.kind, failure.node, failure.generation, failure.step,
+                                         failure.break_seq, self.fetch_records(), failure.leader_term)
 
         return self.cluster.wait_for(done, self.ctx.timeout_s,
-                                     f"recovery from failure {failure.index} ({failure.kind})")
+                                     f"recovery from failure {failure.index} ({failure.kind} on {failure.node})")
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, on_failure: Callable[[Failure], None] = lambda _f: None) -> SoakResult:
@@ -522,12 +515,13 @@ class Soak:
         for _ in range(2):
             self.add_spare()
         self.point_at_leader()
-        status = self.wait_steady(0, 1)
+        status, _ = self.wait_steady(0, 1)
         self.wait_warm_pools()
         baseline = self.sample()
+        generation_at_least, step_above = 0, 1
         for index in range(self.count):
             kind = self.kinds[index % len(self.kinds)]
-            failure = self.break_once(index + 1, kind)
+            failure = self.break_once(index + 1, kind, generation_at_least, step_above)
             result.failures.append(failure)
             on_failure(failure)
             self.ctx.say(f"[soak] failure {index + 1}/{self.count} {kind} on {failure.node}: "
@@ -536,7 +530,10 @@ class Soak:
             if status.phase == operator_pb2.JOB_PHASE_COMPLETED:
                 result.problems.append(f"the job completed after {index + 1} of {self.count} failures: too few steps")
                 break
-            status = self.wait_steady(0 if kind not in RESTARTS else failure.generation, failure.step)
+            # The next failure waits (in break_once) for the generation this one recovered into.
+            generation_at_least, step_above = failure.recovered_generation, failure.step
+        else:
+            status, _ = self.wait_steady(generation_at_least, step_above)
         self.wait_warm_pools()
         end = self.sample()
         for who, base in baseline.items():
