@@ -42,6 +42,7 @@ import grpc
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK
 from ftsup.harness.chaos import attribution, checks
 from ftsup.harness.chaos.attribution import CONSUMES_NODE, RESTARTS, Steady
+from ftsup.harness.chaos.log_follower import LogFollower
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.reference import ReferenceKey, trainer_base_argv
 from ftsup.harness.chaos.runner import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES, RECONNECT_GRACE_S, RunContext
@@ -116,7 +117,7 @@ class SoakResult:
     steps: int = 0
     duration_s: float = 0.0
     workdir: str = ""
-    compacted_unread: int = 0  # records compacted before the soak read them (etcd; see fetch_records)
+    compacted_unread: int = 0  # records compacted before the soak read them (etcd; see log_follower.py)
 
     def summary(self) -> dict[str, Any]:
         return {"soak": True, "passed": self.passed, "failures": len(self.failures), "steps": self.steps,
@@ -257,12 +258,10 @@ class Soak:
         self.workdir = ctx.workdir / "soak"
         self.proxies: dict[str, list[PartitionProxy]] = {}  # node -> one proxy per supervisor replica
         self.metrics: dict[str, str] = {}
-        self.records: dict[int, events_pb2.Record] = {}
+        self.follower: LogFollower | None = None  # the soak's copy of the log, set when the run starts
         self.spares_started = 0
         self.cluster: LocalCluster | None = None
         self.supervisor_metrics = ""  # the supervisor's /metrics address, set when the run starts
-        self.compacted_unread: set[int] = set()  # seqs compacted before a read reached them (etcd)
-        self.read_problems: list[str] = []
 
     # -- the cluster ------------------------------------------------------------------------------
     def spec(self) -> ClusterSpec:
@@ -317,25 +316,9 @@ class Soak:
             return None
 
     def fetch_records(self) -> list[events_pb2.Record]:
-        """Every record seen so far: read incrementally, so compaction rarely hides one from the checks.
-
-        The etcd log compacts records a snapshot covers as soon as it is taken (the embedded one
-        drops whole 64 MiB segments, which a soak never fills), so there a read can start past
-        `since`: those records were compacted before the soak could read them, which the log's
-        contract allows. They are counted (`compacted_unread`); a hole inside one read is a problem."""
-        assert self.cluster is not None
-        since = max(self.records, default=0) + 1
-        batch: list[events_pb2.Record] = []
-        with contextlib.suppress(grpc.RpcError):
-            batch = self.cluster.events(since)
-        if batch:
-            self.compacted_unread.update(range(since, batch[0].seq))
-            seqs = [r.seq for r in batch]
-            if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
-                self.read_problems.append(f"one read of the event log from seq {since} has holes or repeats")
-        for record in batch:
-            self.records[record.seq] = record
-        return [self.records[s] for s in sorted(self.records)]
+        """Every record seen so far (log_follower.py keeps them as they are appended)."""
+        assert self.follower is not None
+        return self.follower.records()
 
     def usage(self, pid: int, metrics: str) -> Usage:
         rss, fds, threads = proc_usage(pid)
@@ -355,19 +338,22 @@ class Soak:
             out[node_id] = self.usage(self.cluster.agents[node_id].process.pid, self.metrics[node_id])
         return out
 
-    def wait_steady(self, generation_at_least: int, step_above: int) -> tuple[operator_pb2.GetStatusResponse, Steady]:
+    def wait_steady(self, generation_at_least: int,
+                    step_above: int) -> tuple[operator_pb2.GetStatusResponse, Steady, int]:
         """Training in a generation >= `generation_at_least` that the leader's status and the log
         agree runs, every member live and fit (attribution.steady_members), STEPS_BETWEEN steps
-        past `step_above`: the state a failure may be injected into."""
+        past `step_above`: the state a failure may be injected into. Also the last seq of the
+        records that decided it: what the log appends after it may be the next fault's doing."""
         assert self.cluster is not None
 
-        def steady() -> tuple[operator_pb2.GetStatusResponse, Steady] | None:
+        def steady() -> tuple[operator_pb2.GetStatusResponse, Steady, int] | None:
             s = self.status()
             if s is None or s.phase != operator_pb2.JOB_PHASE_RUNNING or s.generation < generation_at_least \
                     or s.step < step_above + STEPS_BETWEEN:
                 return None
-            now = attribution.steady_members(self.fetch_records(), self.live_agents())
-            return (s, now) if now is not None and now.generation == s.generation else None
+            records = self.fetch_records()
+            now = attribution.steady_members(records, self.live_agents())
+            return (s, now, records[-1].seq) if now is not None and now.generation == s.generation else None
 
         return self.cluster.wait_for(
             steady, self.ctx.timeout_s, f"training past step {step_above + STEPS_BETWEEN} in a generation >="
@@ -384,13 +370,11 @@ class Soak:
         """Waits for a steady generation, breaks it once with `kind`, waits for this failure's own
         recovery (attribution.attribute) and reads its figures from the records it owns."""
         assert self.cluster is not None
-        status, steady = self.wait_steady(generation_at_least, step_above)
+        status, steady, break_seq = self.wait_steady(generation_at_least, step_above)
         node = attribution.pick_victim(kind, steady, PROTECTED)
         if node is None:
             raise ClusterError(f"failure {index} ({kind}): no member of generation {steady.generation} may be"
                                f" taken ({', '.join(steady.members)}; {PROTECTED} is protected)")
-        # Anything the log appends from here on may be this fault's; what was read is not.
-        break_seq = max(self.records, default=0)
         failure = Failure(index, kind, node, status.step, steady.generation, break_seq=break_seq)
         if kind == "node_kill":
             at = self.cluster.kill_node(node)
@@ -500,6 +484,8 @@ class Soak:
                 try:
                     self._run(cluster, result, on_failure)
                 finally:
+                    if self.follower is not None:
+                        self.follower.stop()
                     for node_id in list(self.proxies):
                         self.close_proxies(node_id)
         except ClusterError as exc:
@@ -510,12 +496,14 @@ class Soak:
 
     def _run(self, cluster: LocalCluster, result: SoakResult, on_failure: Callable[[Failure], None]) -> None:
         cluster.start_supervisor_only()
+        self.follower = LogFollower(lambda: cluster.address)  # from the first record on
+        self.follower.start()
         for i in range(NODES):
             self.start_agent(f"node-{i + 1}", "active")
         for _ in range(2):
             self.add_spare()
         self.point_at_leader()
-        status, _ = self.wait_steady(0, 1)
+        status, _, _ = self.wait_steady(0, 1)
         self.wait_warm_pools()
         baseline = self.sample()
         generation_at_least, step_above = 0, 1
@@ -533,7 +521,7 @@ class Soak:
             # The next failure waits (in break_once) for the generation this one recovered into.
             generation_at_least, step_above = failure.recovered_generation, failure.step
         else:
-            status, _ = self.wait_steady(generation_at_least, step_above)
+            status, _, _ = self.wait_steady(generation_at_least, step_above)
         self.wait_warm_pools()
         end = self.sample()
         for who, base in baseline.items():
@@ -542,7 +530,6 @@ class Soak:
         result.baselines = {who: {"baseline": asdict(base), "end": asdict(end[who]) if who in end else None}
                             for who, base in baseline.items()}
         def completed() -> operator_pb2.GetStatusResponse | None:
-            self.fetch_records()  # keep reading while it trains on: compaction drops what is not read
             s = self.status()
             return s if s is not None and s.phase == operator_pb2.JOB_PHASE_COMPLETED else None
 
@@ -550,9 +537,9 @@ class Soak:
         result.problems += self.store_problems()
         records = self.fetch_records()
         if self.use_etcd:  # holes the soak could not read are compaction's; etcd's own keys are checked
-            result.problems += self.read_problems
-            result.compacted_unread = len(self.compacted_unread)
-            result.problems += checks.gap_problems(compaction_filled(records, self.compacted_unread))
+            result.problems += self.follower.read_problems
+            result.compacted_unread = len(self.follower.compacted_unread)
+            result.problems += checks.gap_problems(compaction_filled(records, self.follower.compacted_unread))
         else:
             result.problems += checks.gap_problems(records)
         result.problems += restarts_without_progress(records)
@@ -605,7 +592,7 @@ class Soak:
         or etcd's keys under the job's prefix (etcd_bound_problems)."""
         assert self.cluster is not None
         try:
-            head = self.cluster.events(max(self.records, default=1))[-1].seq
+            head = self.cluster.events(max(self.follower.head(), 1))[-1].seq
         except (grpc.RpcError, IndexError) as exc:
             return [f"could not read the event log's head: {exc}"]
         if self.use_etcd:
