@@ -361,10 +361,10 @@ class Soak:
 
     # -- the failures -----------------------------------------------------------------------------
     def trainer_pid(self, node_id: str, rank: int, generation: int) -> int:
-        assert self.cluster is not None
-        pid = wait_until(lambda: self.cluster.trainer_pid(node_id, rank, generation), 30,  # type: ignore[union-attr]
-                         f"the pid of rank {rank} of generation {generation} on {node_id}")
-        return pid
+        cluster = self.cluster
+        assert cluster is not None
+        return wait_until(lambda: cluster.trainer_pid(node_id, rank, generation), 30,
+                          f"the pid of rank {rank} of generation {generation} on {node_id}")
 
     def break_once(self, index: int, kind: str, generation_at_least: int, step_above: int) -> Failure:
         """Waits for a steady generation, breaks it once with `kind`, waits for this failure's own
@@ -496,8 +496,8 @@ class Soak:
 
     def _run(self, cluster: LocalCluster, result: SoakResult, on_failure: Callable[[Failure], None]) -> None:
         cluster.start_supervisor_only()
-        self.follower = LogFollower(lambda: cluster.address)  # from the first record on
-        self.follower.start()
+        self.follower = follower = LogFollower(lambda: cluster.address)  # from the first record on
+        follower.start()
         for i in range(NODES):
             self.start_agent(f"node-{i + 1}", "active")
         for _ in range(2):
@@ -536,10 +536,10 @@ class Soak:
         final = cluster.wait_for(completed, self.ctx.timeout_s, "the job to complete after the last failure")
         result.problems += self.store_problems()
         records = self.fetch_records()
+        result.problems += follower.read_problems
         if self.use_etcd:  # holes the soak could not read are compaction's; etcd's own keys are checked
-            result.problems += self.follower.read_problems
-            result.compacted_unread = len(self.follower.compacted_unread)
-            result.problems += checks.gap_problems(compaction_filled(records, self.follower.compacted_unread))
+            result.compacted_unread = len(follower.compacted_unread)
+            result.problems += checks.gap_problems(compaction_filled(records, follower.compacted_unread))
         else:
             result.problems += checks.gap_problems(records)
         result.problems += restarts_without_progress(records)
@@ -590,7 +590,7 @@ class Soak:
     def log_problems(self) -> list[str]:
         """The event log within its compaction bound: the embedded one on disk (log_bound_problems),
         or etcd's keys under the job's prefix (etcd_bound_problems)."""
-        assert self.cluster is not None
+        assert self.cluster is not None and self.follower is not None
         try:
             head = self.cluster.events(max(self.follower.head(), 1))[-1].seq
         except (grpc.RpcError, IndexError) as exc:
