@@ -40,7 +40,9 @@ from typing import Any
 import grpc
 
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK
-from ftsup.harness.chaos import checks
+from ftsup.harness.chaos import attribution, checks
+from ftsup.harness.chaos.attribution import CONSUMES_NODE, RESTARTS, Steady
+from ftsup.harness.chaos.log_follower import LogFollower
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.chaos.reference import ReferenceKey, trainer_base_argv
 from ftsup.harness.chaos.runner import HEARTBEAT_INTERVAL_S, HEARTBEAT_MISSES, RECONNECT_GRACE_S, RunContext
@@ -50,15 +52,6 @@ from ftsup.v1 import events_pb2, operator_pb2
 
 KINDS = ("node_kill", "hung_trainer", "xid_79", "buddy_loss_in_handoff", "stream_cut", "trainer_crash")
 ETCD_KINDS = (*KINDS, "leader_kill")  # with --etcd: three replicas, the leader killed in turn
-# Kinds that end the generation (recovery = a later generation's first step); the others do not.
-RESTARTS = {"node_kill", "hung_trainer", "xid_79", "buddy_loss_in_handoff", "trainer_crash"}
-# Kinds that take a node out of the job for good: a fresh spare joins once the job recovered.
-CONSUMES_NODE = {"node_kill", "xid_79", "buddy_loss_in_handoff"}
-VERDICTS = {
-    "node_kill": ("node_declared_dead",), "hung_trainer": ("generation_ended",), "xid_79": ("xid_reported",),
-    "buddy_loss_in_handoff": ("node_declared_dead",), "stream_cut": (), "trainer_crash": ("generation_ended",),
-    "leader_kill": ("leader_elected",),
-}
 REPLICAS = 3  # with --etcd
 LEADER_KILL_STEPS = 40  # steps trained while a killed replica restarts and the soak waits for it
 HANG_FLAGS = ("--hang-multiple", "10", "--hang-floor-s", "3", "--hang-startup-s", "120")
@@ -99,6 +92,12 @@ class Failure:
     recovered_s: float | None = None
     lost_steps: int | None = None
     recovered_generation: int = 0
+    # The log's side of it (attribution.py): the last seq read before the fault, the record that
+    # ended the broken generation because of it (restarting kinds), the one that completed recovery.
+    break_seq: int = 0
+    cause_seq: int | None = None
+    recovered_seq: int | None = None
+    leader_term: int = 0  # leader_kill: the killed leader's term (recovery is committed in a newer one)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -118,7 +117,7 @@ class SoakResult:
     steps: int = 0
     duration_s: float = 0.0
     workdir: str = ""
-    compacted_unread: int = 0  # records compacted before the soak read them (etcd; see fetch_records)
+    compacted_unread: int = 0  # records compacted before the soak read them (etcd; see log_follower.py)
 
     def summary(self) -> dict[str, Any]:
         return {"soak": True, "passed": self.passed, "failures": len(self.failures), "steps": self.steps,
@@ -259,12 +258,10 @@ class Soak:
         self.workdir = ctx.workdir / "soak"
         self.proxies: dict[str, list[PartitionProxy]] = {}  # node -> one proxy per supervisor replica
         self.metrics: dict[str, str] = {}
-        self.records: dict[int, events_pb2.Record] = {}
+        self.follower: LogFollower | None = None  # the soak's copy of the log, set when the run starts
         self.spares_started = 0
         self.cluster: LocalCluster | None = None
         self.supervisor_metrics = ""  # the supervisor's /metrics address, set when the run starts
-        self.compacted_unread: set[int] = set()  # seqs compacted before a read reached them (etcd)
-        self.read_problems: list[str] = []
 
     # -- the cluster ------------------------------------------------------------------------------
     def spec(self) -> ClusterSpec:
@@ -319,29 +316,9 @@ class Soak:
             return None
 
     def fetch_records(self) -> list[events_pb2.Record]:
-        """Every record seen so far: read incrementally, so compaction rarely hides one from the checks.
-
-        The etcd log compacts records a snapshot covers as soon as it is taken (the embedded one
-        drops whole 64 MiB segments, which a soak never fills), so there a read can start past
-        `since`: those records were compacted before the soak could read them, which the log's
-        contract allows. They are counted (`compacted_unread`); a hole inside one read is a problem."""
-        assert self.cluster is not None
-        since = max(self.records, default=0) + 1
-        batch: list[events_pb2.Record] = []
-        with contextlib.suppress(grpc.RpcError):
-            batch = self.cluster.events(since)
-        if batch:
-            self.compacted_unread.update(range(since, batch[0].seq))
-            seqs = [r.seq for r in batch]
-            if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
-                self.read_problems.append(f"one read of the event log from seq {since} has holes or repeats")
-        for record in batch:
-            self.records[record.seq] = record
-        return [self.records[s] for s in sorted(self.records)]
-
-    def members(self) -> list[str]:
-        started = checks.of_kind(self.fetch_records(), "generation_started")
-        return [m.node_id for m in started[-1].members] if started else []
+        """Every record seen so far (log_follower.py keeps them as they are appended)."""
+        assert self.follower is not None
+        return self.follower.records()
 
     def usage(self, pid: int, metrics: str) -> Usage:
         rss, fds, threads = proc_usage(pid)
@@ -361,46 +338,49 @@ class Soak:
             out[node_id] = self.usage(self.cluster.agents[node_id].process.pid, self.metrics[node_id])
         return out
 
-    def wait_steady(self, generation_above: int, step_above: int) -> operator_pb2.GetStatusResponse:
-        """Training in a generation > `generation_above` (0: any), STEPS_BETWEEN steps past `step_above`."""
+    def wait_steady(self, generation_at_least: int,
+                    step_above: int) -> tuple[operator_pb2.GetStatusResponse, Steady, int]:
+        """Training in a generation >= `generation_at_least` that the leader's status and the log
+        agree runs, every member live and fit (attribution.steady_members), STEPS_BETWEEN steps
+        past `step_above`: the state a failure may be injected into. Also the last seq of the
+        records that decided it: what the log appends after it may be the next fault's doing."""
         assert self.cluster is not None
 
-        def steady() -> operator_pb2.GetStatusResponse | None:
+        def steady() -> tuple[operator_pb2.GetStatusResponse, Steady, int] | None:
             s = self.status()
-            is_past = (s is not None and s.phase == operator_pb2.JOB_PHASE_RUNNING
-                       and s.generation > generation_above and s.step >= step_above + STEPS_BETWEEN)
-            return s if is_past else None
+            if s is None or s.phase != operator_pb2.JOB_PHASE_RUNNING or s.generation < generation_at_least \
+                    or s.step < step_above + STEPS_BETWEEN:
+                return None
+            records = self.fetch_records()
+            now = attribution.steady_members(records, self.live_agents())
+            return (s, now, records[-1].seq) if now is not None and now.generation == s.generation else None
 
         return self.cluster.wait_for(
-            steady, self.ctx.timeout_s, f"training past step {step_above + STEPS_BETWEEN} in a generation > {generation_above}")
+            steady, self.ctx.timeout_s, f"training past step {step_above + STEPS_BETWEEN} in a generation >="
+            f" {generation_at_least} whose members are all live and fit")
 
     # -- the failures -----------------------------------------------------------------------------
-    def victim(self, kind: str, members: list[str]) -> str:
-        if kind == "leader_kill":
-            return "leader"
-        if kind in CONSUMES_NODE:  # never the protected node: it carries the start-to-end baseline
-            return [m for m in members if m != PROTECTED][-1]
-        return members[1]
+    def trainer_pid(self, node_id: str, rank: int, generation: int) -> int:
+        cluster = self.cluster
+        assert cluster is not None
+        return wait_until(lambda: cluster.trainer_pid(node_id, rank, generation), 30,
+                          f"the pid of rank {rank} of generation {generation} on {node_id}")
 
-    def trainer_pid(self, node_id: str, generation: int) -> int:
+    def break_once(self, index: int, kind: str, generation_at_least: int, step_above: int) -> Failure:
+        """Waits for a steady generation, breaks it once with `kind`, waits for this failure's own
+        recovery (attribution.attribute) and reads its figures from the records it owns."""
         assert self.cluster is not None
-        rank = self.members().index(node_id)
-        pid = wait_until(lambda: self.cluster.trainer_pid(node_id, rank, generation), 30,  # type: ignore[union-attr]
-                         f"the pid of rank {rank} of generation {generation} on {node_id}")
-        return pid
-
-    def break_once(self, index: int, kind: str) -> Failure:
-        assert self.cluster is not None
-        status = self.status()
-        assert status is not None
-        members = self.members()
-        node = self.victim(kind, members)
-        failure = Failure(index, kind, node, status.step, status.generation)
+        status, steady, break_seq = self.wait_steady(generation_at_least, step_above)
+        node = attribution.pick_victim(kind, steady, PROTECTED)
+        if node is None:
+            raise ClusterError(f"failure {index} ({kind}): no member of generation {steady.generation} may be"
+                               f" taken ({', '.join(steady.members)}; {PROTECTED} is protected)")
+        failure = Failure(index, kind, node, status.step, steady.generation, break_seq=break_seq)
         if kind == "node_kill":
             at = self.cluster.kill_node(node)
             failure.detail = "SIGKILL of the agent and its rank"
         elif kind in ("hung_trainer", "trainer_crash"):
-            pid = self.trainer_pid(node, status.generation)
+            pid = self.trainer_pid(node, steady.ranks[node], steady.generation)
             at = time.time()
             os.kill(pid, signal.SIGSTOP if kind == "hung_trainer" else signal.SIGKILL)
             failure.detail = f"{'SIGSTOP' if kind == 'hung_trainer' else 'SIGKILL'} of rank pid {pid}"
@@ -417,16 +397,17 @@ class Soak:
                 proxy.cut()
             failure.detail = "its agent's connections to the supervisor cut (EOF/reset both ways)"
         elif kind == "leader_kill":
-            at, failure.detail = self.kill_leader()
+            at, failure.leader_term, failure.detail = self.kill_leader()
         else:
             raise ValueError(f"unknown failure kind {kind!r}")
-        recovered = self.wait_recovered(failure, at)
-        records = self.fetch_records()
-        failure.detected_s = checks.first_time(records, VERDICTS[kind], at) if VERDICTS[kind] else None
-        failure.recovered_s = recovered.time_unix_s - at
-        failure.recovered_generation = (recovered.event.generation_running.generation if kind in RESTARTS
+        owned = self.wait_recovered(failure)
+        failure.detected_s = None if owned.verdict is None else owned.verdict.time_unix_s - at
+        failure.recovered_s = owned.recovery.time_unix_s - at
+        failure.recovered_seq = owned.recovery.seq
+        failure.cause_seq = None if owned.cause is None else owned.cause.seq
+        failure.recovered_generation = (owned.recovery.event.generation_running.generation if kind in RESTARTS
                                         else failure.generation)
-        failure.lost_steps = checks.lost_steps(records, at, failure.step)
+        failure.lost_steps = attribution.lost_steps(owned, failure.step)
         if kind in CONSUMES_NODE:
             if not self.cluster.agents[node].is_killed:
                 self.retire(node)
@@ -435,7 +416,7 @@ class Soak:
             self.add_spare()
         return failure
 
-    def kill_leader(self) -> tuple[float, str]:
+    def kill_leader(self) -> tuple[float, int, str]:
         """SIGKILLs the leading replica; once another leads, starts it again (as systemd would)."""
         cluster = self.cluster
         assert cluster is not None
@@ -445,7 +426,8 @@ class Soak:
                          "a new leader")
         cluster.restart_supervisor(leader.address)
         self.point_at_leader()
-        return at, f"SIGKILL of the leader replica {leader.address} (term {leader.term}), restarted as a follower"
+        return (at, int(leader.term),
+                f"SIGKILL of the leader replica {leader.address} (term {leader.term}), restarted as a follower")
 
     def point_at_leader(self) -> None:
         """Queries go to the leading replica: step progress and the job's phase are the leader's
@@ -474,23 +456,18 @@ class Soak:
                 break
         return self.cluster.kill_node(node), in_flight
 
-    def wait_recovered(self, failure: Failure, at: float) -> events_pb2.Record:
-        """The record that completes recovery: a later generation's first step (restarting kinds),
-        or a step committed after the fault (the others)."""
+    def wait_recovered(self, failure: Failure) -> attribution.Attribution:
+        """This failure's own recovery, attributed from the log's order (attribution.attribute):
+        for a restarting kind, a generation started after the record that ended the broken one
+        because of this fault ran its first step; for the others, a step committed after it."""
         assert self.cluster is not None
 
-        def done() -> events_pb2.Record | None:
-            for r in checks.after(self.fetch_records(), at):
-                if failure.kind in RESTARTS and checks.kind(r) == "generation_running" \
-                        and r.event.generation_running.generation > failure.generation:
-                    return r
-                if failure.kind not in RESTARTS and checks.kind(r) == "snapshot_committed" \
-                        and r.event.snapshot_committed.step > failure.step:
-                    return r
-            return None
+        def done() -> attribution.Attribution | None:
+            return attribution.attribute(failure.kind, failure.node, failure.generation, failure.step,
+                                         failure.break_seq, self.fetch_records(), failure.leader_term)
 
         return self.cluster.wait_for(done, self.ctx.timeout_s,
-                                     f"recovery from failure {failure.index} ({failure.kind})")
+                                     f"recovery from failure {failure.index} ({failure.kind} on {failure.node})")
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, on_failure: Callable[[Failure], None] = lambda _f: None) -> SoakResult:
@@ -507,6 +484,8 @@ class Soak:
                 try:
                     self._run(cluster, result, on_failure)
                 finally:
+                    if self.follower is not None:
+                        self.follower.stop()
                     for node_id in list(self.proxies):
                         self.close_proxies(node_id)
         except ClusterError as exc:
@@ -517,17 +496,20 @@ class Soak:
 
     def _run(self, cluster: LocalCluster, result: SoakResult, on_failure: Callable[[Failure], None]) -> None:
         cluster.start_supervisor_only()
+        self.follower = follower = LogFollower(lambda: cluster.address)  # from the first record on
+        follower.start()
         for i in range(NODES):
             self.start_agent(f"node-{i + 1}", "active")
         for _ in range(2):
             self.add_spare()
         self.point_at_leader()
-        status = self.wait_steady(0, 1)
+        status, _, _ = self.wait_steady(0, 1)
         self.wait_warm_pools()
         baseline = self.sample()
+        generation_at_least, step_above = 0, 1
         for index in range(self.count):
             kind = self.kinds[index % len(self.kinds)]
-            failure = self.break_once(index + 1, kind)
+            failure = self.break_once(index + 1, kind, generation_at_least, step_above)
             result.failures.append(failure)
             on_failure(failure)
             self.ctx.say(f"[soak] failure {index + 1}/{self.count} {kind} on {failure.node}: "
@@ -536,7 +518,10 @@ class Soak:
             if status.phase == operator_pb2.JOB_PHASE_COMPLETED:
                 result.problems.append(f"the job completed after {index + 1} of {self.count} failures: too few steps")
                 break
-            status = self.wait_steady(0 if kind not in RESTARTS else failure.generation, failure.step)
+            # The next failure waits (in break_once) for the generation this one recovered into.
+            generation_at_least, step_above = failure.recovered_generation, failure.step
+        else:
+            status, _, _ = self.wait_steady(generation_at_least, step_above)
         self.wait_warm_pools()
         end = self.sample()
         for who, base in baseline.items():
@@ -545,17 +530,16 @@ class Soak:
         result.baselines = {who: {"baseline": asdict(base), "end": asdict(end[who]) if who in end else None}
                             for who, base in baseline.items()}
         def completed() -> operator_pb2.GetStatusResponse | None:
-            self.fetch_records()  # keep reading while it trains on: compaction drops what is not read
             s = self.status()
             return s if s is not None and s.phase == operator_pb2.JOB_PHASE_COMPLETED else None
 
         final = cluster.wait_for(completed, self.ctx.timeout_s, "the job to complete after the last failure")
         result.problems += self.store_problems()
         records = self.fetch_records()
+        result.problems += follower.read_problems
         if self.use_etcd:  # holes the soak could not read are compaction's; etcd's own keys are checked
-            result.problems += self.read_problems
-            result.compacted_unread = len(self.compacted_unread)
-            result.problems += checks.gap_problems(compaction_filled(records, self.compacted_unread))
+            result.compacted_unread = len(follower.compacted_unread)
+            result.problems += checks.gap_problems(compaction_filled(records, follower.compacted_unread))
         else:
             result.problems += checks.gap_problems(records)
         result.problems += restarts_without_progress(records)
@@ -606,9 +590,9 @@ class Soak:
     def log_problems(self) -> list[str]:
         """The event log within its compaction bound: the embedded one on disk (log_bound_problems),
         or etcd's keys under the job's prefix (etcd_bound_problems)."""
-        assert self.cluster is not None
+        assert self.cluster is not None and self.follower is not None
         try:
-            head = self.cluster.events(max(self.records, default=1))[-1].seq
+            head = self.cluster.events(max(self.follower.head(), 1))[-1].seq
         except (grpc.RpcError, IndexError) as exc:
             return [f"could not read the event log's head: {exc}"]
         if self.use_etcd:
