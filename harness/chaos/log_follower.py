@@ -32,7 +32,7 @@ class LogFollower:
         self.compacted_unread: set[int] = set()
         self.read_problems: list[str] = []
         self._stopping = threading.Event()
-        self._call: grpc.Future | None = None  # the stream now open, cancelled by stop()
+        self._call: grpc.RpcContext | None = None  # the stream now open, cancelled by stop()
         self._thread = threading.Thread(target=self._run, name="soak-log-follower", daemon=True)
 
     def start(self) -> None:
