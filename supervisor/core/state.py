@@ -349,4 +349,4 @@ class SoftState:
     # recompute timeout from then (a new leader gives every open check a full timeout)
     sdc_check_seen_s: dict[str, float] = field(default_factory=dict)
     # The planners' objects from recent plans (plan_memo.py): plans equal without it, only slower.
-    plan_memo: PlanMemo = field(default_factory=PlanMemo)
+    plan_memo: PlanMemo = field(default_factory=PlanMemo, compare=False, repr=False)

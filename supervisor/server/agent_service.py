@@ -22,6 +22,7 @@ from ftsup.common import logs
 from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
+from ftsup.supervisor.core.limits import MAX_TEXT
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
@@ -98,7 +99,7 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
     if kind == "snapshot_memory":
         m = message.snapshot_memory
         return inputs.SnapshotMemoryReport(node_id, m.limit_bytes, m.derived_bytes if m.HasField("derived_bytes") else None,
-                                           m.basis, m.ranks, m.reason[:MAX_OUTPUT_TAIL])
+                                           m.basis, m.ranks, m.reason[:MAX_TEXT])
     if kind == "sdc_check_result":
         c = message.sdc_check_result
         # Every recomputed digest is the sender's own: the node id comes from the stream, never the message.

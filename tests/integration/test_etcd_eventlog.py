@@ -17,6 +17,7 @@ from ftsup.supervisor.core.events import NodeCleared
 from ftsup.supervisor.eventlog.api import Deposed, Fenced, LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.eventlog.etcd_blobs import POINTER_MAGIC, decode_pointer
+from tests.support.async_wait import eventually
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventlog_contract import CONTRACT
 
@@ -32,14 +33,6 @@ async def client(etcd: EtcdCluster) -> AsyncIterator[aetcd.Client]:
 
 def ev(i: int, writer: str = "w") -> NodeCleared:
     return NodeCleared(writer, str(i))
-
-
-async def eventually(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=[c.__name__ for c in CONTRACT])

@@ -21,6 +21,7 @@ from ftsup.supervisor.eventlog.api import Deposed, Fenced, LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.eventlog.etcd_blobs import POINTER_MAGIC
 from ftsup.supervisor.eventlog.etcd_spans import SPAN_MAGIC
+from tests.support.async_wait import eventually
 from tests.support.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.integration
@@ -48,14 +49,6 @@ def batch(first: int, count: int, *, big_every: int = 0) -> list[NodeCleared]:
 async def log_keys(client: aetcd.Client, prefix: str) -> dict[int, aetcd.KeyValue]:
     root = f"{prefix}/log/".encode()
     return {int(kv.key[len(root):]): kv for kv in await client.get_prefix(root)}
-
-
-async def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_an_append_of_a_thousand_events_commits_in_one_transaction_and_reads_back_identically(
@@ -121,7 +114,7 @@ async def test_compaction_across_a_span_keeps_the_records_no_snapshot_covers(cli
         assert await writer.collect_garbage() == 0
         expected = [*batch(101, 210, big_every=50), *batch(311, 5)]
         assert writer.first_seq == 101 and [r.event for r in writer.read(101)] == expected
-        await wait_for(lambda: follower.first_seq == 101, 10, "the follower saw the compaction")
+        await eventually(lambda: follower.first_seq == 101, 10, "the follower saw the compaction")
         assert list(follower.read(101)) == list(writer.read(101))
         fresh = await EtcdLog.open(client, etcd_prefix, **SMALL)
         assert (fresh.first_seq, fresh.head_seq) == (101, 315), "a reader skips what compaction covered"
@@ -195,7 +188,7 @@ async def test_span_appends_lose_nothing_across_an_etcd_leader_kill_and_a_superv
         for n in range(rounds):
             expected.extend(batch(n * per_round + 1, per_round, big_every=97))
         expected.extend(batch(head + 1, 1000))
-        await wait_for(lambda: follower.head_seq == head + 1000, 20, "the follower caught up")
+        await eventually(lambda: follower.head_seq == head + 1000, 20, "the follower caught up")
         assert [r.event for r in follower.read()] == expected
         assert [r.term for r in follower.read()] == [term_a] * head + [term_b] * 1000
         assert list(b.read()) == list(follower.read())
