@@ -29,7 +29,7 @@ from ftsup.supervisor.core.events import (
     Record,
     SnapshotCommitted,
 )
-from ftsup.supervisor.core.inputs import Heartbeat, Input, StepAggregate, StepReport
+from ftsup.supervisor.core.inputs import HeardFrom, Heartbeat, Input, StepAggregate, StepReport
 from ftsup.supervisor.server.log_digest import LogDigest
 
 if TYPE_CHECKING:
@@ -121,6 +121,8 @@ class SupervisorMetrics:
         self.inputs.labels(kind).inc()
         if isinstance(inp, Heartbeat):
             self.heartbeats.inc()
+        elif isinstance(inp, HeardFrom):
+            self.heartbeats.inc(len(inp.node_ids))  # (each node named was heard at least once)
         elif isinstance(inp, StepReport):
             self._on_step_report(inp)
         elif isinstance(inp, StepAggregate):

@@ -20,7 +20,7 @@ from ftsup.supervisor import codec
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.directives import Directive, directives_for
 from ftsup.supervisor.core.events import Record
-from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
+from ftsup.supervisor.core.inputs import AgentHello, HeardFrom, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
 from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
@@ -258,11 +258,14 @@ class Runtime:
             if isinstance(inp, AgentHello) and inp.node_id not in named:
                 batch.append(pending)
                 named.add(inp.node_id)
-            elif isinstance(inp, Heartbeat) and inp.node_id not in named:
+            elif isinstance(inp, HeardFrom) or (isinstance(inp, Heartbeat) and inp.node_id not in named):
+                # (a summary naming a Hello's node is harmless: being heard before the Hello is
+                # observed refreshes the old soft state the Hello then replaces)
                 try:
                     outcome = await self._handle(inp, pending.at_s)
                 except Exception as exc:  # as in run()
-                    log.exception("input handling failed", input="Heartbeat", node_id=inp.node_id)
+                    log.exception("input handling failed", input=type(inp).__name__,
+                                  node_id=getattr(inp, "node_id", None))
                     outcome = Outcome(refusal=f"internal error: {exc}", is_retryable=True)
                 _reply(pending, outcome)
             else:
@@ -301,7 +304,7 @@ class Runtime:
         self._count(inp, ready.refusal)
         if ready.refusal is not None:
             return _refused(ready.refusal)
-        if isinstance(inp, Heartbeat):
+        if isinstance(inp, (Heartbeat, HeardFrom)):
             return Outcome()  # the hot path: soft state only, nothing to persist or push
         return await self._enact(ready, [inp] if isinstance(inp, AgentHello) else [])
 

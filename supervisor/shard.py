@@ -4,7 +4,8 @@ Borg's design (issue 14, docs/scale.md): every replica talks to a subset of the 
 by rendezvous hashing, common/shard_map.py), so the leader's one Python process handles one
 stream per follower instead of one per node. A shard decides nothing: it forwards to the leader,
 over one LinkShard.Relay stream, everything its agents send that can change a decision (Hellos,
-reports, the end of a stream, heartbeats folded per node: supervisor/shard_queue.py), and relays
+reports, the end of a stream: supervisor/shard_queue.py; heartbeats as one liveness summary per
+batch naming the nodes heard, or folded per node to a leader that predates summaries), and relays
 back what the leader sends each node (Welcome, directives, refusals, acks). The leader admits what
 a shard forwards exactly as if the agent had sent it; node ids come from the agent's Hello, which
 the agent service checked against the agent's certificate before handing the stream here.
@@ -36,7 +37,7 @@ from ftsup.common.shard_map import home_of, shard_of
 from ftsup.common.tls import TlsFiles, channel_credentials, expect_supervisor
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import StreamOutbox
-from ftsup.supervisor.shard_queue import MAX_BATCH_ITEMS, UpQueue, forwarded
+from ftsup.supervisor.shard_queue import MAX_BATCH_ITEMS, HeardSince, UpQueue, forwarded
 from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
 
 log = logs.get("supervisor.shard")
@@ -77,6 +78,8 @@ class LinkShard:
         self._clock = clock
         self._up = UpQueue(up_capacity) if up_capacity else UpQueue()
         self._up_ready = asyncio.Event()
+        self._heard = HeardSince()
+        self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
         self._sessions: dict[int, ShardSession] = {}
         self._node_session: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -141,8 +144,13 @@ class LinkShard:
                                          f" {MESSAGE_BURST:g}; closing the stream")
                     return
                 session.last_heard_s = now
-                if message.WhichOneof("kind") == "hello":
+                kind = message.WhichOneof("kind")
+                if kind == "hello":
                     session.outbox.put(_refusal("a second Hello on one stream", "hello"))
+                    continue
+                if kind == "heartbeat" and self.summarises:
+                    self._heard.note(session.session, message.heartbeat.seq if message.heartbeat.want_ack else 0)
+                    self._up_ready.set()
                     continue
                 if not self._forward(session, message):
                     session.outbox.close("the shard's queue to the leader is full: reconnect")
@@ -214,6 +222,7 @@ class LinkShard:
         self._sessions.clear()
         self._node_session.clear()
         self._up.clear()
+        self._heard.clear()
 
     # -- the relay to the leader ----------------------------------------------------------------
     async def relay_forever(self, leader_address: Callable[[], str], rng: random.Random | None = None) -> None:
@@ -257,7 +266,9 @@ class LinkShard:
             if not isinstance(first, shard_pb2.LeaderBatch):  # EOF: the leader said nothing
                 return
             self.term, self.leader_address = first.term, address
+            self.summarises = first.takes_liveness_summaries
             self._up.clear()
+            self._heard.clear()
             self.relay_up.set()
             self.has_relayed = True
             log.info("relaying to the leader", leader=address, term=self.term)
@@ -283,8 +294,10 @@ class LinkShard:
 
     async def _write(self, call: Any) -> None:
         while True:
-            while len(self._up):
-                await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS)))
+            while len(self._up) or self._heard:
+                items = self._up.take(MAX_BATCH_ITEMS) if len(self._up) else []
+                heard, summary = self._heard.take() if self._heard else ([], 0)
+                await call.write(shard_pb2.ShardBatch(items=items, heard=heard, summary=summary))
             if not self.relay_up.is_set():
                 await call.done_writing()
                 return
@@ -302,6 +315,11 @@ class LinkShard:
                 session.outbox.put(item.message)
             if item.close:
                 session.outbox.close()
+        if batch.heard_admitted:
+            for session_id, seq in self._heard.admitted(batch.heard_admitted):
+                acked = self._sessions.get(session_id)
+                if acked is not None:
+                    acked.outbox.put(agent_pb2.SupervisorMessage(heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))
 
 
 def _refusal(reason: str, refused: str) -> agent_pb2.SupervisorMessage:

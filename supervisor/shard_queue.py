@@ -15,6 +15,8 @@ instead of one per rank. A run of them ends at any other message of that session
 
 from __future__ import annotations
 
+import collections
+
 from ftsup.common import step_pack
 from ftsup.v1 import agent_pb2, shard_pb2
 
@@ -83,6 +85,61 @@ class UpQueue:
     def clear(self) -> None:
         self._items.clear()
         self._heartbeat_at.clear()
+
+
+# Summaries whose heartbeat acks wait for the leader's admission at most; past it the oldest are
+# forgotten (their acks never sent: only the fleet bench asks for acks, and counts them missing).
+MAX_OWED_SUMMARIES = 1_024
+
+
+class HeardSince:
+    """The liveness summary being gathered: the sessions heard from since the previous one.
+
+    To a leader that takes summaries a shard sends no heartbeat: each batch names the sessions
+    heard since the last (ShardBatch.heard), which the leader admits as one input. A heartbeat that
+    asked for an ack is answered by the shard once the leader says the summary naming it was
+    admitted (LeaderBatch.heard_admitted), so the ack still means "the leader has it"."""
+
+    def __init__(self, max_owed: int = MAX_OWED_SUMMARIES) -> None:
+        self._heard: dict[int, int] = {}  # session -> the newest heartbeat seq that asked for an ack (0: none)
+        self._owed: collections.OrderedDict[int, list[tuple[int, int]]] = collections.OrderedDict()
+        self._max_owed = max_owed
+        self._numbered = 0  # the last summary's number on this relay
+
+    def __bool__(self) -> bool:
+        return bool(self._heard)
+
+    def __len__(self) -> int:
+        return len(self._heard)
+
+    def note(self, session: int, ack_seq: int = 0) -> None:
+        """`session` sent a heartbeat (asking an ack of `ack_seq` when non-zero)."""
+        if ack_seq or session not in self._heard:
+            self._heard[session] = ack_seq
+
+    def take(self) -> tuple[list[int], int]:
+        """The sessions heard (in the order first heard) and the summary's number; starts the next."""
+        heard, self._heard = self._heard, {}
+        self._numbered += 1
+        owed = [(session, seq) for session, seq in heard.items() if seq]
+        if owed:
+            self._owed[self._numbered] = owed
+            while len(self._owed) > self._max_owed:
+                self._owed.popitem(last=False)
+        return list(heard), self._numbered
+
+    def admitted(self, summary: int) -> list[tuple[int, int]]:
+        """The (session, heartbeat seq) acks owed by every summary up to `summary`, now due."""
+        due: list[tuple[int, int]] = []
+        while self._owed and next(iter(self._owed)) <= summary:
+            due.extend(self._owed.popitem(last=False)[1])
+        return due
+
+    def clear(self) -> None:
+        """A new relay: nothing heard yet, nothing owed, numbering from 1 again."""
+        self._heard.clear()
+        self._owed.clear()
+        self._numbered = 0
 
 
 def forwarded(session: int, node_id: str, incarnation: int,

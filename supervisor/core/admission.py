@@ -16,6 +16,7 @@ from ftsup.supervisor.core.inputs import (
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
+    HeardFrom,
     Heartbeat,
     Input,
     LeadershipAcquired,
@@ -36,6 +37,7 @@ from ftsup.supervisor.core.inputs import (
 from ftsup.supervisor.core.limits import (
     MAX_AGGREGATE_REPORTS,
     MAX_DIGEST,
+    MAX_HEARD_NODES,
     MAX_HUNG_S,
     MAX_NODE_ID,
     MAX_PCI_BUS_ID,
@@ -78,6 +80,10 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
                     or _check_not_finished(soft, inp))
         case Heartbeat():
             return _check_sender(state, soft, inp.node_id)
+        case HeardFrom():
+            if len(inp.node_ids) > MAX_HEARD_NODES:
+                return f"liveness summary names {len(inp.node_ids)} nodes (at most {MAX_HEARD_NODES})"
+            return None  # nodes the core does not know are skipped by observe
         case TrainerExit():
             return _check_sender(state, soft, inp.node_id) or _check_exit(state, inp)
         case XidReport():

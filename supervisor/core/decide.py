@@ -42,6 +42,7 @@ from ftsup.supervisor.core.inputs import (
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
+    HeardFrom,
     Heartbeat,
     Input,
     LeadershipAcquired,
@@ -111,7 +112,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = checkpoints.on_commit_result(state, inp)
         case SdcCheckResult():
             events = _on_sdc_check_result(state, soft, inp)
-        case Heartbeat() | StreamClosed():
+        case Heartbeat() | HeardFrom() | StreamClosed():
             events = []  # liveness changes from these are judged on the next Tick
         case SnapshotMemoryReport():
             events = []  # for operators (supervisorctl nodes): nothing to decide

@@ -32,6 +32,19 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class HeardFrom:
+    """A link shard's liveness summary: each of these nodes (a stream the shard holds for this
+    leader) sent at least one heartbeat since the shard's previous summary.
+
+    One input per shard batch instead of one Heartbeat per node (issue 14): the leader's cost per
+    node-heartbeat falls from a message's admission and queueing to a dict update. A node the core
+    does not know (its Hello refused, or a summary racing its stream's end) is skipped, not
+    refused: the summary speaks for many nodes at once, and being heard changes no decision."""
+
+    node_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotMemoryReport:
     """The agent's limit on snapshot bytes and what it rests on (agent/core/snapshot_budget.py).
     Shown to operators; the core decides nothing on it."""
@@ -219,6 +232,7 @@ class Tick:
 Input = (
     AgentHello
     | Heartbeat
+    | HeardFrom
     | StepReport
     | StepAggregate
     | SnapshotReport

@@ -26,6 +26,7 @@ MAX_AGGREGATE_REPORTS = 1 << 20  # a world of a million ranks; a larger aggregat
 MAX_CHECKPOINT_REASON = 1000  # characters of a checkpoint request's reason kept in the log
 MAX_SNAPSHOT_MEMORY_BYTES = 1 << 50  # 1 PiB: no node's snapshot store is larger; a larger figure is corrupt
 MAX_RANKS_PER_NODE_REPORT = 1 << 20  # ranks one agent's snapshot store may answer for (held copies included)
+MAX_HEARD_NODES = 1 << 17  # nodes one liveness summary may name: every node of a 100k-GPU fleet, 10x over
 SNAPSHOT_MEMORY_BASES = frozenset({"no_sizes_yet", "derived", "ram_cap", "flag_cap"})  # agent/core/snapshot_budget.py
 
 # -- what the core remembers (soft state: oldest dropped past these) ------------------------------

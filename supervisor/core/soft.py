@@ -17,6 +17,7 @@ from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.inputs import (
     AgentHello,
+    HeardFrom,
     Heartbeat,
     Input,
     OperatorCommandKind,
@@ -69,7 +70,7 @@ def observe(
         _see_sdc_checks(soft, state, now)
     if soft.pending_drains:
         soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
-    if not isinstance(inp, Heartbeat):  # the hot path decides nothing about checkpoints
+    if not isinstance(inp, (Heartbeat, HeardFrom)):  # the hot path decides nothing about checkpoints
         checkpoints.note_clocks(soft, state, now)
     match inp:
         case Tick() if inp.stalled_s > 0:
@@ -97,6 +98,12 @@ def observe(
                 node.disconnected_at_s = now
         case Heartbeat():
             _heard(soft, inp.node_id, now)
+        case HeardFrom():
+            nodes = soft.nodes
+            for node_id in inp.node_ids:  # (the hot loop of a shard's summary: _heard inlined)
+                node = nodes.get(node_id)
+                if node is not None:
+                    node.last_heard_s = now
         case SnapshotMemoryReport():
             _heard(soft, inp.node_id, now)
             node = soft.nodes.get(inp.node_id)

@@ -41,7 +41,7 @@ from ftsup.supervisor.core.events import (
     XidReported,
 )
 from ftsup.supervisor.core.evolve import apply_record, apply_records
-from ftsup.supervisor.core.inputs import AgentHello, Heartbeat, Input
+from ftsup.supervisor.core.inputs import AgentHello, HeardFrom, Heartbeat, Input
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.state import ClusterState, SoftState
@@ -151,7 +151,7 @@ class Core:
         if refused is not None:
             return Ready(waiting_reason=self.waiting_reason, refusal=Refusal(RefusalKind.PERMANENT, refused))
         seen = soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
-        if isinstance(inp, Heartbeat):
+        if isinstance(inp, (Heartbeat, HeardFrom)):
             # The hot path (one per node per interval): a heartbeat only refreshes soft state; the
             # detector and the planner act on the next Tick, so skipping decide changes no
             # decision, only saves a planner pass.

@@ -43,13 +43,16 @@ LEADERSHIP_CHECK_S = 0.25  # a relay ends this soon after its leader stepped dow
 
 
 class RelayDown:
-    """The relay's outgoing queue: Addressed items, bounded; `overflowed` ends the relay."""
+    """The relay's outgoing queue: Addressed items, bounded; `overflowed` ends the relay. Also the
+    newest liveness summary admitted that the shard has not been told of yet."""
 
     def __init__(self, capacity: int = DOWN_CAPACITY) -> None:
         self.capacity = capacity
         self._items: collections.deque[shard_pb2.Addressed] = collections.deque()
         self.ready = asyncio.Event()
         self.overflowed = False
+        self._admitted = 0  # the newest summary number admitted
+        self._told = 0  # the newest the shard was told of
 
     def push(self, item: shard_pb2.Addressed) -> bool:
         if self.overflowed or len(self._items) >= self.capacity:
@@ -60,11 +63,23 @@ class RelayDown:
         self.ready.set()
         return True
 
-    def take(self, max_items: int = MAX_DOWN_ITEMS) -> list[shard_pb2.Addressed]:
+    def admitted(self, summary: int) -> None:
+        """Summary `summary` (and every earlier one) was admitted: tell the shard with the next batch."""
+        if summary > self._admitted:
+            self._admitted = summary
+            self.ready.set()
+
+    def has_news(self) -> bool:
+        return bool(self._items) or self._admitted > self._told
+
+    def take(self, term: int, max_items: int = MAX_DOWN_ITEMS) -> shard_pb2.LeaderBatch:
+        """The next LeaderBatch: up to `max_items` items, and the newest admitted summary if new."""
         taken = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
+        admitted = self._admitted if self._admitted > self._told else 0
+        self._told = self._admitted
         if not self._items:
             self.ready.clear()
-        return taken
+        return shard_pb2.LeaderBatch(items=taken, term=term, heard_admitted=admitted)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -126,15 +141,15 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
         try:
-            yield shard_pb2.LeaderBatch(term=term)
+            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
-                if not len(down):
+                if not down.has_news():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(down.ready.wait(), LEADERSHIP_CHECK_S)
                     if reader.done():
                         break
                     continue
-                yield shard_pb2.LeaderBatch(items=down.take(), term=term)
+                yield down.take(term)
         finally:
             reader.cancel()
             with contextlib.suppress(BaseException):
@@ -153,6 +168,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             async for batch in requests:
                 for item in batch.items:
                     await self._on_item(item, down, sessions)
+                if batch.heard:
+                    await self._on_heard(batch, down, sessions)
                 self.relays[replica] = len(sessions)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
@@ -194,6 +211,20 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                     heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))))
             return
         reply.add_done_callback(_refuse_on(route, type(inp).__name__))
+
+    async def _on_heard(self, batch: shard_pb2.ShardBatch, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
+        """A liveness summary: the sessions heard since the shard's previous batch, admitted as one
+        HeardFrom (after the batch's items, so a session opened or ended in it is seen as such).
+        Sessions unknown here (a refused Hello, an end that crossed the summary) are left out."""
+        node_ids = tuple(relayed.node_id for session in batch.heard if (relayed := sessions.get(session)) is not None)
+        summary = batch.summary
+        if not node_ids:
+            if summary:
+                down.admitted(summary)
+            return
+        reply = await self._runtime.submit_from_stream(inputs.HeardFrom(node_ids))
+        if summary:
+            reply.add_done_callback(_on_success(lambda: down.admitted(summary)))
 
     def _on_hello(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
         runtime = self._runtime

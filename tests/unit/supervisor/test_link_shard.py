@@ -20,13 +20,14 @@ from ftsup.common.shard_map import home_of, shard_of
 from ftsup.harness.certs import main as certs_main
 from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
-from ftsup.supervisor.shard import LinkShard
+from ftsup.supervisor.shard import LinkShard, ShardSession
 from ftsup.supervisor.shard_members import parse_members
-from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, UpQueue, fold_step_reports, forwarded
+from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, HeardSince, UpQueue, fold_step_reports, forwarded
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, shard_pb2, shard_pb2_grpc
 from tests.support.builders import config
 
@@ -206,8 +207,9 @@ def test_a_relay_route_wraps_what_the_runtime_sends_a_node_and_ends_the_relay_wh
     assert route.put(agent_pb2.SupervisorMessage(welcome=agent_pb2.Welcome(node_id="a")))
     route.close()
     assert not route.put(agent_pb2.SupervisorMessage()), "closed"
-    items = down.take()
-    assert [(i.session, i.HasField("message"), i.close) for i in items] == [(7, True, False), (7, False, True)]
+    batch = down.take(term=3)
+    assert batch.term == 3 and not batch.heard_admitted
+    assert [(i.session, i.HasField("message"), i.close) for i in batch.items] == [(7, True, False), (7, False, True)]
     other = RelayRoute(down, session=8)
     for _ in range(2):
         other.put(agent_pb2.SupervisorMessage())
@@ -215,6 +217,55 @@ def test_a_relay_route_wraps_what_the_runtime_sends_a_node_and_ends_the_relay_wh
 
 
 # -- a follower's shard relaying to a leader over real gRPC ------------------------------------------
+def test_a_summary_names_each_session_heard_once_and_owes_only_the_acks_asked_for():
+    heard = HeardSince()
+    assert not heard
+    heard.note(5, ack_seq=11)
+    heard.note(6)
+    heard.note(5, ack_seq=12)  # the newest ack asked for is the one owed
+    heard.note(6)
+    sessions, first = heard.take()
+    assert (sessions, first) == ([5, 6], 1) and not heard
+    heard.note(7, ack_seq=3)
+    _, second = heard.take()
+    assert heard.admitted(0) == []
+    assert heard.admitted(first) == [(5, 12)], "acks wait for their own summary's admission"
+    assert heard.admitted(second) == [(7, 3)] and heard.admitted(second) == [], "each ack is owed once"
+
+
+def test_a_leader_that_never_answers_cannot_grow_the_acks_a_shard_owes():
+    heard = HeardSince(max_owed=3)
+    for seq in range(1, 11):
+        heard.note(1, ack_seq=seq)
+        heard.take()
+    assert heard.admitted(10) == [(1, 8), (1, 9), (1, 10)]
+
+
+def test_the_leader_tells_a_shard_of_the_newest_summary_admitted_once():
+    down = RelayDown()
+    assert not down.has_news()
+    down.admitted(4)
+    down.admitted(2)  # (admissions may complete out of order; the newest covers the older)
+    assert down.has_news() and down.take(term=1).heard_admitted == 4
+    assert not down.has_news() and down.take(term=1).heard_admitted == 0
+
+
+async def test_a_shard_relaying_to_a_leader_without_summaries_forwards_each_heartbeat():
+    shard = LinkShard("r1:1", lambda: ("r1:1",))
+
+    async def stream(*messages: agent_pb2.AgentMessage) -> AsyncIterator[agent_pb2.AgentMessage]:
+        for message in messages:
+            yield message
+
+    for summarises, queued, heard in ((False, 2, 0), (True, 1, 1)):
+        shard.summarises = summarises
+        shard._up.clear()
+        shard._heard.clear()
+        session = ShardSession(1, "n1", 1, StreamOutbox(), 0.0, 0.0)
+        await shard._read(session, stream(beat(1), xid(79), beat(2)))
+        assert (len(shard._up), len(shard._heard)) == (queued, heard), summarises
+
+
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
