@@ -30,7 +30,7 @@ import grpc
 
 from ftsup.bench import _scale_plot
 from ftsup.common import plot
-from ftsup.common.shard_map import shard_of
+from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
 from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
@@ -248,7 +248,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             load_argv = [sys.executable, "-m", "ftsup.harness.fleet_load", "--address", ",".join(addresses),
                          "--first", str(first),
                          "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
-                         "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1)]
+                         "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1),
+                         "--leader", address, *(["--snapshot-reports"] if args.snapshot_reports else [])]
             with open(workdir / f"load-{index}.log", "wb") as load_log:
                 process = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=load_log, env=env, text=True, start_new_session=True)
@@ -302,6 +303,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
         wall_s = time.monotonic() - wall0
         cpu_s = cpu_by[address]
+        holders = agent_holders(addresses, address) if replicas > 1 else {address}
         if profile:
             os.kill(supervisor.pid, signal.SIGUSR2)
         rss_mb = _rss_mb(supervisor.pid)
@@ -325,7 +327,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "heartbeats_sent": sent,
             "heartbeats_acked": acked,
             "heartbeats_per_s": round(sent / wall_s, 1),
-            "step_reports_per_s": round(sum(r["step_reports"] for r in results) / wall_s, 1),
+            "step_reports_per_s": round(sum(r["step_reports"] for r in results) / wall_s, 1),  # aggregates: one per node-step
+            "snapshot_reports_per_s": round(sum(r.get("snapshot_reports", 0) for r in results) / wall_s, 1),
             "late_heartbeats": sum(r["late_beats"] for r in results),
             "latency_p50_ms": _percentile(latencies, 0.50),
             "latency_p99_ms": _percentile(latencies, 0.99),
@@ -339,10 +342,11 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "replicas": replicas,
             "shard_cpu_fractions": {a: round(c / wall_s, 3) for a, c in cpu_by.items() if a != address},
             "supervisors_cpu_fraction": round(sum(cpu_by.values()) / wall_s, 3),
+            "leader_holds_agents": address in holders,
             # CPU per node-second of fleet time: what one more node costs the leader / a shard.
             "leader_cpu_us_per_node_s": round(cpu_s / wall_s / nodes * 1e6, 2),
             "shard_cpu_us_per_node_s": {a: round(c / wall_s / max(1, sum(
-                1 for i in range(nodes) if shard_of(f"sim-{i:06d}", addresses) == a)) * 1e6, 2)
+                1 for i in range(nodes) if shard_of(f"sim-{i:06d}", holders) == a)) * 1e6, 2)
                 for a, c in cpu_by.items() if a != address},
             "supervisor_rss_mb": rss_mb,
             "load_cpu_fraction": round(load_cpu_s / wall_s, 3),
@@ -424,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=None, help="one interval (overrides --intervals)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="steady measurement window (at least"
                         " long enough to see the silent node declared dead)")
-    parser.add_argument("--step-s", type=float, default=10.0, help="each node sends one StepReport per step")
+    parser.add_argument("--step-s", type=float, default=10.0,
+                        help="each node sends one StepAggregate of its ranks per step (0: none)")
+    parser.add_argument("--snapshot-reports", action="store_true",
+                        help="each node also reports its holding of each of its ranks' snapshots every step")
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--heartbeat-misses", type=int, default=2)
     parser.add_argument("--procs", type=int, default=2, help="load generator processes")
@@ -506,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{interval:g}": _safe(args, args.nodes, interval, root / f"run-{interval:g}-r{count}",
                                            replicas=count) for interval in intervals}
             result["runs"] = result["runs_by_replicas"][str(replica_counts[0])]
+            if args.profile:  # the leader of the last count: what link shards leave on it
+                result["profile"] = _safe(args, args.nodes, intervals[-1], root / "profile", profile=True,
+                                          replicas=replica_counts[-1])
             print(json.dumps(result))
             return 0
         for interval in intervals:

@@ -39,10 +39,32 @@ def ranked(node_id: str, replicas: Iterable[str]) -> list[str]:
     return sorted(replicas, key=lambda replica: (-weight(node_id, replica), replica))
 
 
-def home_of(node_id: str, live: Iterable[str], me: str, unreachable: Iterable[str] = ()) -> str:
-    """The shard replica `me` points `node_id`'s agent at: its shard among the live replicas less
-    those the agent says it could not reach (never `me`: the agent reached it). A dead shard's
-    nodes so re-home at their first reconnect, before the dead replica's membership expires."""
+# With at least this many live replicas the leader holds no agents of its own: its followers hold
+# them all and it handles only their relays (one stream each, liveness summaries, decisions), so
+# the one process every decision waits on is not also the fleet's busiest gRPC server (measured:
+# an agent stream costs its holder ~250-400 us of CPU per heartbeat, a summary ~0.05 us per node).
+# Two is deliberate: a rule that gave the leader a share again once only one follower lived would
+# change the holder set at a follower's death, moving about half of the survivor's nodes to the
+# leader on top of the dead one's; as it is, a follower's death moves only its own nodes. Alone
+# (every follower unreachable) the leader holds whoever reaches it.
+SPARE_LEADER_FROM = 2
+
+
+def agent_holders(live: Iterable[str], leader: str = "") -> set[str]:
+    """The replicas whose link shards hold agents: the live ones, less the leader (when known) once
+    SPARE_LEADER_FROM replicas are live."""
+    replicas = set(live)
+    if leader and leader in replicas and len(replicas) >= SPARE_LEADER_FROM:
+        replicas.discard(leader)
+    return replicas
+
+
+def home_of(node_id: str, live: Iterable[str], me: str, unreachable: Iterable[str] = (), leader: str = "") -> str:
+    """The shard replica `me` points `node_id`'s agent at: its shard among the replicas that hold
+    agents (agent_holders; `me` counts as live) less those the agent says it could not reach
+    (never `me`: the agent reached it). A dead shard's nodes so re-home at their first reconnect,
+    before the dead replica's membership expires; an agent that reached only the leader is held
+    there."""
     gone = set(unreachable) - {me}
-    candidates = {replica for replica in live if replica not in gone} | {me}
-    return shard_of(node_id, candidates)
+    candidates = {replica for replica in agent_holders({*live, me}, leader) if replica not in gone}
+    return shard_of(node_id, candidates or {me})

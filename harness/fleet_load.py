@@ -1,8 +1,12 @@
 """Simulated agents for the fleet load bench: many Supervisor.Connect streams in one process.
 
 Each simulated node speaks the real agent protocol on its own bidirectional stream (Hello,
-Heartbeat at the Welcome's interval, StepReports once a Directive gives it ranks) and reads
-everything the supervisor sends. Heartbeats ask for a HeartbeatAck, so the latency of every one
+Heartbeat at the Welcome's interval; once a Directive gives it ranks, per step one StepAggregate
+of all its ranks, as a real agent sends to a supervisor that takes aggregates, and, with
+`--snapshot-reports`, one SnapshotReport per rank it owns: the owner's holding of each rank's RAM
+snapshot, as a real agent reports after every snapshot; the buddy's copies, which a real buddy
+reports too, are not simulated, so no step commits and the leader sees half the holdings a real
+fleet sends) and reads everything the supervisor sends. Heartbeats ask for a HeartbeatAck, so the latency of every one
 is measured here: from handing it to gRPC to reading its ack. One node can be silenced — it stops
 sending but keeps its stream open and keeps reading (a hung host, not a crash).
 
@@ -25,7 +29,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from ftsup.common.shard_map import shard_of
+from ftsup.common import step_pack
+from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
@@ -39,7 +44,7 @@ class SimNode:
     welcomed: asyncio.Event = field(default_factory=asyncio.Event)
     interval_s: float = 1.0
     generation: int = 0
-    rank: int | None = None
+    ranks: tuple[int, ...] = ()  # the ranks the Directive in force gives this node (none: not training)
     step: int = 0
     is_silenced: bool = False
     last_beat_wall_s: float = 0.0
@@ -51,7 +56,8 @@ class SimNode:
 class Counters:
     sent: int = 0
     acked: int = 0
-    step_reports: int = 0
+    step_reports: int = 0  # step aggregates (one per node per step)
+    snapshot_reports: int = 0
     directives: int = 0
     late_beats: int = 0  # heartbeats this process sent more than 10% of an interval late
     latencies_ms: list[float] = field(default_factory=list)  # steady: before the silenced node's silence
@@ -84,7 +90,7 @@ class Fleet:
         # first: common/shard_map.py), with its shard's nodes sharing that replica's channels.
         by_shard: dict[str, list[SimNode]] = {}
         for node in self.nodes:
-            home = shard_of(node.node_id, addresses) if len(addresses) > 1 else addresses[0]
+            home = shard_of(node.node_id, agent_holders(addresses, self.args.leader)) if len(addresses) > 1 else addresses[0]
             by_shard.setdefault(home, []).append(node)
         for address, nodes in by_shard.items():
             for offset in range(0, len(nodes), per):
@@ -131,8 +137,9 @@ class Fleet:
     async def measure(self, window_s: float, silence: str | None, silence_at_s: float) -> dict[str, object]:
         c = self.counters
         c.latencies_ms, c.after_ms, c.sent, c.acked, c.step_reports, c.late_beats = [], [], 0, 0, 0, 0
+        c.snapshot_reports = 0
         c.is_measuring, c.is_after = True, False
-        running = sum(1 for n in self.nodes if n.rank is not None)
+        running = sum(1 for n in self.nodes if n.ranks)
         cpu0, wall0 = time.process_time(), time.monotonic()
         silenced_at_wall = None
         target = self.by_id.get(silence) if silence else None
@@ -147,7 +154,7 @@ class Fleet:
         wall = time.monotonic() - wall0
         return {"kind": "result", "latencies_ms": c.latencies_ms, "after_ms": c.after_ms, "sent": c.sent,
                 "acked": c.acked,
-                "step_reports": c.step_reports, "late_beats": c.late_beats,
+                "step_reports": c.step_reports, "snapshot_reports": c.snapshot_reports, "late_beats": c.late_beats,
                 "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
                 "welcomed": sum(1 for n in self.nodes if n.welcomed.is_set()),
                 "running": running,
@@ -191,19 +198,31 @@ class Fleet:
                 node.sent_at[seq] = now
                 node.last_beat_wall_s = time.time()
                 await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
-                    seq=seq, running_generation=node.generation if node.rank is not None else 0, want_ack=True)))
+                    seq=seq, running_generation=node.generation if node.ranks else 0, want_ack=True)))
                 c.sent += 1
                 next_beat = max(next_beat + node.interval_s, now) if seq > 1 else now + phase_s
             step_s = self.args.step_s
-            if node.rank is not None and step_s > 0 and now >= next_step:
+            if node.ranks and step_s > 0 and now >= next_step:
                 node.step += 1
-                await call.write(agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
-                    generation=node.generation, rank=node.rank, step=node.step, step_time_s=step_s,
-                    compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 16)))
-                c.step_reports += 1
+                await self.report_step(node, call, step_s)
                 next_step = max(next_step + step_s, now)
-            wake = min(next_beat, next_step) if node.rank is not None and step_s > 0 else next_beat
+            wake = min(next_beat, next_step) if node.ranks and step_s > 0 else next_beat
             await asyncio.sleep(max(0.0, wake - loop.time()))
+
+    async def report_step(self, node: SimNode, call: grpc.aio.StreamStreamCall, step_s: float) -> None:
+        """One step of every rank the node runs, as a real agent reports it: one aggregate, then
+        (with --snapshot-reports) the node's holding of each of its ranks' snapshots."""
+        reports = [agent_pb2.StepReport(generation=node.generation, rank=rank, step=node.step, step_time_s=step_s,
+                                        compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 32)
+                   for rank in node.ranks]
+        await call.write(agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
+        self.counters.step_reports += 1
+        if self.args.snapshot_reports:
+            for rank in node.ranks:
+                await call.write(agent_pb2.AgentMessage(snapshot_report=agent_pb2.SnapshotReport(
+                    generation=node.generation, rank=rank, step=node.step, holder_node_ids=[node.node_id],
+                    size_bytes=1 << 30, sha256="0" * 64)))
+                self.counters.snapshot_reports += 1
 
     async def read(self, node: SimNode, call: grpc.aio.StreamStreamCall) -> None:
         loop = asyncio.get_running_loop()
@@ -226,9 +245,9 @@ class Fleet:
                 if d.action == agent_pb2.ACTION_RUN and d.ranks:
                     if node.generation != d.generation:
                         node.step = d.restore_step if d.HasField("restore_step") else 0
-                    node.generation, node.rank = d.generation, d.ranks[0]
+                    node.generation, node.ranks = d.generation, tuple(d.ranks)
                 else:
-                    node.generation, node.rank = d.generation, None
+                    node.generation, node.ranks = d.generation, ()
             elif kind == "refusal":
                 node.refusals += 1
             if len(node.sent_at) > 64:  # acks that never came: keep the map bounded
@@ -250,7 +269,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, required=True, help="nodes simulated by this process")
     p.add_argument("--prefix", default="sim")
     p.add_argument("--interval-s", type=float, default=1.0, help="until the Welcome names the interval")
-    p.add_argument("--step-s", type=float, default=10.0, help="one StepReport per node per step (0: none)")
+    p.add_argument("--step-s", type=float, default=10.0, help="one StepAggregate per node per step (0: none)")
+    p.add_argument("--snapshot-reports", action="store_true",
+                   help="per step, one SnapshotReport per rank a node owns (its RAM snapshot's holding)")
+    p.add_argument("--leader", default="", help="the leading replica's address: it holds no agents from 3 replicas"
+                   " (common/shard_map.agent_holders), so nodes dial a follower's link shard")
     p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection (at most the server's per-connection cap)")
     p.add_argument("--connect-concurrency", type=int, default=200, help="Hellos not yet welcomed at once")
     p.add_argument("--seed", type=int, default=1)

@@ -109,7 +109,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         members = ReplicaMembers(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s,
                                  is_ready=lambda: runtime.is_leader or (shard is not None and shard.has_relayed))
         shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls,
-                          generation=lambda: runtime.generation_in_force)
+                          generation=lambda: runtime.generation_in_force,
+                          leader=lambda: config.advertise if runtime.is_leader else runtime.leader_address)
         shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime, is_tls=is_tls), server)
     agent_service = AgentService(runtime, is_tls=is_tls, shard=shard)
     agent_pb2_grpc.add_SupervisorServicer_to_server(agent_service, server)

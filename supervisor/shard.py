@@ -33,7 +33,7 @@ import grpc
 
 from ftsup.common import logs
 from ftsup.common.backoff import Backoff
-from ftsup.common.shard_map import home_of, shard_of
+from ftsup.common.shard_map import agent_holders, home_of, shard_of
 from ftsup.common.tls import TlsFiles, channel_credentials, expect_supervisor
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import StreamOutbox
@@ -46,6 +46,10 @@ RELAY_BACKOFF = Backoff(initial_s=0.05, max_s=0.5)  # a new leader is found with
 # The relay carries up to a whole shard's messages per batch: as large as the supervisor's server.
 RELAY_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024),
                  ("grpc.max_send_message_length", 16 * 1024 * 1024)]
+# Liveness news alone waits this long to gather into one summary: the leader's detector judges on
+# its 0.1 s Tick, so this adds nothing to detection; a heartbeat's ack (asked only by the fleet
+# bench) waits for it too. Anything else a shard queues goes at once, the summary with it.
+SUMMARY_INTERVAL_S = 0.02
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
 
@@ -70,8 +74,10 @@ class LinkShard:
 
     def __init__(self, address: str, live: Callable[[], Iterable[str]], *, tls_files: TlsFiles | None = None,
                  clock: Callable[[], float] = time.monotonic, up_capacity: int | None = None,
-                 generation: Callable[[], int | None] = lambda: None) -> None:
+                 generation: Callable[[], int | None] = lambda: None,
+                 leader: Callable[[], str] = lambda: "") -> None:
         self.address = address
+        self._leader = leader  # the leader's advertised address ("" unknown): it holds no agents from 3 replicas
         self._generation = generation  # the generation in force (the follower's hot copy), for log lines
         self._live = live
         self._tls = tls_files
@@ -91,7 +97,7 @@ class LinkShard:
     # -- routing -----------------------------------------------------------------------------
     def home_of(self, node_id: str, unreachable: Iterable[str] = ()) -> str:
         """The replica that should hold `node_id`'s stream, as this replica sees the live set."""
-        return home_of(node_id, self._live(), self.address, unreachable)
+        return home_of(node_id, self._live(), self.address, unreachable, self._leader())
 
     def sessions(self) -> list[ShardSession]:
         return list(self._sessions.values())
@@ -149,8 +155,9 @@ class LinkShard:
                     session.outbox.put(_refusal("a second Hello on one stream", "hello"))
                     continue
                 if kind == "heartbeat" and self.summarises:
+                    if not self._heard:
+                        self._up_ready.set()  # (the writer starts the next summary's wait)
                     self._heard.note(session.session, message.heartbeat.seq if message.heartbeat.want_ack else 0)
-                    self._up_ready.set()
                     continue
                 if not self._forward(session, message):
                     session.outbox.close("the shard's queue to the leader is full: reconnect")
@@ -202,7 +209,7 @@ class LinkShard:
     def shutdown(self) -> int:
         """A clean stop (SIGTERM, a rolling restart): every node held here is told its next shard and
         its stream ends as a move, so the leader takes none of it for a death. Returns how many."""
-        others = [replica for replica in self._live() if replica != self.address]
+        others = agent_holders([replica for replica in self._live() if replica != self.address], self._leader())
         for session in list(self._sessions.values()):
             session.is_moved = True
             home = shard_of(session.node_id, others) if others else ""
@@ -293,16 +300,26 @@ class LinkShard:
             await channel.close(None)
 
     async def _write(self, call: Any) -> None:
+        """Sends what is queued as soon as the relay can take it; liveness news alone (nodes heard,
+        nothing else queued) waits up to SUMMARY_INTERVAL_S to gather, so the leader gets a few
+        summaries per second from each shard, not one message per heartbeat."""
+        next_summary_s = 0.0
         while True:
-            while len(self._up) or self._heard:
+            now = self._clock()
+            if len(self._up) or (self._heard and now >= next_summary_s):
                 items = self._up.take(MAX_BATCH_ITEMS) if len(self._up) else []
                 heard, summary = self._heard.take() if self._heard else ([], 0)
+                if summary:
+                    next_summary_s = now + SUMMARY_INTERVAL_S
                 await call.write(shard_pb2.ShardBatch(items=items, heard=heard, summary=summary))
+                continue
             if not self.relay_up.is_set():
                 await call.done_writing()
                 return
             self._up_ready.clear()
-            await self._up_ready.wait()
+            timeout_s = max(0.0, next_summary_s - now) if self._heard else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._up_ready.wait(), timeout_s)
 
     def _deliver(self, batch: shard_pb2.LeaderBatch) -> None:
         for item in batch.items:

@@ -1,7 +1,7 @@
 """Link shards on three replicas, a real 3-member etcd cluster, real agents and real gloo training.
 
-Every replica holds the agents its rendezvous hash gives it (common/shard_map.py); followers relay
-theirs to the leader. SIGKILLing a follower that holds agents mid-run: its agents re-home to their
+The followers hold the agents their rendezvous hash gives them (common/shard_map.py; the leader
+holds none while a follower lives) and relay them to the leader. SIGKILLing a follower that holds agents mid-run: its agents re-home to their
 next replica at their first reconnect, nobody is declared dead; restarted, the replica takes its
 agents back once its relay is up; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
 """
@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ftsup.common.shard_map import shard_of
+from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.demo import trainer_argv
 from ftsup.v1 import operator_pb2
@@ -57,8 +57,7 @@ def _holder(log_path: pathlib.Path) -> str | None:
 def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_death(
     tmp_path: pathlib.Path, etcd: EtcdCluster, etcd_prefix: str
 ) -> None:
-    # Six agents over three replicas: each follower's expected share is two (the one placement in
-    # which no follower holds any has probability 3^-6; the assertion below names it).
+    # Six agents over the two followers: the victim (the one holding more) holds at least three.
     spec = ClusterSpec(
         nodes=3, spares=3, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, STEPS, seed=7),
         supervisors=3, etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
@@ -67,7 +66,10 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
         cluster.start()
         leader = cluster.wait_for(cluster.leader, 30, "a leader")
         agents = {node_id: node.log_path for node_id, node in cluster.agents.items()}
-        expected = {node_id: shard_of(node_id, cluster.addresses) for node_id in agents}
+        # The leader holds none of them (common/shard_map.agent_holders): its followers hold all.
+        holders = agent_holders(cluster.addresses, leader.address)
+        assert leader.address not in holders
+        expected = {node_id: shard_of(node_id, holders) for node_id in agents}
         # Every agent ends up on the replica its rendezvous hash names (directly, or after a move
         # once every replica's membership is known).
         cluster.wait_for(lambda: all(_holder(agents[n]) == home for n, home in expected.items()), 60,
@@ -91,12 +93,13 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
                 at > killed_at and address in survivors for at, address in homes.values()) and homes,
             30, f"agents {moved} of the killed shard {victim} to re-home")
         for node_id, (_, address) in rehomed.items():
-            assert address == shard_of(node_id, survivors), f"{node_id} re-homed to its next choice"
+            assert address == shard_of(node_id, agent_holders(survivors, leader.address)), \
+                f"{node_id} re-homed to the other follower, not to the leader"
         rehome_s = max(at for at, _ in rehomed.values()) - killed_at
         cluster.wait_for(lambda: cluster.status().step >= step_at_kill + 5, 120, "training to go on")
 
         # The replica comes back: once its relay is up it rejoins the live set and its nodes move
-        # back to it (from the leader's own share or the other shard), still without a death.
+        # back to it (from the other shard), still without a death.
         returned_at = time.time()
         cluster.restart_supervisor(victim)
         cluster.wait_for(lambda: all(_holder(agents[n]) == victim for n in moved), 60,
