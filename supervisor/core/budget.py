@@ -8,6 +8,8 @@ Operator restarts, drains, elastic growth and completion are not failures and co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ftsup.supervisor.core.config import JobSpec
 from ftsup.supervisor.core.events import FAILURE_REASONS, EndReason, Event, GenerationEnded, JobFailed
 from ftsup.supervisor.core.state import ClusterState
@@ -22,7 +24,7 @@ def restart_count(state: ClusterState) -> int:
     return state.failures
 
 
-def on_ended(folded: ClusterState, events: list[Event], job: JobSpec) -> list[Event]:
+def on_ended(folded: ClusterState, events: Sequence[Event], job: JobSpec) -> list[Event]:
     """JobFailed when one of `events` (already folded into `folded`) is a failure past the budget."""
     if job.max_restarts is None or folded.failed is not None or folded.completion is not None:
         return []

@@ -122,7 +122,7 @@ class DetectorConfig:
     # Dead after this many intervals of silence on an open stream (a hung or partitioned node).
     heartbeat_misses: int = 2
     # A closed stream means the agent process died (its host closed the socket) unless the agent
-    # reconnects within this; a transient loss that reconnects later is undone (see decide).
+    # reconnects within this; a transient loss that reconnects later is undone (see liveness.on_hello).
     reconnect_grace_s: float = 0.4
     # A new leader adds this to the one full timeout of grace it gives every node: agents first
     # learn the old leader is gone (its lease expires), then find the new one through NotLeader

@@ -5,8 +5,9 @@ Pure decisions over (state, soft state, input, now); what an answer proves is th
 (policies/recompute.py). The invariant kept here on every replica (issue 7): while a check of
 step S is open, no step >= S is committed (RAM snapshot, object-store checkpoint, job
 completion), so the snapshot of S - 1 stays the restore point and a conviction can always go
-back to before S. Check ids are `sdc-<seq of their SdcCheckStarted record>`: unique, and the id
-says where the evidence is.
+back to before S. Check ids are `sdc-<seq of their SdcCheckStarted record>` (`named`): unique, and
+the id says where the evidence is. The checks built here are unnamed; whoever places them in the
+decision (sdc_verdicts.py, through the Emission) names them after the seq they are given.
 """
 
 from __future__ import annotations
@@ -65,48 +66,52 @@ def find(state: ClusterState, check_id: str) -> SdcCheckStarted | None:
     return next((c for c in state.sdc_checks if c.check_id == check_id), None)
 
 
+def named(check: SdcCheckStarted, seq: int) -> SdcCheckStarted:
+    """`check` named after the seq of the record it is appended as."""
+    return frozen.replace(check, check_id=f"sdc-{seq}")
+
+
 # -- starting ------------------------------------------------------------------------------
 
 
-def on_vote(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig, *, seq: int) -> list[Event]:
+def on_vote(state: ClusterState, soft: SoftState, seen: Observation, config: CoreConfig) -> SdcCheckStarted | None:
     """A step's digest vote completed (`seen`, from soft.observe): a scheduled check of it, or a
-    check of a split (the vote names nobody; a full replay's parameter digest can). `seq`: the
-    record seq of the first event."""
+    check of a split (the vote names nobody; a full replay's parameter digest can). Unnamed: see
+    `named`."""
     progress = soft.progress
     generation = state.generation
     vote = seen.sdc_vote
     if vote is None or generation is None or progress is None or progress.generation != generation.number:
-        return []
+        return None
     if generation.world_size != config.job.world_size:
-        return []  # a shrunk elastic world accumulates micro-batches: a one-batch replay would not match
+        return None  # a shrunk elastic world accumulates micro-batches: a one-batch replay would not match
     rc = config.recompute
     if vote.is_clear:
         if not recompute.is_scheduled(vote.step, rc) or state.sdc_checks:
-            return []  # one scheduled check at a time: a due step is skipped while one runs
+            return None  # one scheduled check at a time: a due step is skipped while one runs
         rank = recompute.scheduled_rank(vote.step, generation.world_size, rc)
         reason = f"scheduled: every {rc.every_steps} steps"
     elif vote.split and rc.is_on_split:
         rank = min(d.rank for d in vote.split)
         reason = f"digest vote split at step {vote.step}, naming nobody"
     else:
-        return []
+        return None
     suspect = generation.node_of_rank(rank)
     if suspect is None:
-        return []
+        return None
     replayed = recompute.replay_ranks(rank, generation.world_size, rc, config.sdc.model_parallel_size)
     reported = tuple(d for d in seen.vote_reports if d.rank in replayed)
     if not any(d.rank == rank and d.grad_digest for d in reported):
-        return []  # the trainer reports no local-gradient digest: unknown, skip
+        return None  # the trainer reports no local-gradient digest: unknown, skip
     holders = _holders(state, soft, rank, vote.step - 1)
     if not holders:
-        return []  # no copy of the step before is known (snapshots every k steps, a fresh start): skip
+        return None  # no copy of the step before is known (snapshots every k steps, a fresh start): skip
     check = SdcCheckStarted(
-        check_id=f"sdc-{seq}", step=vote.step, rank=rank, suspect_node_id=suspect, verifier_node_id="",
+        check_id="", step=vote.step, rank=rank, suspect_node_id=suspect, verifier_node_id="",
         generation=generation.number, reason=reason, reported=reported,
         snapshot_holders=holders, world_size=generation.world_size,
     )
-    started = _with_verifier(state, soft, check, frozenset({suspect}))
-    return [started] if started is not None else []
+    return _with_verifier(state, soft, check, frozenset({suspect}))
 
 
 def _holders(state: ClusterState, soft: SoftState, rank: int, step: int) -> tuple[str, ...]:
@@ -150,20 +155,21 @@ def _candidates(state: ClusterState, soft: SoftState) -> list[VerifierCandidate]
 
 @dataclass(frozen=True, slots=True)
 class CheckVerdict:
-    """What one answer decided: its events (the SdcCheckFinished first, then maybe a second
-    opinion's SdcCheckStarted) and the nodes it convicts, with the finished record as evidence."""
+    """What one answer decided: the SdcCheckFinished record (None: the check is not open), maybe a
+    second opinion (unnamed: see `named`) appended right after it, and the nodes it convicts, whose
+    quarantines name the finished record as evidence."""
 
-    events: tuple[Event, ...]
-    convicted: tuple[str, ...]
-    evidence_seq: int
-    reason: str
+    finished: SdcCheckFinished | None
+    second_opinion: SdcCheckStarted | None = None
+    convicted: tuple[str, ...] = ()
+    reason: str = ""
 
 
-def on_result(state: ClusterState, soft: SoftState, result: SdcCheckResult, *, seq: int) -> CheckVerdict:
+def on_result(state: ClusterState, soft: SoftState, result: SdcCheckResult) -> CheckVerdict:
     """Judges a verifier's answer (admission made sure the check is open and the sender is its verifier)."""
     check = find(state, result.check_id)
     if check is None:
-        return CheckVerdict((), (), seq, "")
+        return CheckVerdict(None)
     mine = _own_digest(check.reported, check.rank)
     theirs = _own_digest(result.recomputed, check.rank)
 
@@ -174,21 +180,21 @@ def on_result(state: ClusterState, soft: SoftState, result: SdcCheckResult, *, s
 
     if result.error:
         detail = f"{check.verifier_node_id} could not recompute: {result.error}"
-        return CheckVerdict((finished(SdcVerdict.INCONCLUSIVE, detail),), (), seq, "")
+        return CheckVerdict(finished(SdcVerdict.INCONCLUSIVE, detail))
     judgement = recompute.judge(check.reported, check.first_recompute, result.recomputed)
     culprits = _nodes_of(check.reported, judgement.comparison.culprits)
     match judgement.outcome:
         case Outcome.MATCH:
-            return CheckVerdict((finished(SdcVerdict.MATCH, judgement.detail),), (), seq, "")
+            return CheckVerdict(finished(SdcVerdict.MATCH, judgement.detail))
         case Outcome.INCONCLUSIVE:
-            return CheckVerdict((finished(SdcVerdict.INCONCLUSIVE, judgement.detail),), (), seq, "")
+            return CheckVerdict(finished(SdcVerdict.INCONCLUSIVE, judgement.detail))
         case Outcome.UNCONFIRMED:
-            return _second_opinion(state, soft, check, result, finished, judgement.detail, culprits, seq)
+            return _second_opinion(state, soft, check, result, finished, judgement.detail, culprits)
         case Outcome.VERIFIER_WRONG:
             first = check.first_recompute[0].node_id
             done = finished(SdcVerdict.MATCH, judgement.detail, (first,))
             reason = f"SDC: verifier {first} recomputed step {check.step} wrongly ({check.check_id}): {judgement.detail}"
-            return CheckVerdict((done,), (first,), seq, reason)
+            return CheckVerdict(done, None, (first,), reason)
         case Outcome.CONVICTED:
             # Only the generation that computed the step still carries it: a later one restored
             # from before it (the hold kept anything newer from being committed meanwhile).
@@ -196,17 +202,17 @@ def on_result(state: ClusterState, soft: SoftState, result: SdcCheckResult, *, s
             tainted = check.step if current is not None and current.number == check.generation else None
             done = finished(SdcVerdict.MISMATCH, judgement.detail, culprits, tainted)
             reason = f"SDC: recompute of step {check.step} ({check.confirms_check_id}, {check.check_id}): {judgement.detail}"
-            return CheckVerdict((done,), culprits, seq, reason)
+            return CheckVerdict(done, None, culprits, reason)
     raise AssertionError(judgement.outcome)
 
 
 def _second_opinion(state: ClusterState, soft: SoftState, check: SdcCheckStarted, result: SdcCheckResult,
-                    finished: Callable[..., SdcCheckFinished], detail: str, culprits: tuple[str, ...], seq: int) -> CheckVerdict:
+                    finished: Callable[..., SdcCheckFinished], detail: str, culprits: tuple[str, ...]) -> CheckVerdict:
     """A first mismatch convicts nobody: the same replay goes to a third node, neither the
     verifier nor a named culprit."""
     suspect = culprits[0] if culprits else check.suspect_node_id
     second = SdcCheckStarted(
-        check_id=f"sdc-{seq + 1}", step=check.step, rank=check.rank, suspect_node_id=suspect,
+        check_id="", step=check.step, rank=check.rank, suspect_node_id=suspect,
         verifier_node_id="", generation=check.generation, reason=f"second opinion on {check.check_id}",
         confirms_check_id=check.check_id, reported=check.reported, first_recompute=result.recomputed,
         snapshot_holders=check.snapshot_holders, world_size=check.world_size,
@@ -214,10 +220,9 @@ def _second_opinion(state: ClusterState, soft: SoftState, check: SdcCheckStarted
     excluded = frozenset({check.verifier_node_id, check.suspect_node_id, *culprits})
     started = _with_verifier(state, soft, second, excluded)
     if started is None:
-        done = finished(SdcVerdict.MISMATCH, f"{detail}; no third node is free to confirm it: nothing done")
-        return CheckVerdict((done,), (), seq, "")
-    done = finished(SdcVerdict.MISMATCH, f"{detail}; asking {started.verifier_node_id} for a second opinion")
-    return CheckVerdict((done, started), (), seq, "")
+        return CheckVerdict(finished(SdcVerdict.MISMATCH, f"{detail}; no third node is free to confirm it: nothing done"))
+    asking = finished(SdcVerdict.MISMATCH, f"{detail}; asking {started.verifier_node_id} for a second opinion")
+    return CheckVerdict(asking, started)
 
 
 def on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig) -> list[Event]:

@@ -82,6 +82,7 @@ class Ready:
     waiting_reason: str = ""  # why no generation runs, when none does
     affected: tuple[str, ...] | None = ()
     refusal: Refusal | None = None
+    first_seq: int = 0  # the seq decide numbered `events` from (evidence seqs name records by it); 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,8 @@ class Core:
             return Ready(waiting_reason=self.waiting_reason)
         decision = decide(self.state, self.soft, inp, now, self.config, seen)
         hellos = (inp.node_id,) if isinstance(inp, AgentHello) else ()
-        return Ready(decision.events, decision.waiting_reason, affected_nodes(self.state, decision.events, hellos))
+        return Ready(decision.events, decision.waiting_reason, affected_nodes(self.state, decision.events, hellos),
+                     first_seq=decision.first_seq)
 
     def step_hellos(self, hellos: Sequence[tuple[AgentHello, float]]) -> HelloReady:
         """A batch of Hellos of distinct nodes, each with its arrival time: each admitted and
@@ -171,7 +173,8 @@ class Core:
         now = hellos[-1][1]
         decision = decide_hellos(self.state, self.soft, admitted, now, self.config)
         affected = affected_nodes(self.state, decision.events, [hello.node_id for hello in admitted])
-        return HelloReady(refusals, Ready(decision.events, decision.waiting_reason, affected))
+        return HelloReady(refusals, Ready(decision.events, decision.waiting_reason, affected,
+                                          first_seq=decision.first_seq))
 
     def _admit(self, inp: Input, now: float) -> Refusal | None:
         reason = admission.refusal(self.state, self.soft, inp, self.config)
@@ -193,6 +196,11 @@ class Core:
         if tuple(r.event for r in records) != ready.events:
             raise InvalidEvent(f"advance got {len(records)} records for a Ready of {len(ready.events)} events"
                                " (or other events): persist exactly ready.events")
+        if records and ready.first_seq and records[0].seq != ready.first_seq:
+            # Quarantines name their evidence (and SDC checks themselves) by the seqs decide
+            # numbered the events with: stored under other seqs, they would name other records.
+            raise InvalidEvent(f"advance got records from seq {records[0].seq} for a Ready decided to be"
+                               f" appended from seq {ready.first_seq}: append right after the state it was decided on")
         self.fold(records, clock_offset_s=clock_offset_s, on_record=on_record)
         self.soft.waiting_reason = ready.waiting_reason
 

@@ -7,6 +7,7 @@ from ftsup.supervisor.core.events import Event, NodeRole
 from ftsup.supervisor.core.inputs import AgentHello, Input
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core
+from tests.support.evidence import seq_problems
 
 NOW = 1_000.0
 
@@ -39,13 +40,15 @@ def hello(node_id: str, *, spare: bool = False, incarnation: int = 1, stream_id:
 
 class Sim:
     """Drives the pure core as the runtime does, through the same step (core/step.py): refuse,
-    observe, decide, then fold the events as records stamped with the sim's clock."""
+    observe, decide, then fold the events as records stamped with the sim's clock. Every append
+    is checked: the seqs its records name (evidence, SDC check ids) name the right records."""
 
     def __init__(self, cfg: CoreConfig | None = None, now: float = NOW, state: ClusterState | None = None) -> None:
         self.config = cfg or config()
         self.now = now
         self.core = Core(self.config, state or ClusterState(), SoftState(started_at_s=now))
         self.log: list[Event] = []
+        self.records: dict[int, Event] = {}  # seq -> event of every record appended here
 
     @property
     def state(self) -> ClusterState:
@@ -70,8 +73,12 @@ class Sim:
         ready = self.core.step(inp, self.now)
         if ready.refusal is not None:
             return ready.refusal.reason
-        self.core.advance(ready, self.core.records(ready.events, self.now))
+        records = self.core.records(ready.events, self.now)
+        self.core.advance(ready, records)
         self.log.extend(ready.events)
+        self.records.update((r.seq, r.event) for r in records)
+        problems = seq_problems(records, self.records)
+        assert not problems, "\n".join(problems)
         return list(ready.events)
 
     def events(self, inp: Input, *, at: float | None = None) -> list[Event]:

@@ -4,7 +4,7 @@ When one rank of a gang dies, every rank talking to it fails a moment later on a
 connection ("Connection closed by peer" from gloo, "remote process exited" from NCCL, a store
 socket reset...). Whichever of those exits reaches the supervisor first would otherwise be
 recorded as the generation's cause, and the operator would chase a healthy node. The core holds a
-collateral-looking exit for a short settle window (decide.py) so the real cause (another rank's
+collateral-looking exit for a short settle window (generations.py) so the real cause (another rank's
 own exit, or the death verdict of the node whose stream just closed) can name the failure.
 
 Pure: judged on the output tail the agent sends with the exit. A false "collateral" costs only
