@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +46,9 @@ RELAY_BACKOFF = Backoff(initial_s=0.05, max_s=0.5)  # a new leader is found with
 # The relay carries up to a whole shard's messages per batch: as large as the supervisor's server.
 RELAY_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024),
                  ("grpc.max_send_message_length", 16 * 1024 * 1024)]
-# Liveness news alone waits this long to gather into one summary: the leader's detector judges on
-# its 0.1 s Tick, so this adds nothing to detection; a heartbeat's ack (asked only by the fleet
-# bench) waits for it too. Anything else a shard queues goes at once, the summary with it.
+# Liveness summaries go at most this often (what is heard meanwhile gathers into the next): the
+# leader's detector judges on its 0.1 s Tick, so this adds nothing to detection; a heartbeat's ack
+# (asked only by the fleet bench) waits for it too.
 SUMMARY_INTERVAL_S = 0.02
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
@@ -85,6 +85,7 @@ class LinkShard:
         self._up = UpQueue(up_capacity) if up_capacity else UpQueue()
         self._up_ready = asyncio.Event()
         self._heard = HeardSince()
+        self._heard_ready = asyncio.Event()
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
         self._sessions: dict[int, ShardSession] = {}
         self._node_session: dict[str, int] = {}
@@ -155,9 +156,8 @@ class LinkShard:
                     session.outbox.put(_refusal("a second Hello on one stream", "hello"))
                     continue
                 if kind == "heartbeat" and self.summarises:
-                    if not self._heard:
-                        self._up_ready.set()  # (the writer starts the next summary's wait)
                     self._heard.note(session.session, message.heartbeat.seq if message.heartbeat.want_ack else 0)
+                    self._heard_ready.set()
                     continue
                 if not self._forward(session, message):
                     session.outbox.close("the shard's queue to the leader is full: reconnect")
@@ -280,6 +280,9 @@ class LinkShard:
             self.has_relayed = True
             log.info("relaying to the leader", leader=address, term=self.term)
             writer = asyncio.create_task(self._write(call))
+            tasks = [writer]
+            if self.summarises:
+                tasks.append(asyncio.create_task(self._summarise(stub)))
             try:
                 while True:
                     batch = await call.read()
@@ -288,38 +291,61 @@ class LinkShard:
                     if batch.term and batch.term != self.term:
                         return  # another leader: start over with it
                     self._deliver(batch)
-                    if writer.done():
-                        writer.result()
-                        return
+                    for task in tasks:
+                        if task.done():
+                            task.result()  # (raises what ended it; a clean end ends the relay too)
+                            return
             finally:
-                writer.cancel()
+                for task in tasks:
+                    task.cancel()
                 with contextlib.suppress(BaseException):
-                    await writer
+                    await asyncio.gather(*tasks, return_exceptions=True)
                 call.cancel()
         finally:
             await channel.close(None)
 
     async def _write(self, call: Any) -> None:
-        """Sends what is queued as soon as the relay can take it; liveness news alone (nodes heard,
-        nothing else queued) waits up to SUMMARY_INTERVAL_S to gather, so the leader gets a few
-        summaries per second from each shard, not one message per heartbeat."""
-        next_summary_s = 0.0
         while True:
-            now = self._clock()
-            if len(self._up) or (self._heard and now >= next_summary_s):
-                items = self._up.take(MAX_BATCH_ITEMS) if len(self._up) else []
-                heard, summary = self._heard.take() if self._heard else ([], 0)
-                if summary:
-                    next_summary_s = now + SUMMARY_INTERVAL_S
-                await call.write(shard_pb2.ShardBatch(items=items, heard=heard, summary=summary))
-                continue
+            while len(self._up):
+                await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS)))
             if not self.relay_up.is_set():
                 await call.done_writing()
                 return
             self._up_ready.clear()
-            timeout_s = max(0.0, next_summary_s - now) if self._heard else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._up_ready.wait(), timeout_s)
+            await self._up_ready.wait()
+
+    async def _summarise(self, stub: Any) -> None:
+        """The liveness stream: every SUMMARY_INTERVAL_S at most, the sessions heard since the last
+        summary; a heartbeat that asked for an ack is answered once the leader admitted it. Its
+        own stream, so a relay held back by the leader's flow control does not hold it back."""
+        call = stub.Liveness()
+        await call.write(shard_pb2.ShardLiveness(replica=self.address))
+        reader = asyncio.create_task(self._read_admitted(call))
+        try:
+            while not reader.done():
+                if not self._heard:
+                    self._heard_ready.clear()
+                    await _first_of(self._heard_ready.wait(), reader)
+                    continue
+                heard, summary = self._heard.take()
+                await call.write(shard_pb2.ShardLiveness(summary=summary, heard=heard))
+                await _first_of(asyncio.sleep(SUMMARY_INTERVAL_S), reader)  # (let the next gather)
+            reader.result()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            call.cancel()
+
+    async def _read_admitted(self, call: Any) -> None:
+        while True:
+            admitted = await call.read()
+            if not isinstance(admitted, shard_pb2.LivenessAdmitted):  # EOF: the leader ended it
+                return
+            for session_id, seq in self._heard.admitted(admitted.summary):
+                acked = self._sessions.get(session_id)
+                if acked is not None:
+                    acked.outbox.put(agent_pb2.SupervisorMessage(heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))
 
     def _deliver(self, batch: shard_pb2.LeaderBatch) -> None:
         for item in batch.items:
@@ -332,11 +358,15 @@ class LinkShard:
                 session.outbox.put(item.message)
             if item.close:
                 session.outbox.close()
-        if batch.heard_admitted:
-            for session_id, seq in self._heard.admitted(batch.heard_admitted):
-                acked = self._sessions.get(session_id)
-                if acked is not None:
-                    acked.outbox.put(agent_pb2.SupervisorMessage(heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))
+
+
+async def _first_of(awaitable: Awaitable[object], task: asyncio.Task[None]) -> None:
+    """Waits for `awaitable` or for `task` to end, whichever comes first."""
+    waiter = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
 
 
 def _refusal(reason: str, refused: str) -> agent_pb2.SupervisorMessage:

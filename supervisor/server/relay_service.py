@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
@@ -43,16 +44,13 @@ LEADERSHIP_CHECK_S = 0.25  # a relay ends this soon after its leader stepped dow
 
 
 class RelayDown:
-    """The relay's outgoing queue: Addressed items, bounded; `overflowed` ends the relay. Also the
-    newest liveness summary admitted that the shard has not been told of yet."""
+    """The relay's outgoing queue: Addressed items, bounded; `overflowed` ends the relay."""
 
     def __init__(self, capacity: int = DOWN_CAPACITY) -> None:
         self.capacity = capacity
         self._items: collections.deque[shard_pb2.Addressed] = collections.deque()
         self.ready = asyncio.Event()
         self.overflowed = False
-        self._admitted = 0  # the newest summary number admitted
-        self._told = 0  # the newest the shard was told of
 
     def push(self, item: shard_pb2.Addressed) -> bool:
         if self.overflowed or len(self._items) >= self.capacity:
@@ -63,23 +61,11 @@ class RelayDown:
         self.ready.set()
         return True
 
-    def admitted(self, summary: int) -> None:
-        """Summary `summary` (and every earlier one) was admitted: tell the shard with the next batch."""
-        if summary > self._admitted:
-            self._admitted = summary
-            self.ready.set()
-
-    def has_news(self) -> bool:
-        return bool(self._items) or self._admitted > self._told
-
-    def take(self, term: int, max_items: int = MAX_DOWN_ITEMS) -> shard_pb2.LeaderBatch:
-        """The next LeaderBatch: up to `max_items` items, and the newest admitted summary if new."""
+    def take(self, max_items: int = MAX_DOWN_ITEMS) -> list[shard_pb2.Addressed]:
         taken = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
-        admitted = self._admitted if self._admitted > self._told else 0
-        self._told = self._admitted
         if not self._items:
             self.ready.clear()
-        return shard_pb2.LeaderBatch(items=taken, term=term, heard_admitted=admitted)
+        return taken
 
     def __len__(self) -> int:
         return len(self._items)
@@ -117,9 +103,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         self._runtime = runtime
         self._is_tls = is_tls
         self.relays: dict[str, int] = {}  # shard replica -> nodes it relays now (for views and tests)
+        self._sessions: dict[str, dict[int, _Relayed]] = {}  # shard replica -> its relay's sessions
 
-    async def Relay(self, request_iterator: AsyncIterator[shard_pb2.ShardBatch],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[shard_pb2.LeaderBatch]:
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
         if self._is_tls:
             identity = peer_identity(context)
             if identity is None or identity.kind is not PeerKind.SUPERVISOR:
@@ -132,24 +118,30 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         if not runtime.is_leader:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"not the leader; the leader is {runtime.leader_address or 'being elected'}")
+
+    async def Relay(self, request_iterator: AsyncIterator[shard_pb2.ShardBatch],
+                    context: grpc.aio.ServicerContext) -> AsyncIterator[shard_pb2.LeaderBatch]:
+        await self._authorize(context)
+        runtime = self._runtime
         term = runtime.term
         first = await anext(aiter(request_iterator), None)
         replica = first.replica if first is not None and first.replica else context.peer()
         down = RelayDown()
         sessions: dict[int, _Relayed] = {}
+        self._sessions[replica] = sessions
         log.info("link shard relaying", replica=replica, term=term)
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
         try:
             yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
-                if not down.has_news():
+                if not len(down):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(down.ready.wait(), LEADERSHIP_CHECK_S)
                     if reader.done():
                         break
                     continue
-                yield down.take(term)
+                yield shard_pb2.LeaderBatch(items=down.take(), term=term)
         finally:
             reader.cancel()
             with contextlib.suppress(BaseException):
@@ -157,8 +149,58 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             for relayed in sessions.values():
                 runtime.close_stream(relayed.stream_id, None, 0)  # a route gone, no death signal
             self.relays.pop(replica, None)
+            if self._sessions.get(replica) is sessions:
+                del self._sessions[replica]
             log.warning("link shard relay ended", replica=replica, nodes=len(sessions), term=term,
                         overflowed=down.overflowed)
+
+    async def Liveness(self, request_iterator: AsyncIterator[shard_pb2.ShardLiveness],
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[shard_pb2.LivenessAdmitted]:
+        """A shard's liveness summaries: each admitted as one HeardFrom of the nodes its sessions
+        name (those of the shard's current relay; others are skipped), answered once admitted.
+        Not held back by the relay's back-pressure: a summary is one input per shard every
+        SUMMARY_INTERVAL_S at most, queued without waiting for a stream slot, and stamped with its
+        arrival, so a backlog of reports delays when it is observed, never what it says."""
+        await self._authorize(context)
+        runtime = self._runtime
+        term = runtime.term
+        admitted: asyncio.Queue[int] = asyncio.Queue()
+
+        async def read() -> None:
+            replica = ""
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                async for summary in request_iterator:
+                    replica = summary.replica or replica
+                    sessions = self._sessions.get(replica, {})
+                    node_ids = tuple(relayed.node_id for session in summary.heard
+                                     if (relayed := sessions.get(session)) is not None)
+                    number = summary.summary
+                    if not node_ids:
+                        if number:
+                            admitted.put_nowait(number)
+                        continue
+                    reply = runtime.submit(inputs.HeardFrom(node_ids))
+                    if number:
+                        reply.add_done_callback(_on_success(functools.partial(admitted.put_nowait, number)))
+            admitted.put_nowait(0)  # (the end)
+
+        reader = asyncio.create_task(read())
+        try:
+            while runtime.is_leader and runtime.term == term:
+                with contextlib.suppress(TimeoutError):
+                    number = await asyncio.wait_for(admitted.get(), LEADERSHIP_CHECK_S)
+                    if not number:
+                        break
+                    while not admitted.empty():  # (the newest covers the older)
+                        newer = admitted.get_nowait()
+                        if not newer:
+                            return
+                        number = max(number, newer)
+                    yield shard_pb2.LivenessAdmitted(summary=number)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
 
     async def _read(self, requests: AsyncIterator[shard_pb2.ShardBatch], down: RelayDown,
                     sessions: dict[int, _Relayed], replica: str, first: Iterable[shard_pb2.Forwarded] = ()) -> None:
@@ -168,8 +210,6 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             async for batch in requests:
                 for item in batch.items:
                     await self._on_item(item, down, sessions)
-                if batch.heard:
-                    await self._on_heard(batch, down, sessions)
                 self.relays[replica] = len(sessions)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
@@ -211,20 +251,6 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                     heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))))
             return
         reply.add_done_callback(_refuse_on(route, type(inp).__name__))
-
-    async def _on_heard(self, batch: shard_pb2.ShardBatch, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
-        """A liveness summary: the sessions heard since the shard's previous batch, admitted as one
-        HeardFrom (after the batch's items, so a session opened or ended in it is seen as such).
-        Sessions unknown here (a refused Hello, an end that crossed the summary) are left out."""
-        node_ids = tuple(relayed.node_id for session in batch.heard if (relayed := sessions.get(session)) is not None)
-        summary = batch.summary
-        if not node_ids:
-            if summary:
-                down.admitted(summary)
-            return
-        reply = await self._runtime.submit_from_stream(inputs.HeardFrom(node_ids))
-        if summary:
-            reply.add_done_callback(_on_success(lambda: down.admitted(summary)))
 
     def _on_hello(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
         runtime = self._runtime

@@ -99,35 +99,19 @@ class ShardBatch(_message.Message):
 
     REPLICA_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
-    HEARD_FIELD_NUMBER: _builtins.int
-    SUMMARY_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     """the shard's advertised address (first batch), for logs and routing"""
-    summary: _builtins.int
-    """This batch's number (1, 2, ... on one relay) when `heard` is set: echoed in
-    LeaderBatch.heard_admitted once the summary was admitted, so the shard can answer heartbeats
-    that asked for an ack (want_ack) only when the leader has them.
-    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Forwarded]: ...
-    @_builtins.property
-    def heard(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Liveness summary (to a leader that takes them: LeaderBatch.takes_liveness_summaries): the
-        sessions that sent at least one heartbeat since the previous batch, instead of a Forwarded
-        heartbeat each. The leader handles them after `items`, as one core input (HeardFrom).
-        """
-
     def __init__(
         self,
         *,
         replica: _builtins.str = ...,
         items: _abc.Iterable[Global___Forwarded] | None = ...,
-        heard: _abc.Iterable[_builtins.int] | None = ...,
-        summary: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heard", b"heard", "items", b"items", "replica", b"replica", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "replica", b"replica"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -171,15 +155,12 @@ class LeaderBatch(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
     TAKES_LIVENESS_SUMMARIES_FIELD_NUMBER: _builtins.int
-    HEARD_ADMITTED_FIELD_NUMBER: _builtins.int
     term: _builtins.int
     """the leader's term: a shard drops its sessions when it changes"""
     takes_liveness_summaries: _builtins.bool
-    """Set on the first batch of a relay by a leader that takes liveness summaries (ShardBatch.heard);
+    """Set on the first batch of a relay by a leader that takes liveness summaries (LinkShard.Liveness);
     a shard relaying to an older leader forwards every heartbeat instead.
     """
-    heard_admitted: _builtins.int
-    """every summary numbered up to this one was admitted (0: none new)"""
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Addressed]: ...
     def __init__(
@@ -188,12 +169,66 @@ class LeaderBatch(_message.Message):
         items: _abc.Iterable[Global___Addressed] | None = ...,
         term: _builtins.int = ...,
         takes_liveness_summaries: _builtins.bool = ...,
-        heard_admitted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heard_admitted", b"heard_admitted", "items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaderBatch: _TypeAlias = LeaderBatch  # noqa: Y015
+
+@_typing.final
+class ShardLiveness(_message.Message):
+    """The sessions (of the shard's relay) that sent at least one heartbeat since the previous summary,
+    instead of a Forwarded heartbeat each; the leader admits them as one core input (HeardFrom).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    HEARD_FIELD_NUMBER: _builtins.int
+    replica: _builtins.str
+    """the shard's advertised address (first message): whose sessions"""
+    summary: _builtins.int
+    """1, 2, ... on one stream: echoed once admitted"""
+    @_builtins.property
+    def heard(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        replica: _builtins.str = ...,
+        summary: _builtins.int = ...,
+        heard: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heard", b"heard", "replica", b"replica", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardLiveness: _TypeAlias = ShardLiveness  # noqa: Y015
+
+@_typing.final
+class LivenessAdmitted(_message.Message):
+    """Every summary numbered up to `summary` was admitted: the shard may now answer the heartbeats in
+    them that asked for an ack (want_ack), so an ack still means "the leader has it".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    summary: _builtins.int
+    def __init__(
+        self,
+        *,
+        summary: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LivenessAdmitted: _TypeAlias = LivenessAdmitted  # noqa: Y015

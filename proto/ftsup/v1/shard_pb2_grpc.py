@@ -39,6 +39,11 @@ class LinkShardStub:
                 request_serializer=ftsup_dot_v1_dot_shard__pb2.ShardBatch.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_shard__pb2.LeaderBatch.FromString,
                 _registered_method=True)
+        self.Liveness = channel.stream_stream(
+                '/ftsup.v1.LinkShard/Liveness',
+                request_serializer=ftsup_dot_v1_dot_shard__pb2.ShardLiveness.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_shard__pb2.LivenessAdmitted.FromString,
+                _registered_method=True)
 
 
 class LinkShardServicer:
@@ -52,6 +57,15 @@ class LinkShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Liveness(self, request_iterator, context):
+        """The shard's liveness summaries, on a stream of their own (opened once a relay is up, to a
+        leader that says it takes them): a relay held back by the leader's flow control (a backlog of
+        reports to admit) never delays the news that the shard's nodes are alive.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LinkShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +73,11 @@ def add_LinkShardServicer_to_server(servicer, server):
                     servicer.Relay,
                     request_deserializer=ftsup_dot_v1_dot_shard__pb2.ShardBatch.FromString,
                     response_serializer=ftsup_dot_v1_dot_shard__pb2.LeaderBatch.SerializeToString,
+            ),
+            'Liveness': grpc.stream_stream_rpc_method_handler(
+                    servicer.Liveness,
+                    request_deserializer=ftsup_dot_v1_dot_shard__pb2.ShardLiveness.FromString,
+                    response_serializer=ftsup_dot_v1_dot_shard__pb2.LivenessAdmitted.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +107,33 @@ class LinkShard:
             '/ftsup.v1.LinkShard/Relay',
             ftsup_dot_v1_dot_shard__pb2.ShardBatch.SerializeToString,
             ftsup_dot_v1_dot_shard__pb2.LeaderBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Liveness(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ftsup.v1.LinkShard/Liveness',
+            ftsup_dot_v1_dot_shard__pb2.ShardLiveness.SerializeToString,
+            ftsup_dot_v1_dot_shard__pb2.LivenessAdmitted.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,11 @@ class LinkShardStub:
     """One stream per follower replica, opened to the leader. Everything a shard's agents send that
     the leader needs goes up (batched); every message for those agents comes down.
     """
+    Liveness: _grpc.StreamStreamMultiCallable[_shard_pb2.ShardLiveness, _shard_pb2.LivenessAdmitted]
+    """The shard's liveness summaries, on a stream of their own (opened once a relay is up, to a
+    leader that says it takes them): a relay held back by the leader's flow control (a backlog of
+    reports to admit) never delays the news that the shard's nodes are alive.
+    """
 
 @_typing.type_check_only
 class LinkShardAsyncStub(LinkShardStub):
@@ -46,6 +51,11 @@ class LinkShardAsyncStub(LinkShardStub):
     Relay: _aio.StreamStreamMultiCallable[_shard_pb2.ShardBatch, _shard_pb2.LeaderBatch]  # type: ignore[assignment]
     """One stream per follower replica, opened to the leader. Everything a shard's agents send that
     the leader needs goes up (batched); every message for those agents comes down.
+    """
+    Liveness: _aio.StreamStreamMultiCallable[_shard_pb2.ShardLiveness, _shard_pb2.LivenessAdmitted]  # type: ignore[assignment]
+    """The shard's liveness summaries, on a stream of their own (opened once a relay is up, to a
+    leader that says it takes them): a relay held back by the leader's flow control (a backlog of
+    reports to admit) never delays the news that the shard's nodes are alive.
     """
 
 class LinkShardServicer(metaclass=_abc_1.ABCMeta):
@@ -57,6 +67,17 @@ class LinkShardServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_shard_pb2.LeaderBatch], _abc.AsyncIterator[_shard_pb2.LeaderBatch]]:
         """One stream per follower replica, opened to the leader. Everything a shard's agents send that
         the leader needs goes up (batched); every message for those agents comes down.
+        """
+
+    @_abc_1.abstractmethod
+    def Liveness(
+        self,
+        request_iterator: _MaybeAsyncIterator[_shard_pb2.ShardLiveness],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_shard_pb2.LivenessAdmitted], _abc.AsyncIterator[_shard_pb2.LivenessAdmitted]]:
+        """The shard's liveness summaries, on a stream of their own (opened once a relay is up, to a
+        leader that says it takes them): a relay held back by the leader's flow control (a backlog of
+        reports to admit) never delays the news that the shard's nodes are alive.
         """
 
 def add_LinkShardServicer_to_server(servicer: LinkShardServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
