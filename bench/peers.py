@@ -557,10 +557,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     versions = {**_versions(), **{f"peers_{k}": v for k, v in check_peers(args).items()}}
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-peers-", dir=args.dir))
     load_before = os.getloadavg()
     results: dict[str, dict[str, Any]] = {}
