@@ -459,8 +459,10 @@ def one_run(tool: str, args: argparse.Namespace, run_dir: pathlib.Path, kill: bo
         progress = Progress(progress_files(run_dir))
         try:
             killed_at = _drive(progress, args, kill, lambda: kill_node(launch), launch.alive, run_dir)
-        finally:
-            launch.stop()
+        except BaseException:  # failed or stopped: no run is left to finish by itself
+            launch.stop(timeout_s=0.0)
+            raise
+        launch.stop()
     return _figures(tool, progress.records, args, killed_at, peak[0])
 
 

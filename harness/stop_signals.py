@@ -62,3 +62,11 @@ def unwinding_on_stop_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: not set from Python
+
+
+def default_stop_actions() -> None:
+    """For a process forked (not exec'd) inside the block, e.g. a multiprocessing worker: SIGTERM
+    and SIGHUP end it at once again, as its parent expects of `terminate()`; the parent, not the
+    worker, owns the cleanup."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)

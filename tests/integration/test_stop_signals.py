@@ -15,10 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from ftsup.harness.cluster import wait_until
+from ftsup.harness.stop_signals import Stopped
 from tests.support.process_tree import Proc, descendants
 
 pytestmark = pytest.mark.integration
@@ -81,3 +84,50 @@ def test_a_sigtermed_scale_bench_stops_its_supervisors_etcd_and_load_processes(t
         for proc in started.values():  # only what this test's bench started, each checked by start time
             if proc.is_running:
                 os.kill(proc.pid, signal.SIGKILL)
+
+
+def _etcd(tmp_path: pathlib.Path) -> tuple[object, str, Callable[[], list[subprocess.Popen[bytes]]]]:
+    from ftsup.harness.etcd_cluster import EtcdCluster
+
+    cluster = EtcdCluster(tmp_path / "etcd")
+    return cluster, "wait_healthy", lambda: [m.process for m in cluster.members if m.process is not None]
+
+
+def _s3(tmp_path: pathlib.Path) -> tuple[object, str, Callable[[], list[subprocess.Popen[bytes]]]]:
+    from ftsup.harness.s3_server import S3Server
+
+    server = S3Server(tmp_path / "s3")
+    return server, "_wait_ready", lambda: [server.process] if server.process is not None else []
+
+
+def _browser(tmp_path: pathlib.Path) -> tuple[object, str, Callable[[], list[subprocess.Popen[bytes]]]]:
+    from ftsup.harness.browser import Browser, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed")
+    browser = Browser()
+    return browser, "call", lambda: [browser.process] if browser.process is not None else []
+
+
+@pytest.mark.parametrize("make", [_etcd, _s3, _browser], ids=["etcd", "s3_server", "browser"])
+def test_a_start_cut_short_by_a_stop_signal_kills_what_it_started(tmp_path: pathlib.Path, make) -> None:
+    """`with X() as x:` runs X's __exit__ only once __enter__ returned: a SIGTERM while X waits for
+    its process to be ready must not leave that process behind."""
+    thing, waits_in, processes = make(tmp_path)
+    seen: list[subprocess.Popen[bytes]] = []
+
+    def stopped(*_args: Any, **_kwargs: Any) -> Any:
+        seen.extend(processes())  # what the start spawned before it waited
+        raise Stopped(signal.SIGTERM)
+
+    setattr(thing, waits_in, stopped)
+    try:
+        with pytest.raises(Stopped), thing:  # type: ignore[attr-defined]
+            pytest.fail("the start was stopped: the block never runs")
+        assert seen, "the start spawned its process before it waited"
+        assert all(p.poll() is not None for p in seen), "a process of the stopped start is still running"
+    finally:
+        for process in seen:  # this test's own children: none may outlive it, even when it fails
+            if process.poll() is None:
+                process.kill()
+                process.wait()
