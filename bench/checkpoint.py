@@ -232,11 +232,20 @@ def main(argv: list[str] | None = None) -> int:
         # the extra installed), so that all three writers are timed in the same rank processes on
         # the same tensors (a spawned child takes its parent's sys.path, not its interpreter's).
         print(f"ftsup bench checkpoint: running under {rank_python} (it has s3torchconnector)", file=sys.stderr)
-        done = subprocess.run([rank_python, "-m", "ftsup.bench.checkpoint", *(sys.argv[1:] if argv is None else argv)],
-                              stdout=subprocess.PIPE, check=False)
-        sys.stdout.write(done.stdout.decode(errors="replace"))
+        from ftsup.harness.cluster import terminate_group
+
+        # Through the CLI, so that a stop passed on (SIGTERM) unwinds it too: its S3 server and ranks stop.
+        child = subprocess.Popen([rank_python, "-m", "ftsup.harness.cli", "bench", "checkpoint",
+                                  *(sys.argv[1:] if argv is None else argv)], stdout=subprocess.PIPE,
+                                 start_new_session=True)
+        try:
+            out, _ = child.communicate()
+        except BaseException:
+            terminate_group(child, grace_s=30.0)
+            raise
+        sys.stdout.write(out.decode(errors="replace"))
         sys.stdout.flush()
-        return done.returncode
+        return child.returncode
 
     import torch.multiprocessing as mp
 

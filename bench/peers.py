@@ -459,8 +459,10 @@ def one_run(tool: str, args: argparse.Namespace, run_dir: pathlib.Path, kill: bo
         progress = Progress(progress_files(run_dir))
         try:
             killed_at = _drive(progress, args, kill, lambda: kill_node(launch), launch.alive, run_dir)
-        finally:
-            launch.stop()
+        except BaseException:  # failed or stopped: no run is left to finish by itself
+            launch.stop(timeout_s=0.0)
+            raise
+        launch.stop()
     return _figures(tool, progress.records, args, killed_at, peak[0])
 
 
@@ -557,10 +559,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     versions = {**_versions(), **{f"peers_{k}": v for k, v in check_peers(args).items()}}
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-peers-", dir=args.dir))
     load_before = os.getloadavg()
     results: dict[str, dict[str, Any]] = {}

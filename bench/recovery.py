@@ -397,10 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     # included): the runs are stopped after the last regain, never left to finish.
     args.steps = triggers[-1] + 1000 * args.kill_gap
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)  # unwind: clusters and torchrun are stopped, not orphaned
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-recovery-", dir=args.dir))
     try:
         ours = run_ftsup(args, workdir / "ftsup", triggers)

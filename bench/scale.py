@@ -32,6 +32,7 @@ from ftsup.bench import _scale_plot
 from ftsup.common import plot
 from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
+from ftsup.harness.etcd_cluster import EtcdCluster, EtcdClusterError
 from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import operator_pb2, operator_pb2_grpc
 
@@ -202,35 +203,34 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
     if profile:
         module = "ftsup.bench._profiled_supervisor"
         env["FTSUP_PROFILE_OUT"] = str(workdir / "supervisor.prof")
-    etcd = None
-    if replicas > 1:
-        from ftsup.harness.etcd_cluster import EtcdCluster, EtcdClusterError
-
-        try:
-            etcd = EtcdCluster(workdir / "etcd")
-            etcd.start()
-        except EtcdClusterError as exc:
-            if etcd is not None:
-                etcd.close()
-            raise ClusterError(f"--replicas {replicas} needs a local etcd: {exc}") from exc
     dead_after_s = interval_s * args.heartbeat_misses
     window_s = max(args.duration_s, dead_after_s + interval_s + 4.0)
     silence_at_s = window_s - (dead_after_s + interval_s + 2.0)
+    # Every process is registered here the moment it starts, and the `try` below covers every start:
+    # an error or a stop signal (SIGTERM unwinds, harness/stop_signals.py) at any point stops them all.
+    etcd: EtcdCluster | None = None
     procs: list[LoadProcess] = []
     watch: EventWatch | None = None
     supervisors: dict[str, subprocess.Popen[bytes]] = {}
-    for index, listen in enumerate(addresses):
-        argv = [sys.executable, "-m", module, "--listen", listen, "--job", str(workdir / "job.json"),
-                "--heartbeat-interval-s", str(interval_s), "--heartbeat-misses", str(args.heartbeat_misses), "--log-json"]
-        argv += (["--etcd", etcd.endpoints, "--etcd-prefix", "/bench-scale"] if etcd is not None
-                 else ["--data-dir", str(workdir / "log")])
-        name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
-        with open(workdir / name, "wb") as sup_log:
-            supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env,
-                                                   start_new_session=True)
-    supervisor = supervisors[addresses[0]]
-    address = addresses[0]
     try:
+        if replicas > 1:
+            try:
+                etcd = EtcdCluster(workdir / "etcd")
+                etcd.start()
+            except EtcdClusterError as exc:
+                raise ClusterError(f"--replicas {replicas} needs a local etcd: {exc}") from exc
+        for index, listen in enumerate(addresses):
+            argv = [sys.executable, "-m", module, "--listen", listen, "--job", str(workdir / "job.json"),
+                    "--heartbeat-interval-s", str(interval_s), "--heartbeat-misses", str(args.heartbeat_misses),
+                    "--log-json"]
+            argv += (["--etcd", etcd.endpoints, "--etcd-prefix", "/bench-scale"] if etcd is not None
+                     else ["--data-dir", str(workdir / "log")])
+            name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
+            with open(workdir / name, "wb") as sup_log:
+                supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env,
+                                                       start_new_session=True)
+        supervisor = supervisors[addresses[0]]
+        address = addresses[0]
         for listen, process in supervisors.items():
             _wait(lambda a=listen: _status(a), 60, f"the supervisor at {listen} to answer", process)
         if replicas > 1:

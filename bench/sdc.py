@@ -45,6 +45,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from ftsup.harness import ports
 from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.policies import recompute
 from ftsup.supervisor.core.policies.sdc import SdcConfig, vote_step
@@ -193,7 +194,7 @@ def run(world: int, shape: Shape, steps: int, flips: list[Flip], time_digests: b
         keep_before: frozenset[int] = frozenset()) -> tuple[list[dict], dict[int, bytes]]:
     """Every rank's digests and timings, and rank 0's state before each step in `keep_before`."""
     with tempfile.TemporaryDirectory() as out_dir:
-        port = _free_port()
+        port = ports.reserve(1).first  # the rendezvous port, held machine-wide (harness/ports.py)
         mp.spawn(worker, args=(world, port, shape, steps, flips, out_dir, time_digests, keep_before), nprocs=world,
                  join=True)
         results = []
@@ -278,14 +279,6 @@ def recompute_cost(world: int, steps: int) -> dict:
         "grad_digest_ms": grad_digest * 1e3,
         "grad_digest_overhead_fraction": grad_digest / step,
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def score(results: list[dict], flips: list[Flip], world: int) -> dict:

@@ -64,13 +64,17 @@ class Browser:
             start_new_session=True)
         os.close(commands_r)
         os.close(replies_w)
-        targets = self.call("Target.getTargets")["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        self.session = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)["sessionId"]
-        self.call("Page.enable")
-        self.call("Runtime.enable")
-        self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
-                  deviceScaleFactor=1, mobile=False)
+        try:
+            targets = self.call("Target.getTargets")["targetInfos"]
+            page = next(t for t in targets if t["type"] == "page")
+            self.session = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)["sessionId"]
+            self.call("Page.enable")
+            self.call("Runtime.enable")
+            self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
+                      deviceScaleFactor=1, mobile=False)
+        except BaseException:  # an error or a stop signal: `with` calls __exit__ only after __enter__ returns
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *_: object) -> None:

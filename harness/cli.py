@@ -9,6 +9,8 @@ import re
 import sys
 from collections.abc import Callable
 
+from ftsup.harness.stop_signals import Stopped, unwinding_on_stop_signals
+
 
 def _run(argv: list[str]) -> int:
     from ftsup.harness.run import main
@@ -120,6 +122,12 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 }
 
 
+# Commands that start child processes (clusters, etcd members, load generators, ranks, workers)
+# and stop them on the way out: SIGTERM and SIGHUP unwind them as Ctrl-C does (stop_signals.py).
+# The daemons are not here: each has its own graceful shutdown on SIGTERM.
+STOPPED_BY_UNWINDING = frozenset({"run", "demo", "chaos", "bench", "sim"})
+
+
 def usage() -> str:
     lines = ["usage: ftsup COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<11} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
@@ -136,7 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         print(f"ftsup: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    return command[0](args[1:])
+    if args[0] not in STOPPED_BY_UNWINDING:
+        return command[0](args[1:])
+    try:
+        with unwinding_on_stop_signals():
+            return command[0](args[1:])
+    except Stopped as stop:  # the command's own cleanup (its finally blocks) has run by now
+        print(f"ftsup {args[0]}: {stop}; the processes it started are stopped", file=sys.stderr)
+        return stop.exit_code
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import signal
 import sys
 import tempfile
 import time
@@ -223,12 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    # SIGTERM unwinds like Ctrl-C, so the local cluster's processes are stopped, not orphaned.
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
+    try:  # SIGTERM/SIGHUP raise a KeyboardInterrupt here too (harness/stop_signals.py, set up by the CLI)
         result = run_job(args, workdir / "run", kill=args.kill_at > 0, say=say)
         say(timeline(result))
         reference = None

@@ -84,10 +84,16 @@ class EtcdCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        """Starts every member and waits until all are healthy. One that does not finish (an error,
+        a stop signal) kills the members it started: a caller's `with` never saw them."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for member in self.members:
-            self._spawn(member, state="new")
-        self.wait_healthy()
+        try:
+            for member in self.members:
+                self._spawn(member, state="new")
+            self.wait_healthy()
+        except BaseException:
+            self._kill_members()
+            raise
 
     def _spawn(self, member: Member, *, state: str) -> None:
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -194,13 +200,16 @@ class EtcdCluster:
         self.wait_healthy()
 
     def close(self) -> None:
+        self._kill_members()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill_members(self) -> None:
         for member in self.members:
             if member.process is not None and member.process.poll() is None:
                 if member.is_paused:
                     member.process.send_signal(signal.SIGCONT)
                 member.process.kill()
                 member.process.wait(timeout=10)
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> EtcdCluster:
         self.start()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import sys
 import tempfile
 import time
@@ -169,11 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"run dir {run_dir}: {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s), {spec.spares} spare(s),"
         f" max_restarts={spec.max_restarts}")
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)  # unwinds like Ctrl-C: the ranks are stopped, not orphaned
-    try:
+    try:  # SIGTERM/SIGHUP raise a KeyboardInterrupt here too (harness/stop_signals.py, set up by the CLI)
         outcome = run(spec, run_dir)
     except ClusterError as exc:
         say(f"ftsup could not run the job: {exc}")

@@ -92,7 +92,11 @@ class S3Server:
         with open(self.root / "weed.out", "wb") as out:
             self.process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # an error or a stop signal: a caller's `with` never saw the server
+            self.close()
+            raise
 
     def _wait_ready(self) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -113,7 +117,6 @@ class S3Server:
                     continue
                 last = exc
                 time.sleep(0.2)  # polling a condition with a deadline, not waiting for luck
-        self.close()
         raise S3ServerError(f"S3 server not ready after {READY_DEADLINE_S}s: {last!r}; {self._log_tail()}")
 
     def _log_tail(self) -> str:

@@ -13,7 +13,6 @@ import argparse
 import json
 import pathlib
 import re
-import signal
 import sys
 import tempfile
 
@@ -134,10 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)  # unwind: every cluster process is stopped
     s3 = S3Endpoint(args.s3_endpoint.rstrip("/"), args.s3_bucket, args.s3_region) if args.s3_endpoint else None
     ctx = RunContext(workdir, say, timeout_s=args.timeout_s, s3_endpoint=s3)
     results: list[Result] = []

@@ -34,6 +34,7 @@ from ftsup.harness.sim.model import (
     parse_component,
 )
 from ftsup.harness.sim.stats import estimate
+from ftsup.harness.stop_signals import default_stop_actions
 
 DEFAULT_GPUS = 1024
 
@@ -215,9 +216,23 @@ def _run_all(tasks: list[_Task], jobs: int) -> list[_Done]:
     except ValueError:
         context = multiprocessing.get_context()
     order = sorted(range(len(tasks)), key=lambda i: -tasks[i].spec.nodes)  # the longest first
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context,
+                             initializer=default_stop_actions) as pool:
         futures = {i: pool.submit(_run_task, tasks[i]) for i in order}
-        return [futures[i].result() for i in range(len(tasks))]
+        try:
+            return [futures[i].result() for i in range(len(tasks))]
+        except BaseException:
+            # Stopped (Ctrl-C, SIGTERM) or a replication failed: the rest is not wanted. The pool's
+            # exit alone would run every queued replication first (minutes at fleet scale).
+            workers = list((pool._processes or {}).values())  # shutdown() forgets them
+            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:  # ended, not just told to: nothing of the run outlives it
+                worker.join(timeout=10.0)
+                if worker.is_alive():
+                    worker.kill()
+            raise
 
 
 def simulate_fleets(specs: list[SimSpec], strategies: tuple[str, ...], runs: list[int], seed: int,

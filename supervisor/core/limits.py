@@ -10,8 +10,8 @@ from __future__ import annotations
 
 # -- what a sender may claim (admission.py refuses past these) ------------------------------------
 
-# Node ids travel in paths, metrics labels and certificates: a short, plain alphabet.
-MAX_NODE_ID = 64
+# Node ids: their form and length are common/node_id.py's (one rule for the agent's flags, the
+# server's Hello checks and admission.py).
 # Steps are counted one optimizer step at a time: 2^53 - 1 is ~285 million years of 1 ms steps,
 # and the largest count that stays exact as a float (JSON, Prometheus). Larger is a corrupt report.
 MAX_STEP = (1 << 53) - 1

@@ -24,10 +24,10 @@ import torch
 
 from ftsup.checkpoint import catalog, supervised
 from ftsup.checkpoint.manifest import ShardReport
-from ftsup.harness.cluster import wait_until
+from ftsup.harness.cluster import free_port, wait_until
 from ftsup.harness.s3_server import S3Server
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
-from tests.integration.test_trainer_restore import MAX_MESSAGE_BYTES, FakeAgent, free_port
+from tests.integration.test_trainer_restore import MAX_MESSAGE_BYTES, FakeAgent
 
 pytestmark = pytest.mark.integration
 

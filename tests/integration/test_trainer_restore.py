@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ftsup.harness.cluster import free_port
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -121,12 +121,6 @@ def serve_fake_agent(directory: Path):
 def agent(tmp_path):
     with serve_fake_agent(tmp_path) as servicer:
         yield servicer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None, *flags: str,

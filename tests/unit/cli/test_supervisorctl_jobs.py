@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import grpc
 import pytest
 import structlog
 
+from ftsup.harness.cluster import free_port
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.inputs import AgentHello, OperatorRequest, SnapshotReport, StepReport
@@ -76,12 +76,6 @@ def _bind_capture(capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
     _capture = None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def drive(runtime: Runtime, inp: object) -> None:
     outcome = await runtime.submit(inp)  # type: ignore[arg-type]
     assert outcome.refusal is None, outcome.refusal
@@ -116,8 +110,7 @@ async def serve(authorizer: Authorizer) -> AsyncIterator[Cluster]:
     service = OperatorService(runtime, "127.0.0.1:0")
     service.wall_clock = wall  # type: ignore[method-assign]
     operator_pb2_grpc.add_OperatorServicer_to_server(guarded(service, authorizer), server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")  # bound and held: no other process can take it
     await server.start()
     try:
         yield Cluster(f"127.0.0.1:{port}", runtime, wall)

@@ -76,3 +76,62 @@ def test_torchs_fixed_default_ports_are_never_handed_out(tmp_path: pathlib.Path)
     # Candidates start at 29390..29412 for 8 ports: only 29390..29392 stay clear of 29400.
     reg = PortRegistry(tmp_path, rng=random.Random(5), ephemeral=(29420, 65535), lowest=29390)
     assert reg.reserve(8).first in (29390, 29391, 29392)
+
+
+def _claim_many(root: str, ready, done, out, count: int) -> None:  # a forked process: one test session
+    reg = registry(pathlib.Path(root), seed=7)  # every process draws the same candidates, in the same order
+    ready.wait()
+    out.put([r.first for r in (reg.reserve(1) for _ in range(count))])
+    done.wait()  # alive until all have claimed: a dead owner's ports are free to take again
+
+
+def test_concurrent_sessions_never_hand_out_the_same_port(tmp_path: pathlib.Path) -> None:
+    """Four processes claim at once from one registry, each drawing the same candidates: the lock
+    around scan-and-claim is all that keeps them apart."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    sessions, count = 4, 10
+    ready, done, out = context.Barrier(sessions), context.Barrier(sessions + 1), context.Queue()
+    processes = [context.Process(target=_claim_many, args=(str(tmp_path), ready, done, out, count))
+                 for _ in range(sessions)]
+    for process in processes:
+        process.start()
+    try:
+        claimed = [port for _ in processes for port in out.get(timeout=60)]
+        done.wait(timeout=60)
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    assert len(claimed) == sessions * count
+    assert len(set(claimed)) == len(claimed), sorted(p for p in set(claimed) if claimed.count(p) > 1)
+
+
+# Binding port 0 to learn a free port and closing the socket hands out an ephemeral port that is
+# nobody's until the child binds it (the EADDRINUSE issue 16 saw). Ports come from harness/ports.py
+# (free_port, ports.reserve) or are bound and held (grpc's add_insecure_port(":0")); these hold theirs:
+BINDS_AND_HOLDS = {
+    "harness/chaos/proxy.py",  # the partition proxy listens on its socket for its whole life
+    "tests/unit/harness/test_ports.py",  # holds a listening socket to show a taken port is skipped
+}
+
+
+def test_no_port_is_picked_by_binding_port_zero_and_letting_go() -> None:
+    import ast
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    offenders = []
+    for folder in ("common", "checkpoint", "supervisor", "agent", "trainer", "harness", "bench", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            name, text = str(path.relative_to(root)), path.read_text()
+            if ".bind(" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "bind"
+                        and node.args and isinstance(node.args[0], ast.Tuple) and len(node.args[0].elts) == 2
+                        and isinstance(node.args[0].elts[1], ast.Constant) and node.args[0].elts[1].value == 0
+                        and name not in BINDS_AND_HOLDS):
+                    offenders.append(f"{name}:{node.lineno}")
+    assert not offenders, f"ports picked by bind-to-0-and-close (use ftsup.harness.cluster.free_port): {offenders}"

@@ -96,3 +96,32 @@ def test_replications_in_several_processes_give_the_same_numbers(capsys):
         fleet.pop("cpu_s")
     assert [f.pop("jobs") for f in one["sweep"]] == [1, 1] and [f.pop("jobs") for f in two["sweep"]] == [2, 2]
     assert one == two
+
+
+def _fake_replication(task):  # run in a forked worker: the first fails, the others would take long
+    import os
+    import pathlib
+    import time
+
+    marks = pathlib.Path(task.strategy)
+    (marks / f"{task.run}.{os.getpid()}").touch()
+    if task.run == 0:
+        raise RuntimeError("replication 0 broke")
+    time.sleep(20)  # stands for a long replication; the pool must not wait for it
+
+
+def test_a_failed_or_stopped_replication_ends_the_pool_at_once_queued_runs_never_start(tmp_path, monkeypatch):
+    import os
+
+    from ftsup.harness.sim import cli as sim_cli
+    from tests.support.process_tree import descendants
+
+    monkeypatch.setattr(sim_cli, "_run_task", _fake_replication)
+    spec = sim_cli.SimSpec(gpus=8)
+    tasks = [sim_cli._Task(spec, str(tmp_path), i, i) for i in range(8)]
+    with pytest.raises(RuntimeError, match="replication 0 broke"):
+        sim_cli._run_all(tasks, jobs=2)
+    marks = [p.name.split(".") for p in tmp_path.iterdir()]
+    started, workers = sorted(int(run) for run, _ in marks), {int(pid) for _, pid in marks}
+    assert started[0] == 0 and len(started) < len(tasks), started  # the queued ones were cancelled
+    assert not workers & set(descendants(os.getpid())), "a worker of the pool is still running"

@@ -68,3 +68,23 @@ def test_a_snapshot_memory_report_is_shown_for_its_node_and_nonsense_is_refused(
     assert "is not one of derived, flag_cap" in sim.feed(SnapshotMemoryReport("n1", 1, None, "guess", 1, ""))
     assert "figures out of range" in sim.feed(SnapshotMemoryReport("n1", 1 << 60, None, "ram_cap", 1, ""))
     assert "has not said Hello" in sim.feed(SnapshotMemoryReport("ghost", 1, None, "ram_cap", 1, ""))
+
+
+# Ids the core's older rule (1-64 of [A-Za-z0-9._-]) let in and the server's Hello check refuses.
+OLD_FORM_IDS = ["Node-1", "node_1", "-node1", "node1.", "a..b", ".", "n" * 64]
+
+
+@pytest.mark.parametrize("node_id", OLD_FORM_IDS)
+def test_a_hello_with_an_old_form_node_id_is_refused_by_the_core_as_the_server_refuses_it(node_id: str) -> None:
+    from ftsup.common.node_id import node_id_problem
+    from ftsup.supervisor.core.step import Core, RefusalKind
+    from tests.support.builders import config
+
+    core = Core(config())
+    ready = core.step(hello(node_id), NOW)
+    assert ready.refusal is not None and ready.refusal.kind is RefusalKind.PERMANENT
+    assert ready.refusal.reason == node_id_problem(node_id)  # the one rule, word for word
+    assert ready.events == () and node_id not in core.soft.nodes
+    batch = core.step_hellos([(hello(node_id), NOW), (hello("node-1.rack-2"), NOW)])
+    assert batch.refusals[0] is not None and batch.refusals[0].kind is RefusalKind.PERMANENT
+    assert batch.admitted == (1,)

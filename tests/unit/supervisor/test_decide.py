@@ -265,7 +265,7 @@ def test_a_duplicate_node_id_is_refused_while_the_first_is_connected():
 def test_unknown_and_malformed_node_ids_are_refused():
     sim = Sim(config(allowed=frozenset({"n1"})))
     assert "unknown node id 'n9'" in sim.feed(hello("n9"))
-    assert "is not valid" in sim.feed(hello("bad id/with slash"))
+    assert "is not canonical" in sim.feed(hello("bad id/with slash"))
     assert "not a valid port" in sim.feed(hello("n1", port=0))
 
 
