@@ -183,8 +183,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     elif embedded is not None:
         embedded.close()
     for task in tasks:
-        if task in done and not task.cancelled() and task.exception():
-            raise task.exception()  # type: ignore[misc]
+        if task in done and not task.cancelled() and (error := task.exception()) is not None:
+            raise error
     log.info("supervisor stopped")
 
 
