@@ -65,7 +65,7 @@ class AgentConfig:
         return f"unix:{self.socket_path}"
 
     @property
-    def role_proto(self) -> int:
+    def role_proto(self) -> events_pb2.NodeRole.ValueType:
         return events_pb2.NODE_ROLE_SPARE if self.role == "spare" else events_pb2.NODE_ROLE_ACTIVE
 
     def effective(self) -> dict[str, object]:

@@ -36,7 +36,7 @@ from ftsup.common.tls import channel_credentials, expect_supervisor
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
 
 Logger = structlog.typing.FilteringBoundLogger
-StreamCall = grpc.aio.StreamStreamCall
+StreamCall = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.SupervisorMessage]  # Supervisor.Connect
 
 AGENT_VERSION = "0.1.0"
 RECONNECT_BACKOFF = Backoff(initial_s=0.05, max_s=1.0)  # the new leader's grace assumes <= 1 s
@@ -104,11 +104,11 @@ class Reports:
 
     def send(self, message: agent_pb2.AgentMessage, *, sticky: bool = False) -> None:
         if message.WhichOneof("kind") == "step_report":
-            key = (message.step_report.generation, message.step_report.step)
-            if key not in self._step_seen:
+            step_key = (message.step_report.generation, message.step_report.step)
+            if step_key not in self._step_seen:
                 if len(self._step_seen) >= MAX_FOLD:  # only reports dropped unsent leave keys behind
                     del self._step_seen[next(iter(self._step_seen))]
-                self._step_seen[key] = self._clock()
+                self._step_seen[step_key] = self._clock()
         self._outbox.push(message, _priority(message))
         self._ready.set()
         if sticky:
@@ -298,7 +298,7 @@ class SupervisorLink:
         options = [*MESSAGE_OPTIONS, *SESSION_OPTIONS]
         channel = (grpc.aio.secure_channel(address, channel_credentials(files), options=[*options, *expect_supervisor()])
                    if files is not None else grpc.aio.insecure_channel(address, options=options))
-        call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+        call = agent_pb2_grpc.SupervisorStub(channel).Connect(None)  # None: written by _write
         reader = asyncio.create_task(self._read(call, state, log))
         writer = asyncio.create_task(self._write(call, state))
         try:
@@ -310,14 +310,14 @@ class SupervisorLink:
                 task.cancel()
             await asyncio.gather(reader, writer, return_exceptions=True)
             call.cancel()
-            await channel.close()
+            await channel.close(None)  # grace None (grpc's default); the call is cancelled already
 
     async def _write(self, call: StreamCall, state: _SessionState) -> None:
         await call.write(self._hello())
         # A new session may be a new leader whose soft state is empty: tell it what we hold and
         # the once-only facts it may have missed before anything new.
-        for message in [*self._resync(), *self._reports.sticky()]:
-            await call.write(message)
+        for fact in [*self._resync(), *self._reports.sticky()]:
+            await call.write(fact)
         loop = asyncio.get_running_loop()
         seq = 0
         next_beat = loop.time()
@@ -348,7 +348,7 @@ class SupervisorLink:
     async def _read(self, call: StreamCall, state: _SessionState, log: Logger) -> None:
         while True:
             message = await call.read()
-            if message is grpc.aio.EOF:
+            if not isinstance(message, agent_pb2.SupervisorMessage):  # grpc.aio.EOF: the stream ended
                 return
             kind = message.WhichOneof("kind")
             if kind == "welcome":

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from ftsup.agent.codec import holding_report, snapshot_memory_report
 from ftsup.agent.config import AgentConfig, ConfigError, parse_config
@@ -42,6 +42,7 @@ from ftsup.agent.trainer_api import TrainerLinkService
 from ftsup.agent.warm_pool import WarmPoolRunner
 from ftsup.agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_hangs, watch_xids
 from ftsup.common import logs, tls
+from ftsup.common.health_service import serve_health
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
@@ -84,9 +85,10 @@ async def run_agent(config: AgentConfig) -> int:
                        credentials=tls.channel_credentials(files) if files is not None else None,
                        node_id=config.node_id)
     restores = RestoreBook(config.node_id, store, peers, log.bind(part="restore"))
-    runner: AsyncioProcessRunner | WarmPoolRunner = AsyncioProcessRunner(nice=config.trainer_nice)
+    process_runner = AsyncioProcessRunner(nice=config.trainer_nice)
+    runner: AsyncioProcessRunner | WarmPoolRunner = process_runner
     if config.warm_trainers:
-        runner = WarmPoolRunner(runner, config.warm_trainers, config.workdir, log.bind(part="warm_pool"),
+        runner = WarmPoolRunner(process_runner, config.warm_trainers, config.workdir, log.bind(part="warm_pool"),
                                 nice=config.trainer_nice)
         await runner.start()
     launcher = Launcher(
@@ -106,8 +108,7 @@ async def run_agent(config: AgentConfig) -> int:
                     logs=LogTailer(config.node_id, config.workdir, launcher.is_writing)),
         peer_server)
     # The standard health service on the peer port: SERVING while this agent serves its peers.
-    checker = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(checker, peer_server)
+    checker = serve_health(peer_server)
     await checker.set("", health_pb2.HealthCheckResponse.SERVING)
     await checker.set(PEER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     # Bound to the advertised host only: snapshots hold the model, so the peer service is not

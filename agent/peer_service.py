@@ -30,7 +30,7 @@ from ftsup.agent.log_tail import LogNotFound, LogTailer, TooManyTails
 from ftsup.agent.peer_auth import Denial, PeerAuthority
 from ftsup.agent.peers import ACCEPTED
 from ftsup.agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
-from ftsup.agent.streams import Read, ident_of, opening_header, receive, send_blob
+from ftsup.agent.streams import Read, ident_of, opening_chunk, receive, send_blob
 from ftsup.common.chunks import CHUNK_BYTES, stream_deadline_s
 from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
@@ -76,8 +76,8 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         incoming: Incoming | None = None
         try:
             async with asyncio.timeout(self._header_timeout_s):
-                first = await context.read()
-            header = opening_header(first)
+                first = opening_chunk(await context.read())
+            header = first.header
             if denial := self._authority.store_denial(caller or header.owner_node_id, header):
                 await self._deny(context, "store", denial, header)
             incoming = self._store.receive(ident_of(header), header.size_bytes)
@@ -108,7 +108,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         return peer_pb2.StoreSnapshotResponse(holder_node_id=self._node_id)
 
     def _idle_bounded(self, read: Read) -> Read:
-        async def bounded() -> Any:
+        async def bounded() -> object:
             async with asyncio.timeout(self._idle_timeout_s):
                 return await read()
         return bounded
@@ -118,7 +118,9 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
                                            "rank": header.rank, "step": header.step}
         self._log.warning("peer_snapshot_rejected", peer=context.peer(), error=error, **where)
 
-    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> None:
+    # mypy-protobuf types a server-streaming servicer method as an iterator; grpc.aio also serves a
+    # coroutine that writes with context.write (here, so that a deadline bounds the writes).
+    async def FetchSnapshot(self, request: peer_pb2.FetchSnapshotRequest, context: Context) -> None:  # type: ignore[override]
         caller = await self._caller(context, claimed=request.node_id)
         if denial := self._authority.fetch_denial(caller or request.node_id, request):
             await self._deny(context, "fetch", denial, None)

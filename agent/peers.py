@@ -21,7 +21,7 @@ import grpc
 
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
-from ftsup.agent.streams import header_of, ident_of, opening_header, receive, send
+from ftsup.agent.streams import header_of, ident_of, opening_chunk, receive, send
 from ftsup.common import tls
 from ftsup.common.backoff import Backoff
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
@@ -64,7 +64,7 @@ class PeerClient:
         self._chunk_bytes = chunk_bytes
         self._options = options if options is not None else MESSAGE_OPTIONS
 
-    def _stub(self, address: str, node_id: str) -> peer_pb2_grpc.AgentPeerStub:
+    def _stub(self, address: str, node_id: str) -> peer_pb2_grpc.AgentPeerAsyncStub:
         channel = self._channels.get((address, node_id))
         if channel is None:
             if self._credentials is not None:
@@ -88,8 +88,8 @@ class PeerClient:
         """
         header = header_of(ident, size_bytes)
 
-        async def attempt(stub: peer_pb2_grpc.AgentPeerStub) -> peer_pb2.StoreSnapshotResponse:
-            call = stub.StoreSnapshot(timeout=stream_deadline_s(size_bytes))
+        async def attempt(stub: peer_pb2_grpc.AgentPeerAsyncStub) -> peer_pb2.StoreSnapshotResponse:
+            call = stub.StoreSnapshot(None, timeout=stream_deadline_s(size_bytes))  # None: written below
             try:
                 try:
                     # Handshake: the header alone, then the peer's initial metadata says it took
@@ -124,11 +124,11 @@ class PeerClient:
         """
         request = peer_pb2.FetchSnapshotRequest(rank=rank, step=step, generation=generation, node_id=self._node_id)
 
-        async def attempt(stub: peer_pb2_grpc.AgentPeerStub) -> Blob:
+        async def attempt(stub: peer_pb2_grpc.AgentPeerAsyncStub) -> Blob:
             call = stub.FetchSnapshot(request)
             try:
-                first = await asyncio.wait_for(call.read(), HEADER_TIMEOUT_S)
-                header = opening_header(first)
+                first = opening_chunk(await asyncio.wait_for(call.read(), HEADER_TIMEOUT_S))
+                header = first.header
                 if (header.rank, header.step) != (rank, step):
                     raise PeerUnavailable(f"{address} answered rank {header.rank} step {header.step} "
                                           f"for rank {rank} step {step}")
@@ -152,7 +152,7 @@ class PeerClient:
 
     async def _retry(
         self, address: str, node_id: str, backoff: Backoff,
-        call: Callable[[peer_pb2_grpc.AgentPeerStub], Awaitable[T]],
+        call: Callable[[peer_pb2_grpc.AgentPeerAsyncStub], Awaitable[T]],
     ) -> T:
         """Retries UNAVAILABLE-like failures with jittered backoff until the policy's deadline."""
         waited_s = 0.0
@@ -177,5 +177,5 @@ class PeerClient:
 
     async def close(self) -> None:
         for channel in self._channels.values():
-            await channel.close()
+            await channel.close(None)  # grace None (grpc's default): calls still open are cancelled
         self._channels.clear()

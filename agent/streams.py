@@ -11,15 +11,14 @@ blob or from a snapshot still arriving (`Incoming.follow`), one chunk in flight 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
-
-import grpc
 
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId
 from ftsup.common.chunks import CHUNK_BYTES, InvalidSnapshot, spans
 from ftsup.v1 import peer_pb2
 
-Read = Callable[[], Awaitable[Any]]  # context.read / call.read: a SnapshotChunk or grpc.aio.EOF
+# context.read / call.read: a SnapshotChunk, or grpc.aio.EOF once the stream ended. A stream is read
+# while what arrives is a chunk (isinstance narrows it; grpc-stubs 1.53 does not declare EOF).
+Read = Callable[[], Awaitable[object]]
 Write = Callable[[peer_pb2.SnapshotChunk], Awaitable[None]]
 
 
@@ -33,13 +32,14 @@ def ident_of(header: peer_pb2.SnapshotHeader, owner_node_id: str = "") -> Snapsh
     return SnapshotId(header.generation, header.rank, header.step, header.owner_node_id or owner_node_id)
 
 
-def opening_header(first: Any) -> peer_pb2.SnapshotHeader:
-    """The header of a stream's first message; InvalidSnapshot when the stream is empty or has none."""
-    if first is grpc.aio.EOF or first is None:
+def opening_chunk(first: object) -> peer_pb2.SnapshotChunk:
+    """A stream's first message, checked to be a chunk carrying the header; InvalidSnapshot when
+    the stream is empty (EOF) or its first chunk has no header."""
+    if not isinstance(first, peer_pb2.SnapshotChunk):
         raise InvalidSnapshot("snapshot stream ended before its first chunk")
     if not first.HasField("header"):
         raise InvalidSnapshot("snapshot stream's first chunk carries no header")
-    return first.header
+    return first
 
 
 async def receive(first: peer_pb2.SnapshotChunk, read: Read, incoming: Incoming) -> Blob:
@@ -49,10 +49,10 @@ async def receive(first: peer_pb2.SnapshotChunk, read: Read, incoming: Incoming)
     for a truncated, oversized or repeated-header stream, data after the SHA-256, a size or hash
     mismatch; `incoming` is discarded then, and also when the read fails or is cancelled.
     """
-    message: Any = first
+    message: object = first
     sha256 = ""
     try:
-        while message is not grpc.aio.EOF:
+        while isinstance(message, peer_pb2.SnapshotChunk):  # until EOF
             if sha256:
                 raise InvalidSnapshot(f"{incoming.ident.describe()}: a chunk arrived after the one carrying the sha256")
             if message is not first and message.HasField("header"):

@@ -24,7 +24,7 @@ from ftsup.agent.peers import PeerClient, PeerUnavailable
 from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.restore import RestoreBook, RestoreUnavailable, UnknownRank
 from ftsup.agent.snapshots import Incoming, InvalidSnapshot, SnapshotMemoryFull, SnapshotStore
-from ftsup.agent.streams import ident_of, opening_header, receive, send_blob
+from ftsup.agent.streams import ident_of, opening_chunk, receive, send_blob
 from ftsup.common.chunks import CHUNK_BYTES
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
@@ -74,7 +74,9 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
             self._log.warning("trainer_request_rejected", generation=generation, rank=rank, reason=message)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:
+    # mypy-protobuf types a server-streaming servicer method as an iterator; grpc.aio also serves a
+    # coroutine that writes with context.write (here, so that the blob stays pinned while it is written).
+    async def GetRestore(self, request: peer_pb2.GetRestoreRequest, context: Context) -> None:  # type: ignore[override]
         self._attach(request.generation, request.rank)
         try:
             blob = await self._restores.get(request.rank, request.generation)
@@ -150,8 +152,8 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:
         try:
-            first = await context.read()
-            header = opening_header(first)
+            first = opening_chunk(await context.read())
+            header = first.header
         except InvalidSnapshot as exc:
             self._log.warning("trainer_snapshot_rejected", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -204,9 +206,9 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
     async def _replicate(self, incoming: Incoming) -> None:
         """Streams the snapshot to the buddy as it arrives; the buddy reports its own holding."""
         run = self._launcher.run
-        buddy_address = run.buddy_address if run is not None else ""
-        if not buddy_address:
+        if run is None or not run.buddy_address:
             return
+        buddy_address = run.buddy_address
         ident = incoming.ident
         try:
             await self._peers.store(buddy_address, ident, incoming.size_bytes,

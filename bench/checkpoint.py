@@ -109,7 +109,9 @@ def _rank_main(rank: int, plan: Plan) -> None:
                                  s3client_config=config, thread_count=plan.threads)
         dcp.save(state, storage_writer=writer)
 
-    commit_s, raw_s, s3tc_s = [], [], []
+    commit_s: list[float] = []
+    raw_s: list[float] = []
+    s3tc_s: list[float] = []
     s3tc_error = None
     for r in range(plan.rounds):
         cid = checkpoint_id_for(r + 1, uuid.uuid4().hex[:8]) if rank == 0 else ""

@@ -63,7 +63,8 @@ async def one_failover(cluster: EtcdCluster, client: Any, prefix: str) -> float:
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
     )  # fmt: skip
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)  # type: ignore[union-attr]
+        assert proc.stdout is not None  # stdout=PIPE
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
         if not line.startswith("LEADER"):
             raise RuntimeError(f"candidate did not lead: {line!r}")
         successor = LeaderElection(client, prefix, "successor:1")

@@ -113,7 +113,7 @@ def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: li
     params = [p for _, p in model.named_parameters()]
     ddp = DistributedDataParallel(model)
     local = _TimedGradDigester(model)
-    DeterministicGradSync.attach(ddp, grad_digester=local)  # type: ignore[arg-type]
+    DeterministicGradSync.attach(ddp, grad_digester=local)
     digest = Digester.of(model)
     mine = {f.step: f for f in flips if f.rank == rank}
     pending: list[Flip] = []
@@ -164,9 +164,9 @@ def worker(rank: int, world: int, port: int, shape: Shape, steps: int, flips: li
             before = time.perf_counter()
             _blake2b_digest(model)
             blake_s.append(time.perf_counter() - before)
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as report:
         json.dump({"digests": digests, "grad_digests": grad_digests, "step_s": step_s, "digest_s": digest_s,
-                   "blake_s": blake_s, "grad_digest_s": grad_digest_s}, f)
+                   "blake_s": blake_s, "grad_digest_s": grad_digest_s}, report)
     dist.destroy_process_group()
 
 
@@ -362,9 +362,9 @@ def cuda_overhead(steps: int) -> dict:
         step_s.append(stepped - started)
         digest_s.append(digested - stepped)
         blake_s.append(time.perf_counter() - digested)
-    step, dig, blake = (statistics.median(x[5:]) for x in (step_s, digest_s, blake_s))
-    return {"cuda_overhead_fraction": dig / step, "cuda_step_ms": step * 1e3, "cuda_digest_ms": dig * 1e3,
-            "cuda_baseline_blake2b_overhead_fraction": blake / step, "cuda_device": torch.cuda.get_device_name()}
+    step_time, dig, blake = (statistics.median(x[5:]) for x in (step_s, digest_s, blake_s))
+    return {"cuda_overhead_fraction": dig / step_time, "cuda_step_ms": step_time * 1e3, "cuda_digest_ms": dig * 1e3,
+            "cuda_baseline_blake2b_overhead_fraction": blake / step_time, "cuda_device": torch.cuda.get_device_name()}
 
 
 def main(argv: list[str] | None = None) -> int:

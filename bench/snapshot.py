@@ -98,7 +98,7 @@ def run_cluster(
             return cluster.status().phase == operator_pb2.JOB_PHASE_COMPLETED
 
         cluster.wait_for(completed, timeout_s, "the snapshot job to complete", poll_s=0.5)
-        committed = {}
+        committed: dict[int, float] = {}  # step -> when its first SnapshotCommitted was appended
         for record in cluster.events():
             if record.event.WhichOneof("kind") == "snapshot_committed":
                 committed.setdefault(record.event.snapshot_committed.step, record.time_unix_s)

@@ -18,6 +18,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 
 import numpy as np
@@ -75,8 +76,10 @@ def score(flags: list[tuple[int, int]], slowed_rank: int | None, start: int | No
     return delay, false_flags
 
 
-def _summary(delays: dict[float, list[int | None]], horizon: int) -> dict[str, dict[str, float | None]]:
-    recall, within, median = {}, {}, {}
+def _summary(delays: dict[float, list[int | None]], horizon: int) -> dict[str, Mapping[str, float | None]]:
+    recall: dict[str, float] = {}
+    within: dict[str, float] = {}
+    median: dict[str, float | None] = {}  # None: no trace of that slowdown was caught
     for slowdown, found in delays.items():
         key = f"{slowdown:.2f}"
         hits = [d for d in found if d is not None]

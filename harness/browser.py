@@ -38,9 +38,10 @@ class Browser:
     """One headless Chromium with one page; a context manager that always ends the process."""
 
     def __init__(self, width: int = 1400, height: int = 1600, binary: str | None = None) -> None:
-        self.binary = binary or find_chromium()
-        if self.binary is None:
+        found = binary or find_chromium()
+        if found is None:
             raise BrowserError("chromium is not installed: `make chromium` (apt-get install -y chromium)")
+        self.binary: str = found
         self.width, self.height = width, height
         self._profile = tempfile.mkdtemp(prefix="ftsup-chromium-")
         self._ids = 0

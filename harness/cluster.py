@@ -8,6 +8,7 @@ the agent and every rank it launched vanish at once, as when a machine dies.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pathlib
@@ -163,7 +164,7 @@ class LocalCluster:
         self.address = self.addresses[0]
         self.supervisor = self.replicas[self.address]
         for address in self.addresses:
-            self.wait_for(lambda a=address: self._answers(a), ready_timeout_s, f"the supervisor at {address}")
+            self.wait_for(functools.partial(self._answers, address), ready_timeout_s, f"the supervisor at {address}")
 
     def _reserve_master_ports(self) -> ports.Reservation:
         if self._master_ports is None:

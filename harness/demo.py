@@ -113,6 +113,8 @@ def measure_failure(failure: Failure, records: list[events_pb2.Record]) -> None:
     next_generation: events_pb2.GenerationStarted | None = None
     for record in records:
         kind = record.event.WhichOneof("kind")
+        if kind is None:  # an event this build does not know (a newer writer's): nothing to measure
+            continue
         body = getattr(record.event, kind)
         before_kill = record.time_unix_s <= failure.killed_at
         if kind == "generation_started":

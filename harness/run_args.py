@@ -159,6 +159,7 @@ def parse(argv: Sequence[str], python: str = sys.executable) -> RunSpec:
         raise RunUsageError(f"--master-port must be within [1024, 65534], got {args.master_port}")
     if args.module and args.no_python:
         raise RunUsageError("-m and --no-python exclude each other")
+    command: tuple[str, ...]
     if args.module:
         command = (python, "-m", args.script)
     elif args.no_python:

@@ -13,7 +13,7 @@ Credentials never pass through here: the store gets them from the environment (b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 
 from ftsup.common import logs
 from ftsup.supervisor.config import CheckpointSettings
@@ -50,13 +50,14 @@ class Checkpointer:
         pending = state.pending_checkpoint
         if (pending is not None and pending.is_complete and pending.checkpoint_id not in self._committing
                 and not checkpoints.is_commit_held(state)):  # an SDC check of its step may still fail it
-            self._committing.add(pending.checkpoint_id)
+            key = pending.checkpoint_id
+            self._committing.add(key)
             task = self._spawn(self._commit(pending))
-            self._commits[pending.checkpoint_id] = task
-            task.add_done_callback(lambda _, key=pending.checkpoint_id: self._commits.pop(key, None))
+            self._commits[key] = task
+            task.add_done_callback(lambda _: self._commits.pop(key, None))
 
-    def _spawn(self, coro: object) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

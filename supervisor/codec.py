@@ -340,8 +340,8 @@ def _identity(value: Any) -> Any:
 def _value_decoder(cls: type, name: str, hint: Any) -> Callable[[Any], Any]:
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return _enum_decoder(cls, name, hint)
-    if dataclasses.is_dataclass(hint):
-        return _decoder(hint)  # type: ignore[arg-type]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a class, not an instance
+        return _decoder(hint)
     return _identity
 
 

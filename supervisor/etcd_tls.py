@@ -23,7 +23,7 @@ from ftsup.supervisor.eventlog.etcd import DEFAULT_OP_TIMEOUT_S, client_target, 
 
 class TlsClient(aetcd.Client):
     def __init__(self, credentials: grpc.ChannelCredentials, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)
         self._credentials = credentials
 
     async def connect(self) -> None:

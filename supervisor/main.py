@@ -14,14 +14,15 @@ import sys
 from typing import Any
 
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from ftsup.common import logs, tls
+from ftsup.common.health_service import HealthService, serve_health
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
 from ftsup.supervisor.etcd_tls import make_tls_client
-from ftsup.supervisor.eventlog.api import LogError
+from ftsup.supervisor.eventlog.api import EventLog, LogError
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
@@ -48,7 +49,7 @@ OPERATOR_SERVICE = operator_pb2.DESCRIPTOR.services_by_name["Operator"].full_nam
 HEALTH_PERIOD_S = 0.5
 
 
-async def track_health(runtime: Runtime, checker: health.aio.HealthServicer, notifier: Notifier,
+async def track_health(runtime: Runtime, checker: HealthService, notifier: Notifier,
                        shard: LinkShard | None = None) -> None:
     """Keeps health and systemd STATUS in step with leadership.
 
@@ -76,11 +77,14 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     log = logs.get("supervisor")
     notifier = notifier or Notifier.from_env()
     replicated = None
+    embedded: EmbeddedLog | None = None
+    event_log: EventLog
     if config.etcd_endpoints:
         replicated = await open_replicated(config)
-        election, event_log, client = replicated
+        election, etcd_log, client = replicated
+        event_log = etcd_log
     else:
-        event_log = open_embedded(config, log)
+        event_log = embedded = open_embedded(config, log)
     # One append of any size is one transaction on etcd too (a big one is stored as a span).
     runtime = Runtime(config.core, event_log, tick_s=config.tick_s, snapshot_every=config.snapshot_every,
                       hello_batch=HELLO_BATCH)
@@ -119,8 +123,7 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     operator_pb2_grpc.add_OperatorServicer_to_server(
         guarded(OperatorService(runtime, config.advertise, runtime.metrics.goodput if runtime.metrics else None,
                                 LogRelay(lambda: runtime.state, config.server_tls)), authorizer), server)
-    checker = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    checker = serve_health(server)
     await checker.set("", health_pb2.HealthCheckResponse.SERVING)
     await checker.set(OPERATOR_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await checker.set(AGENT_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -148,7 +151,7 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(runtime.run())]
     if replicated:
-        tasks.append(asyncio.create_task(run_replica(runtime, election, event_log, shard)))
+        tasks.append(asyncio.create_task(run_replica(runtime, election, etcd_log, shard)))
     helpers = [asyncio.create_task(track_health(runtime, checker, notifier, shard)),
                asyncio.create_task(pet_watchdog(notifier))]
     if members is not None and shard is not None:
@@ -176,13 +179,13 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     if replicated:
         with contextlib.suppress(Exception):
             await election.resign()
-        await event_log.aclose()
+        await etcd_log.aclose()
         await client.close()
-    else:
-        event_log.close()
+    elif embedded is not None:
+        embedded.close()
     for task in tasks:
-        if task in done and not task.cancelled() and task.exception():
-            raise task.exception()  # type: ignore[misc]
+        if task in done and not task.cancelled() and (error := task.exception()) is not None:
+            raise error
     log.info("supervisor stopped")
 
 

@@ -116,8 +116,8 @@ async def run_replica(runtime: Runtime, election: LeaderElection, event_log: Etc
         lost = asyncio.create_task(election.lost.wait())
         deposed = asyncio.create_task(runtime.deposed.wait())
         await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (lost, deposed):
-            task.cancel()
+        for waiter in (lost, deposed):
+            waiter.cancel()
         why = "lease lost" if election.lost.is_set() else "deposed by a newer leader"
         log.warning("stepping down", term=leader.term, why=why)
         runtime.become_follower()

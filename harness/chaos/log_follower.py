@@ -13,7 +13,7 @@ log's contract allows that), while a hole inside one stream is a problem (`read_
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 
@@ -73,9 +73,9 @@ class LogFollower:
                     self._call = None
             self._stopping.wait(RECONNECT_S)
 
-    def _take(self, stream: object, since: int) -> None:
+    def _take(self, stream: Iterable[events_pb2.Record], since: int) -> None:
         expected = since
-        for record in stream:  # type: ignore[attr-defined]
+        for record in stream:
             with self._lock:
                 if expected == since and record.seq > since:  # compacted before this stream reached it
                     self.compacted_unread.update(range(since, record.seq))

@@ -15,9 +15,13 @@ import pathlib
 import re
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from ftsup.harness.chaos.runner import Result, RunContext, S3Endpoint, run_scenario
 from ftsup.harness.chaos.scenarios import BY_NAME, SCENARIOS
+
+if TYPE_CHECKING:  # the soak itself is imported when it runs
+    from ftsup.harness.chaos.soak import Failure
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -52,9 +56,9 @@ def run_soak(args: argparse.Namespace, ctx: RunContext) -> int:
     """`ftsup chaos soak`: one JSON line per failure, then the summary line (baselines, problems)."""
     from ftsup.harness.chaos.soak import Soak
 
-    def report(failure: object) -> None:
+    def report(failure: Failure) -> None:
         if args.json:
-            print(json.dumps({"failure": failure.as_dict()}), flush=True)  # type: ignore[attr-defined]
+            print(json.dumps({"failure": failure.as_dict()}), flush=True)
 
     result = Soak(ctx, args.failures, use_etcd=args.etcd).run(report)
     if args.json:

@@ -165,7 +165,7 @@ def checkpoint_args(scenario: Scenario, checkpoints: CheckpointStore | None, reg
     """The supervisor's --checkpoint-* flags (it passes them on to the trainers)."""
     if checkpoints is None:
         return ()
-    args = ("--checkpoint-location", checkpoints.location,
+    args: tuple[str, ...] = ("--checkpoint-location", checkpoints.location,
             "--checkpoint-every-steps", str(scenario.checkpoint_every_steps),
             "--checkpoint-keep", str(scenario.checkpoint_keep))
     if checkpoints.faults is not None:
@@ -259,11 +259,13 @@ def _run(scenario: Scenario, ctx: RunContext, workdir: pathlib.Path, etcd: EtcdC
         ctx.say(f"[{scenario.name}] broke at step {brk.step}{' on ' + brk.node if brk.node else ''}"
                 f"{': ' + brk.detail if brk.detail else ''}")
         left_s = max(30.0, ctx.timeout_s - (time.monotonic() - started))
+
+        def completed() -> operator_pb2.GetStatusResponse | None:
+            s = chaos.status()
+            return s if s is not None and s.phase == operator_pb2.JOB_PHASE_COMPLETED else None
+
         try:
-            status = cluster.wait_for(
-                lambda: (s := chaos.status()) is not None and s.phase == operator_pb2.JOB_PHASE_COMPLETED and s,
-                left_s, "the job to complete after the fault",
-            )
+            status = cluster.wait_for(completed, left_s, "the job to complete after the fault")
         except ClusterError as exc:
             return _stuck(scenario, brk, acknowledged, tuple(chaos.records()), exc, workdir)
         store = None

@@ -54,7 +54,7 @@ def _replaced(o: Outcome, node: str, *, dead: bool) -> list[str]:
     return problems
 
 
-def _restarted_in_place(o: Outcome, reason: int) -> list[str]:
+def _restarted_in_place(o: Outcome, reason: events_pb2.EndReason.ValueType) -> list[str]:
     """The generation ended for `reason` and restarted on the same nodes, every rank from local RAM."""
     problems: list[str] = []
     ends = of_kind(after(o.records, o.brk.at), "generation_ended")
@@ -212,7 +212,7 @@ def _xid(code: int, text: str):
     return break_it
 
 
-def _expect_xid(code: int, action: int):
+def _expect_xid(code: int, action: events_pb2.XidAction.ValueType):
     def expect(o: Outcome) -> list[str]:
         xids = [(x.node_id, x.code, x.action) for x in of_kind(o.records, "xid_reported")]
         if xids != [("node-2", code, action)]:

@@ -211,6 +211,7 @@ def _run_all(tasks: list[_Task], jobs: int) -> list[_Done]:
     and its own core state), so `jobs` processes may run them side by side: the same results."""
     if jobs <= 1 or len(tasks) <= 1:
         return [_run_task(t) for t in tasks]
+    context: multiprocessing.context.BaseContext
     try:
         context = multiprocessing.get_context("fork")  # workers inherit the fleets built here
     except ValueError:

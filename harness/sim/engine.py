@@ -95,7 +95,7 @@ class _Run:
         self.core = CoreDriver(fleet.job, detector_for(spec, strategy), fleet.state)
         self.rate_per_s = spec.nodes / (spec.node_mtbf_h * HOUR_S)
         self.seconds = dict.fromkeys(BUCKETS, 0.0)
-        self.heap: list[tuple[float, int, str, object]] = []
+        self.heap: list[tuple[float, int, str, str | int]] = []  # (when, order, kind, node id or generation)
         self.pushed = 0
         self.failures = self.generations = self.from_ram = self.from_checkpoint = self.waits = 0
         self.gang: tuple[str, ...] = ()
@@ -108,7 +108,7 @@ class _Run:
         # recovery: time since `since_t` goes to bucket `phase`
         self.phase, self.since_t = "detection", 0.0
 
-    def push(self, when: float, kind: str, payload: object) -> None:
+    def push(self, when: float, kind: str, payload: str | int) -> None:
         self.pushed += 1
         heapq.heappush(self.heap, (when, self.pushed, kind, payload))
 
@@ -181,7 +181,7 @@ class _Run:
         if any(current.member(node_id) for node_id in self.core.silent):
             return  # a member died during the restart: its verdict will end this generation
         self.account(now, "detection")
-        if self.is_warm:
+        if self.is_warm and current.restore_step is not None:  # warm implies a step (_is_from_ram)
             # The core may name a snapshot newer than the work just reached (one committed before
             # a fall back to a checkpoint): the trainer loads it, bit-identical, and is ahead again.
             restore = current.restore_step * self.spec.step_s
@@ -224,7 +224,7 @@ class _Run:
                 elif kind == _REPAIR:
                     self.on_repair(str(payload), now)
                 else:
-                    self.on_ready(int(payload), now)  # type: ignore[call-overload]
+                    self.on_ready(int(payload), now)
             else:
                 now = next_failure
                 if now > limit:

@@ -41,13 +41,27 @@ def load(token_file: str | None, tls_cert: str | None, tls_key: str | None, tls_
     return Credentials(token, files)
 
 
+@dataclass(frozen=True, slots=True)
+class _CallDetails(grpc.ClientCallDetails):
+    """A call's details as an interceptor passes them on: grpc reads these six attributes from
+    whatever object it is given (its own is a private namedtuple, so not copied with _replace)."""
+
+    method: str
+    timeout: float | None
+    metadata: grpc.Metadata | None
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
 class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     def __init__(self, token: str) -> None:
         self._metadata = ("authorization", f"Bearer {token}")
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = [*(details.metadata or ()), self._metadata]
-        return details._replace(metadata=metadata)  # type: ignore[attr-defined,no-any-return]
+        metadata = (*(details.metadata or ()), self._metadata)
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
+                            details.compression)
 
     def intercept_unary_unary(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any) -> Any:
         return continuation(self._details(details), request)

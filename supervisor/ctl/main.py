@@ -135,7 +135,7 @@ def cmd_leader(addresses: list[str], args: argparse.Namespace) -> int:
                      "replicas": replicas})
     else:
         print(f"leader  {leader['address']} (term {leader['term']})" if leader else "leader  none (election under way?)")
-        rows = [[r["address"], "leader" if r.get("is_leader") else ("follower" if r["reachable"] else "unreachable"),
+        rows = [[str(r["address"]), "leader" if r.get("is_leader") else ("follower" if r["reachable"] else "unreachable"),
                  str(r.get("term", "-")), str(r.get("applied_seq", "-")), str(r.get("behind", "-"))] for r in replicas]
         print(render.table(["REPLICA", "ROLE", "TERM", "APPLIED", "BEHIND"], rows))
     if not any(r["reachable"] for r in replicas):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ftsup.supervisor.ctl.render import record_dict, table
 from ftsup.v1 import events_pb2, operator_pb2
@@ -130,8 +130,12 @@ def stragglers_text(reply: operator_pb2.ListStragglersResponse) -> str:
     return "\n".join(lines)
 
 
+# The reply's `optional` fields: absent means unknown (no snapshot yet, no interval decided), not 0.
+_OptionalField = Literal["snapshot_step", "snapshot_unix_s", "checkpoint_step", "checkpoint_unix_s", "interval_s"]
+
+
 def checkpoints_dict(reply: operator_pb2.ListCheckpointsResponse) -> dict[str, Any]:
-    def opt(name: str) -> Any:
+    def opt(name: _OptionalField) -> int | float | None:
         return getattr(reply, name) if reply.HasField(name) else None
 
     return {

@@ -28,49 +28,66 @@ def sdc_dict(records: Iterable[events_pb2.Record]) -> dict[str, Any]:
     checks: dict[str, dict[str, Any]] = {}
     verdicts: list[dict[str, Any]] = []
     for record in records:
-        kind = record.event.WhichOneof("kind")
-        body = getattr(record.event, kind) if kind else None
+        event = record.event
+        kind = event.WhichOneof("kind")
         if kind == "sdc_suspected":
-            suspects.append({
-                "seq": record.seq, "generation": body.generation, "step": body.step, "node_id": body.node_id,
-                "rank": body.rank, "digest": body.digest, "majority_digest": body.majority_digest,
-                "group_size": body.group_size, "vote": "minority" if body.majority_digest else "split",
-            })
+            suspects.append(_suspect(record.seq, event.sdc_suspected))
         elif kind == "sdc_check_started":
-            checks[body.check_id] = {
-                "check_id": body.check_id, "seq": record.seq, "step": body.step, "rank": body.rank,
-                "suspect_node_id": body.suspect_node_id, "verifier_node_id": body.verifier_node_id,
-                "verdict": "running", "reported_digest": "", "recomputed_digest": "",
-                "generation": body.generation, "reason": body.reason, "confirms_check_id": body.confirms_check_id,
-                "finished_seq": 0, "culprit_node_ids": [], "detail": "", "tainted_from_step": None,
-                "ranks": [_rank(d, None) for d in body.reported],
-            }
-        elif kind == "sdc_check_finished" and body.check_id in checks:
-            check = checks[body.check_id]
-            verdict = events_pb2.SdcVerdict.Name(body.verdict).removeprefix("SDC_VERDICT_").lower()
-            recomputed = {d.rank: d for d in body.recomputed}
-            check.update(verdict=verdict, reported_digest=body.reported_digest,
-                         recomputed_digest=body.recomputed_digest, finished_seq=record.seq,
-                         culprit_node_ids=list(body.culprit_node_ids), detail=body.detail,
-                         tainted_from_step=body.tainted_from_step if body.HasField("tainted_from_step") else None,
-                         ranks=[_rank(r, recomputed.get(r["rank"])) for r in check["ranks"]])
-        elif kind == "node_quarantined" and _is_sdc_quarantine(body):
+            checks[event.sdc_check_started.check_id] = _started_check(record.seq, event.sdc_check_started)
+        elif kind == "sdc_check_finished" and event.sdc_check_finished.check_id in checks:
+            _finish_check(checks[event.sdc_check_finished.check_id], record.seq, event.sdc_check_finished)
+        elif kind == "node_quarantined" and _is_sdc_quarantine(event.node_quarantined):
+            body = event.node_quarantined
             verdicts.append({"seq": record.seq, "action": "quarantined", "node_id": body.node_id,
                              "evidence_seq": body.evidence_seq, "reason": body.reason})
-        elif kind == "generation_ended" and body.reason == events_pb2.END_REASON_SDC:
+        elif kind == "generation_ended" and event.generation_ended.reason == events_pb2.END_REASON_SDC:
+            ended = event.generation_ended
             verdicts.append({"seq": record.seq, "action": "restarted", "node_id": "",
-                             "evidence_seq": 0, "reason": body.detail, "last_step": body.last_step})
+                             "evidence_seq": 0, "reason": ended.detail, "last_step": ended.last_step})
     return {"checks": list(checks.values()), "suspects": suspects, "verdicts": verdicts}
 
 
-def _rank(reported: Any, recomputed: Any) -> dict[str, Any]:
-    """One replayed rank's evidence: what it reported against what the verifier recomputed."""
-    if isinstance(reported, dict):  # a started check's entry, now with its recompute
-        row = dict(reported)
-    else:
-        row = {"rank": reported.rank, "node_id": reported.node_id, "reported_grad_digest": reported.grad_digest,
-               "reported_param_digest": reported.param_digest, "recomputed_grad_digest": "",
-               "recomputed_param_digest": "", "matches": None}
+def _suspect(seq: int, body: events_pb2.SdcSuspected) -> dict[str, Any]:
+    return {
+        "seq": seq, "generation": body.generation, "step": body.step, "node_id": body.node_id,
+        "rank": body.rank, "digest": body.digest, "majority_digest": body.majority_digest,
+        "group_size": body.group_size, "vote": "minority" if body.majority_digest else "split",
+    }
+
+
+def _started_check(seq: int, body: events_pb2.SdcCheckStarted) -> dict[str, Any]:
+    """A check as it starts: running, every replayed rank's report without a recompute yet."""
+    return {
+        "check_id": body.check_id, "seq": seq, "step": body.step, "rank": body.rank,
+        "suspect_node_id": body.suspect_node_id, "verifier_node_id": body.verifier_node_id,
+        "verdict": "running", "reported_digest": "", "recomputed_digest": "",
+        "generation": body.generation, "reason": body.reason, "confirms_check_id": body.confirms_check_id,
+        "finished_seq": 0, "culprit_node_ids": [], "detail": "", "tainted_from_step": None,
+        "ranks": [_reported_rank(d) for d in body.reported],
+    }
+
+
+def _finish_check(check: dict[str, Any], seq: int, body: events_pb2.SdcCheckFinished) -> None:
+    """Puts the verdict and each rank's recompute into the started `check`."""
+    verdict = events_pb2.SdcVerdict.Name(body.verdict).removeprefix("SDC_VERDICT_").lower()
+    recomputed = {d.rank: d for d in body.recomputed}
+    check.update(verdict=verdict, reported_digest=body.reported_digest,
+                 recomputed_digest=body.recomputed_digest, finished_seq=seq,
+                 culprit_node_ids=list(body.culprit_node_ids), detail=body.detail,
+                 tainted_from_step=body.tainted_from_step if body.HasField("tainted_from_step") else None,
+                 ranks=[_with_recompute(r, recomputed.get(r["rank"])) for r in check["ranks"]])
+
+
+def _reported_rank(reported: events_pb2.SdcRankDigests) -> dict[str, Any]:
+    """One replayed rank's evidence as the check started: what it reported, nothing recomputed."""
+    return {"rank": reported.rank, "node_id": reported.node_id, "reported_grad_digest": reported.grad_digest,
+            "reported_param_digest": reported.param_digest, "recomputed_grad_digest": "",
+            "recomputed_param_digest": "", "matches": None}
+
+
+def _with_recompute(reported: dict[str, Any], recomputed: events_pb2.SdcRankDigests | None) -> dict[str, Any]:
+    """A started check's rank row, now with what the verifier recomputed (a copy; None: not replayed)."""
+    row = dict(reported)
     if recomputed is not None:
         row.update(recomputed_grad_digest=recomputed.grad_digest, recomputed_param_digest=recomputed.param_digest)
         row["matches"] = all(not (a and b) or a == b for a, b in (

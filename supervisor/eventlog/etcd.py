@@ -106,7 +106,7 @@ def make_client(endpoints: Sequence[str], *, timeout_s: float = DEFAULT_OP_TIMEO
         "grpc.initial_reconnect_backoff_ms": 50,
         "grpc.max_reconnect_backoff_ms": 1000,
     }
-    return aetcd.Client(host=host, port=port, timeout=timeout_s, options=options)  # type: ignore[arg-type]
+    return aetcd.Client(host=host, port=port, timeout=timeout_s, options=options)
 
 
 def _is_unavailable(exc: BaseException) -> bool:
@@ -258,7 +258,7 @@ class EtcdLog:
         pointer = decode_pointer(stored)
         directory = blob_directory(self._root, pointer.sha256)
         limit = max(1, RESPONSE_BUDGET_BYTES // self._chunk_bytes)
-        parts = []
+        parts: list[bytes] = []
         while True:  # pages by hand: _read_range's page size is for small values
             page = await self._call(
                 range_page(self._client, directory, prefix_end(directory), limit=limit, revision=revision)
@@ -525,7 +525,7 @@ class EtcdLog:
         for sha in set(blobs.values()) - set(self._record_blobs.values()):
             with contextlib.suppress(LogError):
                 await self._delete_blob(sha)
-        fetched = []
+        fetched: list[Record] = []
         if head > base:  # what the other writer appended, paged (it may be large)
             async for kv, revision in self._read_range(self._log_key(base + 1), self._log_key(head + 1)):
                 value = await self._resolve(kv.value, revision)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -89,7 +89,9 @@ class Authorizer:
                                        ("operator certificates", self.is_tls)) if on]
         return ", ".join(parts)
 
-    def role(self, metadata: Sequence[tuple[str, str | bytes]], identity: PeerIdentity | None) -> Role:
+    # `metadata`: the call's (key, value) pairs, a tuple from a sync server or a grpc.aio.Metadata from
+    # an aio one (a collection of pairs; grpc-stubs 1.53 misdeclares it a Mapping, which passes as Any).
+    def role(self, metadata: Collection[tuple[str, str | bytes]], identity: PeerIdentity | None) -> Role:
         presented = next((str(v) for k, v in metadata if k == "authorization"), "")
         role = Role.NONE
         if presented:
@@ -101,7 +103,7 @@ class Authorizer:
             role = max(role, Role.ADMIN if identity.role == "admin" else Role.READ)
         return role
 
-    def principal(self, metadata: Sequence[tuple[str, str | bytes]], identity: PeerIdentity | None) -> str:
+    def principal(self, metadata: Collection[tuple[str, str | bytes]], identity: PeerIdentity | None) -> str:
         """Who authenticated, for the audit trail (never the token itself): the operator
         certificate's identity, else which token matched, else "lab:local" (no credentials)."""
         if identity is not None and identity.kind is PeerKind.OPERATOR:
@@ -113,7 +115,7 @@ class Authorizer:
             return "token:read"
         return "lab:local" if self.is_lab_mode else "anonymous"
 
-    def refusal(self, method: str, metadata: Sequence[tuple[str, str | bytes]],
+    def refusal(self, method: str, metadata: Collection[tuple[str, str | bytes]],
                 identity: PeerIdentity | None = None) -> Refusal | None:
         """Why `method` must be refused for this caller, or None to allow it."""
         needed = required_role(method)

@@ -39,8 +39,8 @@ def guarded(servicer: operator_pb2_grpc.OperatorServicer, authorizer: Authorizer
         if method.client_streaming:
             raise TypeError(f"Operator.{method.name}: client-streaming methods are not guarded; add support here")
         namespace[method.name] = _wrap(method.name, getattr(servicer, method.name), method.server_streaming, authorizer)
-    cls = type("GuardedOperator", (operator_pb2_grpc.OperatorServicer,), namespace)
-    return cls()  # type: ignore[no-any-return]
+    cls: type[operator_pb2_grpc.OperatorServicer] = type("GuardedOperator", (operator_pb2_grpc.OperatorServicer,), namespace)
+    return cls()
 
 
 def _wrap(name: str, inner: Callable[..., Any], is_streaming: bool, authorizer: Authorizer) -> Callable[..., Any]:

@@ -224,8 +224,9 @@ async def test_a_hash_mismatch_is_refused_and_the_buddy_drops_its_complete_copy(
          "a chunk arrived after the one carrying the sha256"),
         ([chunk(b"x" * 8, hashlib.sha256(b"x" * 8).hexdigest())], "first chunk carries no header"),
         ([chunk(b"", hashlib.sha256(b"").hexdigest(), header(size=0))], "empty payload"),
+        ([], "snapshot stream ended before its first chunk"),
     ],
-    ids=["oversized", "size-mismatch", "second-header", "data-after-end", "no-header", "empty"],
+    ids=["oversized", "size-mismatch", "second-header", "data-after-end", "no-header", "empty", "no-chunk"],
 )
 async def test_malformed_streams_are_refused_with_the_reason_and_nothing_is_kept(pair, messages, reason):
     a, b = pair

@@ -40,3 +40,4 @@ async def test_an_abort_waits_for_the_same_checkpoints_commit_to_finish(tmp_path
     commit_may_finish.set()
     await asyncio.wait_for(asyncio.gather(*list(checkpointer._tasks)), 10)
     assert order == ["commit done", "abort ck-1"]
+    assert checkpointer._commits == {}  # a finished commit is forgotten (its task's done callback)
