@@ -12,6 +12,7 @@ If 1 s heartbeats miss the goal at full size, smaller fleets are swept. Prints o
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -23,8 +24,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import grpc
 
@@ -128,11 +130,15 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
+T = TypeVar("T")
+
+
 def _progress(message: str) -> None:
     print(f"[bench scale] {message}", file=sys.stderr, flush=True)
 
 
-def _wait(check, timeout_s: float, what: str, supervisor: subprocess.Popen[bytes], poll_s: float = 0.2):  # type: ignore[no-untyped-def]
+def _wait(check: Callable[[], T | None], timeout_s: float, what: str, supervisor: subprocess.Popen[bytes],
+          poll_s: float = 0.2) -> T:
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
@@ -232,12 +238,12 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         supervisor = supervisors[addresses[0]]
         address = addresses[0]
         for listen, process in supervisors.items():
-            _wait(lambda a=listen: _status(a), 60, f"the supervisor at {listen} to answer", process)
+            _wait(functools.partial(_status, listen), 60, f"the supervisor at {listen} to answer", process)
         if replicas > 1:
             address = _wait(lambda: _leader(addresses), 60, "a leader", supervisor)
             supervisor = supervisors[address]  # the failure checks and the event watch follow the leader
             for listen, process in supervisors.items():
-                _wait(lambda a=listen: _serving_agents(a), 60, f"the replica at {listen} to take agents", process)
+                _wait(functools.partial(_serving_agents, listen), 60, f"the replica at {listen} to take agents", process)
         started = time.monotonic()
         share, extra = divmod(nodes, args.procs)
         first = 0
@@ -251,9 +257,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                          "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1),
                          "--leader", address, *(["--snapshot-reports"] if args.snapshot_reports else [])]
             with open(workdir / f"load-{index}.log", "wb") as load_log:
-                process = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                load = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=load_log, env=env, text=True, start_new_session=True)
-            procs.append(LoadProcess(process, count))
+            procs.append(LoadProcess(load, count))
             first += count
         welcomed = [0] * len(procs)
         late_while_connecting = 0  # heartbeats the load processes sent >10% of an interval late
@@ -395,7 +401,7 @@ def _firsts(procs: list[LoadProcess]) -> list[int]:
     return firsts
 
 
-def _wait_optional(check, timeout_s: float):  # type: ignore[no-untyped-def]
+def _wait_optional(check: Callable[[], T | None], timeout_s: float) -> T | None:
     deadline = time.monotonic() + timeout_s
     while (value := check()) is None and time.monotonic() < deadline:
         time.sleep(0.05)

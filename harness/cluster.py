@@ -373,7 +373,7 @@ class LocalCluster:
             )
 
 
-def terminate_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+def terminate_group(process: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float = 5.0) -> None:
     """SIGTERM a process group, SIGKILL it after `grace_s`; quiet when it is already gone."""
     if process.poll() is not None:
         return

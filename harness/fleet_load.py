@@ -35,6 +35,7 @@ from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 CONNECT_TIMEOUT_S = 600.0
+StreamCall = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.SupervisorMessage]  # Supervisor.Connect
 
 
 @dataclass(slots=True)
@@ -78,7 +79,7 @@ class Fleet:
         self.counters = Counters()
         self.stopping = asyncio.Event()
         self.channels: list[grpc.aio.Channel] = []
-        self.calls: list[grpc.aio.StreamStreamCall] = []
+        self.calls: list[StreamCall] = []
         self.connect_gate = asyncio.Semaphore(args.connect_concurrency)
 
     async def run(self) -> None:
@@ -108,7 +109,7 @@ class Fleet:
             call.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for channel in self.channels:
-            await channel.close()
+            await channel.close(None)
 
     async def report_connecting(self, started: float) -> None:
         while True:
@@ -160,9 +161,9 @@ class Fleet:
                 "running": running,
                 "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall}
 
-    async def node_loop(self, stub: agent_pb2_grpc.SupervisorStub, node: SimNode) -> None:
+    async def node_loop(self, stub: agent_pb2_grpc.SupervisorAsyncStub, node: SimNode) -> None:
         async with self.connect_gate:
-            call = stub.Connect()
+            call = stub.Connect(None)  # None: written below
             self.calls.append(call)
             await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
                 node_id=node.node_id, incarnation=node.incarnation, role=events_pb2.NODE_ROLE_ACTIVE,
@@ -178,7 +179,7 @@ class Fleet:
         finally:
             reader.cancel()
 
-    async def beat(self, node: SimNode, call: grpc.aio.StreamStreamCall) -> None:
+    async def beat(self, node: SimNode, call: StreamCall) -> None:
         loop = asyncio.get_running_loop()
         c = self.counters
         seq = 0
@@ -209,7 +210,7 @@ class Fleet:
             wake = min(next_beat, next_step) if node.ranks and step_s > 0 else next_beat
             await asyncio.sleep(max(0.0, wake - loop.time()))
 
-    async def report_step(self, node: SimNode, call: grpc.aio.StreamStreamCall, step_s: float) -> None:
+    async def report_step(self, node: SimNode, call: StreamCall, step_s: float) -> None:
         """One step of every rank the node runs, as a real agent reports it: one aggregate, then
         (with --snapshot-reports) the node's holding of each of its ranks' snapshots."""
         reports = [agent_pb2.StepReport(generation=node.generation, rank=rank, step=node.step, step_time_s=step_s,
@@ -224,7 +225,7 @@ class Fleet:
                     size_bytes=1 << 30, sha256="0" * 64)))
                 self.counters.snapshot_reports += 1
 
-    async def read(self, node: SimNode, call: grpc.aio.StreamStreamCall) -> None:
+    async def read(self, node: SimNode, call: StreamCall) -> None:
         loop = asyncio.get_running_loop()
         c = self.counters
         async for message in call:

@@ -101,10 +101,11 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
         return inputs.SnapshotMemoryReport(node_id, m.limit_bytes, m.derived_bytes if m.HasField("derived_bytes") else None,
                                            m.basis, m.ranks, m.reason[:MAX_TEXT])
     if kind == "sdc_check_result":
-        c = message.sdc_check_result
+        answer = message.sdc_check_result
         # Every recomputed digest is the sender's own: the node id comes from the stream, never the message.
-        recomputed = tuple(SdcRankDigests(d.rank, node_id, d.grad_digest, d.param_digest) for d in c.recomputed)
-        return inputs.SdcCheckResult(node_id, c.check_id, c.step, c.rank, recomputed, c.error, c.replay_s)
+        recomputed = tuple(SdcRankDigests(d.rank, node_id, d.grad_digest, d.param_digest) for d in answer.recomputed)
+        return inputs.SdcCheckResult(node_id, answer.check_id, answer.step, answer.rank, recomputed, answer.error,
+                                     answer.replay_s)
     return None
 
 
@@ -199,10 +200,10 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
         self._held[stream_id] = (hello.node_id, outbox)
         try:
             while True:
-                message = await outbox.get()
-                if message is None:
+                sent = await outbox.get()
+                if sent is None:
                     break
-                yield message
+                yield sent
         finally:
             reader.cancel()
             self._held.pop(stream_id, None)
