@@ -349,7 +349,7 @@ class Launch:
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.processes)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0, strays_grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
         for p in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -366,7 +366,7 @@ class Launch:
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)
         # Detached helpers end on their own once their rank is gone; a few seconds' grace, then SIGKILL.
-        grace = time.monotonic() + 10.0
+        grace = time.monotonic() + strays_grace_s
         while (left := self.strays()) and time.monotonic() < grace:
             time.sleep(0.2)
         for pid in left:
