@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=pathlib.Path, required=True)
     p.add_argument("--active-world", type=int, default=None,
                    help="nvrx-inprocess: ranks that train; the others are NVRx reserve ranks (default: all)")
+    p.add_argument("--gloo-timeout-s", type=float, default=10.0,
+                   help="nvrx-inprocess: the gloo group's timeout (default 10, NVRx's examples on CPU)")
     ours = p.parse_args(argv)
     args = gpt_args(["--steps", str(ours.steps), "--seed", str(ours.seed)])  # the example's defaults
     torch.set_num_threads(1)
@@ -233,8 +235,10 @@ def _run_nvrx_inprocess(ours: argparse.Namespace, args: argparse.Namespace) -> i
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by the wrapper
         attempt = call_wrapper.iteration
         store = dist.PrefixStore(str(attempt), base_store)
-        # NVRx's CPU setting (its examples): gloo cannot abort a pending collective, so a short timeout.
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=10))
+        # NVRx's CPU setting (its examples: 10 s): gloo cannot abort a pending collective, so a rank
+        # blocked in one when the fault lands waits this long before the restart can start.
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=ours.gloo_timeout_s))
         saver = _Saver(ours, model, optimizer, rank)
         done = saver.load()
         if not done:

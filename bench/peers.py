@@ -205,6 +205,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ftsup-snapshot-every", default="auto",
                    help="ftsup Level 2's RAM snapshot cadence, passed to the example trainer: 'auto' (the library's"
                         " default: about one second of training between snapshots) or N steps (1: every step)")
+    p.add_argument("--nvrx-gloo-timeout-s", type=float, default=10.0,
+                   help="nvrx-inprocess: the gloo group's timeout, which bounds its restart when a survivor is"
+                        " blocked in a collective (gloo has no abort). Default 10: NVRx's examples on CPU")
     p.add_argument("--peers-python", type=pathlib.Path, default=None,
                    help="python of the venv with the peers installed (default: .venv-peers/bin/python beside ours)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per run")
@@ -220,6 +223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 f"(got {args.repeats}, {args.steps}, {args.warmup_steps} < {args.kill_at} < {args.steps})")
     if args.ftsup_snapshot_every != "auto" and not args.ftsup_snapshot_every.isdigit():
         p.error(f"--ftsup-snapshot-every must be 'auto' or a step count, got {args.ftsup_snapshot_every!r}")
+    if args.nvrx_gloo_timeout_s <= 0:
+        p.error(f"--nvrx-gloo-timeout-s must be > 0 (got {args.nvrx_gloo_timeout_s})")
     if args.checkpoint_every < 1:
         p.error(f"--checkpoint-every must be >= 1 (got {args.checkpoint_every})")
     args.tools = tools
@@ -483,7 +488,8 @@ def _launch_nvrx_inprocess(args: argparse.Namespace, run_dir: pathlib.Path, worl
         env = _env(run_dir, RANK=str(rank), LOCAL_RANK=str(rank % rpn), WORLD_SIZE=str(total),
                    LOCAL_WORLD_SIZE=str(rpn), GROUP_RANK=str(rank // rpn), MASTER_ADDR="127.0.0.1",
                    TORCH_CPP_LOG_LEVEL="error", **{k: str(v) for k, v in ports.items()})
-        argv = [str(args.peers_python), *_trainer_args(args, "nvrx-inprocess", run_dir), "--active-world", str(world)]
+        argv = [str(args.peers_python), *_trainer_args(args, "nvrx-inprocess", run_dir), "--active-world", str(world),
+                "--gloo-timeout-s", str(args.nvrx_gloo_timeout_s)]
         processes.append(_popen(argv, env, run_dir / f"rank-{rank}.log", REPO))
     return Launch(processes, lambda: _rank_pids(run_dir, list(range(rpn, world))),
                   strays=lambda: pids_naming(str(run_dir)))
@@ -646,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         "world": {"nodes": 2, "ranks_per_node": 2, "backend": "gloo", "model": "trainer/examples/gpt.py defaults"},
         "steps": args.steps, "kill_at": args.kill_at, "repeats": args.repeats,
         "checkpoint_every": args.checkpoint_every, "ftsup_snapshot_every": args.ftsup_snapshot_every,
+        "nvrx_gloo_timeout_s": args.nvrx_gloo_timeout_s,
         "versions": versions,
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "cpus": os.cpu_count(),

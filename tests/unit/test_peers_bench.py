@@ -154,6 +154,7 @@ def test_nvrx_inprocess_starts_one_process_per_rank_with_a_reserve_node_and_kill
     assert {e["TORCH_CPP_LOG_LEVEL"] for e in envs} == {"error"}  # NVRx's advice for its store polling
     argv = (tmp_path / "run.argv.0").read_text().split()
     assert argv[argv.index("--flavour") + 1] == "nvrx-inprocess" and argv[argv.index("--active-world") + 1] == "4"
+    assert argv[argv.index("--gloo-timeout-s") + 1] == "10.0"  # NVRx's examples' gloo timeout on CPU
     pids = [int((run_dir / "pids" / f"rank-{r}").read_text()) for r in (2, 3)]
     assert launch.victims() == pids
 
