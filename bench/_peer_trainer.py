@@ -10,6 +10,11 @@ reused) for every tool; what differs is only what each tool's documentation asks
   save every `--checkpoint-every` steps, `load_checkpoint()` on (re)start (memory first).
 - `nvrx`: `disk` + NVIDIA Resiliency Extension rank heartbeats (`RankMonitorClient`) under
   `ft_launcher`.
+- `nvrx-inprocess`: `disk` inside NVRx's in-process restart wrapper (`inprocess.Wrapper`, the
+  recipe of its `optimal_example.py`): model, optimizer and a TCPStore made once per process, the
+  wrapped function restarted in the same process after a fault, with a fresh gloo group on a
+  per-restart `PrefixStore`, reloading the disk checkpoint. `--active-world` ranks train, the rest
+  wait as NVRx reserve ranks and are activated when an active rank is lost.
 - `torchft`: one replica group per process: torchft's `Manager` (Lighthouse quorum, live
   recovery of a joining group from a healthy one), its DDP and optimizer wrappers.
 
@@ -37,7 +42,7 @@ from ftsup.trainer.core import data
 from ftsup.trainer.examples.gpt import GPT
 from ftsup.trainer.examples.gpt import parse_args as gpt_args
 
-FLAVOURS = ("plain", "disk", "dlrover", "nvrx", "torchft")
+FLAVOURS = ("plain", "disk", "dlrover", "nvrx", "nvrx-inprocess", "torchft")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,11 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--dir", type=pathlib.Path, required=True)
+    p.add_argument("--active-world", type=int, default=None,
+                   help="nvrx-inprocess: ranks that train; the others are NVRx reserve ranks (default: all)")
+    p.add_argument("--gloo-timeout-s", type=float, default=10.0,
+                   help="nvrx-inprocess: the gloo group's timeout (default 10, NVRx's examples on CPU)")
     ours = p.parse_args(argv)
     args = gpt_args(["--steps", str(ours.steps), "--seed", str(ours.seed)])  # the example's defaults
     torch.set_num_threads(1)
     if ours.flavour == "torchft":
         return _run_torchft(ours, args)
+    if ours.flavour == "nvrx-inprocess":
+        return _run_nvrx_inprocess(ours, args)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     _write_pid(ours.dir, rank)
@@ -185,6 +196,83 @@ def _nvrx_heartbeat() -> Any:
     client = fault_tolerance.RankMonitorClient()
     client.init_workload_monitoring()
     return client
+
+
+def _run_nvrx_inprocess(ours: argparse.Namespace, args: argparse.Namespace) -> int:
+    """NVRx's in-process restart as its optimal_example.py sets it up: what is costly to make is made
+    once per process (model, optimizer, corpus, the job's TCPStore); the wrapped function makes a
+    gloo group on a `PrefixStore` of the restart iteration and reloads the disk checkpoint, so that a
+    fault anywhere restarts it on every healthy rank without a new process. The wrapper's own
+    TCPStore (hosted by rank 0) and per-rank monitor daemons find the faults; its rank assignment
+    drops terminated ranks, shifts the others down and activates at most `--active-world` of them
+    (the rest are reserves, as NVRx's usage guide composes `MaxActiveWorldSize` after `ShiftRanks`).
+    The environment (RANK, WORLD_SIZE, MASTER_ADDR, the two store ports) comes from the bench, which
+    starts one process per rank as a batch scheduler would: a launcher that kills or restarts every
+    worker when one dies would defeat an in-process restart (NVRx's known issues)."""
+    import copy
+    import logging
+    from datetime import timedelta
+
+    from nvidia_resiliency_ext import inprocess
+
+    # As NVRx's examples: the wrapper logs through the root logger's handler (restarts at INFO).
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+
+    initial_rank, initial_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _write_pid(ours.dir, initial_rank)
+    tokens = torch.tensor(data.encode(data.generate_corpus(args.seed)), dtype=torch.long)
+    torch.manual_seed(args.seed)
+    model = GPT(data.VOCAB_SIZE, args.seq_len, args.layers, args.d_model, args.heads)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # A restart before the first checkpoint starts again from the initial weights, not from where
+    # the interrupted attempt left the (reused) model.
+    initial = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    base_store = dist.TCPStore(host_name=os.environ["MASTER_ADDR"], port=int(os.environ["BENCH_STORE_PORT"]),
+                               world_size=initial_world, is_master=initial_rank == 0, multi_tenant=True,
+                               wait_for_workers=True, use_libuv=True)
+
+    def train(call_wrapper: Any = None) -> None:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by the wrapper
+        attempt = call_wrapper.iteration
+        store = dist.PrefixStore(str(attempt), base_store)
+        # NVRx's CPU setting (its examples: 10 s): gloo cannot abort a pending collective, so a rank
+        # blocked in one when the fault lands waits this long before the restart can start.
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=ours.gloo_timeout_s))
+        saver = _Saver(ours, model, optimizer, rank)
+        done = saver.load()
+        if not done:
+            model.load_state_dict(initial["model"])
+            optimizer.load_state_dict(initial["optimizer"])
+        ddp = DistributedDataParallel(model)
+        progress = open(ours.dir / f"progress-{attempt}.log", "a") if rank == 0 else None  # noqa: SIM115
+        try:
+            for step in range(done + 1, ours.steps + 1):
+                loss = _train_step(ddp, optimizer, tokens, args, step, rank, world)
+                with call_wrapper.atomic():  # no checkpoint write while a restart tears the group down
+                    saver.save(step)
+                if progress is not None:
+                    progress.write(f"step {step} world {world} t {time.time():.4f} loss {loss:.4f}\n")
+                    progress.flush()
+        finally:
+            if progress is not None:
+                progress.close()
+        dist.destroy_process_group()
+
+    # The wrapper finds its CallWrapper argument by annotation; this module's annotations are
+    # strings (`from __future__ import annotations`), which it cannot match.
+    train.__annotations__ = {"call_wrapper": inprocess.CallWrapper}
+    active = ours.active_world or initial_world
+    wrapped = inprocess.Wrapper(
+        store_kwargs={"port": int(os.environ["BENCH_WRAPPER_PORT"])},
+        # NVRx's examples pass CudaHealthCheck: without CUDA initialised it checks nothing.
+        health_check=inprocess.health_check.CudaHealthCheck(),
+        rank_assignment=inprocess.Compose(inprocess.rank_assignment.MaxActiveWorldSize(active),
+                                          inprocess.rank_assignment.ShiftRanks()),
+        monitor_process_logfile=str((ours.dir / "nvrx-monitor-{rank}.log").resolve()),
+    )(train)
+    wrapped()
+    return 0
 
 
 def _run_torchft(ours: argparse.Namespace, args: argparse.Namespace) -> int:

@@ -34,12 +34,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOLS = ("plain", "torchrun", "torchft", "nvrx", "dlrover", "ftsup-run", "ftsup")
-PEERS = ("torchrun", "torchft", "nvrx", "dlrover")
-NEEDS_PEERS_VENV = ("torchft", "nvrx", "dlrover")
-PEER_MODULES = {"torchft": "torchft", "nvrx": "nvidia_resiliency_ext", "dlrover": "dlrover"}
-PEER_PACKAGES = {"torchft": "torchft-nightly", "nvrx": "nvidia-resiliency-ext", "dlrover": "dlrover",
-                 "torchrun": "torch"}
+TOOLS = ("plain", "torchrun", "torchft", "nvrx", "nvrx-inprocess", "dlrover", "ftsup-run", "ftsup")
+PEERS = ("torchrun", "torchft", "nvrx", "nvrx-inprocess", "dlrover")
+NEEDS_PEERS_VENV = ("torchft", "nvrx", "nvrx-inprocess", "dlrover")
+PEER_MODULES = {"torchft": "torchft", "nvrx": "nvidia_resiliency_ext", "nvrx-inprocess": "nvidia_resiliency_ext",
+                "dlrover": "dlrover"}
+PEER_PACKAGES = {"torchft": "torchft-nightly", "nvrx": "nvidia-resiliency-ext",
+                 "nvrx-inprocess": "nvidia-resiliency-ext", "dlrover": "dlrover", "torchrun": "torch"}
 FIGURES = ("recovery_s", "lost_steps", "regain_s", "goodput_lost_s", "step_s", "overhead_pct", "peak_rss_mib",
            "full_world_s", "reduced_step_s", "samples_lost_steps")
 GOAL = {"regain_ratio": 0.5, "lost_steps": 1, "overhead_pp": 1.0}
@@ -204,6 +205,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ftsup-snapshot-every", default="auto",
                    help="ftsup Level 2's RAM snapshot cadence, passed to the example trainer: 'auto' (the library's"
                         " default: about one second of training between snapshots) or N steps (1: every step)")
+    p.add_argument("--nvrx-gloo-timeout-s", type=float, default=10.0,
+                   help="nvrx-inprocess: the gloo group's timeout, which bounds its restart when a survivor is"
+                        " blocked in a collective (gloo has no abort). Default 10: NVRx's examples on CPU")
     p.add_argument("--peers-python", type=pathlib.Path, default=None,
                    help="python of the venv with the peers installed (default: .venv-peers/bin/python beside ours)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per run")
@@ -219,6 +223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 f"(got {args.repeats}, {args.steps}, {args.warmup_steps} < {args.kill_at} < {args.steps})")
     if args.ftsup_snapshot_every != "auto" and not args.ftsup_snapshot_every.isdigit():
         p.error(f"--ftsup-snapshot-every must be 'auto' or a step count, got {args.ftsup_snapshot_every!r}")
+    if args.nvrx_gloo_timeout_s <= 0:
+        p.error(f"--nvrx-gloo-timeout-s must be > 0 (got {args.nvrx_gloo_timeout_s})")
     if args.checkpoint_every < 1:
         p.error(f"--checkpoint-every must be >= 1 (got {args.checkpoint_every})")
     args.tools = tools
@@ -295,16 +301,37 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
+def pids_naming(text: str) -> list[int]:
+    """Processes with `text` (a run's directory) as one of their arguments: what a tool started that
+    left this process's tree, such as NVRx's in-process monitor daemons (double-forked, own session)."""
+    needle = text.encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
 @contextlib.contextmanager
-def peak_rss(period_s: float = 0.5) -> Iterator[list[int]]:
+def peak_rss(period_s: float = 0.5, also: str | None = None) -> Iterator[list[int]]:
     """Samples the summed RSS of this process's descendants (the tool under test: tools run one at
-    a time); yields a one-element list holding the peak in bytes."""
+    a time), plus processes naming `also` outside that tree; yields a one-element list holding the
+    peak in bytes."""
     peak = [0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(period_s):
-            peak[0] = max(peak[0], rss_bytes(_descendants(os.getpid())))
+            pids = set(_descendants(os.getpid()))
+            if also is not None:
+                pids.update(pids_naming(also))
+            peak[0] = max(peak[0], rss_bytes(sorted(pids)))
 
     thread = threading.Thread(target=sample, name="peak-rss", daemon=True)
     thread.start()
@@ -322,11 +349,12 @@ class Launch:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     victims: Callable[[], list[int]] = list  # pids whose process groups are one node
     whole_groups: bool = True  # kill the victims' process groups (a node), not the pids alone
+    strays: Callable[[], list[int]] = list  # the tool's processes outside our tree, ended last
 
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.processes)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0, strays_grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
         for p in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -342,6 +370,13 @@ class Launch:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)
+        # Detached helpers end on their own once their rank is gone; a few seconds' grace, then SIGKILL.
+        grace = time.monotonic() + strays_grace_s
+        while (left := self.strays()) and time.monotonic() < grace:
+            time.sleep(0.2)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _popen(argv: list[str], env: dict[str, str], log: pathlib.Path, cwd: pathlib.Path) -> subprocess.Popen[bytes]:
@@ -420,6 +455,8 @@ def launch_tool(tool: str, args: argparse.Namespace, run_dir: pathlib.Path) -> L
                     "--rdzv-id", f"group-{group}", *_trainer_args(args, "torchft", run_dir)]
             processes.append(_popen(argv, env, run_dir / f"group-{group}.log", REPO))
         return Launch(processes, lambda: _rank_pids(run_dir, node2))
+    if tool == "nvrx-inprocess":
+        return _launch_nvrx_inprocess(args, run_dir, world, rpn)
     if tool == "ftsup-run":
         argv = [ours, "-m", "ftsup.harness.cli", "run", "--nnodes", "2", "--local-nodes", "--spares", "1",
                 "--nproc-per-node", str(rpn), "--max-restarts", "3", "--run-dir", str(run_dir / "ftsup"),
@@ -433,6 +470,29 @@ def launch_tool(tool: str, args: argparse.Namespace, run_dir: pathlib.Path) -> L
 
         return Launch([process], victims)
     raise ValueError(f"not a launcher-driven tool: {tool}")
+
+
+NVRX_RESERVE_NODES = 1  # NVRx reserve ranks: one node's worth, as ftsup's one hot spare
+
+
+def _launch_nvrx_inprocess(args: argparse.Namespace, run_dir: pathlib.Path, world: int, rpn: int) -> Launch:
+    """NVRx's in-process restart: one process per rank started directly, as a batch scheduler
+    (srun) would, 2 nodes x 2 ranks training and one reserve node of 2 ranks waiting inside the
+    wrapper. No launcher: torchrun and ft_launcher (bar its min-healthy policy across several
+    agents) stop every worker of a node when one dies, which an in-process restart must not see
+    (NVRx's known issues). Each rank is its own session; the node to kill is ranks 2-3."""
+    total = world + NVRX_RESERVE_NODES * rpn
+    ports = {"MASTER_PORT": _free_port(), "BENCH_WRAPPER_PORT": _free_port(), "BENCH_STORE_PORT": _free_port()}
+    processes = []
+    for rank in range(total):
+        env = _env(run_dir, RANK=str(rank), LOCAL_RANK=str(rank % rpn), WORLD_SIZE=str(total),
+                   LOCAL_WORLD_SIZE=str(rpn), GROUP_RANK=str(rank // rpn), MASTER_ADDR="127.0.0.1",
+                   TORCH_CPP_LOG_LEVEL="error", **{k: str(v) for k, v in ports.items()})
+        argv = [str(args.peers_python), *_trainer_args(args, "nvrx-inprocess", run_dir), "--active-world", str(world),
+                "--gloo-timeout-s", str(args.nvrx_gloo_timeout_s)]
+        processes.append(_popen(argv, env, run_dir / f"rank-{rank}.log", REPO))
+    return Launch(processes, lambda: _rank_pids(run_dir, list(range(rpn, world))),
+                  strays=lambda: pids_naming(str(run_dir)))
 
 
 def kill_node(launch: Launch) -> float:
@@ -454,7 +514,7 @@ def one_run(tool: str, args: argparse.Namespace, run_dir: pathlib.Path, kill: bo
     run_dir.mkdir(parents=True)
     if tool == "ftsup":
         return _one_ftsup_run(args, run_dir, kill)
-    with peak_rss() as peak:
+    with peak_rss(also=str(run_dir) if tool == "nvrx-inprocess" else None) as peak:
         launch = launch_tool(tool, args, run_dir)
         progress = Progress(progress_files(run_dir))
         try:
@@ -590,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         "world": {"nodes": 2, "ranks_per_node": 2, "backend": "gloo", "model": "trainer/examples/gpt.py defaults"},
         "steps": args.steps, "kill_at": args.kill_at, "repeats": args.repeats,
         "checkpoint_every": args.checkpoint_every, "ftsup_snapshot_every": args.ftsup_snapshot_every,
+        "nvrx_gloo_timeout_s": args.nvrx_gloo_timeout_s,
         "versions": versions,
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "cpus": os.cpu_count(),

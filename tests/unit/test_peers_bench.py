@@ -1,17 +1,29 @@
 """bench/peers.py's pure parts: flags, step lines, one kill's figures, the per-tool summary and
-ftsup's ratio to the best peer. No peer needs to be installed."""
+ftsup's ratio to the best peer; and how it starts NVRx's in-process flavour and ends what that
+leaves outside its process tree (with a stand-in for the peers' python). No peer needs to be
+installed."""
 
 from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from ftsup.bench.peers import (
+    NEEDS_PEERS_VENV,
+    PEERS,
+    Launch,
     StepRecord,
     aggregate,
     goals,
+    launch_tool,
     measure_kill,
     parse_args,
     parse_lines,
+    pids_naming,
     ratios,
     run_span_s,
     spread,
@@ -94,3 +106,75 @@ def test_summary_gives_median_and_spread_and_ftsup_over_the_best_peer():
     assert r["overhead_pct"]["best_peer"] == "torchrun" and r["overhead_pct"]["difference_pp"] == 5.0
     g = goals(tools, r)
     assert g["regain_goal_met"] and g["lost_goal_met"] and not g["overhead_goal_met"]
+
+
+def test_repeats_default_to_five_and_the_in_process_flavour_is_a_peer():
+    args = parse_args(["--tools", "nvrx,nvrx-inprocess"])
+    assert args.repeats == 5 and args.tools == ["nvrx", "nvrx-inprocess"]
+    assert "nvrx-inprocess" in PEERS and "nvrx-inprocess" in NEEDS_PEERS_VENV
+
+
+FAKE_RANK = """#!/bin/sh
+# Stands in for the peers' python: records what a rank was started with, writes its pid as the
+# trainer does, and exits.
+args="$*"
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--dir" ]; then dir="$2"; fi
+  shift
+done
+echo "$args" > "$dir.argv.$RANK"
+mkdir -p "$dir/pids"
+env > "$dir/env-$RANK"
+echo $$ > "$dir/pids/rank-$RANK"
+"""
+
+
+def test_nvrx_inprocess_starts_one_process_per_rank_with_a_reserve_node_and_kills_ranks_2_and_3(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_RANK)
+    fake.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    args = parse_args(["--tools", "nvrx-inprocess", "--peers-python", str(fake)])
+    launch = launch_tool("nvrx-inprocess", args, run_dir)
+    try:
+        assert len(launch.processes) == 6  # 2 nodes x 2 ranks + a reserve node of 2
+        for p in launch.processes:
+            assert p.wait(timeout=60) == 0
+    finally:
+        launch.stop(timeout_s=5, strays_grace_s=0.5)
+    envs = []
+    for rank in range(6):
+        pairs = (line.split("=", 1) for line in (run_dir / f"env-{rank}").read_text().splitlines() if "=" in line)
+        envs.append(dict(pairs))
+    assert [e["RANK"] for e in envs] == [str(r) for r in range(6)]
+    assert {e["WORLD_SIZE"] for e in envs} == {"6"} and [e["LOCAL_RANK"] for e in envs] == ["0", "1"] * 3
+    ports = {(e["MASTER_PORT"], e["BENCH_WRAPPER_PORT"], e["BENCH_STORE_PORT"]) for e in envs}
+    assert len(ports) == 1 and len(next(iter(ports))) == len(set(next(iter(ports))))  # one job, three ports
+    assert {e["TORCH_CPP_LOG_LEVEL"] for e in envs} == {"error"}  # NVRx's advice for its store polling
+    argv = (tmp_path / "run.argv.0").read_text().split()
+    assert argv[argv.index("--flavour") + 1] == "nvrx-inprocess" and argv[argv.index("--active-world") + 1] == "4"
+    assert argv[argv.index("--gloo-timeout-s") + 1] == "10.0"  # NVRx's examples' gloo timeout on CPU
+    pids = [int((run_dir / "pids" / f"rank-{r}").read_text()) for r in (2, 3)]
+    assert launch.victims() == pids
+
+
+def test_a_runs_detached_helpers_are_found_by_its_directory_and_ended(tmp_path):
+    run_dir = tmp_path / "run"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    mine = subprocess.Popen([*sleeper, str(run_dir)], start_new_session=True)
+    other = subprocess.Popen([*sleeper, f"{run_dir}-10"], start_new_session=True)  # another run's, not ours
+    try:
+        deadline = time.monotonic() + 30
+        while mine.pid not in pids_naming(str(run_dir)):
+            assert time.monotonic() < deadline, "the helper never showed up in /proc"
+            time.sleep(0.05)
+        assert other.pid not in pids_naming(str(run_dir))
+        Launch(strays=lambda: pids_naming(str(run_dir))).stop(timeout_s=1, strays_grace_s=0.2)
+        assert mine.wait(timeout=30) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for p in (mine, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
