@@ -11,7 +11,7 @@ server certificate must be valid for the first endpoint's host (or for `server_n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aetcd
 import grpc
@@ -47,3 +47,18 @@ def make_tls_client(endpoints: Sequence[str], files: TlsFiles, *, timeout_s: flo
     options = dict(plain._options)
     options["grpc.ssl_target_name_override"] = server_name or endpoints[0].rpartition(":")[0].strip("[]")
     return TlsClient(channel_credentials(files), host=host, port=port, timeout=timeout_s, options=options)
+
+
+def sync_channel_factory(endpoints: Sequence[str], files: TlsFiles | None = None, *,
+                         server_name: str = "") -> Callable[[], grpc.Channel]:
+    """A maker of synchronous gRPC channels to the same etcd members, with the same options (and
+    mTLS when `files`), for the leader's keepalive thread (supervisor/lease_keeper.py), which
+    must not share the event loop's channel."""
+    plain = make_client(endpoints)
+    host, port = client_target(endpoints)
+    options = dict(plain._options)
+    if files is None:
+        return lambda: grpc.insecure_channel(f"{host}:{port}", options=list(options.items()))
+    options["grpc.ssl_target_name_override"] = server_name or endpoints[0].rpartition(":")[0].strip("[]")
+    credentials = channel_credentials(files)
+    return lambda: grpc.secure_channel(f"{host}:{port}", credentials, options=list(options.items()))

@@ -24,7 +24,11 @@ from dataclasses import dataclass
 import aetcd
 import aetcd.exceptions
 import aetcd.rtypes
+import grpc
 from aetcd import transactions as tx
+
+from ftsup.supervisor.leader_view import LeaseView, after_keepalive, leads_at, next_refresh_in
+from ftsup.supervisor.lease_keeper import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -35,33 +39,6 @@ DEFAULT_TTL_S = 2
 class Leader:
     address: str
     term: int  # the leader key's create revision
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseView:
-    """What we know about our lease: valid until `confirmed_at + ttl_s` unless revoked."""
-
-    ttl_s: float
-    confirmed_at: float  # monotonic time at which the last successful grant/refresh was sent
-    is_revoked: bool = False
-
-
-def after_keepalive(view: LeaseView, sent_at: float, granted_ttl_s: int | None) -> LeaseView:
-    """Folds one refresh answer: None = the call failed (nothing learned); <= 0 = lease gone."""
-    if granted_ttl_s is None:
-        return view
-    if granted_ttl_s <= 0:
-        return dataclasses.replace(view, is_revoked=True)
-    return dataclasses.replace(view, confirmed_at=max(view.confirmed_at, sent_at))
-
-
-def leads_at(view: LeaseView, now: float) -> bool:
-    return not view.is_revoked and now < view.confirmed_at + view.ttl_s
-
-
-def next_refresh_in(view: LeaseView, *, failed: bool) -> float:
-    """TTL/3 after a good refresh; quick retries after a failed one (one member down costs one call)."""
-    return min(0.1, view.ttl_s / 20) if failed else view.ttl_s / 3
 
 
 class LeaderElection:
@@ -77,6 +54,7 @@ class LeaderElection:
         op_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_lost: Callable[[Leader], None] | None = None,
+        keepalive_channel: Callable[[], grpc.Channel] | None = None,
     ) -> None:
         if ttl_s < 1 or int(ttl_s) != ttl_s:
             raise ValueError(f"lease ttl_s must be a whole number of seconds >= 1 (etcd), got {ttl_s}")
@@ -93,10 +71,17 @@ class LeaderElection:
         self._lease_id = 0
         self._view = LeaseView(float(self.ttl_s), -math.inf, is_revoked=True)
         self._keepalive: asyncio.Task[None] | None = None
+        # A synchronous channel to etcd for the keepalive thread (supervisor/lease_keeper.py: the
+        # lease survives a stalled event loop); None: refresh on the loop (tests, tools).
+        self._keepalive_channel = keepalive_channel
+        self._keeper: LeaseKeeper | None = None
 
     @property
     def is_leader(self) -> bool:
-        return self.leader is not None and leads_at(self._view, self._clock())
+        return self.leader is not None and leads_at(self._lease_view(), self._clock())
+
+    def _lease_view(self) -> LeaseView:
+        return self._keeper.view if self._keeper is not None else self._view
 
     async def current(self) -> Leader | None:
         """Who leads now, per etcd (for followers' NotLeader answers and `supervisorctl leader`)."""
@@ -127,7 +112,14 @@ class LeaderElection:
         self._view = LeaseView(float(self.ttl_s), sent_at)
         self.leader = Leader(self.address, kv.create_revision)
         self.lost = asyncio.Event()
-        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"leader-keepalive {self.key}")
+        if self._keepalive_channel is not None:
+            loop = asyncio.get_running_loop()
+            self._keeper = LeaseKeeper(self._keepalive_channel, lease.id, self._view, timeout_s=self._timeout_s,
+                                       on_lost=lambda why: loop.call_soon_threadsafe(self._step_down, why),
+                                       clock=self._clock, name=self.key)
+            self._keeper.start()
+        else:
+            self._keepalive = asyncio.create_task(self._keep_alive(), name=f"leader-keepalive {self.key}")
         log.info("leading %s at term %d", self.key, kv.create_revision)
         return self.leader
 
@@ -178,6 +170,10 @@ class LeaderElection:
         if leader is None:
             return
         log.warning("lost leadership of %s at term %d: %s", self.key, leader.term, why)
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
+            self._view = keeper.view
         self._view = dataclasses.replace(self._view, is_revoked=True)
         self.lost.set()
         if self._on_lost is not None:
@@ -186,6 +182,8 @@ class LeaderElection:
     async def resign(self) -> None:
         """Gives up leadership now: deletes our key (only our incarnation of it) and the lease."""
         leader = self.leader
+        if self._keeper is not None:
+            await asyncio.to_thread(self._keeper.stop)  # (returns within one refresh call)
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(BaseException):

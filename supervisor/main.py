@@ -21,7 +21,7 @@ from ftsup.common.health_service import HealthService, serve_health
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.common.sdnotify import Notifier, pet_watchdog
 from ftsup.supervisor.config import ConfigError, SupervisorConfig, load
-from ftsup.supervisor.etcd_tls import make_tls_client
+from ftsup.supervisor.etcd_tls import make_tls_client, sync_channel_factory
 from ftsup.supervisor.eventlog.api import EventLog, LogError
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
@@ -204,7 +204,8 @@ async def open_replicated(config: SupervisorConfig) -> tuple[LeaderElection, Etc
         client = make_tls_client(config.etcd_endpoints, config.etcd_tls)
     else:
         client = make_client(config.etcd_endpoints)
-    election = LeaderElection(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s)
+    election = LeaderElection(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s,
+                              keepalive_channel=sync_channel_factory(config.etcd_endpoints, config.etcd_tls))
     try:
         event_log = await EtcdLog.open(client, config.etcd_prefix, fence_key=election.key)
     except Exception:

@@ -105,3 +105,29 @@ async def test_a_paused_leader_is_fenced_after_its_lease_expired(etcd, clients, 
         proc.send_signal(signal.SIGCONT)
         proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("in_a_thread", [True, False], ids=["keepalive-thread", "keepalive-on-the-loop"])
+async def test_a_leader_whose_event_loop_stalls_past_the_ttl_keeps_its_lease_only_with_the_keepalive_thread(
+    clients, etcd, etcd_prefix, in_a_thread
+) -> None:
+    """A generation start for 12,500 nodes blocks the leader's loop for seconds: with its refresh
+    on a thread of its own the lease holds (and nobody else may take over); on the loop, it lapses."""
+    from ftsup.supervisor.etcd_tls import sync_channel_factory
+
+    channel = sync_channel_factory([m.client_url.removeprefix("http://") for m in etcd.members]) if in_a_thread else None
+    a = LeaderElection(clients[0], etcd_prefix, "a:1", ttl_s=1, keepalive_channel=channel)
+    b = LeaderElection(clients[1], etcd_prefix, "b:1", ttl_s=1)
+    first = await a.run_until_leader()
+    time.sleep(2.5)  # the stall: the loop runs nothing for 2.5 TTLs
+    await asyncio.sleep(0)  # (what the keepalive thread reported meanwhile runs now)
+    rival = await b.campaign()
+    try:
+        if in_a_thread:
+            assert rival is None and a.is_leader and not a.lost.is_set()
+            assert await b.current() == first
+        else:
+            assert rival is not None and not a.is_leader, "the loop's own keepalive cannot outlive a stall"
+    finally:
+        await a.resign()
+        await b.resign()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ftsup.supervisor.leader import LeaseView, after_keepalive, leads_at, next_refresh_in
+from ftsup.supervisor.leader_view import LeaseView, after_keepalive, leads_at, next_refresh_in
 
 NOW = 1000.0
 
