@@ -35,15 +35,6 @@ def job_topology(world_size: int) -> Topology:
 
 
 
-def checkpoint_id_for(step: int, generation: int) -> str:
-    """Must equal supervisor.core.checkpoints.checkpoint_id_for (a unit test checks both)."""
-    return f"step-{step:010d}-g{generation}"
-
-
-def is_due(step: int, every_steps: int) -> bool:
-    """Must equal supervisor.core.checkpoints.is_due."""
-    return every_steps > 0 and step > 0 and step % every_steps == 0
-
 
 def _payload_key(rank: int) -> str:
     return f"rank-{rank:05d}-payload"

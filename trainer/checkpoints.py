@@ -16,6 +16,7 @@ from ftsup.checkpoint import supervised
 from ftsup.checkpoint.manifest import Layout
 from ftsup.checkpoint.store import ObjectStore
 from ftsup.checkpoint.supervised import CheckpointEnv
+from ftsup.common import checkpoint_ids
 from ftsup.trainer import collective, sharded_checkpoint
 from ftsup.trainer import snapshot as snap
 from ftsup.trainer.snapshot import RestoredState, SnapshotCorrupt
@@ -41,7 +42,7 @@ class Checkpoints:
             self._requested_steps = {s for s in self._requested_steps if s >= step}
             known = min(self._requested_steps, default=_NO_REQUEST)
         agreed = collective.agree_on_min(known)
-        return supervised.is_due(step, self.env.every_steps) or agreed == step
+        return checkpoint_ids.is_due(step, self.env.every_steps) or agreed == step
 
     def note_requested(self, after_step: int, steps: list[int]) -> None:
         """Steps the supervisor asked for (from a step report's answer), those after `after_step`."""
@@ -51,7 +52,7 @@ class Checkpoints:
 
     def save(self, generation: int, rank: int, step: int, objects: dict[str, Any], extra: Any) -> agent_pb2.CheckpointShard:
         """Collective: writes this rank's shards; returns the report (with `error` set on a failure)."""
-        checkpoint_id = supervised.checkpoint_id_for(step, generation)
+        checkpoint_id = checkpoint_ids.checkpoint_id_for(step, generation)
         shard = agent_pb2.CheckpointShard(generation=generation, rank=rank, checkpoint_id=checkpoint_id, step=step)
         try:
             store, layout = self._open()

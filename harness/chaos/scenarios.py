@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from ftsup.checkpoint.supervised import checkpoint_id_for
+from ftsup.common.checkpoint_ids import checkpoint_id_for
 from ftsup.harness.chaos import checks
 from ftsup.harness.chaos.checks import after, kind, of_kind
 from ftsup.harness.chaos.s3_proxy import Fault, FaultRule

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from ftsup.common.checkpoint_ids import checkpoint_id_for, is_due
 from ftsup.supervisor.core import frozen, sdc_checks, taint
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.errors import InvalidEvent
@@ -110,17 +111,6 @@ def _require_pending(state: ClusterState, checkpoint_id: str) -> PendingCheckpoi
         raise InvalidEvent(f"checkpoint {checkpoint_id!r} is not in flight")
     return pending
 
-
-def checkpoint_id_for(step: int, generation: int) -> str:
-    """The id trainers and the supervisor both derive for the checkpoint of `step` in `generation`
-    (trainer.checkpoint.manifest.checkpoint_id_for with the nonce `g<generation>`): ids sort by
-    step, and a step saved again in a later generation gets a fresh id."""
-    return f"step-{step:010d}-g{generation}"
-
-
-def is_due(step: int, every_steps: int) -> bool:
-    """Is `step` a checkpoint step? Shared with trainers (FTSUP_CHECKPOINT_EVERY_STEPS)."""
-    return every_steps > 0 and step > 0 and step % every_steps == 0
 
 
 def _is_requested(state: ClusterState, step: int, generation: int) -> bool:

@@ -119,7 +119,7 @@ async def test_a_leader_whose_event_loop_stalls_past_the_ttl_keeps_its_lease_onl
     a = LeaderElection(clients[0], etcd_prefix, "a:1", ttl_s=1, keepalive_channel=channel)
     b = LeaderElection(clients[1], etcd_prefix, "b:1", ttl_s=1)
     first = await a.run_until_leader()
-    time.sleep(2.5)  # the stall: the loop runs nothing for 2.5 TTLs
+    time.sleep(2.5)  # noqa: ASYNC251 (the point: the loop runs nothing for 2.5 TTLs, as in a stall)
     await asyncio.sleep(0)  # (what the keepalive thread reported meanwhile runs now)
     rival = await b.campaign()
     try:

@@ -28,6 +28,7 @@ from ftsup.checkpoint.manifest import Layout, Topology, Versions, checkpoint_id_
 from ftsup.checkpoint.policy import RestoreMode
 from ftsup.checkpoint.retry import Retrier
 from ftsup.checkpoint.s3 import S3Config, S3Store
+from ftsup.common import checkpoint_ids
 from ftsup.common.backoff import Backoff
 from ftsup.harness.cluster import wait_until
 from tests.support import dcp_ranks
@@ -401,7 +402,7 @@ def test_a_restore_refuses_a_manifest_and_metadata_replaced_in_the_bucket_before
     from ftsup.checkpoint.verify import UntrustedCheckpoint
 
     store = make_store(s3_env)
-    cid = supervised.checkpoint_id_for(4, 1)
+    cid = checkpoint_ids.checkpoint_id_for(4, 1)
     payload = os.urandom(4096)
     report = supervised.save_rank(store, layout, cid, 0, payload, hashlib.sha256(payload).hexdigest())
     _, pin = catalog.commit_pinned(store, layout, cid, 4, [report], supervised.job_topology(1),

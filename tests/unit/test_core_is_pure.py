@@ -14,7 +14,7 @@ ALLOWED_STDLIB = {
 FORBIDDEN_CALLS = {("time", "time"), ("time", "monotonic"), ("datetime", "now")}
 # Rules that must be one rule on both sides of a layer (the agent's flags, the server and the core),
 # so they live in common/ and a core may import them; each is held to the core's own purity here.
-PURE_SHARED = {"ftsup.common.node_id": "common/node_id.py"}
+PURE_SHARED = {"ftsup.common.node_id": "common/node_id.py", "ftsup.common.checkpoint_ids": "common/checkpoint_ids.py"}
 
 
 def core_files() -> list[pathlib.Path]:

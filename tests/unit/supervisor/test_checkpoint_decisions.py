@@ -3,7 +3,8 @@ the restore directive. Pure: milliseconds."""
 
 from __future__ import annotations
 
-from ftsup.checkpoint import supervised
+from ftsup.checkpoint import manifest
+from ftsup.common import checkpoint_ids
 from ftsup.supervisor.core import checkpoints as cp
 from ftsup.supervisor.core.config import JobSpec
 from ftsup.supervisor.core.directives import directive_for
@@ -37,11 +38,12 @@ def _shard(rank: int, cid: str = "step-0000000004-g1", error: str = "") -> Check
     return CheckpointShardReport(f"n{rank + 1}", 1, rank, cid, 4, f"{cid}/shards/rank-{rank:05d}.json", "a" * 64, 10, error)
 
 
-def test_trainer_and_core_agree_on_ids_and_cadence():
-    for step in range(0, 30):
-        for every in (0, 1, 4, 7):
-            assert cp.is_due(step, every) == supervised.is_due(step, every)
-    assert cp.checkpoint_id_for(12, 3) == supervised.checkpoint_id_for(12, 3) == "step-0000000012-g3"
+def test_trainer_and_core_use_the_one_rule_for_ids_and_cadence():
+    assert cp.is_due is checkpoint_ids.is_due and cp.checkpoint_id_for is checkpoint_ids.checkpoint_id_for
+    assert [s for s in range(0, 30) if checkpoint_ids.is_due(s, 7)] == [7, 14, 21, 28]
+    assert not any(checkpoint_ids.is_due(s, 0) for s in range(30))
+    assert checkpoint_ids.checkpoint_id_for(12, 3) == "step-0000000012-g3"
+    assert manifest.step_of(checkpoint_ids.checkpoint_id_for(12, 3)) == 12, "the manifest's id form"
 
 
 def test_a_due_step_starts_one_checkpoint_with_a_shard_per_rank():

@@ -10,10 +10,11 @@ from ftsup.checkpoint import catalog, supervised
 from ftsup.checkpoint.errors import CheckpointError, StoreUnavailable
 from ftsup.checkpoint.local import LocalDirStore
 from ftsup.checkpoint.manifest import Layout
+from ftsup.common import checkpoint_ids
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 L = Layout("")
-CID = supervised.checkpoint_id_for(4, 1)
+CID = checkpoint_ids.checkpoint_id_for(4, 1)
 
 
 class UnavailableStore(LocalDirStore):

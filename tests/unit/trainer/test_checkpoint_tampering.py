@@ -23,10 +23,11 @@ from ftsup.checkpoint.local import LocalDirStore
 from ftsup.checkpoint.manifest import DCP_METADATA_NAME, Layout, decode_manifest, encode_manifest
 from ftsup.checkpoint.store import ObjectInfo
 from ftsup.checkpoint.verify import UntrustedCheckpoint
+from ftsup.common import checkpoint_ids
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 L = Layout("ckpt")
-CID = supervised.checkpoint_id_for(4, 1)
+CID = checkpoint_ids.checkpoint_id_for(4, 1)
 
 
 class Payload:
