@@ -32,6 +32,7 @@ from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
+from ftsup.supervisor.server.hello_checks import hello_problem
 from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
 
 log = logs.get("supervisor.relay")
@@ -258,6 +259,11 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         route = RelayRoute(down, item.session)
         if hello.node_id != item.node_id or hello.incarnation != item.incarnation:
             route.put(_refusal("the shard's session does not match its Hello", "hello", ends_stream=True))
+            route.close()
+            return
+        problem = hello_problem(hello)  # (the shard checked it too; a replica's bug must not reach the core)
+        if problem is not None:
+            route.put(_refusal(problem, "hello", ends_stream=True))
             route.close()
             return
         role = _ROLES.get(hello.role)

@@ -216,6 +216,17 @@ def test_a_relay_route_wraps_what_the_runtime_sends_a_node_and_ends_the_relay_wh
 
 
 # -- a follower's shard relaying to a leader over real gRPC ------------------------------------------
+def test_the_leader_checks_a_relayed_hello_as_it_checks_its_own():
+    runtime = Runtime(config(nodes=1), MemoryLog(), tick_s=0.05)
+    relay, down, sessions = RelayService(runtime), RelayDown(), {}
+    bad = hello_message("n1")
+    bad.hello.host = "h" * 10_000
+    relay._on_hello(forwarded(1, "n1", 1, bad), down, sessions)
+    items = down.take()
+    assert not sessions and items[0].message.refusal.refused == "hello" and items[-1].close
+    assert "host" in items[0].message.refusal.reason
+
+
 def test_a_summary_names_each_session_heard_once_and_owes_only_the_acks_asked_for():
     heard = HeardSince()
     assert not heard
