@@ -128,12 +128,19 @@ class SoakResult:
                 "workdir": self.workdir}
 
 
-def proc_usage(pid: int) -> tuple[int, int, int]:
-    """(VmRSS KiB, open fds, threads) of a live process, from /proc."""
-    status = pathlib.Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"^VmRSS:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
-    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
-    return rss, len(os.listdir(f"/proc/{pid}/fd")), threads
+def proc_usage(pid: int) -> tuple[int, int, int] | None:
+    """(VmRSS KiB, open fds, threads) of a live process, from /proc; None when it is gone or a
+    zombie (it exited between the caller's poll and this read: a zombie has no VmRSS line)."""
+    try:
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    rss = re.search(r"^VmRSS:\s+(\d+)", status, re.MULTILINE)
+    threads = re.search(r"^Threads:\s+(\d+)", status, re.MULTILINE)
+    if rss is None or threads is None:
+        return None
+    return int(rss.group(1)), fds, int(threads.group(1))
 
 
 def scrape(address: str) -> dict[str, float]:
@@ -320,23 +327,27 @@ class Soak:
         assert self.follower is not None
         return self.follower.records()
 
-    def usage(self, pid: int, metrics: str) -> Usage:
-        rss, fds, threads = proc_usage(pid)
+    def usage(self, pid: int, metrics: str) -> Usage | None:
+        """None when the process is gone (it is then left out of the sample)."""
+        found = proc_usage(pid)
+        if found is None:
+            return None
+        rss, fds, threads = found
         tasks = scrape(metrics).get("ftsup_asyncio_tasks") if metrics else None
         return Usage(rss, fds, threads, None if tasks is None else int(tasks))
 
     def sample(self) -> dict[str, Usage]:
         assert self.cluster is not None and self.cluster.supervisor is not None
+        found: dict[str, Usage | None] = {}
         if self.use_etcd:  # every replica still running the process sampled at the baseline
-            out = {}
             for address, process in self.cluster.replicas.items():
                 if process.poll() is None and self.replica_pids.setdefault(address, process.pid) == process.pid:
-                    out[f"supervisor@{address}"] = self.usage(process.pid, "")
+                    found[f"supervisor@{address}"] = self.usage(process.pid, "")
         else:
-            out = {"supervisor": self.usage(self.cluster.supervisor.pid, self.supervisor_metrics)}
+            found["supervisor"] = self.usage(self.cluster.supervisor.pid, self.supervisor_metrics)
         for node_id in self.live_agents():
-            out[node_id] = self.usage(self.cluster.agents[node_id].process.pid, self.metrics[node_id])
-        return out
+            found[node_id] = self.usage(self.cluster.agents[node_id].process.pid, self.metrics[node_id])
+        return {who: usage for who, usage in found.items() if usage is not None}
 
     def wait_steady(self, generation_at_least: int,
                     step_above: int) -> tuple[operator_pb2.GetStatusResponse, Steady, int]:
