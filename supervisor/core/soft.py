@@ -203,8 +203,7 @@ def _score_compute_time(
             del progress.compute_times[stale]
         return None
     del progress.compute_times[report.step]
-    progress.straggler, verdicts = straggler_policy.observe_step(progress.straggler, report.step, times, config)
-    return tuple(verdicts)
+    return tuple(straggler_policy.observe_times(progress.straggler, report.step, times, config))
 
 
 def _vote_digests(progress: GenerationProgress, state: ClusterState, report: StepReport, config: SdcConfig
