@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+import numpy.typing as npt
+
 from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.inputs import (
@@ -272,26 +275,64 @@ def _check_sdc_result(state: ClusterState, result: SdcCheckResult) -> str | None
 
 
 def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate) -> str | None:
-    """An aggregate is refused whole, naming the first report at fault: its sender (a link shard)
-    holds the reports and can send the good ones again; a half-applied step would mislead the vote."""
-    if not aggregate.reports:
+    """An aggregate is refused whole, naming the first rank at fault: its sender holds the reports
+    and can send the good ones again; a half-applied step would mislead the vote.
+
+    Checked at once (issue 14): the sender and its member record looked up once, its ranks as a
+    set, every figure against its limit with numpy; only the first rank at fault is then checked
+    as a lone report, so the message is the one a StepReport of it gets."""
+    count = len(aggregate)
+    if count == 0:
         return "a step aggregate with no reports"
-    if len(aggregate.reports) > MAX_AGGREGATE_REPORTS:
-        return f"a step aggregate of {len(aggregate.reports)} reports is larger than any world ({MAX_AGGREGATE_REPORTS})"
-    ranks: set[int] = set()
-    for report in aggregate.reports:
-        if report.generation != aggregate.generation or report.step != aggregate.step:
-            return (f"rank {report.rank}'s report (generation {report.generation}, step {report.step}) is not of the"
-                    f" aggregate's generation {aggregate.generation}, step {aggregate.step}")
-        if report.rank in ranks:
-            return f"rank {report.rank} is reported twice in one step aggregate"
-        ranks.add(report.rank)
-        if not 0 <= report.step <= MAX_STEP:
-            return f"step {report.step} is outside [0, {MAX_STEP}]: not a step count"
-        reason = _check_sender(state, soft, report.node_id) or _check_step_report(state, report)
-        if reason is not None:
-            return f"rank {report.rank} of node {report.node_id!r}: {reason}"
-    return None
+    if count > MAX_AGGREGATE_REPORTS:
+        return f"a step aggregate of {count} reports is larger than any world ({MAX_AGGREGATE_REPORTS})"
+    ranks = aggregate.ranks
+    sender = _check_sender(state, soft, aggregate.node_id)
+    if sender is not None:
+        return f"rank {int(ranks[0])} of node {aggregate.node_id!r}: {sender}"
+    first_twice = _first_repeat(ranks)
+    bad = _faults(state, aggregate)
+    at_fault = np.flatnonzero(bad)
+    first_bad = int(at_fault[0]) if len(at_fault) else count
+    if first_twice is not None and first_twice <= first_bad:
+        return f"rank {int(ranks[first_twice])} is reported twice in one step aggregate"
+    if first_bad == count:
+        return None
+    report = aggregate.report(first_bad)
+    reason = _check_step_report(state, report) or "refused"  # (the vector and scalar checks agree)
+    return f"rank {report.rank} of node {aggregate.node_id!r}: {reason}"
+
+
+def _first_repeat(ranks: npt.NDArray[np.int64]) -> int | None:
+    """The position of the first rank that repeats an earlier one, or None."""
+    if len(ranks) < 2:
+        return None
+    order = np.argsort(ranks, kind="stable")
+    repeats = np.flatnonzero(ranks[order][1:] == ranks[order][:-1])
+    return int(order[repeats + 1].min()) if len(repeats) else None
+
+
+def _faults(state: ClusterState, aggregate: StepAggregate) -> npt.NDArray[np.bool_]:
+    """Per position: does `_check_step_report` refuse that rank's report? (The same limits, vectorized.)"""
+    step_s, compute_s = aggregate.step_time_s, aggregate.compute_time_s
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(step_s) & (step_s >= 0.0) & (step_s <= MAX_STEP_TIME_S))
+        bad |= ~(np.isfinite(compute_s) & (compute_s >= 0.0) & (compute_s <= MAX_STEP_TIME_S))
+        bad |= compute_s > step_s + 1e-3
+        bad |= aggregate.grad_norm < 0.0  # NaN (unknown, or a diverged step) and inf are the trainer's truth
+    bad |= (aggregate.tokens < 0) | (aggregate.tokens > MAX_TOKENS_PER_STEP)
+    for group in aggregate.local_grad_digests:
+        if len(group.digest) > MAX_DIGEST:
+            bad[group.positions] = True
+    groups = aggregate.replica_groups
+    bad |= (groups >= 0) & (groups > aggregate.ranks)
+    current = state.generation
+    member = current.member(aggregate.node_id) if current is not None else None
+    if current is None or current.number != aggregate.generation or member is None:
+        bad[:] = True  # stale generation, or the node holds no rank in it
+    else:
+        bad |= ~np.isin(aggregate.ranks, np.array(member.ranks, dtype=np.int64))
+    return bad
 
 
 def _check_step_report(state: ClusterState, report: StepReport) -> str | None:

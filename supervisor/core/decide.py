@@ -84,8 +84,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events += _on_stragglers(evolve_all(state, events), soft, seen, config, offset=len(events))
             events += checkpoints.on_step_report(evolve_all(state, events), inp, config.checkpoint_location,
                                                  config.checkpoint_every_steps)
-        case StepAggregate() if len(inp.reports) == 1:
-            return decide(state, soft, inp.reports[0], now, config, seen)
+        case StepAggregate() if len(inp) == 1:
+            return decide(state, soft, inp.report(0), now, config, seen)
         case StepAggregate():
             events = _on_step_aggregate(state, soft, seen, inp, config)
         case SnapshotReport():
@@ -234,7 +234,7 @@ def _on_step_aggregate(state: ClusterState, soft: SoftState, seen: Observation, 
     state does not change between them); only the last can complete the step, so the vote and the
     straggler scores (observed already, for every rank) are decided after it, then its own
     checkpoint check, as the last report's decision would."""
-    first, last = aggregate.reports[0], aggregate.reports[-1]
+    first, last = aggregate.report(0), aggregate.report(-1)
     location, every = config.checkpoint_location, config.checkpoint_every_steps
     events = _on_step_report(state, first)
     events += checkpoints.on_step_report(evolve_all(state, events), first, location, every)

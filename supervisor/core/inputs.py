@@ -6,10 +6,17 @@ Inputs are facts the shell observed; `decide` turns them into events. They are n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+import numpy.typing as npt
+
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
+
+Ranks = npt.NDArray[np.int64]  # ranks, positions, counts
+Floats = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,9 @@ class SnapshotMemoryReport:
     reason: str
 
 
+NOT_REPORTED = float("nan")  # one NaN object: reports that did not report a figure compare equal
+
+
 @dataclass(frozen=True, slots=True)
 class StepReport:
     node_id: str
@@ -67,24 +77,117 @@ class StepReport:
     compute_time_s: float
     loss: float
     param_digest: str
-    grad_norm: float = float("nan")  # NaN: not reported
+    grad_norm: float = NOT_REPORTED  # NaN: not reported
     tokens: int = 0  # this rank's tokens in the step; 0: not reported
     local_grad_digest: str = ""  # its local gradients before the all-reduce; "": not reported
     replica_group: int | None = None  # the lowest rank holding the same shards; None: not reported
 
 
 @dataclass(frozen=True, slots=True)
-class StepAggregate:
-    """One training step of several ranks in one input: a node's ranks (its agent reports them
-    together) or a link shard's nodes' ranks, folded before they reach the leader, so the leader
-    handles one input per node or shard per step instead of one per rank. Observed and decided
-    exactly as its reports would be one by one (tests/unit/supervisor/test_step_aggregates.py):
-    the straggler detector and the SDC vote still see every rank. One generation and one step,
-    each rank once."""
+class DigestRanks:
+    """A digest and the positions (indexes into its StepAggregate's arrays) of the ranks that
+    reported it: replicas agree, so a step carries a handful of digests, not one per rank."""
 
+    digest: str
+    positions: Ranks
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepAggregate:
+    """One training step of one node's ranks in one input, as arrays: an agent reports its node's
+    ranks together and a link shard forwards each of its nodes' step as one, so the leader handles
+    one input per node per step, and the detectors take the figures as arrays (issue 14). A
+    single StepReport is observed as an aggregate of one (`of_reports`): one observation path.
+
+    Per-rank values are parallel arrays in the order of `ranks` (each rank once); digests are
+    grouped by value. Observed and decided exactly as its reports would be one by one
+    (tests/unit/supervisor/test_step_aggregates.py). The arrays are made read-only here: inputs
+    are facts, and the core keeps views of them."""
+
+    node_id: str
     generation: int
     step: int
-    reports: tuple[StepReport, ...]
+    ranks: Ranks
+    step_time_s: Floats
+    compute_time_s: Floats
+    loss: Floats
+    grad_norm: Floats  # NaN: not reported
+    tokens: Ranks  # 0: not reported
+    param_digests: tuple[DigestRanks, ...]  # every position in exactly one group
+    local_grad_digests: tuple[DigestRanks, ...]  # positions in no group (or in ""'s) reported none
+    replica_groups: Ranks  # -1: not reported
+
+    def __post_init__(self) -> None:
+        for array in (self.ranks, self.step_time_s, self.compute_time_s, self.loss, self.grad_norm, self.tokens,
+                      self.replica_groups):
+            array.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    @classmethod
+    def of_reports(cls, reports: Sequence[StepReport]) -> StepAggregate:
+        """Reports of one node, generation and step (each rank once) as one aggregate."""
+        if not reports:
+            raise ValueError("a step aggregate needs at least one report")
+        first = reports[0]
+        if any((r.node_id, r.generation, r.step) != (first.node_id, first.generation, first.step) for r in reports):
+            raise ValueError("a step aggregate holds one node's reports of one generation's step")
+        return cls(
+            first.node_id, first.generation, first.step,
+            np.array([r.rank for r in reports], dtype=np.int64),
+            np.array([r.step_time_s for r in reports], dtype=np.float64),
+            np.array([r.compute_time_s for r in reports], dtype=np.float64),
+            np.array([r.loss for r in reports], dtype=np.float64),
+            np.array([r.grad_norm for r in reports], dtype=np.float64),
+            np.array([r.tokens for r in reports], dtype=np.int64),
+            _grouped([r.param_digest for r in reports], skip_empty=False),
+            _grouped([r.local_grad_digest for r in reports], skip_empty=True),
+            np.array([-1 if r.replica_group is None else r.replica_group for r in reports], dtype=np.int64),
+        )
+
+    def report(self, index: int) -> StepReport:
+        """The report at `index` (negative counts from the end), made when asked."""
+        index = range(len(self.ranks))[index]
+        group = int(self.replica_groups[index])
+        loss, grad_norm = float(self.loss[index]), float(self.grad_norm[index])
+        return StepReport(
+            self.node_id, self.generation, int(self.ranks[index]), self.step, float(self.step_time_s[index]),
+            float(self.compute_time_s[index]), loss if loss == loss else NOT_REPORTED,
+            _digest_at(self.param_digests, index), grad_norm if grad_norm == grad_norm else NOT_REPORTED,
+            int(self.tokens[index]), _digest_at(self.local_grad_digests, index),
+            None if group < 0 else group,
+        )
+
+    def reports(self) -> tuple[StepReport, ...]:
+        """Every rank's report, in order (tests, diagnostics: O(ranks) objects, never on the step path)."""
+        return tuple(self.report(i) for i in range(len(self.ranks)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepAggregate):
+            return NotImplemented
+        return self.reports() == other.reports()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StepAggregate(node_id={self.node_id!r}, generation={self.generation}, step={self.step},"
+                f" ranks={self.ranks.tolist()})")
+
+
+def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]:
+    by_value: dict[str, list[int]] = {}
+    for position, digest in enumerate(digests):
+        if digest or not skip_empty:
+            by_value.setdefault(digest, []).append(position)
+    return tuple(DigestRanks(d, np.array(p, dtype=np.int64)) for d, p in by_value.items())
+
+
+def _digest_at(groups: tuple[DigestRanks, ...], position: int) -> str:
+    for group in groups:
+        if np.any(group.positions == position):
+            return group.digest
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

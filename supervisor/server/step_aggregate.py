@@ -1,4 +1,4 @@
-"""StepAggregate on the wire <-> the core's StepAggregate of StepReports.
+"""StepAggregate on the wire <-> the core's StepAggregate (per-rank figures as arrays).
 
 The wire form packs per-rank values into arrays and sends each digest once with the positions of
 the ranks that reported it (at 12,500 nodes the replicas of a data-parallel job agree: a handful
@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from ftsup.common import step_pack
 from ftsup.common.step_pack import NO_REPLICA_GROUP
-from ftsup.supervisor.core.inputs import StepAggregate, StepReport
+from ftsup.supervisor.core.inputs import DigestRanks, StepAggregate, StepReport
 from ftsup.v1 import agent_pb2
 
 
@@ -23,7 +25,8 @@ class MalformedAggregate(ValueError):
 
 
 def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
-    """The core input; every report is the sender's own (its node id comes from the stream)."""
+    """The core input, its figures as arrays straight from the packed fields (no object per rank);
+    every report is the sender's own (its node id comes from the stream)."""
     count = len(message.ranks)
     if count == 0:
         raise MalformedAggregate("a step aggregate with no ranks")
@@ -33,23 +36,23 @@ def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
     for name in ("grad_norm", "tokens", "replica_groups"):
         if len(getattr(message, name)) not in (0, count):
             raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks (or none)")
-    params = _spread(message.param_digests, count, "param_digests")
-    if any(digest is None for digest in params):
-        missing = next(message.ranks[i] for i, d in enumerate(params) if d is None)
-        raise MalformedAggregate(f"rank {missing} is in no param_digests group")
-    grads = _spread(message.local_grad_digests, count, "local_grad_digests")
-    reports = tuple(
-        StepReport(
-            node_id, message.generation, message.ranks[i], message.step, message.step_time_s[i],
-            message.compute_time_s[i], message.loss[i], params[i] or "",
-            message.grad_norm[i] if message.grad_norm else math.nan,
-            message.tokens[i] if message.tokens else 0,
-            grads[i] or "",
-            _replica_group(message, i),
-        )
-        for i in range(count)
+    ranks = np.array(message.ranks, dtype=np.int64)
+    params = _grouped(message.param_digests, count, "param_digests")
+    covered = np.zeros(count, dtype=np.int64)
+    for group in params:
+        covered[group.positions] += 1
+    if not covered.all():
+        raise MalformedAggregate(f"rank {int(ranks[np.flatnonzero(covered == 0)[0]])} is in no param_digests group")
+    groups = np.array(message.replica_groups, dtype=np.int64) if message.replica_groups else np.full(count, -1)
+    groups[groups == NO_REPLICA_GROUP] = -1
+    return StepAggregate(
+        node_id, message.generation, message.step, ranks,
+        np.array(message.step_time_s, dtype=np.float64), np.array(message.compute_time_s, dtype=np.float64),
+        np.array(message.loss, dtype=np.float64),
+        np.array(message.grad_norm, dtype=np.float64) if message.grad_norm else np.full(count, math.nan),
+        np.array(message.tokens, dtype=np.int64) if message.tokens else np.zeros(count, dtype=np.int64),
+        params, _grouped(message.local_grad_digests, count, "local_grad_digests"), groups,
     )
-    return StepAggregate(message.generation, message.step, reports)
 
 
 def report_from_proto(node_id: str, r: agent_pb2.StepReport) -> StepReport:
@@ -75,20 +78,15 @@ def report_to_proto(r: StepReport) -> agent_pb2.StepReport:
     return message
 
 
-def _spread(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> list[str | None]:
-    spread: list[str | None] = [None] * count
-    for group in groups:
-        for index in group.indexes:
-            if index >= count:
-                raise MalformedAggregate(f"{name}: index {index} is past the {count} ranks")
-            if spread[index] is not None:
-                raise MalformedAggregate(f"{name}: position {index} is in two groups")
-            spread[index] = group.digest
-    return spread
-
-
-def _replica_group(message: agent_pb2.StepAggregate, index: int) -> int | None:
-    if not message.replica_groups:
-        return None
-    value = message.replica_groups[index]
-    return None if value == NO_REPLICA_GROUP else value
+def _grouped(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> tuple[DigestRanks, ...]:
+    """The wire's digest groups as the core's; a position past the ranks or in two groups is refused."""
+    grouped = tuple(DigestRanks(g.digest, np.array(g.indexes, dtype=np.int64)) for g in groups)
+    if not grouped:
+        return grouped
+    positions = np.concatenate([g.positions for g in grouped])
+    if len(positions) and int(positions.max()) >= count:
+        raise MalformedAggregate(f"{name}: index {int(positions.max())} is past the {count} ranks")
+    taken = np.bincount(positions, minlength=count)
+    if (taken > 1).any():
+        raise MalformedAggregate(f"{name}: position {int(np.flatnonzero(taken > 1)[0])} is in two groups")
+    return grouped

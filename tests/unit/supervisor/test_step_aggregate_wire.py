@@ -56,8 +56,8 @@ def test_an_aggregate_decodes_to_the_reports_it_was_made_from(rows):
                for rank, (st_, ct, loss, gn, tokens, digest, grad, group) in enumerate(rows)]
     message = agent_pb2.StepAggregate.FromString(step_aggregate.to_proto(reports).SerializeToString())
     decoded = step_aggregate.to_input("n1", message)
-    assert decoded.generation == 3 and decoded.step == 17 and len(decoded.reports) == len(reports)
-    assert all(_same(a, b) for a, b in zip(decoded.reports, reports))
+    assert decoded.generation == 3 and decoded.step == 17 and len(decoded.reports()) == len(reports)
+    assert all(_same(a, b) for a, b in zip(decoded.reports(), reports))
     assert len(message.param_digests) == len({r.param_digest for r in reports}), "each digest sent once"
 
 
@@ -119,5 +119,5 @@ async def test_a_node_reports_its_ranks_step_in_one_message_over_grpc():
 
 def test_the_core_input_keeps_the_wire_order():
     message = step_aggregate.to_proto([StepReport("n1", 1, r, 2, 1.0, 0.5, 0.1, "d") for r in (3, 1, 2)])
-    assert [r.rank for r in step_aggregate.to_input("n1", message).reports] == [3, 1, 2]
+    assert [r.rank for r in step_aggregate.to_input("n1", message).reports()] == [3, 1, 2]
     assert isinstance(step_aggregate.to_input("n1", message), StepAggregate)

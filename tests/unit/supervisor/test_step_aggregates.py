@@ -55,12 +55,24 @@ def _run(script: list[tuple[int, int | None, int | None, int]], aggregated: bool
             for report in reports:
                 sim.feed(report, at=now)
             continue
-        # Split into aggregates at random cut points: per node, per shard, or the whole world.
+        # Split into aggregates at random cut points, each of one node's reports (a node's ranks
+        # in one, or in several, as an agent's queue or a shard's fold happens to hold them).
         cuts = sorted(random.Random(seed + 1).sample(range(1, WORLD), k=seed % 4))
         for start, end in zip([0, *cuts], [*cuts, WORLD]):
-            group = reports[start:end]
-            sim.feed(StepAggregate(group[0].generation, step, tuple(group)), at=now)
+            for run in _runs_of_one_node(reports[start:end]):
+                sim.feed(StepAggregate.of_reports(run), at=now)
     return sim
+
+
+def _runs_of_one_node(reports: list[StepReport]) -> list[list[StepReport]]:
+    """Consecutive reports grouped into runs of one node's (the arrival order kept)."""
+    runs: list[list[StepReport]] = []
+    for report in reports:
+        if runs and runs[-1][0].node_id == report.node_id:
+            runs[-1].append(report)
+        else:
+            runs.append([report])
+    return runs
 
 
 steps = st.lists(
@@ -101,14 +113,17 @@ def test_an_aggregate_with_a_bad_report_is_refused_whole_naming_the_rank():
     sim = _started()
     reports = _reports(sim, 1, None, None)
     bad = dataclasses.replace(reports[2], compute_time_s=-1.0)
-    refused = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], reports[1], bad)), at=NOW + 1)
-    assert isinstance(refused, str) and "rank 2" in refused and "compute_time_s" in refused
+    first, second = (r for r in reports if r.node_id == reports[0].node_id)
+    bad = dataclasses.replace(second, compute_time_s=-1.0)
+    refused = sim.feed(StepAggregate.of_reports((first, bad)), at=NOW + 1)
+    assert isinstance(refused, str) and f"rank {bad.rank}" in refused and "compute_time_s" in refused
     assert sim.soft.progress is None or sim.soft.progress.step_reports == 0, "nothing of it was observed"
-    twice = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], reports[0])), at=NOW + 1)
+    twice = sim.feed(StepAggregate.of_reports((first, first)), at=NOW + 1)
     assert isinstance(twice, str) and "twice" in twice
-    mixed = dataclasses.replace(reports[1], step=2)
-    other = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], mixed)), at=NOW + 1)
-    assert isinstance(other, str) and "not of the aggregate's" in other
+    foreign = next(r for r in reports if r.node_id != first.node_id)
+    stolen = sim.feed(StepAggregate.of_reports((first, dataclasses.replace(foreign, node_id=first.node_id))),
+                      at=NOW + 1)
+    assert isinstance(stolen, str) and f"does not hold rank {foreign.rank}" in stolen
 
 
 def test_a_checkpoint_step_that_the_vote_convicts_starts_and_aborts_its_checkpoint_as_one_by_one():
