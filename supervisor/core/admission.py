@@ -290,12 +290,16 @@ def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggreg
     sender = _check_sender(state, soft, aggregate.node_id)
     if sender is not None:
         return f"rank {int(ranks[0])} of node {aggregate.node_id!r}: {sender}"
-    first_twice = _first_repeat(ranks)
-    bad = _faults(state, aggregate)
+    listed = ranks.tolist()
+    held = _held_ranks(state, aggregate)
+    if len(set(listed)) == count and held.issuperset(listed) and _within_limits(aggregate):
+        return None  # (the usual aggregate: a handful of reductions, no mask per rank)
+    first_twice = _first_repeat(listed)
+    bad = _faults(aggregate, held)
     at_fault = np.flatnonzero(bad)
     first_bad = int(at_fault[0]) if len(at_fault) else count
     if first_twice is not None and first_twice <= first_bad:
-        return f"rank {int(ranks[first_twice])} is reported twice in one step aggregate"
+        return f"rank {listed[first_twice]} is reported twice in one step aggregate"
     if first_bad == count:
         return None
     report = aggregate.report(first_bad)
@@ -303,16 +307,41 @@ def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggreg
     return f"rank {report.rank} of node {aggregate.node_id!r}: {reason}"
 
 
-def _first_repeat(ranks: npt.NDArray[np.int64]) -> int | None:
+def _held_ranks(state: ClusterState, aggregate: StepAggregate) -> frozenset[int]:
+    """The ranks the sender holds in the aggregate's generation (none if that is not the one in force)."""
+    current = state.generation
+    if current is None or current.number != aggregate.generation:
+        return frozenset()
+    member = current.member(aggregate.node_id)
+    return frozenset(member.ranks) if member is not None else frozenset()
+
+
+def _first_repeat(ranks: list[int]) -> int | None:
     """The position of the first rank that repeats an earlier one, or None."""
-    if len(ranks) < 2:
-        return None
-    order = np.argsort(ranks, kind="stable")
-    repeats = np.flatnonzero(ranks[order][1:] == ranks[order][:-1])
-    return int(order[repeats + 1].min()) if len(repeats) else None
+    seen: set[int] = set()
+    for position, rank in enumerate(ranks):
+        if rank in seen:
+            return position
+        seen.add(rank)
+    return None
 
 
-def _faults(state: ClusterState, aggregate: StepAggregate) -> npt.NDArray[np.bool_]:
+def _within_limits(aggregate: StepAggregate) -> bool:
+    """Every figure within its limit, by reductions over the arrays (NaN fails every comparison)."""
+    step_s, compute_s, tokens = aggregate.step_time_s, aggregate.compute_time_s, aggregate.tokens
+    lowest_norm = np.fmin.reduce(aggregate.grad_norm)  # NaN only when no rank reported one
+    return bool(
+        step_s.min() >= 0.0 and step_s.max() <= MAX_STEP_TIME_S
+        and compute_s.min() >= 0.0 and compute_s.max() <= MAX_STEP_TIME_S
+        and bool((compute_s <= step_s + 1e-3).all())  # (the scalar check's own arithmetic)
+        and not lowest_norm < 0.0
+        and tokens.min() >= 0 and tokens.max() <= MAX_TOKENS_PER_STEP
+        and (aggregate.replica_groups - aggregate.ranks).max() <= 0
+        and all(len(group.digest) <= MAX_DIGEST for group in aggregate.local_grad_digests)
+    )
+
+
+def _faults(aggregate: StepAggregate, held: frozenset[int]) -> npt.NDArray[np.bool_]:
     """Per position: does `_check_step_report` refuse that rank's report? (The same limits, vectorized.)"""
     step_s, compute_s = aggregate.step_time_s, aggregate.compute_time_s
     with np.errstate(invalid="ignore"):
@@ -326,12 +355,7 @@ def _faults(state: ClusterState, aggregate: StepAggregate) -> npt.NDArray[np.boo
             bad[group.positions] = True
     groups = aggregate.replica_groups
     bad |= (groups >= 0) & (groups > aggregate.ranks)
-    current = state.generation
-    member = current.member(aggregate.node_id) if current is not None else None
-    if current is None or current.number != aggregate.generation or member is None:
-        bad[:] = True  # stale generation, or the node holds no rank in it
-    else:
-        bad |= ~np.isin(aggregate.ranks, np.array(member.ranks, dtype=np.int64))
+    bad |= np.array([rank not in held for rank in aggregate.ranks.tolist()], dtype=np.bool_).reshape(-1)
     return bad
 
 

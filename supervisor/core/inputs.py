@@ -184,6 +184,8 @@ def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]
 
 
 def _digest_at(groups: tuple[DigestRanks, ...], position: int) -> str:
+    if len(groups) == 1 and len(groups[0].positions) > position and groups[0].positions[position] == position:
+        return groups[0].digest  # (the usual aggregate: one digest, every position in order)
     for group in groups:
         if np.any(group.positions == position):
             return group.digest

@@ -7,6 +7,7 @@ owns: soft state is rebuilt from inputs, never logged, so copying it per heartbe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import contains
@@ -24,6 +25,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorCommandKind,
     OperatorRequest,
     RankFinished,
+    Ranks,
     SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
@@ -157,9 +159,13 @@ def _observe_step(soft: SoftState, state: ClusterState, aggregate: StepAggregate
     if aggregate.step >= progress.max_step:
         progress.max_step = aggregate.step
         progress.step_time_s = float(aggregate.step_time_s[-1])
-        finite = np.flatnonzero(np.isfinite(aggregate.loss))
-        if len(finite):
-            progress.last_loss = float(aggregate.loss[finite[-1]])
+        loss = float(aggregate.loss[-1])
+        if math.isfinite(loss):  # the last rank's loss, or the last finite one before it
+            progress.last_loss = loss
+        else:
+            finite = np.flatnonzero(np.isfinite(aggregate.loss))
+            if len(finite):
+                progress.last_loss = float(aggregate.loss[finite[-1]])
     return _observation(_score_compute_time(progress, state, aggregate, straggler),
                         _vote_digests(progress, state, aggregate, sdc))
 
@@ -199,9 +205,8 @@ def _score_compute_time(progress: GenerationProgress, state: ClusterState, aggre
     while start < len(aggregate):
         start, complete = open_steps.add_times(progress.open_times, aggregate.step, world, aggregate, start)
         if complete is not None:
-            order = complete.order[:complete.count]
-            verdicts = tuple(straggler_policy.observe_step(progress.straggler, aggregate.step, order,
-                                                           complete.compute[order], config))
+            ranks, times = complete.scored()
+            verdicts = tuple(straggler_policy.observe_step(progress.straggler, aggregate.step, ranks, times, config))
     return verdicts
 
 
@@ -220,8 +225,7 @@ def _vote_digests(progress: GenerationProgress, state: ClusterState, aggregate: 
         if complete is None:
             continue
         step = aggregate.step
-        vote = sdc_policy.vote_step(step, complete.by_digest(), world, config,
-                                    complete.groups if complete.has_groups else None)
+        vote = sdc_policy.vote_step(step, complete.by_digest(), world, config, complete.reported_groups())
         if vote.is_clear:
             progress.sdc_clear_steps.add(step)
             for old in sorted(progress.sdc_clear_steps)[:-MAX_CLEAR_STEPS]:
@@ -238,29 +242,38 @@ class VoteReports(Sequence[SdcRankDigests]):
     every step and its evidence is read only when a recompute check starts; at 12,500 ranks
     building every record per step cost ~10 ms. Equal to the tuple of the same records."""
 
-    __slots__ = ("_ranks", "_params", "_param_values", "_grads", "_grad_values", "_generation")
+    __slots__ = ("_votes", "_ranks", "_generation", "_param_values", "_grad_values")
 
     def __init__(self, votes: OpenVotes, generation: Generation) -> None:
         # A completed track is no longer written (observe dropped it), and a Generation never
-        # changes: reading later reads what was reported.
-        self._ranks = np.flatnonzero(votes.seen)
-        self._params, self._param_values = votes.params, list(votes.param_values)
-        self._grads, self._grad_values = votes.grads, list(votes.grad_values)
-        self._generation = generation
+        # changes: reading later reads what was reported. Per-rank codes are made on first read.
+        self._votes, self._generation = votes, generation
+        self._ranks: Ranks | None = None
+        self._param_values: list[str] = []
+        self._grad_values: list[str] = []
 
     @classmethod
     def of_dicts(cls, digests: Mapping[int, str], grads: Mapping[int, str], generation: Generation) -> VoteReports:
         """From rank -> parameter digest and rank -> gradient digest (tests, small callers)."""
         votes = open_steps.OpenVotes(max(digests, default=-1) + 1)
+        votes.densify()
         for rank, digest in digests.items():
-            votes.seen[rank] = True
+            votes.seen[rank] = 1
             votes.params[rank] = votes.param_values.setdefault(digest, len(votes.param_values))
             if grads.get(rank):
                 votes.grads[rank] = votes.grad_values.setdefault(grads[rank], len(votes.grad_values))
+        votes.count = len(digests)
         return cls(votes, generation)
 
+    def _sorted_ranks(self) -> Ranks:
+        if self._ranks is None:
+            self._votes.densify()
+            self._param_values, self._grad_values = list(self._votes.param_values), list(self._votes.grad_values)
+            self._ranks = self._votes.ranks_seen()
+        return self._ranks
+
     def __len__(self) -> int:
-        return len(self._ranks)
+        return self._votes.count
 
     @overload
     def __getitem__(self, index: int) -> SdcRankDigests: ...
@@ -271,11 +284,12 @@ class VoteReports(Sequence[SdcRankDigests]):
     def __getitem__(self, index: int | slice) -> SdcRankDigests | tuple[SdcRankDigests, ...]:
         if isinstance(index, slice):
             return tuple(self[i] for i in range(*index.indices(len(self))))
-        rank = int(self._ranks[index])
+        rank = int(self._sorted_ranks()[index])
         node = self._generation.node_of_rank(rank) or ""
-        grad = int(self._grads[rank])
+        votes = self._votes
+        grad = int(votes.grads[rank])
         return SdcRankDigests(rank, node, self._grad_values[grad] if grad >= 0 else "",
-                              self._param_values[int(self._params[rank])])
+                              self._param_values[int(votes.params[rank])])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (tuple, VoteReports)):

@@ -49,7 +49,18 @@ def _run(script: list[tuple[int, int | None, int | None, int]], aggregated: bool
         if sim.state.generation is None:
             break  # an SDC conviction ended it: both paths stop at the same point
         reports = _reports(sim, step, slow_rank, corrupt_rank)
-        random.Random(seed).shuffle(reports)  # arrival order, the same for both paths
+        rng = random.Random(seed)
+        rng.shuffle(reports)  # arrival order, the same for both paths
+        for _ in range(seed % 3 if seed % 5 == 0 and seed >= 100 else 0):  # sent again (a reconnect), maybe changed
+            again = rng.choice(reports)
+            slower = rng.choice([1.0, 1.5])
+            again = dataclasses.replace(again, compute_time_s=again.compute_time_s * slower,
+                                        step_time_s=again.step_time_s * slower,
+                                        param_digest=rng.choice([again.param_digest, "resent"]))
+            # (before the step's last new rank: a report after it, in the same aggregate, is observed
+            # before the step is decided, where one by one it would come after; open_steps' own
+            # tests cover that remainder)
+            reports.insert(rng.randrange(len(reports)), again)
         now += 1.0
         if not aggregated:
             for report in reports:
@@ -57,18 +68,18 @@ def _run(script: list[tuple[int, int | None, int | None, int]], aggregated: bool
             continue
         # Split into aggregates at random cut points, each of one node's reports (a node's ranks
         # in one, or in several, as an agent's queue or a shard's fold happens to hold them).
-        cuts = sorted(random.Random(seed + 1).sample(range(1, WORLD), k=seed % 4))
-        for start, end in zip([0, *cuts], [*cuts, WORLD]):
+        cuts = sorted(random.Random(seed + 1).sample(range(1, len(reports)), k=seed % 4))
+        for start, end in zip([0, *cuts], [*cuts, len(reports)]):
             for run in _runs_of_one_node(reports[start:end]):
                 sim.feed(StepAggregate.of_reports(run), at=now)
     return sim
 
 
 def _runs_of_one_node(reports: list[StepReport]) -> list[list[StepReport]]:
-    """Consecutive reports grouped into runs of one node's (the arrival order kept)."""
+    """Consecutive reports grouped into runs of one node's, each rank once (the arrival order kept)."""
     runs: list[list[StepReport]] = []
     for report in reports:
-        if runs and runs[-1][0].node_id == report.node_id:
+        if runs and runs[-1][0].node_id == report.node_id and report.rank not in {r.rank for r in runs[-1]}:
             runs[-1].append(report)
         else:
             runs.append([report])
