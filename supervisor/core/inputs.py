@@ -128,6 +128,8 @@ class StepAggregate:
     @classmethod
     def of_reports(cls, reports: Sequence[StepReport]) -> StepAggregate:
         """Reports of one node, generation and step (each rank once) as one aggregate."""
+        if len(reports) == 1:
+            return cls._of_one(reports[0])
         if not reports:
             raise ValueError("a step aggregate needs at least one report")
         first = reports[0]
@@ -145,6 +147,16 @@ class StepAggregate:
             _grouped([r.local_grad_digest for r in reports], skip_empty=True),
             np.array([-1 if r.replica_group is None else r.replica_group for r in reports], dtype=np.int64),
         )
+
+    @classmethod
+    def _of_one(cls, r: StepReport) -> StepAggregate:
+        """One report as an aggregate of one: two small arrays and views of them (a StepReport
+        from an agent that does not aggregate takes this path once per rank)."""
+        floats = np.array([r.step_time_s, r.compute_time_s, r.loss, r.grad_norm], dtype=np.float64)
+        ints = np.array([r.rank, r.tokens, -1 if r.replica_group is None else r.replica_group], dtype=np.int64)
+        grads = (DigestRanks(r.local_grad_digest, _FIRST),) if r.local_grad_digest else ()
+        return cls(r.node_id, r.generation, r.step, ints[0:1], floats[0:1], floats[1:2], floats[2:3], floats[3:4],
+                   ints[1:2], (DigestRanks(r.param_digest, _FIRST),), grads, ints[2:3])
 
     def report(self, index: int) -> StepReport:
         """The report at `index` (negative counts from the end), made when asked."""
@@ -173,6 +185,10 @@ class StepAggregate:
     def __repr__(self) -> str:
         return (f"StepAggregate(node_id={self.node_id!r}, generation={self.generation}, step={self.step},"
                 f" ranks={self.ranks.tolist()})")
+
+
+_FIRST = np.zeros(1, dtype=np.int64)  # the one position of an aggregate of one (shared, read-only)
+_FIRST.flags.writeable = False
 
 
 def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]:

@@ -177,10 +177,16 @@ class OpenVotes(_Track):
     def by_digest(self) -> dict[str, Ranks]:
         """The parameter digests grouped by value: digest -> its ranks (each rank once)."""
         if self.pending is not None:
+            pending = self.pending
+            if all(len(a.param_digests) == 1 for a in pending):  # each aggregate agrees within itself
+                firsts = [a.param_digests[0].digest for a in pending]
+                if len(set(firsts)) == 1:  # and with the others: the usual step
+                    return {firsts[0]: np.concatenate([a.ranks for a in pending])}
             parts: dict[str, list[Ranks]] = {}
-            for aggregate in self.pending:
+            for aggregate in pending:
                 for group in aggregate.param_digests:
-                    ranks = aggregate.ranks if len(group.positions) == len(aggregate) else aggregate.ranks[group.positions]
+                    whole = len(group.positions) == len(aggregate.ranks)
+                    ranks = aggregate.ranks if whole else aggregate.ranks[group.positions]
                     parts.setdefault(group.digest, []).append(ranks)
             return {digest: np.concatenate(arrays) for digest, arrays in parts.items()}
         values = list(self.param_values)
@@ -218,7 +224,7 @@ def add_times(tracks: dict[int, OpenTimes], step: int, world: int, aggregate: St
     if track is None:
         track = tracks[step] = OpenTimes(world)
     if start == 0 and track._take_whole(world, aggregate):
-        end = len(aggregate)
+        end = len(aggregate.ranks)
     else:
         track._densify()
         ranks = aggregate.ranks[start:]
@@ -237,7 +243,7 @@ def add_votes(tracks: dict[int, OpenVotes], step: int, world: int, aggregate: St
     if track is None:
         track = tracks[step] = OpenVotes(world)
     if start == 0 and track._take_whole(world, aggregate):
-        end = len(aggregate)
+        end = len(aggregate.ranks)
     else:
         track.densify()
         cut, _ = track._take(world, aggregate.ranks[start:])

@@ -155,7 +155,7 @@ def _observe_step(soft: SoftState, state: ClusterState, aggregate: StepAggregate
     progress = _progress_for(soft, state, aggregate.generation)
     if progress is None:
         return NOTHING_OBSERVED
-    progress.step_reports += len(aggregate)
+    progress.step_reports += len(aggregate.ranks)
     if aggregate.step >= progress.max_step:
         progress.max_step = aggregate.step
         progress.step_time_s = float(aggregate.step_time_s[-1])
@@ -201,8 +201,8 @@ def _score_compute_time(progress: GenerationProgress, state: ClusterState, aggre
     assert state.generation is not None
     world = state.generation.world_size
     verdicts: tuple[StragglerVerdict, ...] | None = None
-    start = 0
-    while start < len(aggregate):
+    start, count = 0, len(aggregate.ranks)
+    while start < count:
         start, complete = open_steps.add_times(progress.open_times, aggregate.step, world, aggregate, start)
         if complete is not None:
             ranks, times = complete.scored()
@@ -219,8 +219,8 @@ def _vote_digests(progress: GenerationProgress, state: ClusterState, aggregate: 
     assert generation is not None
     world = generation.world_size
     voted: tuple[StepVote, VoteReports] | None = None
-    start = 0
-    while start < len(aggregate):
+    start, count = 0, len(aggregate.ranks)
+    while start < count:
         start, complete = open_steps.add_votes(progress.open_votes, aggregate.step, world, aggregate, start)
         if complete is None:
             continue
