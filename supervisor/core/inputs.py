@@ -101,8 +101,10 @@ class StepAggregate:
 
     Per-rank values are parallel arrays in the order of `ranks` (each rank once); digests are
     grouped by value. Observed and decided exactly as its reports would be one by one
-    (tests/unit/supervisor/test_step_aggregates.py). The arrays are made read-only here: inputs
-    are facts, and the core keeps views of them."""
+    (tests/unit/supervisor/test_step_aggregates.py). Its constructors (`of_reports`,
+    server/step_aggregate.to_input) hand it read-only arrays: inputs are facts, and the core
+    keeps views of them (not checked here: a flag read per array costs more than the rest of an
+    aggregate of one)."""
 
     node_id: str
     generation: int
@@ -117,11 +119,6 @@ class StepAggregate:
     local_grad_digests: tuple[DigestRanks, ...]  # positions in no group (or in ""'s) reported none
     replica_groups: Ranks  # -1: not reported
 
-    def __post_init__(self) -> None:
-        for array in (self.ranks, self.step_time_s, self.compute_time_s, self.loss, self.grad_norm, self.tokens,
-                      self.replica_groups):
-            array.flags.writeable = False
-
     def __len__(self) -> int:
         return len(self.ranks)
 
@@ -135,18 +132,14 @@ class StepAggregate:
         first = reports[0]
         if any((r.node_id, r.generation, r.step) != (first.node_id, first.generation, first.step) for r in reports):
             raise ValueError("a step aggregate holds one node's reports of one generation's step")
-        return cls(
-            first.node_id, first.generation, first.step,
-            np.array([r.rank for r in reports], dtype=np.int64),
-            np.array([r.step_time_s for r in reports], dtype=np.float64),
-            np.array([r.compute_time_s for r in reports], dtype=np.float64),
-            np.array([r.loss for r in reports], dtype=np.float64),
-            np.array([r.grad_norm for r in reports], dtype=np.float64),
-            np.array([r.tokens for r in reports], dtype=np.int64),
-            _grouped([r.param_digest for r in reports], skip_empty=False),
-            _grouped([r.local_grad_digest for r in reports], skip_empty=True),
-            np.array([-1 if r.replica_group is None else r.replica_group for r in reports], dtype=np.int64),
-        )
+        floats = np.array([[r.step_time_s for r in reports], [r.compute_time_s for r in reports],
+                           [r.loss for r in reports], [r.grad_norm for r in reports]], dtype=np.float64)
+        ints = np.array([[r.rank for r in reports], [r.tokens for r in reports],
+                         [-1 if r.replica_group is None else r.replica_group for r in reports]], dtype=np.int64)
+        floats.flags.writeable = ints.flags.writeable = False  # (its rows, below, are read-only views)
+        return cls(first.node_id, first.generation, first.step, ints[0], floats[0], floats[1], floats[2], floats[3],
+                   ints[1], _grouped([r.param_digest for r in reports], skip_empty=False),
+                   _grouped([r.local_grad_digest for r in reports], skip_empty=True), ints[2])
 
     @classmethod
     def _of_one(cls, r: StepReport) -> StepAggregate:
@@ -154,6 +147,7 @@ class StepAggregate:
         from an agent that does not aggregate takes this path once per rank)."""
         floats = np.array([r.step_time_s, r.compute_time_s, r.loss, r.grad_norm], dtype=np.float64)
         ints = np.array([r.rank, r.tokens, -1 if r.replica_group is None else r.replica_group], dtype=np.int64)
+        floats.flags.writeable = ints.flags.writeable = False
         grads = (DigestRanks(r.local_grad_digest, _FIRST),) if r.local_grad_digest else ()
         return cls(r.node_id, r.generation, r.step, ints[0:1], floats[0:1], floats[1:2], floats[2:3], floats[3:4],
                    ints[1:2], (DigestRanks(r.param_digest, _FIRST),), grads, ints[2:3])
@@ -196,7 +190,12 @@ def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]
     for position, digest in enumerate(digests):
         if digest or not skip_empty:
             by_value.setdefault(digest, []).append(position)
-    return tuple(DigestRanks(d, np.array(p, dtype=np.int64)) for d, p in by_value.items())
+    return tuple(DigestRanks(d, _read_only(np.array(p, dtype=np.int64))) for d, p in by_value.items())
+
+
+def _read_only(array: Ranks) -> Ranks:
+    array.flags.writeable = False
+    return array
 
 
 def _digest_at(groups: tuple[DigestRanks, ...], position: int) -> str:

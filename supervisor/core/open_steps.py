@@ -49,9 +49,11 @@ class _Track:
         if self.pending is None:
             return False
         seen = self.seen
+        size = len(seen)
         ranks = aggregate.ranks.tolist()
-        if max(ranks) >= len(seen) or any(seen[r] for r in ranks):
-            return False
+        for r in ranks:
+            if r >= size or seen[r]:
+                return False
         for r in ranks:
             seen[r] = 1
         self.count += len(ranks)

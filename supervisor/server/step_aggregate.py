@@ -44,9 +44,10 @@ def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
                      list(message.replica_groups) or _none(count)], dtype=np.int64)
     floats = np.array([list(message.step_time_s), list(message.compute_time_s), list(message.loss),
                        list(message.grad_norm) or _nans(count)], dtype=np.float64)
-    ranks, groups = ints[0], ints[2]
     if message.replica_groups:
-        groups[groups == NO_REPLICA_GROUP] = -1
+        ints[2][ints[2] == NO_REPLICA_GROUP] = -1
+    ints.flags.writeable = floats.flags.writeable = False  # (the aggregate's arrays are views of these two)
+    ranks, groups = ints[0], ints[2]
     params = _grouped(message.param_digests, count, "param_digests")
     if not (len(params) == 1 and params[0].positions is _positions(count)):  # else: one group, every rank
         covered = np.zeros(count, dtype=np.int64)
@@ -111,6 +112,8 @@ def _grouped(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> 
         if indexes == _order(count):  # the usual aggregate: one digest, every rank, in order
             return (DigestRanks(groups[0].digest, _positions(count)),)
     grouped = tuple(DigestRanks(g.digest, np.array(list(g.indexes), dtype=np.int64)) for g in groups)
+    for group in grouped:
+        group.positions.flags.writeable = False
     if not grouped:
         return grouped
     positions = np.concatenate([g.positions for g in grouped])
