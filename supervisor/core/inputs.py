@@ -155,13 +155,14 @@ class StepAggregate:
     def report(self, index: int) -> StepReport:
         """The report at `index` (negative counts from the end), made when asked."""
         index = range(len(self.ranks))[index]
-        group = int(self.replica_groups[index])
-        loss, grad_norm = float(self.loss[index]), float(self.grad_norm[index])
+        group: int = self.replica_groups.item(index)  # (.item: a Python scalar without a numpy one)
+        loss: float = self.loss.item(index)
+        grad_norm: float = self.grad_norm.item(index)
         return StepReport(
-            self.node_id, self.generation, int(self.ranks[index]), self.step, float(self.step_time_s[index]),
-            float(self.compute_time_s[index]), loss if loss == loss else NOT_REPORTED,
+            self.node_id, self.generation, self.ranks.item(index), self.step, self.step_time_s.item(index),
+            self.compute_time_s.item(index), loss if loss == loss else NOT_REPORTED,
             _digest_at(self.param_digests, index), grad_norm if grad_norm == grad_norm else NOT_REPORTED,
-            int(self.tokens[index]), _digest_at(self.local_grad_digests, index),
+            self.tokens.item(index), _digest_at(self.local_grad_digests, index),
             None if group < 0 else group,
         )
 

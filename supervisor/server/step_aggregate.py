@@ -40,10 +40,11 @@ def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
             raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks (or none)")
     # One array per field, each made from the container's list (numpy reads a list several times
     # faster than a protobuf container; at 12,500 aggregates per step these calls are the cost).
-    ints = np.array([list(message.ranks), list(message.tokens) or _zeros(count),
-                     list(message.replica_groups) or _none(count)], dtype=np.int64)
-    floats = np.array([list(message.step_time_s), list(message.compute_time_s), list(message.loss),
-                       list(message.grad_norm) or _nans(count)], dtype=np.float64)
+    # (one flat list, then rows: numpy reads a flat list about twice as fast as a nested one)
+    ints = np.array([*message.ranks, *(message.tokens or _zeros(count)),
+                     *(message.replica_groups or _none(count))], dtype=np.int64).reshape(3, count)
+    floats = np.array([*message.step_time_s, *message.compute_time_s, *message.loss,
+                       *(message.grad_norm or _nans(count))], dtype=np.float64).reshape(4, count)
     if message.replica_groups:
         ints[2][ints[2] == NO_REPLICA_GROUP] = -1
     ints.flags.writeable = floats.flags.writeable = False  # (the aggregate's arrays are views of these two)
