@@ -44,7 +44,7 @@ class _Track:
         self.count = 0
         self.pending: list[StepAggregate] | None = []
 
-    def _take_whole(self, world: int, aggregate: StepAggregate) -> bool:
+    def _take_whole(self, aggregate: StepAggregate) -> bool:
         """Takes the whole aggregate if no rank of it was seen (the usual case); False: it was not."""
         if self.pending is None:
             return False
@@ -225,7 +225,7 @@ def add_times(tracks: dict[int, OpenTimes], step: int, world: int, aggregate: St
     track = tracks.get(step)
     if track is None:
         track = tracks[step] = OpenTimes(world)
-    if start == 0 and track._take_whole(world, aggregate):
+    if start == 0 and track._take_whole(aggregate):
         end = len(aggregate.ranks)
     else:
         track._densify()
@@ -244,7 +244,7 @@ def add_votes(tracks: dict[int, OpenVotes], step: int, world: int, aggregate: St
     track = tracks.get(step)
     if track is None:
         track = tracks[step] = OpenVotes(world)
-    if start == 0 and track._take_whole(world, aggregate):
+    if start == 0 and track._take_whole(aggregate):
         end = len(aggregate.ranks)
     else:
         track.densify()
