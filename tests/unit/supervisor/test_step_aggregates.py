@@ -52,15 +52,16 @@ def _run(script: list[tuple[int, int | None, int | None, int]], aggregated: bool
         rng = random.Random(seed)
         rng.shuffle(reports)  # arrival order, the same for both paths
         for _ in range(seed % 3 if seed % 5 == 0 and seed >= 100 else 0):  # sent again (a reconnect), maybe changed
-            again = rng.choice(reports)
+            first = rng.randrange(len(reports) - 1)  # never the last: it stays the step's last new rank
+            original = reports[first]
             slower = rng.choice([1.0, 1.5])
-            again = dataclasses.replace(again, compute_time_s=again.compute_time_s * slower,
-                                        step_time_s=again.step_time_s * slower,
-                                        param_digest=rng.choice([again.param_digest, "resent"]))
-            # (before the step's last new rank: a report after it, in the same aggregate, is observed
-            # before the step is decided, where one by one it would come after; open_steps' own
-            # tests cover that remainder)
-            reports.insert(rng.randrange(len(reports)), again)
+            again = dataclasses.replace(original, compute_time_s=original.compute_time_s * slower,
+                                        step_time_s=original.step_time_s * slower,
+                                        param_digest=rng.choice([original.param_digest, "resent"]))
+            # After the rank's first report and before the step's last new rank: a report after that
+            # one, in the same aggregate, is observed before the step is decided where one by one it
+            # comes after (as before arrays); open_steps' own tests cover that remainder.
+            reports.insert(rng.randrange(first + 1, len(reports)), again)
         now += 1.0
         if not aggregated:
             for report in reports:
