@@ -8,7 +8,7 @@ low-mantissa gradient flips before the all-reduce (which every replica then shar
 not see them; reported apart). A parameter flip is undone after its step's digest, as the
 supervisor's restore to the snapshot before the flip would, so the run goes on and one run holds
 all flips and >= `--clean-steps` clean steps. Every step's digests go through the real pure
-policy (`supervisor.core.policies.sdc.vote_step`): a flip is detected when a vote names its rank.
+policy (`supervisor.core.policies.sdc.vote_step`, through `vote_by_rank`): a flip is detected when a vote names its rank.
 `median_steps_to_detect` counts steps from the flip to the vote that names it (0 = the same
 step's reports). Overhead: the default example model, digest time over step time (median), with
 the old host-side blake2b digest measured in the same run as the baseline.
@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ftsup.harness import ports
 from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.policies import recompute
-from ftsup.supervisor.core.policies.sdc import SdcConfig, vote_step
+from ftsup.supervisor.core.policies.sdc import SdcConfig, vote_by_rank
 from ftsup.trainer import replay
 from ftsup.trainer import snapshot as snap
 from ftsup.trainer.core import data
@@ -291,7 +291,7 @@ def score(results: list[dict], flips: list[Flip], world: int) -> dict:
     false_positives = 0
     clean_steps = 0
     for step in range(1, steps + 1):
-        vote = vote_step(step, {r: results[r]["digests"][step - 1] for r in range(world)}, world, config)
+        vote = vote_by_rank(step, {r: results[r]["digests"][step - 1] for r in range(world)}, world, config)
         flip = by_step.get(step)
         if flip is None or flip.target == "grad":
             clean_steps += flip is None

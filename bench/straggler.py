@@ -49,8 +49,9 @@ def run_detector(times: np.ndarray, config: StragglerConfig) -> list[tuple[int, 
     """Returns (step, rank) of every flag verdict of the pure detector over the trace."""
     state = StragglerState()
     flags: list[tuple[int, int]] = []
-    for step, row in enumerate(times.tolist()):
-        state, verdicts = observe_step(state, step, dict(enumerate(row)), config)
+    ranks = np.arange(times.shape[1], dtype=np.int64)
+    for step in range(times.shape[0]):
+        verdicts = observe_step(state, step, ranks, np.ascontiguousarray(times[step], dtype=np.float64), config)
         flags.extend((v.step, v.rank) for v in verdicts if v.is_straggler)
     return flags
 

@@ -99,7 +99,7 @@ def _bench(argv: list[str]) -> int:
         lines.append("\n`ftsup bench NAME --help` for a benchmark's flags.")
         print("\n".join(lines))
         return 0 if argv else 2
-    name = argv[0]
+    name = argv[0].replace("-", "_")  # `core-step` names bench/core_step.py
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name not in names:
         print(f"ftsup bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -126,8 +127,22 @@ class SupervisorMetrics:
         elif isinstance(inp, StepReport):
             self._on_step_report(inp)
         elif isinstance(inp, StepAggregate):
-            for report in inp.reports:
-                self._on_step_report(report)
+            self._on_step_aggregate(inp)
+
+    def _on_step_aggregate(self, inp: StepAggregate) -> None:
+        """A node's ranks' figures, straight from the aggregate's arrays (no report per rank)."""
+        step_times, compute_times = inp.step_time_s.tolist(), inp.compute_time_s.tolist()
+        for value in step_times:
+            self.step_seconds.observe(value)
+        for value in compute_times:
+            self.compute_seconds.observe(value)
+        for rank, step_s, compute_s, tokens in zip(inp.ranks.tolist(), step_times, compute_times, inp.tokens.tolist()):
+            latest = self._ranks.get(rank)
+            if latest is None or inp.step >= latest.step:
+                self._ranks[rank] = _RankLatest(inp.step, step_s, compute_s, tokens)
+        zero = np.flatnonzero(inp.ranks == 0)
+        if len(zero):
+            self._loss, self._grad_norm = float(inp.loss[zero[0]]), float(inp.grad_norm[zero[0]])
 
     def _on_step_report(self, inp: StepReport) -> None:
         self.step_seconds.observe(inp.step_time_s)

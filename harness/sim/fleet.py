@@ -25,6 +25,10 @@ from itertools import compress
 from operator import is_not
 from types import MappingProxyType
 
+import numpy as np
+import numpy.typing as npt
+
+from ftsup.supervisor.core import open_steps
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import Event, NodeRole, RankAssignment
 from ftsup.supervisor.core.inputs import (
@@ -96,7 +100,7 @@ class CoreDriver:
         self.config = CoreConfig(job=job, detector=detector)
         self.silent: set[str] = set()  # failed nodes whose stream is still open
         self.streams = 0  # stream ids handed out (the shell's handles for agent connections)
-        self._held: tuple[tuple[RankAssignment, ...], dict[int, frozenset[str]], list[int]] | None = None
+        self._held: tuple[tuple[RankAssignment, ...], dict[int, frozenset[str]], npt.NDArray[np.int64]] | None = None
         soft = SoftState(started_at_s=0.0)
         for node in state.nodes.values():
             soft.nodes[node.node_id] = NodeSoft(0.0, self._new_stream(), node.incarnation)
@@ -176,12 +180,12 @@ class CoreDriver:
             raise ValueError(f"no step progress recorded for generation {generation.number}")
         held, others = self._holders(generation.members)
         progress.holdings[step] = dict(held)
-        progress.digests[step] = dict.fromkeys(others, DIGEST)
+        open_steps.preload_votes(progress.open_votes, step, generation.world_size, others, DIGEST)
         last = generation.members[0]
         report = StepReport(last.node_id, generation.number, last.ranks[0], step, step_s, step_s, 1.0, DIGEST)
         return self.feed(report, now)
 
-    def _holders(self, members: tuple[RankAssignment, ...]) -> tuple[dict[int, frozenset[str]], list[int]]:
+    def _holders(self, members: tuple[RankAssignment, ...]) -> tuple[dict[int, frozenset[str]], npt.NDArray[np.int64]]:
         """rank -> {its node, its buddy}, and every rank but the first member's first, for a layout.
         Kept per layout and patched where the next layout differs (12,500 members take
         milliseconds to walk; a new generation changes two)."""
@@ -203,7 +207,7 @@ class CoreDriver:
             for rank in member.ranks:
                 held[rank] = holders
         first = members[0].ranks[0]
-        self._held = (members, held, [r for r in held if r != first])
+        self._held = (members, held, np.array([r for r in held if r != first], dtype=np.int64))
         return held, self._held[2]
 
     def repair(self, node_id: str, now: float) -> tuple[Event, ...]:

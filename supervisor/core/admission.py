@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import numpy.typing as npt
+
 from ftsup.common.node_id import node_id_problem
 from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.config import CoreConfig
@@ -271,26 +274,88 @@ def _check_sdc_result(state: ClusterState, result: SdcCheckResult) -> str | None
 
 
 def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggregate) -> str | None:
-    """An aggregate is refused whole, naming the first report at fault: its sender (a link shard)
-    holds the reports and can send the good ones again; a half-applied step would mislead the vote."""
-    if not aggregate.reports:
+    """An aggregate is refused whole, naming the first rank at fault: its sender holds the reports
+    and can send the good ones again; a half-applied step would mislead the vote.
+
+    Checked at once (issue 14): the sender and its member record looked up once, its ranks as a
+    set, every figure against its limit with numpy; only the first rank at fault is then checked
+    as a lone report, so the message is the one a StepReport of it gets."""
+    count = len(aggregate)
+    if count == 0:
         return "a step aggregate with no reports"
-    if len(aggregate.reports) > MAX_AGGREGATE_REPORTS:
-        return f"a step aggregate of {len(aggregate.reports)} reports is larger than any world ({MAX_AGGREGATE_REPORTS})"
-    ranks: set[int] = set()
-    for report in aggregate.reports:
-        if report.generation != aggregate.generation or report.step != aggregate.step:
-            return (f"rank {report.rank}'s report (generation {report.generation}, step {report.step}) is not of the"
-                    f" aggregate's generation {aggregate.generation}, step {aggregate.step}")
-        if report.rank in ranks:
-            return f"rank {report.rank} is reported twice in one step aggregate"
-        ranks.add(report.rank)
-        if not 0 <= report.step <= MAX_STEP:
-            return f"step {report.step} is outside [0, {MAX_STEP}]: not a step count"
-        reason = _check_sender(state, soft, report.node_id) or _check_step_report(state, report)
-        if reason is not None:
-            return f"rank {report.rank} of node {report.node_id!r}: {reason}"
+    if count > MAX_AGGREGATE_REPORTS:
+        return f"a step aggregate of {count} reports is larger than any world ({MAX_AGGREGATE_REPORTS})"
+    ranks = aggregate.ranks
+    sender = _check_sender(state, soft, aggregate.node_id)
+    if sender is not None:
+        return f"rank {int(ranks[0])} of node {aggregate.node_id!r}: {sender}"
+    listed = ranks.tolist()
+    held = _held_ranks(state, aggregate)
+    if len(set(listed)) == count and held.issuperset(listed) and _within_limits(aggregate):
+        return None  # (the usual aggregate: a handful of reductions, no mask per rank)
+    first_twice = _first_repeat(listed)
+    bad = _faults(aggregate, held)
+    at_fault = np.flatnonzero(bad)
+    first_bad = int(at_fault[0]) if len(at_fault) else count
+    if first_twice is not None and first_twice <= first_bad:
+        return f"rank {listed[first_twice]} is reported twice in one step aggregate"
+    if first_bad == count:
+        return None
+    report = aggregate.report(first_bad)
+    reason = _check_step_report(state, report) or "refused"  # (the vector and scalar checks agree)
+    return f"rank {report.rank} of node {aggregate.node_id!r}: {reason}"
+
+
+def _held_ranks(state: ClusterState, aggregate: StepAggregate) -> frozenset[int]:
+    """The ranks the sender holds in the aggregate's generation (none if that is not the one in force)."""
+    current = state.generation
+    if current is None or current.number != aggregate.generation:
+        return frozenset()
+    member = current.member(aggregate.node_id)
+    return frozenset(member.ranks) if member is not None else frozenset()
+
+
+def _first_repeat(ranks: list[int]) -> int | None:
+    """The position of the first rank that repeats an earlier one, or None."""
+    seen: set[int] = set()
+    for position, rank in enumerate(ranks):
+        if rank in seen:
+            return position
+        seen.add(rank)
     return None
+
+
+def _within_limits(aggregate: StepAggregate) -> bool:
+    """Every figure within its limit, by reductions over the arrays (NaN fails every comparison)."""
+    step_s, compute_s, tokens = aggregate.step_time_s, aggregate.compute_time_s, aggregate.tokens
+    lowest_norm = np.fmin.reduce(aggregate.grad_norm)  # NaN only when no rank reported one
+    return bool(
+        step_s.min() >= 0.0 and step_s.max() <= MAX_STEP_TIME_S
+        and compute_s.min() >= 0.0 and compute_s.max() <= MAX_STEP_TIME_S
+        and bool((compute_s <= step_s + 1e-3).all())  # (the scalar check's own arithmetic)
+        and not lowest_norm < 0.0
+        and tokens.min() >= 0 and tokens.max() <= MAX_TOKENS_PER_STEP
+        and (aggregate.replica_groups - aggregate.ranks).max() <= 0
+        and all(len(group.digest) <= MAX_DIGEST for group in aggregate.local_grad_digests)
+    )
+
+
+def _faults(aggregate: StepAggregate, held: frozenset[int]) -> npt.NDArray[np.bool_]:
+    """Per position: does `_check_step_report` refuse that rank's report? (The same limits, vectorized.)"""
+    step_s, compute_s = aggregate.step_time_s, aggregate.compute_time_s
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(step_s) & (step_s >= 0.0) & (step_s <= MAX_STEP_TIME_S))
+        bad |= ~(np.isfinite(compute_s) & (compute_s >= 0.0) & (compute_s <= MAX_STEP_TIME_S))
+        bad |= compute_s > step_s + 1e-3
+        bad |= aggregate.grad_norm < 0.0  # NaN (unknown, or a diverged step) and inf are the trainer's truth
+    bad |= (aggregate.tokens < 0) | (aggregate.tokens > MAX_TOKENS_PER_STEP)
+    for group in aggregate.local_grad_digests:
+        if len(group.digest) > MAX_DIGEST:
+            bad[group.positions] = True
+    groups = aggregate.replica_groups
+    bad |= (groups >= 0) & (groups > aggregate.ranks)
+    bad |= np.array([rank not in held for rank in aggregate.ranks.tolist()], dtype=np.bool_).reshape(-1)
+    return bad
 
 
 def _check_step_report(state: ClusterState, report: StepReport) -> str | None:

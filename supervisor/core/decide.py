@@ -83,8 +83,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             out.extend(liveness.on_hello(state, inp))
         case StepReport():
             _on_step_report(soft, seen, inp, config, out)
-        case StepAggregate() if len(inp.reports) == 1:
-            return decide(state, soft, inp.reports[0], now, config, seen)
+        case StepAggregate() if len(inp) == 1:
+            return decide(state, soft, inp.report(0), now, config, seen)
         case StepAggregate():
             _on_step_aggregate(soft, seen, inp, config, out)
         case SnapshotReport():
@@ -172,7 +172,7 @@ def _on_step_aggregate(soft: SoftState, seen: Observation, aggregate: StepAggreg
     state does not change between them); only the last can complete the step, so the vote and the
     straggler scores (observed already, for every rank) are decided after it, then its own
     checkpoint check, as the last report's decision would."""
-    first, last = aggregate.reports[0], aggregate.reports[-1]
+    first, last = aggregate.report(0), aggregate.report(-1)
     location, every = config.checkpoint_location, config.checkpoint_every_steps
     out.extend(generations.mark_running(out.folded(), first))
     out.extend(checkpoints.on_step_report(out.folded(), first, location, every))

@@ -6,10 +6,18 @@ Inputs are facts the shell observed; `decide` turns them into events. They are n
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+import numpy.typing as npt
+
 from ftsup.supervisor.core.events import NodeRole, SdcRankDigests
+
+Ranks = npt.NDArray[np.int64]  # ranks, positions, counts
+Floats = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,9 @@ class SnapshotMemoryReport:
     reason: str
 
 
+NOT_REPORTED = float("nan")  # one NaN object: reports that did not report a figure compare equal
+
+
 @dataclass(frozen=True, slots=True)
 class StepReport:
     node_id: str
@@ -67,24 +78,137 @@ class StepReport:
     compute_time_s: float
     loss: float
     param_digest: str
-    grad_norm: float = float("nan")  # NaN: not reported
+    grad_norm: float = NOT_REPORTED  # NaN: not reported
     tokens: int = 0  # this rank's tokens in the step; 0: not reported
     local_grad_digest: str = ""  # its local gradients before the all-reduce; "": not reported
     replica_group: int | None = None  # the lowest rank holding the same shards; None: not reported
 
 
 @dataclass(frozen=True, slots=True)
-class StepAggregate:
-    """One training step of several ranks in one input: a node's ranks (its agent reports them
-    together) or a link shard's nodes' ranks, folded before they reach the leader, so the leader
-    handles one input per node or shard per step instead of one per rank. Observed and decided
-    exactly as its reports would be one by one (tests/unit/supervisor/test_step_aggregates.py):
-    the straggler detector and the SDC vote still see every rank. One generation and one step,
-    each rank once."""
+class DigestRanks:
+    """A digest and the positions (indexes into its StepAggregate's arrays) of the ranks that
+    reported it: replicas agree, so a step carries a handful of digests, not one per rank."""
 
+    digest: str
+    positions: Ranks
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepAggregate:
+    """One training step of one node's ranks in one input, as arrays: an agent reports its node's
+    ranks together and a link shard forwards each of its nodes' step as one, so the leader handles
+    one input per node per step, and the detectors take the figures as arrays (issue 14). A
+    single StepReport is observed as an aggregate of one (`of_reports`): one observation path.
+
+    Per-rank values are parallel arrays in the order of `ranks` (each rank once); digests are
+    grouped by value. Observed and decided exactly as its reports would be one by one
+    (tests/unit/supervisor/test_step_aggregates.py). Its constructors (`of_reports`,
+    server/step_aggregate.to_input) hand it read-only arrays: inputs are facts, and the core
+    keeps views of them (not checked here: a flag read per array costs more than the rest of an
+    aggregate of one)."""
+
+    node_id: str
     generation: int
     step: int
-    reports: tuple[StepReport, ...]
+    ranks: Ranks
+    step_time_s: Floats
+    compute_time_s: Floats
+    loss: Floats
+    grad_norm: Floats  # NaN: not reported
+    tokens: Ranks  # 0: not reported
+    param_digests: tuple[DigestRanks, ...]  # every position in exactly one group
+    local_grad_digests: tuple[DigestRanks, ...]  # positions in no group (or in ""'s) reported none
+    replica_groups: Ranks  # -1: not reported
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    @classmethod
+    def of_reports(cls, reports: Sequence[StepReport]) -> StepAggregate:
+        """Reports of one node, generation and step (each rank once) as one aggregate."""
+        if len(reports) == 1:
+            return cls._of_one(reports[0])
+        if not reports:
+            raise ValueError("a step aggregate needs at least one report")
+        first = reports[0]
+        if any((r.node_id, r.generation, r.step) != (first.node_id, first.generation, first.step) for r in reports):
+            raise ValueError("a step aggregate holds one node's reports of one generation's step")
+        floats = np.array([[r.step_time_s for r in reports], [r.compute_time_s for r in reports],
+                           [r.loss for r in reports], [r.grad_norm for r in reports]], dtype=np.float64)
+        ints = np.array([[r.rank for r in reports], [r.tokens for r in reports],
+                         [-1 if r.replica_group is None else r.replica_group for r in reports]], dtype=np.int64)
+        floats.flags.writeable = ints.flags.writeable = False  # (its rows, below, are read-only views)
+        return cls(first.node_id, first.generation, first.step, ints[0], floats[0], floats[1], floats[2], floats[3],
+                   ints[1], _grouped([r.param_digest for r in reports], skip_empty=False),
+                   _grouped([r.local_grad_digest for r in reports], skip_empty=True), ints[2])
+
+    @classmethod
+    def _of_one(cls, r: StepReport) -> StepAggregate:
+        """One report as an aggregate of one: two small arrays and views of them (a StepReport
+        from an agent that does not aggregate takes this path once per rank)."""
+        # (frombuffer over packed bytes: read-only from birth, which setting the flag costs as much as)
+        floats = np.frombuffer(_FOUR_DOUBLES(r.step_time_s, r.compute_time_s, r.loss, r.grad_norm), np.float64)
+        ints = np.frombuffer(_THREE_INTS(r.rank, r.tokens, -1 if r.replica_group is None else r.replica_group),
+                             np.int64)
+        grads = (DigestRanks(r.local_grad_digest, _FIRST),) if r.local_grad_digest else ()
+        return cls(r.node_id, r.generation, r.step, ints[0:1], floats[0:1], floats[1:2], floats[2:3], floats[3:4],
+                   ints[1:2], (DigestRanks(r.param_digest, _FIRST),), grads, ints[2:3])
+
+    def report(self, index: int) -> StepReport:
+        """The report at `index` (negative counts from the end), made when asked."""
+        index = range(len(self.ranks))[index]
+        group: int = self.replica_groups.item(index)  # (.item: a Python scalar without a numpy one)
+        loss: float = self.loss.item(index)
+        grad_norm: float = self.grad_norm.item(index)
+        return StepReport(
+            self.node_id, self.generation, self.ranks.item(index), self.step, self.step_time_s.item(index),
+            self.compute_time_s.item(index), loss if loss == loss else NOT_REPORTED,
+            _digest_at(self.param_digests, index), grad_norm if grad_norm == grad_norm else NOT_REPORTED,
+            self.tokens.item(index), _digest_at(self.local_grad_digests, index),
+            None if group < 0 else group,
+        )
+
+    def reports(self) -> tuple[StepReport, ...]:
+        """Every rank's report, in order (tests, diagnostics: O(ranks) objects, never on the step path)."""
+        return tuple(self.report(i) for i in range(len(self.ranks)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepAggregate):
+            return NotImplemented
+        return self.reports() == other.reports()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StepAggregate(node_id={self.node_id!r}, generation={self.generation}, step={self.step},"
+                f" ranks={self.ranks.tolist()})")
+
+
+_FOUR_DOUBLES, _THREE_INTS = struct.Struct("=4d").pack, struct.Struct("=3q").pack
+_FIRST = np.zeros(1, dtype=np.int64)  # the one position of an aggregate of one (shared, read-only)
+_FIRST.flags.writeable = False
+
+
+def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]:
+    by_value: dict[str, list[int]] = {}
+    for position, digest in enumerate(digests):
+        if digest or not skip_empty:
+            by_value.setdefault(digest, []).append(position)
+    return tuple(DigestRanks(d, _read_only(np.array(p, dtype=np.int64))) for d, p in by_value.items())
+
+
+def _read_only(array: Ranks) -> Ranks:
+    array.flags.writeable = False
+    return array
+
+
+def _digest_at(groups: tuple[DigestRanks, ...], position: int) -> str:
+    if len(groups) == 1 and len(groups[0].positions) > position and groups[0].positions[position] == position:
+        return groups[0].digest  # (the usual aggregate: one digest, every position in order)
+    for group in groups:
+        if np.any(group.positions == position):
+            return group.digest
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

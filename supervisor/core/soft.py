@@ -13,7 +13,9 @@ from itertools import repeat
 from operator import contains
 from typing import overload
 
-from ftsup.supervisor.core import checkpoints
+import numpy as np
+
+from ftsup.supervisor.core import checkpoints, open_steps
 from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.inputs import (
     AgentHello,
@@ -23,6 +25,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorCommandKind,
     OperatorRequest,
     RankFinished,
+    Ranks,
     SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
@@ -37,10 +40,10 @@ from ftsup.supervisor.core.limits import (
     MAX_CLEAR_STEPS,
     MAX_HELD_EXITS,
     MAX_HOLDING_LEAD,
-    MAX_OPEN_STEPS,
     XID_HISTORY_MAX,
     XID_HISTORY_S,
 )
+from ftsup.supervisor.core.open_steps import OpenVotes
 from ftsup.supervisor.core.policies import exit_cause
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import straggler as straggler_policy
@@ -119,14 +122,9 @@ def observe(
             elif exit_cause.should_hold(state, inp):
                 _hold_exit(soft, state, inp, now)
         case StepReport():
-            return _observation(*_observe_step(soft, state, inp, now, straggler, sdc))
+            return _observe_step(soft, state, StepAggregate.of_reports((inp,)), now, straggler, sdc)
         case StepAggregate():
-            verdicts: tuple[StragglerVerdict, ...] | None = None
-            voted: tuple[StepVote, VoteReports] | None = None
-            for report in inp.reports:  # as if they came one by one, in the aggregate's order
-                scored, completed = _observe_step(soft, state, report, now, straggler, sdc)
-                verdicts, voted = scored if scored is not None else verdicts, completed or voted
-            return _observation(verdicts, voted)
+            return _observe_step(soft, state, inp, now, straggler, sdc)
         case SnapshotReport():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
@@ -149,21 +147,27 @@ def _observation(verdicts: tuple[StragglerVerdict, ...] | None, voted: tuple[Ste
     return Observation(verdicts or (), vote, reports)
 
 
-def _observe_step(soft: SoftState, state: ClusterState, report: StepReport, now: float, straggler: StragglerConfig,
-                  sdc: SdcConfig) -> tuple[tuple[StragglerVerdict, ...] | None, tuple[StepVote, VoteReports] | None]:
-    """Records one rank's step report; returns the straggler verdicts and the digest vote of the
-    step this report completed (None each while the step waits for other ranks)."""
-    _heard(soft, report.node_id, now)
-    progress = _progress_for(soft, state, report.generation)
+def _observe_step(soft: SoftState, state: ClusterState, aggregate: StepAggregate, now: float,
+                  straggler: StragglerConfig, sdc: SdcConfig) -> Observation:
+    """Records a node's ranks' reports of one step (as if they came one by one, in order);
+    returns the straggler verdicts and the digest vote of the step they completed, if they did."""
+    _heard(soft, aggregate.node_id, now)
+    progress = _progress_for(soft, state, aggregate.generation)
     if progress is None:
-        return None, None
-    progress.step_reports += 1
-    if report.step >= progress.max_step:
-        progress.max_step = report.step
-        progress.step_time_s = report.step_time_s
-        if math.isfinite(report.loss):
-            progress.last_loss = report.loss
-    return _score_compute_time(progress, state, report, straggler), _vote_digests(progress, state, report, sdc)
+        return NOTHING_OBSERVED
+    progress.step_reports += len(aggregate.ranks)
+    if aggregate.step >= progress.max_step:
+        progress.max_step = aggregate.step
+        progress.step_time_s = float(aggregate.step_time_s[-1])
+        loss = float(aggregate.loss[-1])
+        if math.isfinite(loss):  # the last rank's loss, or the last finite one before it
+            progress.last_loss = loss
+        else:
+            finite = np.flatnonzero(np.isfinite(aggregate.loss))
+            if len(finite):
+                progress.last_loss = float(aggregate.loss[finite[-1]])
+    return _observation(_score_compute_time(progress, state, aggregate, straggler),
+                        _vote_digests(progress, state, aggregate, sdc))
 
 
 def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: float) -> None:
@@ -190,54 +194,46 @@ def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
     by_rank[report.rank] = by_rank.get(report.rank, frozenset()) | {report.node_id}
 
 
-def _score_compute_time(
-    progress: GenerationProgress, state: ClusterState, report: StepReport, config: StragglerConfig
-) -> tuple[StragglerVerdict, ...] | None:
+def _score_compute_time(progress: GenerationProgress, state: ClusterState, aggregate: StepAggregate,
+                        config: StragglerConfig) -> tuple[StragglerVerdict, ...] | None:
     """Once every rank reported a step, the straggler detector scores its compute times (None:
-    the step still waits for ranks)."""
+    the step still waits for ranks). The last completion wins, as the last report's would."""
     assert state.generation is not None
-    times = progress.compute_times.setdefault(report.step, {})
-    times[report.rank] = report.compute_time_s
-    if len(times) < state.generation.world_size:
-        for stale in sorted(progress.compute_times)[:-MAX_OPEN_STEPS]:
-            del progress.compute_times[stale]
-        return None
-    del progress.compute_times[report.step]
-    progress.straggler, verdicts = straggler_policy.observe_step(progress.straggler, report.step, times, config)
-    return tuple(verdicts)
+    world = state.generation.world_size
+    verdicts: tuple[StragglerVerdict, ...] | None = None
+    start, count = 0, len(aggregate.ranks)
+    while start < count:
+        start, complete = open_steps.add_times(progress.open_times, aggregate.step, world, aggregate, start)
+        if complete is not None:
+            ranks, times = complete.scored()
+            verdicts = tuple(straggler_policy.observe_step(progress.straggler, aggregate.step, ranks, times, config))
+    return verdicts
 
 
-def _vote_digests(progress: GenerationProgress, state: ClusterState, report: StepReport, config: SdcConfig
+def _vote_digests(progress: GenerationProgress, state: ClusterState, aggregate: StepAggregate, config: SdcConfig
                   ) -> tuple[StepVote, VoteReports] | None:
     """Once every rank reported a step, its digests are voted on (policies/sdc.py); what every
     rank reported comes with the vote, for a recompute check of the step (None: the step still
     waits for ranks)."""
     generation = state.generation
     assert generation is not None
-    digests = progress.digests.setdefault(report.step, {})
-    digests[report.rank] = report.param_digest
-    grads = progress.grad_digests.setdefault(report.step, {})
-    grads[report.rank] = report.local_grad_digest
-    if report.replica_group is not None:
-        progress.replica_groups.setdefault(report.step, {})[report.rank] = report.replica_group
     world = generation.world_size
-    if len(digests) < world:
-        for stale in sorted(progress.digests)[:-MAX_OPEN_STEPS]:
-            del progress.digests[stale]
-            progress.grad_digests.pop(stale, None)
-            progress.replica_groups.pop(stale, None)
-        return None
-    del progress.digests[report.step]
-    progress.grad_digests.pop(report.step, None)
-    groups = progress.replica_groups.pop(report.step, None)
-    vote = sdc_policy.vote_step(report.step, digests, world, config, groups)
-    if vote.is_clear:
-        progress.sdc_clear_steps.add(report.step)
-        for old in sorted(progress.sdc_clear_steps)[:-MAX_CLEAR_STEPS]:
-            progress.sdc_clear_steps.discard(old)
-    elif progress.sdc_diverged_step is None or report.step < progress.sdc_diverged_step:
-        progress.sdc_diverged_step = report.step
-    return vote, VoteReports(digests, grads, generation)
+    voted: tuple[StepVote, VoteReports] | None = None
+    start, count = 0, len(aggregate.ranks)
+    while start < count:
+        start, complete = open_steps.add_votes(progress.open_votes, aggregate.step, world, aggregate, start)
+        if complete is None:
+            continue
+        step = aggregate.step
+        vote = sdc_policy.vote_step(step, complete.by_digest(), world, config, complete.reported_groups())
+        if vote.is_clear:
+            progress.sdc_clear_steps.add(step)
+            for old in sorted(progress.sdc_clear_steps)[:-MAX_CLEAR_STEPS]:
+                progress.sdc_clear_steps.discard(old)
+        elif progress.sdc_diverged_step is None or step < progress.sdc_diverged_step:
+            progress.sdc_diverged_step = step
+        voted = vote, VoteReports(complete, generation)
+    return voted
 
 
 class VoteReports(Sequence[SdcRankDigests]):
@@ -246,21 +242,38 @@ class VoteReports(Sequence[SdcRankDigests]):
     every step and its evidence is read only when a recompute check starts; at 12,500 ranks
     building every record per step cost ~10 ms. Equal to the tuple of the same records."""
 
-    __slots__ = ("_digests", "_grads", "_generation", "_ranks")
+    __slots__ = ("_votes", "_ranks", "_generation", "_param_values", "_grad_values")
 
-    def __init__(self, digests: dict[int, str], grads: dict[int, str], generation: Generation) -> None:
-        # The step's dicts are no longer written once voted on (observe forgets them), and a
-        # Generation never changes: reading later reads what was reported.
-        self._digests, self._grads, self._generation = digests, grads, generation
-        self._ranks: list[int] | None = None
+    def __init__(self, votes: OpenVotes, generation: Generation) -> None:
+        # A completed track is no longer written (observe dropped it), and a Generation never
+        # changes: reading later reads what was reported. Per-rank codes are made on first read.
+        self._votes, self._generation = votes, generation
+        self._ranks: Ranks | None = None
+        self._param_values: list[str] = []
+        self._grad_values: list[str] = []
 
-    def _sorted_ranks(self) -> list[int]:
+    @classmethod
+    def of_dicts(cls, digests: Mapping[int, str], grads: Mapping[int, str], generation: Generation) -> VoteReports:
+        """From rank -> parameter digest and rank -> gradient digest (tests, small callers)."""
+        votes = open_steps.OpenVotes(max(digests, default=-1) + 1)
+        votes.densify()
+        for rank, digest in digests.items():
+            votes.seen[rank] = 1
+            votes.params[rank] = votes.param_values.setdefault(digest, len(votes.param_values))
+            if grads.get(rank):
+                votes.grads[rank] = votes.grad_values.setdefault(grads[rank], len(votes.grad_values))
+        votes.count = len(digests)
+        return cls(votes, generation)
+
+    def _sorted_ranks(self) -> Ranks:
         if self._ranks is None:
-            self._ranks = sorted(self._digests)
+            self._votes.densify()
+            self._param_values, self._grad_values = list(self._votes.param_values), list(self._votes.grad_values)
+            self._ranks = self._votes.ranks_seen()
         return self._ranks
 
     def __len__(self) -> int:
-        return len(self._digests)
+        return self._votes.count
 
     @overload
     def __getitem__(self, index: int) -> SdcRankDigests: ...
@@ -271,9 +284,12 @@ class VoteReports(Sequence[SdcRankDigests]):
     def __getitem__(self, index: int | slice) -> SdcRankDigests | tuple[SdcRankDigests, ...]:
         if isinstance(index, slice):
             return tuple(self[i] for i in range(*index.indices(len(self))))
-        rank = self._sorted_ranks()[index]
+        rank = int(self._sorted_ranks()[index])
         node = self._generation.node_of_rank(rank) or ""
-        return SdcRankDigests(rank, node, self._grads.get(rank, ""), self._digests[rank])
+        votes = self._votes
+        grad = int(votes.grads[rank])
+        return SdcRankDigests(rank, node, self._grad_values[grad] if grad >= 0 else "",
+                              self._param_values[int(votes.params[rank])])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (tuple, VoteReports)):

@@ -27,6 +27,7 @@ from ftsup.supervisor.core.events import (
     SdcRankDigests,
 )
 from ftsup.supervisor.core.inputs import SnapshotMemoryReport, TrainerExit
+from ftsup.supervisor.core.open_steps import OpenTimes, OpenVotes
 from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
@@ -294,16 +295,13 @@ class GenerationProgress:
     holding_mismatches: set[int] = field(default_factory=set)
     finished: dict[int, str] = field(default_factory=dict)  # rank -> final digest
     step_reports: int = 0
-    # step -> rank -> compute time, until every rank of the step reported (then scored)
-    compute_times: dict[int, dict[int, float]] = field(default_factory=dict)
-    straggler: StragglerState = field(default_factory=StragglerState)
-    # step -> rank -> parameter digest, until every rank of the step reported (then voted on)
-    digests: dict[int, dict[int, str]] = field(default_factory=dict)
+    # step -> its compute times, until every rank of the step reported (then scored)
+    open_times: dict[int, OpenTimes] = field(default_factory=dict)
+    straggler: StragglerState = field(default_factory=StragglerState)  # updated in place (soft)
+    # step -> its digests and replica groups, until every rank of the step reported (then voted on)
+    open_votes: dict[int, OpenVotes] = field(default_factory=dict)
     sdc_clear_steps: set[int] = field(default_factory=set)  # voted and agreed: committable
     sdc_diverged_step: int | None = None  # the first step whose vote disagreed
-    # step -> rank -> the rank's local-gradient digest, until the step is voted on
-    grad_digests: dict[int, dict[int, str]] = field(default_factory=dict)
-    replica_groups: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> rank -> reported group
     # Exits that looked like collateral damage (policies/exit_cause.py), oldest first, and when the
     # first was held: the generation ends on the real cause if one shows within the settle window.
     held_exits: list[TrainerExit] = field(default_factory=list)

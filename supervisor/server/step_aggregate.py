@@ -1,4 +1,4 @@
-"""StepAggregate on the wire <-> the core's StepAggregate of StepReports.
+"""StepAggregate on the wire <-> the core's StepAggregate (per-rank figures as arrays).
 
 The wire form packs per-rank values into arrays and sends each digest once with the positions of
 the ranks that reported it (at 12,500 nodes the replicas of a data-parallel job agree: a handful
@@ -9,12 +9,16 @@ themselves are checked by admission like any StepReport's.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from ftsup.common import step_pack
 from ftsup.common.step_pack import NO_REPLICA_GROUP
-from ftsup.supervisor.core.inputs import StepAggregate, StepReport
+from ftsup.supervisor.core.inputs import DigestRanks, StepAggregate, StepReport
 from ftsup.v1 import agent_pb2
 
 
@@ -23,7 +27,8 @@ class MalformedAggregate(ValueError):
 
 
 def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
-    """The core input; every report is the sender's own (its node id comes from the stream)."""
+    """The core input, its figures as arrays straight from the packed fields (no object per rank);
+    every report is the sender's own (its node id comes from the stream)."""
     count = len(message.ranks)
     if count == 0:
         raise MalformedAggregate("a step aggregate with no ranks")
@@ -33,23 +38,49 @@ def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
     for name in ("grad_norm", "tokens", "replica_groups"):
         if len(getattr(message, name)) not in (0, count):
             raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks (or none)")
-    params = _spread(message.param_digests, count, "param_digests")
-    if any(digest is None for digest in params):
-        missing = next(message.ranks[i] for i, d in enumerate(params) if d is None)
-        raise MalformedAggregate(f"rank {missing} is in no param_digests group")
-    grads = _spread(message.local_grad_digests, count, "local_grad_digests")
-    reports = tuple(
-        StepReport(
-            node_id, message.generation, message.ranks[i], message.step, message.step_time_s[i],
-            message.compute_time_s[i], message.loss[i], params[i] or "",
-            message.grad_norm[i] if message.grad_norm else math.nan,
-            message.tokens[i] if message.tokens else 0,
-            grads[i] or "",
-            _replica_group(message, i),
-        )
-        for i in range(count)
-    )
-    return StepAggregate(message.generation, message.step, reports)
+    # One array per field, each made from the container's list (numpy reads a list several times
+    # faster than a protobuf container; at 12,500 aggregates per step these calls are the cost).
+    # (one flat list, then rows: numpy reads a flat list about twice as fast as a nested one)
+    ints = np.array([*message.ranks, *(message.tokens or _zeros(count)),
+                     *(message.replica_groups or _none(count))], dtype=np.int64).reshape(3, count)
+    floats = np.array([*message.step_time_s, *message.compute_time_s, *message.loss,
+                       *(message.grad_norm or _nans(count))], dtype=np.float64).reshape(4, count)
+    if message.replica_groups:
+        ints[2][ints[2] == NO_REPLICA_GROUP] = -1
+    ints.flags.writeable = floats.flags.writeable = False  # (the aggregate's arrays are views of these two)
+    ranks, groups = ints[0], ints[2]
+    params = _grouped(message.param_digests, count, "param_digests")
+    if not (len(params) == 1 and params[0].positions is _positions(count)):  # else: one group, every rank
+        covered = np.zeros(count, dtype=np.int64)
+        for group in params:
+            covered[group.positions] += 1
+        if not covered.all():
+            raise MalformedAggregate(f"rank {int(ranks[np.flatnonzero(covered == 0)[0]])} is in no param_digests group")
+    return StepAggregate(node_id, message.generation, message.step, ranks, floats[0], floats[1], floats[2], floats[3],
+                         ints[1], params, _grouped(message.local_grad_digests, count, "local_grad_digests"), groups)
+
+
+@functools.lru_cache(maxsize=64)  # (bounded: counts are the sender's to choose)
+def _positions(count: int) -> npt.NDArray[np.int64]:
+    """0 .. count-1, shared (read-only): the positions of a digest every rank of an aggregate reported."""
+    positions = np.arange(count, dtype=np.int64)
+    positions.flags.writeable = False
+    return positions
+
+
+@functools.lru_cache(maxsize=64)  # (bounded: counts are the sender's to choose)
+def _zeros(count: int) -> list[int]:
+    return [0] * count
+
+
+@functools.lru_cache(maxsize=64)  # (bounded: counts are the sender's to choose)
+def _none(count: int) -> list[int]:
+    return [-1] * count
+
+
+@functools.lru_cache(maxsize=64)  # (bounded: counts are the sender's to choose)
+def _nans(count: int) -> list[float]:
+    return [math.nan] * count
 
 
 def report_from_proto(node_id: str, r: agent_pb2.StepReport) -> StepReport:
@@ -75,20 +106,26 @@ def report_to_proto(r: StepReport) -> agent_pb2.StepReport:
     return message
 
 
-def _spread(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> list[str | None]:
-    spread: list[str | None] = [None] * count
-    for group in groups:
-        for index in group.indexes:
-            if index >= count:
-                raise MalformedAggregate(f"{name}: index {index} is past the {count} ranks")
-            if spread[index] is not None:
-                raise MalformedAggregate(f"{name}: position {index} is in two groups")
-            spread[index] = group.digest
-    return spread
+def _grouped(groups: Sequence[agent_pb2.DigestGroup], count: int, name: str) -> tuple[DigestRanks, ...]:
+    """The wire's digest groups as the core's; a position past the ranks or in two groups is refused."""
+    if len(groups) == 1:
+        indexes = list(groups[0].indexes)
+        if indexes == _order(count):  # the usual aggregate: one digest, every rank, in order
+            return (DigestRanks(groups[0].digest, _positions(count)),)
+    grouped = tuple(DigestRanks(g.digest, np.array(list(g.indexes), dtype=np.int64)) for g in groups)
+    for group in grouped:
+        group.positions.flags.writeable = False
+    if not grouped:
+        return grouped
+    positions = np.concatenate([g.positions for g in grouped])
+    if len(positions) and int(positions.max()) >= count:
+        raise MalformedAggregate(f"{name}: index {int(positions.max())} is past the {count} ranks")
+    taken = np.bincount(positions, minlength=count)
+    if (taken > 1).any():
+        raise MalformedAggregate(f"{name}: position {int(np.flatnonzero(taken > 1)[0])} is in two groups")
+    return grouped
 
 
-def _replica_group(message: agent_pb2.StepAggregate, index: int) -> int | None:
-    if not message.replica_groups:
-        return None
-    value = message.replica_groups[index]
-    return None if value == NO_REPLICA_GROUP else value
+@functools.lru_cache(maxsize=64)  # (bounded: counts are the sender's to choose)
+def _order(count: int) -> list[int]:
+    return list(range(count))

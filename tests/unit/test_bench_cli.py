@@ -51,3 +51,14 @@ def test_codec_bench_quick_compares_compiled_adders_with_the_field_by_field_base
         figures = result[shape]
         assert figures["bytes"] > 50 * 2 * 10  # one restore entry per rank, at least
         assert figures["encode_s"] > 0 and figures["baseline_encode_s"] > 0
+
+
+def test_core_step_bench_runs_by_its_hyphenated_name_and_both_paths_decide_the_same(capsys):
+    assert cli.main(["bench", "core-step", "--json", "--nodes", "8,16", "--steps", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [run["nodes"] for run in result["runs"]] == [8, 16] and "per_rank" in result["baseline"]
+    for run in result["runs"]:
+        assert run["same_decisions"] is True and run["ranks"] == run["nodes"] * 8
+        for path in ("aggregated", "per_rank"):
+            assert len(run[path]["cpu_s_per_step"]) == 2
+            assert set(run[path]["core_fraction_at_step_s"]) == {"2", "10"}

@@ -9,7 +9,14 @@ import subprocess
 
 import pytest
 
-from ftsup.harness.ports import PortRegistry, PortsExhausted, candidate_ranges
+from ftsup.harness.ports import (
+    UNREGISTERED_DEFAULTS,
+    PortRegistry,
+    PortsExhausted,
+    candidate_ranges,
+    ephemeral_range,
+    is_bindable,
+)
 
 EPHEMERAL = (32768, 60999)
 
@@ -43,10 +50,28 @@ def test_a_dead_owners_reservation_is_reclaimed(tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / held.file_name).exists()
 
 
+def _listening_below_the_ephemeral_range() -> tuple[socket.socket, int]:
+    """A socket bound to a port P whose neighbour P+1 is free, both below the kernel's ephemeral
+    range: no other process is handed ports there at random (a bind(0) port's neighbour is in the
+    ephemeral range, where any outgoing connection of a busy machine may take it)."""
+    low_ephemeral = ephemeral_range()[0]
+    for port in range(max(1024, low_ephemeral - 4000), low_ephemeral - 2, 7):
+        if UNREGISTERED_DEFAULTS.start - 1 <= port < UNREGISTERED_DEFAULTS.stop:
+            continue
+        taken = socket.socket()
+        try:
+            taken.bind(("127.0.0.1", port))
+        except OSError:
+            taken.close()
+            continue
+        if is_bindable(port + 1):
+            return taken, port
+        taken.close()
+    raise AssertionError("no free pair of ports below the ephemeral range")
+
+
 def test_a_port_someone_listens_on_is_skipped(tmp_path: pathlib.Path) -> None:
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    port = taken.getsockname()[1]
+    taken, port = _listening_below_the_ephemeral_range()
     try:
         # The only candidates are `port` (someone listens) and `port + 1`.
         reg = PortRegistry(tmp_path, ephemeral=(port + 2, 65535), lowest=port)

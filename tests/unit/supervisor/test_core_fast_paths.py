@@ -36,7 +36,7 @@ from ftsup.supervisor.core.evolve import evolve
 from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.policies import failure, planner, restore
 from ftsup.supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
-from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_step
+from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_by_rank
 from ftsup.supervisor.core.state import (
     ClusterState,
     CommittedCheckpoint,
@@ -418,7 +418,7 @@ def ref_vote_step(step: int, digests: dict[int, str], world_size: int, config: S
 def test_the_sdc_vote_equals_the_reference_vote(digests, model_parallel, missing):
     config = SdcConfig(model_parallel_size=model_parallel)
     world = len(digests) + missing
-    assert vote_step(5, digests, world, config) == ref_vote_step(5, digests, world, config)
+    assert vote_by_rank(5, digests, world, config) == ref_vote_step(5, digests, world, config)
 
 
 def test_vote_reports_are_the_records_of_every_rank_made_when_read():
@@ -427,7 +427,7 @@ def test_vote_reports_are_the_records_of_every_rank_made_when_read():
     digests, grads = {2: "p2", 0: "p0", 1: "p1"}, {0: "g0", 2: "g2"}
     eager = tuple(SdcRankDigests(r, generation.node_of_rank(r) or "", grads.get(r, ""), d)
                   for r, d in sorted(digests.items()))
-    lazy = soft_state.VoteReports(digests, grads, generation)
+    lazy = soft_state.VoteReports.of_dicts(digests, grads, generation)
     assert lazy == eager and eager == lazy and tuple(lazy) == eager and len(lazy) == 3
     assert lazy[1] == SdcRankDigests(1, "a", "", "p1") and lazy[-1] == eager[-1] and lazy[:2] == eager[:2]
     assert [d for d in lazy if d.rank in {2}] == [SdcRankDigests(2, "b", "g2", "p2")]

@@ -61,6 +61,14 @@ DRIFT = LeaderElected(99, "drift", 0)  # folds to nothing: stands in for any eve
 # -- scenarios: a running job, then the input that quarantines ----------------------------------------
 
 
+
+def per_node(reports: tuple[StepReport, ...]) -> list[StepAggregate]:
+    """One StepAggregate per node, as agents send them (the core's aggregate is one node's)."""
+    by_node: dict[str, list[StepReport]] = {}
+    for report in reports:
+        by_node.setdefault(report.node_id, []).append(report)
+    return [StepAggregate.of_reports(group) for group in by_node.values()]
+
 def _running(cfg=None, spares: int = 1) -> Sim:
     sim = Sim(cfg or config())
     for i in (1, 2, 3):
@@ -88,7 +96,7 @@ def _step(sim: Sim, n: int, *, skip_rank: int | None = None, grads: dict[int, st
                    "d", local_grad_digest=(grads or {}).get(r, f"g{n}.{r}"))
         for r in range(generation.world_size) if r != skip_rank
     )
-    out = sim.events(StepAggregate(generation.number, n, reports))
+    out = [event for aggregate in per_node(reports) for event in sim.events(aggregate)]
     for member in generation.members:
         for rank in member.ranks:
             for holder in (member.node_id, member.buddy_node_id):
@@ -139,7 +147,7 @@ def sdc_vote() -> tuple[Sim, Callable[[Sim], list[Event]]]:
     def flip(s: Sim) -> list[Event]:
         reports = tuple(StepReport(f"n{r + 1}", 1, r, 1, 0.1, 0.05, 2.0, "flipped" if r == 2 else "d")
                         for r in range(4))
-        return s.events(StepAggregate(1, 1, reports))
+        return [event for aggregate in per_node(reports) for event in s.events(aggregate)]
     return sim, flip
 
 

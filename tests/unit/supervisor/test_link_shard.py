@@ -119,7 +119,7 @@ def expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
     for item in items:
         kind = item.message.WhichOneof("kind") if item.WhichOneof("kind") == "message" else "closed"
         if kind == "step_aggregate":
-            for r in step_aggregate.to_input(item.node_id, item.message.step_aggregate).reports:
+            for r in step_aggregate.to_input(item.node_id, item.message.step_aggregate).reports():
                 out.append((item.session, "step_report", (r.generation, r.step, r.rank, r.compute_time_s, r.param_digest)))
         elif kind == "step_report":
             r = step_aggregate.report_from_proto(item.node_id, item.message.step_report)
@@ -139,9 +139,9 @@ def test_a_nodes_queued_step_reports_of_one_step_go_up_as_one_aggregate_in_the_f
     assert [(i.session, i.message.WhichOneof("kind")) for i in items] == [
         (1, "step_aggregate"), (2, "step_report"), (1, "heartbeat"), (2, "xid_event"), (2, "step_report")]
     aggregate = step_aggregate.to_input("a", items[0].message.step_aggregate)
-    assert [r.rank for r in aggregate.reports] == [0, 1, 2] and aggregate.step == 5
-    assert [r.param_digest for r in aggregate.reports] == ["d", "e", "d"]
-    assert {r.node_id for r in aggregate.reports} == {"a"} and queue.reports_folded == 2
+    assert [r.rank for r in aggregate.reports()] == [0, 1, 2] and aggregate.step == 5
+    assert [r.param_digest for r in aggregate.reports()] == ["d", "e", "d"]
+    assert {r.node_id for r in aggregate.reports()} == {"a"} and queue.reports_folded == 2
 
 
 def test_a_run_of_reports_ends_at_another_message_of_its_session_a_new_step_or_a_repeated_rank():

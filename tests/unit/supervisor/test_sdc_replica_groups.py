@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftsup.supervisor.config import ConfigError, load_job_sdc
-from ftsup.supervisor.core.policies.sdc import Replicas, SdcConfig, vote_step
+from ftsup.supervisor.core.policies.sdc import Replicas, SdcConfig, vote_by_rank
 from ftsup.trainer.replicas import _mesh_replicas
 
 A, B = "a" * 32, "b" * 32
@@ -20,10 +20,10 @@ A, B = "a" * 32, "b" * 32
 
 def test_fsdp_over_every_rank_compares_nobody_even_when_every_digest_differs() -> None:
     digests = {r: f"{r:032x}" for r in range(4)}
-    vote = vote_step(7, digests, 4, SdcConfig(), reported_groups={r: r for r in range(4)})
+    vote = vote_by_rank(7, digests, 4, SdcConfig(), reported_groups={r: r for r in range(4)})
     assert vote.is_clear and not vote.is_diverged
     # Without the reported groups the same digests split the one data-parallel group.
-    assert vote_step(7, digests, 4, SdcConfig()).split
+    assert vote_by_rank(7, digests, 4, SdcConfig()).split
 
 
 def test_hsdp_groups_vote_apart_and_a_minority_in_one_group_is_named() -> None:
@@ -31,20 +31,20 @@ def test_hsdp_groups_vote_apart_and_a_minority_in_one_group_is_named() -> None:
     groups = {r: r % 3 for r in range(9)}
     digests = {r: f"shard{r % 3}".ljust(32, "0") for r in range(9)}
     digests[4] = B
-    vote = vote_step(3, digests, 9, SdcConfig(), reported_groups=groups)
+    vote = vote_by_rank(3, digests, 9, SdcConfig(), reported_groups=groups)
     assert [(m.rank, m.group, m.group_size) for m in vote.minorities] == [(4, 1, 3)]
     assert not vote.split
 
 
 def test_the_job_file_can_switch_the_vote_off_or_to_the_layout_rule() -> None:
     digests = {0: A, 1: B}
-    assert vote_step(1, digests, 2, SdcConfig(replicas=Replicas.NONE)).is_clear
+    assert vote_by_rank(1, digests, 2, SdcConfig(replicas=Replicas.NONE)).is_clear
     layout = SdcConfig(replicas=Replicas.LAYOUT)
-    assert vote_step(1, digests, 2, layout, reported_groups={0: 0, 1: 1}).split  # reports ignored
+    assert vote_by_rank(1, digests, 2, layout, reported_groups={0: 0, 1: 1}).split  # reports ignored
 
 
 def test_a_rank_reporting_no_group_keeps_the_layout_rule_apart_from_reported_groups() -> None:
-    vote = vote_step(1, {0: A, 1: A, 2: B, 3: B}, 4, SdcConfig(), reported_groups={0: 0, 1: 0})
+    vote = vote_by_rank(1, {0: A, 1: A, 2: B, 3: B}, 4, SdcConfig(), reported_groups={0: 0, 1: 0})
     assert vote.is_clear  # 2 and 3 reported none: compared with each other only
 
 
@@ -55,7 +55,7 @@ def test_a_flipped_digest_is_only_ever_blamed_within_its_replica_group(replicas,
     digests = {r: f"{r % shards:032x}" for r in range(world)}
     bad = data.draw(st.integers(0, world - 1))
     digests[bad] = "f" * 32
-    vote = vote_step(1, digests, world, SdcConfig(), reported_groups=groups)
+    vote = vote_by_rank(1, digests, world, SdcConfig(), reported_groups=groups)
     blamed = {d.rank for d in vote.minorities} | {d.rank for d in vote.split}
     assert blamed <= {r for r in range(world) if groups[r] == groups[bad]}
     assert vote.is_clear == (replicas == 1)  # alone in its group, a flip cannot be seen

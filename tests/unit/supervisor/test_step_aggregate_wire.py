@@ -56,8 +56,8 @@ def test_an_aggregate_decodes_to_the_reports_it_was_made_from(rows):
                for rank, (st_, ct, loss, gn, tokens, digest, grad, group) in enumerate(rows)]
     message = agent_pb2.StepAggregate.FromString(step_aggregate.to_proto(reports).SerializeToString())
     decoded = step_aggregate.to_input("n1", message)
-    assert decoded.generation == 3 and decoded.step == 17 and len(decoded.reports) == len(reports)
-    assert all(_same(a, b) for a, b in zip(decoded.reports, reports))
+    assert decoded.generation == 3 and decoded.step == 17 and len(decoded.reports()) == len(reports)
+    assert all(_same(a, b) for a, b in zip(decoded.reports(), reports))
     assert len(message.param_digests) == len({r.param_digest for r in reports}), "each digest sent once"
 
 
@@ -119,5 +119,18 @@ async def test_a_node_reports_its_ranks_step_in_one_message_over_grpc():
 
 def test_the_core_input_keeps_the_wire_order():
     message = step_aggregate.to_proto([StepReport("n1", 1, r, 2, 1.0, 0.5, 0.1, "d") for r in (3, 1, 2)])
-    assert [r.rank for r in step_aggregate.to_input("n1", message).reports] == [3, 1, 2]
+    assert [r.rank for r in step_aggregate.to_input("n1", message).reports()] == [3, 1, 2]
     assert isinstance(step_aggregate.to_input("n1", message), StepAggregate)
+
+
+def test_the_decoded_aggregates_arrays_are_read_only():
+    # The core keeps views of an input's arrays (open steps): an input that could change after
+    # admission would change what was admitted.
+    reports = [StepReport("n1", 3, rank, 17, 1.0, 0.5, 2.0, "d", 1.0, 10, "g", rank) for rank in range(3)]
+    decoded = step_aggregate.to_input("n1", step_aggregate.to_proto(reports))
+    arrays = [decoded.ranks, decoded.step_time_s, decoded.compute_time_s, decoded.loss, decoded.grad_norm,
+              decoded.tokens, decoded.replica_groups, *(g.positions for g in decoded.param_digests),
+              *(g.positions for g in decoded.local_grad_digests)]
+    for array in arrays:
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 0

@@ -49,18 +49,42 @@ def _run(script: list[tuple[int, int | None, int | None, int]], aggregated: bool
         if sim.state.generation is None:
             break  # an SDC conviction ended it: both paths stop at the same point
         reports = _reports(sim, step, slow_rank, corrupt_rank)
-        random.Random(seed).shuffle(reports)  # arrival order, the same for both paths
+        rng = random.Random(seed)
+        rng.shuffle(reports)  # arrival order, the same for both paths
+        for _ in range(seed % 3 if seed % 5 == 0 and seed >= 100 else 0):  # sent again (a reconnect), maybe changed
+            first = rng.randrange(len(reports) - 1)  # never the last: it stays the step's last new rank
+            original = reports[first]
+            slower = rng.choice([1.0, 1.5])
+            again = dataclasses.replace(original, compute_time_s=original.compute_time_s * slower,
+                                        step_time_s=original.step_time_s * slower,
+                                        param_digest=rng.choice([original.param_digest, "resent"]))
+            # After the rank's first report and before the step's last new rank: a report after that
+            # one, in the same aggregate, is observed before the step is decided where one by one it
+            # comes after (as before arrays); open_steps' own tests cover that remainder.
+            reports.insert(rng.randrange(first + 1, len(reports)), again)
         now += 1.0
         if not aggregated:
             for report in reports:
                 sim.feed(report, at=now)
             continue
-        # Split into aggregates at random cut points: per node, per shard, or the whole world.
-        cuts = sorted(random.Random(seed + 1).sample(range(1, WORLD), k=seed % 4))
-        for start, end in zip([0, *cuts], [*cuts, WORLD]):
-            group = reports[start:end]
-            sim.feed(StepAggregate(group[0].generation, step, tuple(group)), at=now)
+        # Split into aggregates at random cut points, each of one node's reports (a node's ranks
+        # in one, or in several, as an agent's queue or a shard's fold happens to hold them).
+        cuts = sorted(random.Random(seed + 1).sample(range(1, len(reports)), k=seed % 4))
+        for start, end in zip([0, *cuts], [*cuts, len(reports)]):
+            for run in _runs_of_one_node(reports[start:end]):
+                sim.feed(StepAggregate.of_reports(run), at=now)
     return sim
+
+
+def _runs_of_one_node(reports: list[StepReport]) -> list[list[StepReport]]:
+    """Consecutive reports grouped into runs of one node's, each rank once (the arrival order kept)."""
+    runs: list[list[StepReport]] = []
+    for report in reports:
+        if runs and runs[-1][0].node_id == report.node_id and report.rank not in {r.rank for r in runs[-1]}:
+            runs[-1].append(report)
+        else:
+            runs.append([report])
+    return runs
 
 
 steps = st.lists(
@@ -101,14 +125,17 @@ def test_an_aggregate_with_a_bad_report_is_refused_whole_naming_the_rank():
     sim = _started()
     reports = _reports(sim, 1, None, None)
     bad = dataclasses.replace(reports[2], compute_time_s=-1.0)
-    refused = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], reports[1], bad)), at=NOW + 1)
-    assert isinstance(refused, str) and "rank 2" in refused and "compute_time_s" in refused
+    first, second = (r for r in reports if r.node_id == reports[0].node_id)
+    bad = dataclasses.replace(second, compute_time_s=-1.0)
+    refused = sim.feed(StepAggregate.of_reports((first, bad)), at=NOW + 1)
+    assert isinstance(refused, str) and f"rank {bad.rank}" in refused and "compute_time_s" in refused
     assert sim.soft.progress is None or sim.soft.progress.step_reports == 0, "nothing of it was observed"
-    twice = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], reports[0])), at=NOW + 1)
+    twice = sim.feed(StepAggregate.of_reports((first, first)), at=NOW + 1)
     assert isinstance(twice, str) and "twice" in twice
-    mixed = dataclasses.replace(reports[1], step=2)
-    other = sim.feed(StepAggregate(reports[0].generation, 1, (reports[0], mixed)), at=NOW + 1)
-    assert isinstance(other, str) and "not of the aggregate's" in other
+    foreign = next(r for r in reports if r.node_id != first.node_id)
+    stolen = sim.feed(StepAggregate.of_reports((first, dataclasses.replace(foreign, node_id=first.node_id))),
+                      at=NOW + 1)
+    assert isinstance(stolen, str) and f"does not hold rank {foreign.rank}" in stolen
 
 
 def test_a_checkpoint_step_that_the_vote_convicts_starts_and_aborts_its_checkpoint_as_one_by_one():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ftsup.supervisor.core.policies.straggler import StragglerConfig, StragglerState, observe_step
+from ftsup.supervisor.core.policies.straggler import StragglerConfig, StragglerState, observe_times
 
 CONFIG = StragglerConfig()
 RANKS = 16
@@ -22,8 +22,7 @@ def run(steps, config=CONFIG, state=None, first_step=0):
     state = state or StragglerState()
     verdicts = []
     for i, times in enumerate(steps):
-        state, new = observe_step(state, first_step + i, times, config)
-        verdicts += new
+        verdicts += observe_times(state, first_step + i, times, config)
     return state, verdicts
 
 
@@ -68,9 +67,10 @@ def test_hysteresis_keeps_a_flag_through_a_dip_and_clears_once_recovered():
 def test_stale_steps_are_ignored_and_small_cohorts_score_nobody():
     rng = random.Random(5)
     state, _ = run([cohort(rng) for _ in range(3)])
-    assert observe_step(state, 1, cohort(rng), CONFIG) == (state, [])
-    state2, verdicts = observe_step(state, 10, {0: 1.0, 1: 5.0}, CONFIG)
-    assert verdicts == [] and state2.last_step == 10 and state2.windows == state.windows
+    windows = state.windows
+    assert observe_times(state, 1, cohort(rng), CONFIG) == [] and state.windows == windows
+    assert observe_times(state, 10, {0: 1.0, 1: 5.0}, CONFIG) == []
+    assert state.last_step == 10 and state.windows == windows
 
 
 def test_identical_times_do_not_blow_up_the_score():

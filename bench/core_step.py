@@ -1,0 +1,175 @@
+"""The leader core's CPU per training step: one StepAggregate per node against one StepReport per rank.
+
+One step of N nodes x 8 ranks, from the wire messages the leader receives (`agent_pb2.StepAggregate`,
+one per node, as agents and link shards send them) through `step_aggregate.to_input` and
+`Core.step` (admission, soft state, the straggler detector and the SDC vote once the step is
+whole, decide; records folded when a step decides anything). No gRPC, no event log: this is the
+core's share of a step, the part issue 14 made array-based. The baseline, measured in the same
+run on an identical core, is the same step sent as one `agent_pb2.StepReport` per rank (what an
+agent that does not aggregate sends: `report_from_proto` and `Core.step` per rank); the steps of
+the two alternate, so both see the same machine load. Both cores must decide the same (checked:
+`same_decisions`).
+
+Reported per size: CPU per step (time.process_time; every step's and the median over `--steps`,
+after one warm-up step that starts the generation running), CPU per rank, and the fraction of a
+core the leader spends on steps at a 2 s and a 10 s training step.
+
+    ftsup bench core-step --json                       # 1,250 and 12,500 nodes x 8 ranks
+    ftsup bench core-step --nodes 1250 --steps 9 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from ftsup.common import step_pack
+from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
+from ftsup.supervisor.core.events import NodeRole
+from ftsup.supervisor.core.inputs import AgentHello, Input, Tick
+from ftsup.supervisor.core.state import ClusterState, SoftState
+from ftsup.supervisor.core.step import Core
+from ftsup.supervisor.server.step_aggregate import report_from_proto, to_input
+from ftsup.v1 import agent_pb2
+
+STEP_S = (2.0, 10.0)  # training step lengths the projection is made for
+
+
+def _core(nodes: int, ranks_per_node: int) -> Core:
+    """A core whose generation of `nodes` x `ranks_per_node` has started (not yet running)."""
+    config = CoreConfig(job=JobSpec(name="bench", nodes=nodes, ranks_per_node=ranks_per_node, argv=("train",)),
+                        detector=DetectorConfig(heartbeat_interval_s=5.0, heartbeat_misses=3, reconnect_grace_s=1.0),
+                        spare_grace_s=0.0)
+    core = Core(config, ClusterState(), SoftState(started_at_s=0.0))
+    hellos = [(AgentHello(f"node-{i:05d}", 1, NodeRole.ACTIVE, f"10.0.{i // 250}.{i % 250}", 29500, ranks_per_node,
+                          stream_id=i + 1, failure_domain=f"rack-{i // 32}"), 1.0) for i in range(nodes)]
+    ready = core.step_hellos(hellos).ready
+    core.advance(ready, core.records(ready.events, 1.0))
+    ready = core.step(Tick(), 1.0)
+    core.advance(ready, core.records(ready.events, 1.0))
+    if core.state.generation is None:
+        raise RuntimeError(f"no generation started: {core.waiting_reason}")
+    return core
+
+
+def _wire_step(core: Core, step: int, rng: random.Random) -> list[tuple[str, list[agent_pb2.StepReport]]]:
+    """Each node's ranks' reports of `step`: ~1 s compute with 2 % jitter, one digest for all."""
+    generation = core.state.generation
+    assert generation is not None
+    out = []
+    for member in generation.members:
+        reports = []
+        for rank in member.ranks:
+            compute = 0.9 * rng.lognormvariate(0.0, 0.02)
+            reports.append(agent_pb2.StepReport(
+                generation=generation.number, rank=rank, step=step, step_time_s=1.0, compute_time_s=compute,
+                loss=2.0 - step * 1e-3, param_digest=f"{step:032x}", grad_norm=1.0, tokens=4096))
+        out.append((member.node_id, reports))
+    return out
+
+
+def _feed(core: Core, inputs: list[Input], now: float) -> int:
+    """Steps every input (folding what it decides); returns the events decided."""
+    events = 0
+    for inp in inputs:
+        ready = core.step(inp, now)
+        if ready.refusal is not None:
+            raise RuntimeError(f"refused: {ready.refusal.reason}")
+        if ready.events:
+            events += len(ready.events)
+            core.advance(ready, core.records(ready.events, now))
+    return events
+
+
+def _aggregated(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
+    messages = [(node, step_pack.pack(reports)) for node, reports in wire]  # what arrives (agent-side work)
+    started = time.process_time()
+    events = _feed(core, [to_input(node, message) for node, message in messages], now)
+    return time.process_time() - started, events
+
+
+def _per_rank(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
+    started = time.process_time()
+    events = _feed(core, [report_from_proto(node, r) for node, reports in wire for r in reports], now)
+    return time.process_time() - started, events
+
+
+def _summary(cpu_s: list[float], ranks: int) -> dict[str, Any]:
+    median = statistics.median(cpu_s)
+    return {
+        "cpu_s_per_step": [round(t, 4) for t in cpu_s],
+        "median_cpu_s_per_step": round(median, 4),
+        "median_cpu_us_per_rank": round(median / ranks * 1e6, 3),
+        "core_fraction_at_step_s": {f"{s:g}": round(median / s, 4) for s in STEP_S},
+    }
+
+
+def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: bool) -> dict[str, Any]:
+    cores = {"aggregated": _core(nodes, ranks_per_node)}
+    if baseline:
+        cores["per_rank"] = _core(nodes, ranks_per_node)
+    cpu: dict[str, list[float]] = {name: [] for name in cores}
+    events: dict[str, int] = dict.fromkeys(cores, 0)
+    rng = random.Random(seed)
+    now = 2.0
+    for step in range(1, steps + 2):  # step 1 is the warm-up (the generation starts running)
+        wire = _wire_step(cores["aggregated"], step, rng)
+        now += 1.0
+        for name, core in cores.items():
+            spent, decided = (_aggregated if name == "aggregated" else _per_rank)(core, wire, now)
+            events[name] += decided
+            if step > 1:
+                cpu[name].append(spent)
+    ranks = nodes * ranks_per_node
+    result: dict[str, Any] = {"nodes": nodes, "ranks_per_node": ranks_per_node, "ranks": ranks,
+                              "steps_measured": steps, "events_decided": events}
+    result.update({name: _summary(cpu[name], ranks) for name in cores})
+    if baseline:
+        one, other = cores["aggregated"], cores["per_rank"]
+        result["same_decisions"] = one.state == other.state and (one.soft.progress is None) == (
+            other.soft.progress is None) and (one.soft.progress is None or other.soft.progress is None or (
+                one.soft.progress.straggler == other.soft.progress.straggler
+                and one.soft.progress.sdc_clear_steps == other.soft.progress.sdc_clear_steps))
+        result["speedup"] = round(result["per_rank"]["median_cpu_s_per_step"]
+                                  / max(result["aggregated"]["median_cpu_s_per_step"], 1e-9), 2)
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ftsup bench core-step", description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", default="1250,12500", help="comma-separated node counts")
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5, help="steps measured per size (the median is over them)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--no-baseline", action="store_true", help="skip the per-rank baseline")
+    p.add_argument("--json", action="store_true", help="(the output is always one JSON object)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        sizes = [int(n) for n in args.nodes.split(",") if n]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or args.ranks_per_node < 1 or args.steps < 1:
+        print("ftsup bench core-step: --nodes (comma-separated), --ranks-per-node and --steps must be positive",
+              file=sys.stderr)
+        return 2
+    runs = []
+    for nodes in sizes:
+        print(f"core-step: {nodes} nodes x {args.ranks_per_node} ranks ...", file=sys.stderr)
+        runs.append(run_size(nodes, args.ranks_per_node, args.steps, args.seed, not args.no_baseline))
+    print(json.dumps({"bench": "core_step", "runs": runs, "baseline": "per_rank (one StepReport per rank, same run)",
+                      "load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
