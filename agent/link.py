@@ -29,7 +29,7 @@ import structlog
 from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
-from ftsup.common import step_pack
+from ftsup.common import holdings_pack, step_pack
 from ftsup.common.backoff import Backoff
 from ftsup.common.shard_map import ranked
 from ftsup.common.tls import channel_credentials, expect_supervisor
@@ -83,6 +83,15 @@ MAX_STICKY = 4096  # facts kept for re-sending; far above ranks per node x check
 # report (dead, or slower) costs its node's report this much latency, nothing else.
 FOLD_WINDOW_S = 0.02
 MAX_FOLD = 1024  # step reports in one aggregate; far above the ranks of a node
+# A step's first snapshot report waits this long for the node's other holdings of that step, which
+# then go as one SnapshotHoldings (issue 14: one message per node per step, not one per rank and
+# holder). A node's own ranks hand their snapshots over as each lands (they finish the same step
+# together, but the copies out of the trainers take as long as their sizes); the buddy copies
+# arrive together as the peer's streams end, usually seconds later: at most a node's own and its
+# buddy's ranks make two messages. Holdings go at once when the node's rank count is queued or
+# anything else queues behind them: nothing waits longer than this window, nothing but holdings
+# waits at all, and a commit (which needs the step's vote anyway) comes at most this much later.
+HOLDINGS_WINDOW_S = 0.05
 
 
 class Reports:
@@ -101,6 +110,7 @@ class Reports:
         self._sticky: dict[tuple[str, int, int, str], agent_pb2.AgentMessage] = {}
         self._clock = clock
         self._step_seen: dict[tuple[int, int], float] = {}  # (generation, step) -> its first report's arrival
+        self._held_seen: dict[tuple[int, int], float] = {}  # (generation, step) -> its first holding's arrival
 
     def send(self, message: agent_pb2.AgentMessage, *, sticky: bool = False) -> None:
         if message.WhichOneof("kind") == "step_report":
@@ -109,6 +119,12 @@ class Reports:
                 if len(self._step_seen) >= MAX_FOLD:  # only reports dropped unsent leave keys behind
                     del self._step_seen[next(iter(self._step_seen))]
                 self._step_seen[key] = self._clock()
+        elif message.WhichOneof("kind") == "snapshot_report":
+            held = holdings_pack.key(message.snapshot_report)
+            if held not in self._held_seen:
+                if len(self._held_seen) >= MAX_FOLD:  # only reports dropped unsent leave keys behind
+                    del self._held_seen[next(iter(self._held_seen))]
+                self._held_seen[held] = self._clock()
         self._outbox.push(message, _priority(message))
         self._ready.set()
         if sticky:
@@ -143,7 +159,8 @@ class Reports:
             self._ready.clear()
         return message
 
-    def take(self, expected_ranks: int) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
+    def take(self, expected_ranks: int, expected_holdings: int = 0
+             ) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
         """What to write next and the queued items it stands for (`done(items)` once written).
 
         The head's step reports of one step go as one StepAggregate: the node's ranks' reports of
@@ -151,10 +168,14 @@ class Reports:
         a step's report precedes its snapshot's anyway). While fewer than `expected_ranks` are
         queued and the first came less than FOLD_WINDOW_S ago: (None, [], seconds to wait for the
         rest). (None, [], 0.0): nothing queued. `expected_ranks` 0: no folding (a supervisor that
-        did not say it takes aggregates)."""
+        did not say it takes aggregates). Snapshot reports fold likewise into one SnapshotHoldings
+        (`_take_holdings`) when `expected_holdings` (the ranks a node's holdings usually count) is
+        at least 1."""
         head = self._outbox.peek()
         if head is None:
             return None, [], 0.0
+        if head.WhichOneof("kind") == "snapshot_report" and expected_holdings >= 1:
+            return self._take_holdings(head, expected_holdings)
         if head.WhichOneof("kind") != "step_report" or expected_ranks < 1:
             return head, [head], 0.0
         key = (head.step_report.generation, head.step_report.step)
@@ -177,6 +198,34 @@ class Reports:
             return head, run, 0.0
         aggregate = step_pack.pack([m.step_report for m in run])
         return agent_pb2.AgentMessage(step_aggregate=aggregate), run, 0.0
+
+    def _take_holdings(self, head: agent_pb2.AgentMessage, expected: int
+                       ) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
+        """The head's step's queued snapshot reports (each rank once) as one SnapshotHoldings, once
+        `expected` of them are queued, HOLDINGS_WINDOW_S after the first came, or at once when a
+        message of another kind waits behind them (a step report behind them waits for nothing
+        either: the step fold lets it overtake snapshot reports anyway). They may overtake other
+        steps' holdings; nothing else."""
+        key = holdings_pack.key(head.snapshot_report)
+        run: list[agent_pb2.AgentMessage] = []
+        ranks: set[int] = set()
+        is_blocking = False
+        for message in self._outbox.head(MAX_FOLD):
+            if message.WhichOneof("kind") != "snapshot_report":
+                is_blocking = True
+                break
+            report = message.snapshot_report
+            if holdings_pack.key(report) == key and report.rank not in ranks:
+                run.append(message)
+                ranks.add(report.rank)
+        waited_s = self._clock() - self._held_seen.get(key, -math.inf)
+        if len(run) < expected and waited_s < HOLDINGS_WINDOW_S and not is_blocking:
+            return None, [], HOLDINGS_WINDOW_S - waited_s
+        self._held_seen.pop(key, None)
+        if len(run) == 1:
+            return head, run, 0.0
+        holdings = holdings_pack.pack([m.snapshot_report for m in run])
+        return agent_pb2.AgentMessage(snapshot_holdings=holdings), run, 0.0
 
     def done(self, items: list[agent_pb2.AgentMessage]) -> None:
         """`take`'s items were written: out of the queue."""
@@ -334,13 +383,14 @@ class SupervisorLink:
                 next_beat = now + interval_s
             # Reports are popped only after a successful write: a broken stream keeps them queued.
             while True:
-                message, items, hold_s = self._reports.take(self._local_ranks() if state.folds_steps else 0)
+                message, items, hold_s = self._reports.take(self._local_ranks() if state.folds_steps else 0,
+                                                            self._local_ranks() if state.folds_holdings else 0)
                 if message is None:
                     break
                 await call.write(message)
                 self._reports.done(items)
             until_beat_s = max(0.0, next_beat - loop.time())
-            if hold_s > 0:  # a step's reports are being gathered: look again once the window closes
+            if hold_s > 0:  # a step's reports or holdings are being gathered: look again once the window closes
                 await asyncio.sleep(min(hold_s, until_beat_s))
             else:
                 await self._reports.wait(until_beat_s)
@@ -356,6 +406,7 @@ class SupervisorLink:
                 self._unreachable = []
                 w = message.welcome
                 state.folds_steps = w.takes_step_aggregates
+                state.folds_holdings = w.takes_snapshot_holdings
                 # Beat at the supervisor's expected interval when it names a sane one (it decides
                 # death by it); otherwise keep the configured one.
                 if math.isfinite(w.heartbeat_interval_s) and 0 < w.heartbeat_interval_s <= MAX_HEARTBEAT_INTERVAL_S:
@@ -383,10 +434,11 @@ class SupervisorLink:
 
 
 class _SessionState:
-    __slots__ = ("folds_steps", "interval_s", "is_session", "welcomed")
+    __slots__ = ("folds_holdings", "folds_steps", "interval_s", "is_session", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
         self.folds_steps = False  # the Welcome said the supervisor takes StepAggregates
+        self.folds_holdings = False  # ... and SnapshotHoldings
         self.is_session = False  # a Welcome came: this was a working session (not just a redirect)
         self.interval_s: float | None = None  # the Welcome's heartbeat interval, once known

@@ -50,6 +50,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorRequest,
     RankFinished,
     SdcCheckResult,
+    SnapshotHoldings,
     SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
@@ -90,6 +91,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_step_aggregate(state, soft, seen, inp, config)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
+        case SnapshotHoldings():  # one step's: holding only grows, so its last report's decision is the one
+            events = _commit_if_held(state, soft, inp.step)
         case RankFinished():
             events = _on_rank_finished(state, soft, inp)
         case TrainerExit():

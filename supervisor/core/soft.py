@@ -23,6 +23,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorCommandKind,
     OperatorRequest,
     RankFinished,
+    SnapshotHoldings,
     SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
@@ -131,7 +132,9 @@ def observe(
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
             if progress is not None:
-                _hold(progress, inp)
+                _hold(progress, state, inp)
+        case SnapshotHoldings():
+            _hold_all(soft, state, inp, now)
         case RankFinished():
             _heard(soft, inp.node_id, now)
             progress = _progress_for(soft, state, inp.generation)
@@ -175,12 +178,26 @@ def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: fl
         progress.held_since_s = now
 
 
-def _hold(progress: GenerationProgress, report: SnapshotReport) -> None:
+def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, now: float) -> None:
+    """A node's holdings of one step, held in their order as its reports would be one by one."""
+    _heard(soft, holdings.node_id, now)
+    progress = _progress_for(soft, state, holdings.generation)
+    if progress is not None:
+        for report in holdings.reports:
+            _hold(progress, state, report)
+
+
+def _hold(progress: GenerationProgress, state: ClusterState, report: SnapshotReport) -> None:
     """Records one holder's copy. A node vouches only for itself (each holder reports its own
     copy) and for the bytes it names: a copy whose SHA-256 differs from the rank's first report
-    (a buddy handed other bytes than the owner holds) makes the step uncommittable."""
+    (a buddy handed other bytes than the owner holds) makes the step uncommittable. A holding at
+    or below the committed step is not recorded: it can never commit (and so a node's holdings
+    leave the same soft state whether they came one by one or as one SnapshotHoldings, whose
+    entries after the step committed would otherwise linger until the next commit)."""
     if report.step > progress.max_step + MAX_HOLDING_LEAD:
         return  # beyond any step the generation could have reached; would only grow `holdings`
+    if state.snapshot is not None and report.step <= state.snapshot.step:
+        return
     digests = progress.holding_sha256.setdefault(report.step, {})
     first = digests.setdefault(report.rank, report.sha256)
     if first != report.sha256:

@@ -29,7 +29,7 @@ from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
-from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.server import snapshot_holdings, step_aggregate
 from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
 from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
 
@@ -198,6 +198,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             inp = to_input(relayed.node_id, relayed.incarnation, message)
         except step_aggregate.MalformedAggregate as exc:
             route.put(_refusal(f"malformed step aggregate: {exc}", "step_aggregate"))
+            return
+        except snapshot_holdings.MalformedHoldings as exc:
+            route.put(_refusal(f"malformed snapshot holdings: {exc}", "snapshot_holdings"))
             return
         if inp is None:
             sent = message.WhichOneof("kind") or "empty"
