@@ -86,6 +86,7 @@ class LinkShard:
         self._up_ready = asyncio.Event()
         self._heard = HeardSince()
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
+        self.folds_holdings = False  # the leader takes SnapshotHoldings (else snapshot reports go one by one)
         self._sessions: dict[int, ShardSession] = {}
         self._node_session: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -274,6 +275,7 @@ class LinkShard:
                 return
             self.term, self.leader_address = first.term, address
             self.summarises = first.takes_liveness_summaries
+            self.folds_holdings = first.takes_snapshot_holdings
             self._up.clear()
             self._heard.clear()
             self.relay_up.set()
@@ -307,7 +309,7 @@ class LinkShard:
         while True:
             now = self._clock()
             if len(self._up) or (self._heard and now >= next_summary_s):
-                items = self._up.take(MAX_BATCH_ITEMS) if len(self._up) else []
+                items = self._up.take(MAX_BATCH_ITEMS, folds_holdings=self.folds_holdings) if len(self._up) else []
                 heard, summary = self._heard.take() if self._heard else ([], 0)
                 if summary:
                     next_summary_s = now + SUMMARY_INTERVAL_S

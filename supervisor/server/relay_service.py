@@ -141,7 +141,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
         try:
-            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True)
+            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not down.has_news():
                     with contextlib.suppress(TimeoutError):

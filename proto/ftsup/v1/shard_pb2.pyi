@@ -172,6 +172,7 @@ class LeaderBatch(_message.Message):
     TERM_FIELD_NUMBER: _builtins.int
     TAKES_LIVENESS_SUMMARIES_FIELD_NUMBER: _builtins.int
     HEARD_ADMITTED_FIELD_NUMBER: _builtins.int
+    TAKES_SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
     term: _builtins.int
     """the leader's term: a shard drops its sessions when it changes"""
     takes_liveness_summaries: _builtins.bool
@@ -180,6 +181,10 @@ class LeaderBatch(_message.Message):
     """
     heard_admitted: _builtins.int
     """every summary numbered up to this one was admitted (0: none new)"""
+    takes_snapshot_holdings: _builtins.bool
+    """Set on the first batch of a relay by a leader that takes SnapshotHoldings: the shard folds a
+    session's queued SnapshotReports of one step into one; to an older leader it forwards each.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Addressed]: ...
     def __init__(
@@ -189,10 +194,11 @@ class LeaderBatch(_message.Message):
         term: _builtins.int = ...,
         takes_liveness_summaries: _builtins.bool = ...,
         heard_admitted: _builtins.int = ...,
+        takes_snapshot_holdings: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heard_admitted", b"heard_admitted", "items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heard_admitted", b"heard_admitted", "items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
