@@ -89,8 +89,9 @@ MAX_FOLD = 1024  # step reports in one aggregate; far above the ranks of a node
 # together, but the copies out of the trainers take as long as their sizes); the buddy copies
 # arrive together as the peer's streams end, usually seconds later: at most a node's own and its
 # buddy's ranks make two messages. Holdings go at once when the node's rank count is queued or
-# anything else queues behind them: nothing waits longer than this window, nothing but holdings
-# waits at all, and a commit (which needs the step's vote anyway) comes at most this much later.
+# anything but step reports (which go by them) queues behind them: nothing waits longer than this
+# window, nothing but holdings waits on them, and a commit (which needs the step's vote anyway)
+# comes at most this much later.
 HOLDINGS_WINDOW_S = 0.05
 
 
@@ -174,8 +175,16 @@ class Reports:
         head = self._outbox.peek()
         if head is None:
             return None, [], 0.0
+        holdings_wait_s = 0.0
         if head.WhichOneof("kind") == "snapshot_report" and expected_holdings >= 1:
-            return self._take_holdings(head, expected_holdings)
+            held, items, holdings_wait_s = self._take_holdings(head, expected_holdings)
+            if held is not None:
+                return held, items, 0.0
+            # The holdings wait for more: step reports behind them may go meanwhile (they
+            # overtake snapshot reports anyway, see below).
+            head = next((m for m in self._outbox.head(MAX_FOLD) if m.WhichOneof("kind") == "step_report"), None)
+            if head is None:
+                return None, [], holdings_wait_s
         if head.WhichOneof("kind") != "step_report" or expected_ranks < 1:
             return head, [head], 0.0
         key = (head.step_report.generation, head.step_report.step)
@@ -192,7 +201,7 @@ class Reports:
             ranks.add(report.rank)
         waited_s = self._clock() - self._step_seen.get(key, -math.inf)
         if len(run) < expected_ranks and waited_s < FOLD_WINDOW_S:
-            return None, [], FOLD_WINDOW_S - waited_s
+            return None, [], min(FOLD_WINDOW_S - waited_s, holdings_wait_s or math.inf)
         self._step_seen.pop(key, None)
         if len(run) == 1:
             return head, run, 0.0
@@ -203,15 +212,18 @@ class Reports:
                        ) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
         """The head's step's queued snapshot reports (each rank once) as one SnapshotHoldings, once
         `expected` of them are queued, HOLDINGS_WINDOW_S after the first came, or at once when a
-        message of another kind waits behind them (a step report behind them waits for nothing
-        either: the step fold lets it overtake snapshot reports anyway). They may overtake other
-        steps' holdings; nothing else."""
+        message of another kind than step reports waits behind them (a step report waits for
+        nothing either: `take` lets step reports go by waiting holdings). They may overtake other
+        steps' holdings and step reports; nothing else."""
         key = holdings_pack.key(head.snapshot_report)
         run: list[agent_pb2.AgentMessage] = []
         ranks: set[int] = set()
         is_blocking = False
         for message in self._outbox.head(MAX_FOLD):
-            if message.WhichOneof("kind") != "snapshot_report":
+            kind = message.WhichOneof("kind")
+            if kind == "step_report":
+                continue  # it may go by (`take`), and a step's report precedes its snapshot's anyway
+            if kind != "snapshot_report":
                 is_blocking = True
                 break
             report = message.snapshot_report

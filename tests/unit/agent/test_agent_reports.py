@@ -157,3 +157,23 @@ async def test_without_the_supervisors_word_holdings_go_one_by_one():
     message, items, hold_s = reports.take(expected_ranks=2, expected_holdings=0)  # an older supervisor
     assert message is not None and message.WhichOneof("kind") == "snapshot_report" and len(items) == 1
     assert hold_s == 0.0
+
+
+async def test_step_reports_go_by_holdings_that_wait_and_do_not_cut_them_short():
+    clock = Clock()
+    reports = Reports(clock=clock)
+    reports.send(holding(0, 7))
+    reports.send(ranked(0, 8))  # the next step's reports, while rank 1's holding is on its way
+    reports.send(ranked(1, 8))
+    message, items, hold_s = reports.take(expected_ranks=2, expected_holdings=2)
+    assert message is not None and message.WhichOneof("kind") == "step_aggregate" and hold_s == 0.0
+    reports.done(items)
+    reports.send(ranked(0, 9))
+    message, items, hold_s = reports.take(expected_ranks=2, expected_holdings=2)
+    assert message is None and 0 < hold_s <= 0.02  # both wait: the sooner deadline is the step's
+    reports.send(holding(1, 7))
+    message, items, _ = reports.take(expected_ranks=2, expected_holdings=2)
+    assert message is not None and list(message.snapshot_holdings.ranks) == [0, 1]
+    reports.done(items)
+    message, items, _ = reports.take(expected_ranks=0, expected_holdings=2)
+    assert message is not None and message.step_report.step == 9
