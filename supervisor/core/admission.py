@@ -196,6 +196,8 @@ def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
     member = current.member(owner) if owner is not None else None
     if member is None or report.node_id not in (member.node_id, member.buddy_node_id):
         return f"node {report.node_id!r} is neither the owner nor the buddy of rank {report.rank}"
+    if len(report.sha256) > MAX_DIGEST:  # kept per rank and step in soft state: bounded
+        return f"sha256 of {len(report.sha256)} characters is longer than {MAX_DIGEST}"
     return None
 
 

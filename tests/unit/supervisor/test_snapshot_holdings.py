@@ -225,3 +225,13 @@ def test_a_holder_contradicting_itself_after_the_step_was_complete_blocks_the_co
     changed = dataclasses.replace(held[0], sha256="other")
     assert sim.events(SnapshotHoldings("n0", 1, 1, (held[6], changed)), at=NOW + 1) == []
     assert sim.soft.progress is not None and 1 in sim.soft.progress.holding_mismatches
+
+
+def test_an_overlong_digest_is_refused_alone_and_inside_holdings_naming_the_rank():
+    sim = _started()
+    good = _full_holdings(sim, "n0", 1)
+    long = dataclasses.replace(good.reports[1], sha256="a" * 129)
+    alone = sim.feed(long, at=NOW + 1)
+    assert isinstance(alone, str) and "sha256 of 129 characters is longer than 128" in alone
+    inside = sim.feed(dataclasses.replace(good, reports=(good.reports[0], long)), at=NOW + 1)
+    assert isinstance(inside, str) and f"rank {long.rank}: sha256 of 129 characters" in inside
