@@ -91,7 +91,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             events = _on_step_aggregate(state, soft, seen, inp, config)
         case SnapshotReport():
             events = _on_snapshot_report(state, soft, inp)
-        case SnapshotHoldings():  # one step's: holding only grows, so its last report's decision is the one
+        case SnapshotHoldings():  # one step's, observed whole: what its last report alone would decide
             events = _commit_if_held(state, soft, inp.step)
         case RankFinished():
             events = _on_rank_finished(state, soft, inp)
