@@ -25,6 +25,7 @@ from ftsup.supervisor.core.inputs import (
     StepReport,
     Tick,
 )
+from ftsup.supervisor.core.soft import StepHoldings, is_held_twice
 from tests.support.builders import NOW, Sim, config, hello
 
 NODES, RANKS_PER_NODE = 4, 2
@@ -235,3 +236,29 @@ def test_an_overlong_digest_is_refused_alone_and_inside_holdings_naming_the_rank
     assert isinstance(alone, str) and "sha256 of 129 characters is longer than 128" in alone
     inside = sim.feed(dataclasses.replace(good, reports=(good.reports[0], long)), at=NOW + 1)
     assert isinstance(inside, str) and f"rank {long.rank}: sha256 of 129 characters" in inside
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, WORLD - 1), st.sampled_from([0, 1])), max_size=3 * WORLD))
+def test_counting_held_pairs_answers_the_commit_check_as_the_full_pass_does(held):
+    # A step's holdings (a StepHoldings) answer "not held twice" from their pair count while
+    # pairs are missing; the answer must be the full pass's over the same holdings, whatever came
+    # in what order and however often. (No vote is fed, so nothing commits and forgets them.)
+    sim = _started()
+    generation = sim.state.generation
+    assert generation is not None
+    for rank, which in held:
+        node = _holders(sim, rank)[which]
+        sim.events(SnapshotReport(node, generation.number, rank, 1, (node,), 10, f"s{rank}"), at=NOW + 1)
+        assert sim.soft.progress is not None
+        step = sim.soft.progress.holdings[1]
+        assert isinstance(step, StepHoldings)
+        assert is_held_twice(step, generation.index) == is_held_twice(dict(step), generation.index)
+    every = [(rank, which) for rank in range(WORLD) for which in (0, 1)]
+    for rank, which in every:  # and once every pair came, both say held twice
+        node = _holders(sim, rank)[which]
+        sim.events(SnapshotReport(node, generation.number, rank, 1, (node,), 10, f"s{rank}"), at=NOW + 1)
+    assert sim.soft.progress is not None
+    step = sim.soft.progress.holdings[1]
+    assert isinstance(step, StepHoldings) and step.pairs == 2 * WORLD
+    assert is_held_twice(step, generation.index) and is_held_twice(dict(step), generation.index)
