@@ -18,6 +18,7 @@ duplicate or unknown node id, a certificate naming another node), and retrying c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -252,6 +253,28 @@ class Reports:
             pass
 
 
+def fold_holdings(messages: list[agent_pb2.AgentMessage]) -> list[agent_pb2.AgentMessage]:
+    """`messages` with the SnapshotReports of each generation's step packed into one
+    SnapshotHoldings at the place of the first (each rank once; a lone report stays as it is);
+    every other message keeps its place."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    ranks: dict[tuple[int, int], set[int]] = {}
+    for position, message in enumerate(messages):
+        if message.WhichOneof("kind") == "snapshot_report":
+            key = holdings_pack.key(message.snapshot_report)
+            if message.snapshot_report.rank not in ranks.setdefault(key, set()):
+                ranks[key].add(message.snapshot_report.rank)
+                groups.setdefault(key, []).append(position)
+    out: dict[int, agent_pb2.AgentMessage | None] = dict(enumerate(messages))
+    for positions in groups.values():
+        if len(positions) > 1:
+            packed = holdings_pack.pack([messages[p].snapshot_report for p in positions])
+            out[positions[0]] = agent_pb2.AgentMessage(snapshot_holdings=packed)
+            for position in positions[1:]:
+                out[position] = None
+    return [message for message in out.values() if message is not None]
+
+
 def _sticky_key(message: agent_pb2.AgentMessage) -> tuple[str, int, int, str]:
     kind = message.WhichOneof("kind") or ""
     body = getattr(message, kind)
@@ -375,13 +398,10 @@ class SupervisorLink:
 
     async def _write(self, call: StreamCall, state: _SessionState) -> None:
         await call.write(self._hello())
-        # A new session may be a new leader whose soft state is empty: tell it what we hold and
-        # the once-only facts it may have missed before anything new.
-        for message in [*self._resync(), *self._reports.sticky()]:
-            await call.write(message)
         loop = asyncio.get_running_loop()
         seq = 0
         next_beat = loop.time()
+        is_resynced = False
         while True:
             now = loop.time()
             interval_s = state.interval_s or self._config.heartbeat_interval_s
@@ -393,6 +413,20 @@ class SupervisorLink:
                     )
                 )
                 next_beat = now + interval_s
+            if not is_resynced:
+                # A new session may be a new leader whose soft state is empty: once its Welcome
+                # says what it takes, tell it what we hold (each step's holdings as one message
+                # where it takes SnapshotHoldings: a node holds a few steps of its own and its
+                # buddy's ranks, and a whole fleet resyncs at a failover) and the once-only facts
+                # it may have missed, before anything new. Heartbeats go on meanwhile.
+                if not state.welcome_seen.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(state.welcome_seen.wait(), max(0.0, next_beat - loop.time()))
+                    continue
+                held = self._resync()
+                for message in [*(fold_holdings(held) if state.folds_holdings else held), *self._reports.sticky()]:
+                    await call.write(message)
+                is_resynced = True
             # Reports are popped only after a successful write: a broken stream keeps them queued.
             while True:
                 message, items, hold_s = self._reports.take(self._local_ranks() if state.folds_steps else 0,
@@ -419,6 +453,7 @@ class SupervisorLink:
                 w = message.welcome
                 state.folds_steps = w.takes_step_aggregates
                 state.folds_holdings = w.takes_snapshot_holdings
+                state.welcome_seen.set()
                 # Beat at the supervisor's expected interval when it names a sane one (it decides
                 # death by it); otherwise keep the configured one.
                 if math.isfinite(w.heartbeat_interval_s) and 0 < w.heartbeat_interval_s <= MAX_HEARTBEAT_INTERVAL_S:
@@ -446,11 +481,12 @@ class SupervisorLink:
 
 
 class _SessionState:
-    __slots__ = ("folds_holdings", "folds_steps", "interval_s", "is_session", "welcomed")
+    __slots__ = ("folds_holdings", "folds_steps", "interval_s", "is_session", "welcome_seen", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
         self.folds_steps = False  # the Welcome said the supervisor takes StepAggregates
         self.folds_holdings = False  # ... and SnapshotHoldings
+        self.welcome_seen = asyncio.Event()  # this session's Welcome came (the resync waits for it)
         self.is_session = False  # a Welcome came: this was a working session (not just a redirect)
         self.interval_s: float | None = None  # the Welcome's heartbeat interval, once known
