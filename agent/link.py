@@ -18,6 +18,7 @@ duplicate or unknown node id, a certificate naming another node), and retrying c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -29,7 +30,7 @@ import structlog
 from ftsup.agent.config import MAX_HEARTBEAT_INTERVAL_S, AgentConfig
 from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
-from ftsup.common import step_pack
+from ftsup.common import holdings_pack, step_pack
 from ftsup.common.backoff import Backoff
 from ftsup.common.shard_map import ranked
 from ftsup.common.tls import channel_credentials, expect_supervisor
@@ -83,6 +84,16 @@ MAX_STICKY = 4096  # facts kept for re-sending; far above ranks per node x check
 # report (dead, or slower) costs its node's report this much latency, nothing else.
 FOLD_WINDOW_S = 0.02
 MAX_FOLD = 1024  # step reports in one aggregate; far above the ranks of a node
+# A step's first snapshot report waits this long for the node's other holdings of that step, which
+# then go as one SnapshotHoldings (issue 14: one message per node per step, not one per rank and
+# holder). A node's own ranks hand their snapshots over as each lands (they finish the same step
+# together, but the copies out of the trainers take as long as their sizes); the buddy copies
+# arrive together as the peer's streams end, usually seconds later: at most a node's own and its
+# buddy's ranks make two messages. Holdings go at once when the node's rank count is queued or
+# anything but step reports (which go by them) queues behind them: nothing waits longer than this
+# window, nothing but holdings waits on them, and a commit (which needs the step's vote anyway)
+# comes at most this much later.
+HOLDINGS_WINDOW_S = 0.05
 
 
 class Reports:
@@ -101,6 +112,7 @@ class Reports:
         self._sticky: dict[tuple[str, int, int, str], agent_pb2.AgentMessage] = {}
         self._clock = clock
         self._step_seen: dict[tuple[int, int], float] = {}  # (generation, step) -> its first report's arrival
+        self._held_seen: dict[tuple[int, int], float] = {}  # (generation, step) -> its first holding's arrival
 
     def send(self, message: agent_pb2.AgentMessage, *, sticky: bool = False) -> None:
         if message.WhichOneof("kind") == "step_report":
@@ -109,6 +121,12 @@ class Reports:
                 if len(self._step_seen) >= MAX_FOLD:  # only reports dropped unsent leave keys behind
                     del self._step_seen[next(iter(self._step_seen))]
                 self._step_seen[step_key] = self._clock()
+        elif message.WhichOneof("kind") == "snapshot_report":
+            held = holdings_pack.key(message.snapshot_report)
+            if held not in self._held_seen:
+                if len(self._held_seen) >= MAX_FOLD:  # only reports dropped unsent leave keys behind
+                    del self._held_seen[next(iter(self._held_seen))]
+                self._held_seen[held] = self._clock()
         self._outbox.push(message, _priority(message))
         self._ready.set()
         if sticky:
@@ -143,7 +161,8 @@ class Reports:
             self._ready.clear()
         return message
 
-    def take(self, expected_ranks: int) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
+    def take(self, expected_ranks: int, expected_holdings: int = 0
+             ) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
         """What to write next and the queued items it stands for (`done(items)` once written).
 
         The head's step reports of one step go as one StepAggregate: the node's ranks' reports of
@@ -151,10 +170,22 @@ class Reports:
         a step's report precedes its snapshot's anyway). While fewer than `expected_ranks` are
         queued and the first came less than FOLD_WINDOW_S ago: (None, [], seconds to wait for the
         rest). (None, [], 0.0): nothing queued. `expected_ranks` 0: no folding (a supervisor that
-        did not say it takes aggregates)."""
+        did not say it takes aggregates). Snapshot reports fold likewise into one SnapshotHoldings
+        (`_take_holdings`) when `expected_holdings` (the ranks a node's holdings usually count) is
+        at least 1."""
         head = self._outbox.peek()
         if head is None:
             return None, [], 0.0
+        holdings_wait_s = 0.0
+        if head.WhichOneof("kind") == "snapshot_report" and expected_holdings >= 1:
+            held, items, holdings_wait_s = self._take_holdings(head, expected_holdings)
+            if held is not None:
+                return held, items, 0.0
+            # The holdings wait for more: step reports behind them may go meanwhile (they
+            # overtake snapshot reports anyway, see below).
+            head = next((m for m in self._outbox.head(MAX_FOLD) if m.WhichOneof("kind") == "step_report"), None)
+            if head is None:
+                return None, [], holdings_wait_s
         if head.WhichOneof("kind") != "step_report" or expected_ranks < 1:
             return head, [head], 0.0
         key = (head.step_report.generation, head.step_report.step)
@@ -171,12 +202,43 @@ class Reports:
             ranks.add(report.rank)
         waited_s = self._clock() - self._step_seen.get(key, -math.inf)
         if len(run) < expected_ranks and waited_s < FOLD_WINDOW_S:
-            return None, [], FOLD_WINDOW_S - waited_s
+            return None, [], min(FOLD_WINDOW_S - waited_s, holdings_wait_s or math.inf)
         self._step_seen.pop(key, None)
         if len(run) == 1:
             return head, run, 0.0
         aggregate = step_pack.pack([m.step_report for m in run])
         return agent_pb2.AgentMessage(step_aggregate=aggregate), run, 0.0
+
+    def _take_holdings(self, head: agent_pb2.AgentMessage, expected: int
+                       ) -> tuple[agent_pb2.AgentMessage | None, list[agent_pb2.AgentMessage], float]:
+        """The head's step's queued snapshot reports (each rank once) as one SnapshotHoldings, once
+        `expected` of them are queued, HOLDINGS_WINDOW_S after the first came, or at once when a
+        message of another kind than step reports waits behind them (a step report waits for
+        nothing either: `take` lets step reports go by waiting holdings). They may overtake other
+        steps' holdings and step reports; nothing else."""
+        key = holdings_pack.key(head.snapshot_report)
+        run: list[agent_pb2.AgentMessage] = []
+        ranks: set[int] = set()
+        is_blocking = False
+        for message in self._outbox.head(MAX_FOLD):
+            kind = message.WhichOneof("kind")
+            if kind == "step_report":
+                continue  # it may go by (`take`), and a step's report precedes its snapshot's anyway
+            if kind != "snapshot_report":
+                is_blocking = True
+                break
+            report = message.snapshot_report
+            if holdings_pack.key(report) == key and report.rank not in ranks:
+                run.append(message)
+                ranks.add(report.rank)
+        waited_s = self._clock() - self._held_seen.get(key, -math.inf)
+        if len(run) < expected and waited_s < HOLDINGS_WINDOW_S and not is_blocking:
+            return None, [], HOLDINGS_WINDOW_S - waited_s
+        self._held_seen.pop(key, None)
+        if len(run) == 1:
+            return head, run, 0.0
+        holdings = holdings_pack.pack([m.snapshot_report for m in run])
+        return agent_pb2.AgentMessage(snapshot_holdings=holdings), run, 0.0
 
     def done(self, items: list[agent_pb2.AgentMessage]) -> None:
         """`take`'s items were written: out of the queue."""
@@ -189,6 +251,28 @@ class Reports:
             await asyncio.wait_for(self._ready.wait(), timeout_s)
         except TimeoutError:
             pass
+
+
+def fold_holdings(messages: list[agent_pb2.AgentMessage]) -> list[agent_pb2.AgentMessage]:
+    """`messages` with the SnapshotReports of each generation's step packed into one
+    SnapshotHoldings at the place of the first (each rank once; a lone report stays as it is);
+    every other message keeps its place."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    ranks: dict[tuple[int, int], set[int]] = {}
+    for position, message in enumerate(messages):
+        if message.WhichOneof("kind") == "snapshot_report":
+            key = holdings_pack.key(message.snapshot_report)
+            if message.snapshot_report.rank not in ranks.setdefault(key, set()):
+                ranks[key].add(message.snapshot_report.rank)
+                groups.setdefault(key, []).append(position)
+    out: dict[int, agent_pb2.AgentMessage | None] = dict(enumerate(messages))
+    for positions in groups.values():
+        if len(positions) > 1:
+            packed = holdings_pack.pack([messages[p].snapshot_report for p in positions])
+            out[positions[0]] = agent_pb2.AgentMessage(snapshot_holdings=packed)
+            for position in positions[1:]:
+                out[position] = None
+    return [message for message in out.values() if message is not None]
 
 
 def _sticky_key(message: agent_pb2.AgentMessage) -> tuple[str, int, int, str]:
@@ -314,13 +398,10 @@ class SupervisorLink:
 
     async def _write(self, call: StreamCall, state: _SessionState) -> None:
         await call.write(self._hello())
-        # A new session may be a new leader whose soft state is empty: tell it what we hold and
-        # the once-only facts it may have missed before anything new.
-        for fact in [*self._resync(), *self._reports.sticky()]:
-            await call.write(fact)
         loop = asyncio.get_running_loop()
         seq = 0
         next_beat = loop.time()
+        is_resynced = False
         while True:
             now = loop.time()
             interval_s = state.interval_s or self._config.heartbeat_interval_s
@@ -332,15 +413,30 @@ class SupervisorLink:
                     )
                 )
                 next_beat = now + interval_s
+            if not is_resynced:
+                # A new session may be a new leader whose soft state is empty: once its Welcome
+                # says what it takes, tell it what we hold (each step's holdings as one message
+                # where it takes SnapshotHoldings: a node holds a few steps of its own and its
+                # buddy's ranks, and a whole fleet resyncs at a failover) and the once-only facts
+                # it may have missed, before anything new. Heartbeats go on meanwhile.
+                if not state.welcome_seen.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(state.welcome_seen.wait(), max(0.0, next_beat - loop.time()))
+                    continue
+                held = self._resync()
+                for fact in [*(fold_holdings(held) if state.folds_holdings else held), *self._reports.sticky()]:
+                    await call.write(fact)
+                is_resynced = True
             # Reports are popped only after a successful write: a broken stream keeps them queued.
             while True:
-                message, items, hold_s = self._reports.take(self._local_ranks() if state.folds_steps else 0)
+                message, items, hold_s = self._reports.take(self._local_ranks() if state.folds_steps else 0,
+                                                            self._local_ranks() if state.folds_holdings else 0)
                 if message is None:
                     break
                 await call.write(message)
                 self._reports.done(items)
             until_beat_s = max(0.0, next_beat - loop.time())
-            if hold_s > 0:  # a step's reports are being gathered: look again once the window closes
+            if hold_s > 0:  # a step's reports or holdings are being gathered: look again once the window closes
                 await asyncio.sleep(min(hold_s, until_beat_s))
             else:
                 await self._reports.wait(until_beat_s)
@@ -356,6 +452,8 @@ class SupervisorLink:
                 self._unreachable = []
                 w = message.welcome
                 state.folds_steps = w.takes_step_aggregates
+                state.folds_holdings = w.takes_snapshot_holdings
+                state.welcome_seen.set()
                 # Beat at the supervisor's expected interval when it names a sane one (it decides
                 # death by it); otherwise keep the configured one.
                 if math.isfinite(w.heartbeat_interval_s) and 0 < w.heartbeat_interval_s <= MAX_HEARTBEAT_INTERVAL_S:
@@ -383,10 +481,12 @@ class SupervisorLink:
 
 
 class _SessionState:
-    __slots__ = ("folds_steps", "interval_s", "is_session", "welcomed")
+    __slots__ = ("folds_holdings", "folds_steps", "interval_s", "is_session", "welcome_seen", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
         self.folds_steps = False  # the Welcome said the supervisor takes StepAggregates
+        self.folds_holdings = False  # ... and SnapshotHoldings
+        self.welcome_seen = asyncio.Event()  # this session's Welcome came (the resync waits for it)
         self.is_session = False  # a Welcome came: this was a working session (not just a redirect)
         self.interval_s: float | None = None  # the Welcome's heartbeat interval, once known

@@ -335,6 +335,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "heartbeats_per_s": round(sent / wall_s, 1),
             "step_reports_per_s": round(sum(r["step_reports"] for r in results) / wall_s, 1),  # aggregates: one per node-step
             "snapshot_reports_per_s": round(sum(r.get("snapshot_reports", 0) for r in results) / wall_s, 1),
+            # the messages that carried them: one SnapshotHoldings per node-step to a supervisor that takes them
+            "snapshot_messages_per_s": round(sum(r.get("snapshot_messages", 0) for r in results) / wall_s, 1),
             "late_heartbeats": sum(r["late_beats"] for r in results),
             "latency_p50_ms": _percentile(latencies, 0.50),
             "latency_p99_ms": _percentile(latencies, 0.99),

@@ -4,7 +4,8 @@ Each simulated node speaks the real agent protocol on its own bidirectional stre
 Heartbeat at the Welcome's interval; once a Directive gives it ranks, per step one StepAggregate
 of all its ranks, as a real agent sends to a supervisor that takes aggregates, and, with
 `--snapshot-reports`, one SnapshotReport per rank it owns: the owner's holding of each rank's RAM
-snapshot, as a real agent reports after every snapshot; the buddy's copies, which a real buddy
+snapshot, as a real agent reports after every snapshot, in one SnapshotHoldings per node per
+step where the Welcome says the supervisor takes them; the buddy's copies, which a real buddy
 reports too, are not simulated, so no step commits and the leader sees half the holdings a real
 fleet sends) and reads everything the supervisor sends. Heartbeats ask for a HeartbeatAck, so the latency of every one
 is measured here: from handing it to gRPC to reading its ack. One node can be silenced — it stops
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from ftsup.common import step_pack
+from ftsup.common import holdings_pack, step_pack
 from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
@@ -51,6 +52,7 @@ class SimNode:
     last_beat_wall_s: float = 0.0
     sent_at: dict[int, float] = field(default_factory=dict)  # heartbeat seq -> loop time sent
     refusals: int = 0
+    takes_holdings: bool = False  # the Welcome said the supervisor takes SnapshotHoldings
 
 
 @dataclass(slots=True)
@@ -58,7 +60,8 @@ class Counters:
     sent: int = 0
     acked: int = 0
     step_reports: int = 0  # step aggregates (one per node per step)
-    snapshot_reports: int = 0
+    snapshot_reports: int = 0  # holdings reported (one per rank a node owns per step)
+    snapshot_messages: int = 0  # messages that carried them (one per node per step where holdings are taken)
     directives: int = 0
     late_beats: int = 0  # heartbeats this process sent more than 10% of an interval late
     latencies_ms: list[float] = field(default_factory=list)  # steady: before the silenced node's silence
@@ -139,6 +142,7 @@ class Fleet:
         c = self.counters
         c.latencies_ms, c.after_ms, c.sent, c.acked, c.step_reports, c.late_beats = [], [], 0, 0, 0, 0
         c.snapshot_reports = 0
+        c.snapshot_messages = 0
         c.is_measuring, c.is_after = True, False
         running = sum(1 for n in self.nodes if n.ranks)
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -155,7 +159,8 @@ class Fleet:
         wall = time.monotonic() - wall0
         return {"kind": "result", "latencies_ms": c.latencies_ms, "after_ms": c.after_ms, "sent": c.sent,
                 "acked": c.acked,
-                "step_reports": c.step_reports, "snapshot_reports": c.snapshot_reports, "late_beats": c.late_beats,
+                "step_reports": c.step_reports, "snapshot_reports": c.snapshot_reports,
+                "snapshot_messages": c.snapshot_messages, "late_beats": c.late_beats,
                 "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
                 "welcomed": sum(1 for n in self.nodes if n.welcomed.is_set()),
                 "running": running,
@@ -212,18 +217,24 @@ class Fleet:
 
     async def report_step(self, node: SimNode, call: StreamCall, step_s: float) -> None:
         """One step of every rank the node runs, as a real agent reports it: one aggregate, then
-        (with --snapshot-reports) the node's holding of each of its ranks' snapshots."""
+        (with --snapshot-reports) the node's holding of each of its ranks' snapshots: one
+        SnapshotHoldings where the Welcome said the supervisor takes them, else one report each."""
         reports = [agent_pb2.StepReport(generation=node.generation, rank=rank, step=node.step, step_time_s=step_s,
                                         compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 32)
                    for rank in node.ranks]
         await call.write(agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
         self.counters.step_reports += 1
-        if self.args.snapshot_reports:
-            for rank in node.ranks:
-                await call.write(agent_pb2.AgentMessage(snapshot_report=agent_pb2.SnapshotReport(
-                    generation=node.generation, rank=rank, step=node.step, holder_node_ids=[node.node_id],
-                    size_bytes=1 << 30, sha256="0" * 64)))
-                self.counters.snapshot_reports += 1
+        if not self.args.snapshot_reports or not node.ranks:
+            return
+        held = [agent_pb2.SnapshotReport(generation=node.generation, rank=rank, step=node.step,
+                                         holder_node_ids=[node.node_id], size_bytes=1 << 30, sha256="0" * 64)
+                for rank in node.ranks]
+        messages = ([agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(held))] if node.takes_holdings
+                    else [agent_pb2.AgentMessage(snapshot_report=report) for report in held])
+        for message in messages:
+            await call.write(message)
+        self.counters.snapshot_reports += len(held)
+        self.counters.snapshot_messages += len(messages)
 
     async def read(self, node: SimNode, call: StreamCall) -> None:
         loop = asyncio.get_running_loop()
@@ -239,6 +250,7 @@ class Fleet:
             elif kind == "welcome":
                 if message.welcome.heartbeat_interval_s > 0:
                     node.interval_s = message.welcome.heartbeat_interval_s
+                node.takes_holdings = message.welcome.takes_snapshot_holdings
                 node.welcomed.set()
             elif kind == "directive":
                 c.directives += 1
@@ -272,7 +284,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--interval-s", type=float, default=1.0, help="until the Welcome names the interval")
     p.add_argument("--step-s", type=float, default=10.0, help="one StepAggregate per node per step (0: none)")
     p.add_argument("--snapshot-reports", action="store_true",
-                   help="per step, one SnapshotReport per rank a node owns (its RAM snapshot's holding)")
+                   help="per step, the node's holding of each rank it owns (its RAM snapshot): one SnapshotHoldings"
+                        " per node where the supervisor takes them, else one SnapshotReport per rank")
     p.add_argument("--leader", default="", help="the leading replica's address: it holds no agents from 3 replicas"
                    " (common/shard_map.agent_holders), so nodes dial a follower's link shard")
     p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection (at most the server's per-connection cap)")

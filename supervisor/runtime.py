@@ -426,6 +426,7 @@ class Runtime:
             heartbeat_interval_s=self.config.detector.heartbeat_interval_s,
             term=self.term,
             takes_step_aggregates=True,
+            takes_snapshot_holdings=True,
         )
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 

@@ -4,8 +4,8 @@ Borg's design (issue 14, docs/scale.md): every replica talks to a subset of the 
 by rendezvous hashing, common/shard_map.py), so the leader's one Python process handles one
 stream per follower instead of one per node. A shard decides nothing: it forwards to the leader,
 over one LinkShard.Relay stream, everything its agents send that can change a decision (Hellos,
-reports, the end of a stream: supervisor/shard_queue.py; heartbeats as one liveness summary per
-batch naming the nodes heard, or folded per node to a leader that predates summaries), and relays
+reports, the end of a stream: supervisor/shard_queue.py; heartbeats as a liveness summary every
+20 ms on a stream of their own, or folded per node to a leader that predates summaries), and relays
 back what the leader sends each node (Welcome, directives, refusals, acks). The leader admits what
 a shard forwards exactly as if the agent had sent it; node ids come from the agent's Hello, which
 the agent service checked against the agent's certificate before handing the stream here.
@@ -87,6 +87,7 @@ class LinkShard:
         self._heard = HeardSince()
         self._heard_ready = asyncio.Event()
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
+        self.folds_holdings = False  # the leader takes SnapshotHoldings (else snapshot reports go one by one)
         self._sessions: dict[int, ShardSession] = {}
         self._node_session: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -274,6 +275,7 @@ class LinkShard:
                 return
             self.term, self.leader_address = first.term, address
             self.summarises = first.takes_liveness_summaries
+            self.folds_holdings = first.takes_snapshot_holdings
             self._up.clear()
             self._heard.clear()
             self.relay_up.set()
@@ -307,7 +309,8 @@ class LinkShard:
     async def _write(self, call: Any) -> None:
         while True:
             while len(self._up):
-                await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS)))
+                await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS,
+                                                                          folds_holdings=self.folds_holdings)))
             if not self.relay_up.is_set():
                 await call.done_writing()
                 return

@@ -11,13 +11,17 @@ Step reports are folded too: a session's StepReports of one step (each rank once
 go up as one StepAggregate (the wire form the leader decides exactly as the same reports one by
 one: supervisor/server/step_aggregate.py), so the leader admits one message per node per step
 instead of one per rank. A run of them ends at any other message of that session (its order kept).
+A session's SnapshotReports of one step fold the same way into one SnapshotHoldings, when the
+leader says it takes them.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
+from typing import Any
 
-from ftsup.common import step_pack
+from ftsup.common import holdings_pack, step_pack
 from ftsup.v1 import agent_pb2, shard_pb2
 
 # Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
@@ -41,6 +45,7 @@ class UpQueue:
         self._heartbeat_at: dict[int, int] = {}  # session -> index of its queued heartbeat
         self.folded = 0  # heartbeats replaced by a newer one of the same session (a counter)
         self.reports_folded = 0  # step reports sent inside another's aggregate (a counter)
+        self.holdings_folded = 0  # snapshot reports sent inside another's SnapshotHoldings (a counter)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -65,9 +70,10 @@ class UpQueue:
         self._items.append(item)
         return True
 
-    def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES) -> list[shard_pb2.Forwarded]:
+    def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
+             folds_holdings: bool = False) -> list[shard_pb2.Forwarded]:
         """Up to `max_items` items and about `max_bytes` (always at least one item), oldest first,
-        removed from the queue (step reports folded)."""
+        removed from the queue (step reports folded; snapshot reports too with `folds_holdings`)."""
         count, size = 0, 0
         for item in self._items[:max_items]:
             if item is not None:
@@ -78,8 +84,13 @@ class UpQueue:
         head, rest = self._items[:count], self._items[count:]
         self._items = rest
         self._heartbeat_at = {s: i - len(head) for s, i in self._heartbeat_at.items() if i >= len(head)}
-        taken = fold_step_reports([item for item in head if item is not None])
-        self.reports_folded += len(head) - len(taken)
+        present = [item for item in head if item is not None]
+        taken = fold_step_reports(present)
+        self.reports_folded += len(present) - len(taken)
+        if folds_holdings:
+            steps_folded = taken
+            taken = fold_snapshot_reports(steps_folded)
+            self.holdings_folded += len(steps_folded) - len(taken)
         return taken
 
     def clear(self) -> None:
@@ -155,20 +166,36 @@ def fold_step_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Forwar
     """`items` with each session's runs of StepReports of one generation and step (each rank
     once, nothing else of that session in between but heartbeats) replaced by one StepAggregate at
     the run's first position. A lone report stays as it is."""
+    return _fold_runs(items, "step_report", lambda r: (r.generation, r.step),
+                      lambda reports: agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
+
+
+def fold_snapshot_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Forwarded]:
+    """The same for SnapshotReports: a session's run of one step's holdings (each rank once)
+    becomes one SnapshotHoldings (to a leader that takes them: LeaderBatch.takes_snapshot_holdings).
+    The session's node is the holder of every one, as of each report on its own."""
+    return _fold_runs(items, "snapshot_report", holdings_pack.key,
+                      lambda reports: agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(reports)))
+
+
+def _fold_runs(items: list[shard_pb2.Forwarded], kind: str, key_of: Callable[[Any], tuple[int, int]],
+               pack: Callable[[list[Any]], agent_pb2.AgentMessage]) -> list[shard_pb2.Forwarded]:
+    """Each session's runs of `kind` messages of one key, each rank once, with nothing of that
+    session in between but heartbeats, packed into one message at the run's first position."""
     runs: dict[int, list[int]] = {}  # session -> positions of its open run
-    keys: dict[int, tuple[int, int]] = {}  # session -> (generation, step) of its open run
+    keys: dict[int, tuple[int, int]] = {}  # session -> key of its open run
     ranks: dict[int, set[int]] = {}
     closed: list[list[int]] = []
     for position, item in enumerate(items):
         session = item.session
-        is_report = item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "step_report"
+        is_report = item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == kind
         if not is_report:
             if not (item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat"):
                 if session in runs:
                     closed.append(runs.pop(session))
             continue
-        report = item.message.step_report
-        key = (report.generation, report.step)
+        report = getattr(item.message, kind)
+        key = key_of(report)
         if session in runs and (keys[session] != key or report.rank in ranks[session]):
             closed.append(runs.pop(session))
         if session not in runs:
@@ -182,10 +209,9 @@ def fold_step_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Forwar
     replaced: dict[int, shard_pb2.Forwarded | None] = {}
     for run in folds:
         first = items[run[0]]
-        reports = [items[p].message.step_report for p in run]
         replaced[run[0]] = shard_pb2.Forwarded(
             session=first.session, node_id=first.node_id, incarnation=first.incarnation,
-            message=agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
+            message=pack([getattr(items[p].message, kind) for p in run]))
         for position in run[1:]:
             replaced[position] = None
     out: list[shard_pb2.Forwarded] = []

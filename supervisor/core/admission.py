@@ -27,6 +27,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorRequest,
     RankFinished,
     SdcCheckResult,
+    SnapshotHoldings,
     SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
@@ -75,6 +76,8 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
             return _check_aggregate(state, soft, inp)
         case SnapshotReport():
             return _check_sender(state, soft, inp.node_id) or _check_holder(state, inp)
+        case SnapshotHoldings():
+            return _check_sender(state, soft, inp.node_id) or _check_holdings(state, inp)
         case RankFinished():
             return (_check_sender(state, soft, inp.node_id) or _check_rank(state, inp.node_id, inp.generation, inp.rank)
                     or _check_not_finished(soft, inp))
@@ -195,6 +198,30 @@ def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
     member = current.member(owner) if owner is not None else None
     if member is None or report.node_id not in (member.node_id, member.buddy_node_id):
         return f"node {report.node_id!r} is neither the owner nor the buddy of rank {report.rank}"
+    if len(report.sha256) > MAX_DIGEST:  # kept per rank and step in soft state: bounded
+        return f"sha256 of {len(report.sha256)} characters is longer than {MAX_DIGEST}"
+    return None
+
+
+def _check_holdings(state: ClusterState, holdings: SnapshotHoldings) -> str | None:
+    """Every entry passes `_check_holder`, as it would alone; the whole message is refused at the
+    first that does not, naming its rank, so nothing of a bad message is half-held."""
+    if not holdings.reports:
+        return "snapshot holdings with no ranks"
+    if len(holdings.reports) > MAX_RANKS_PER_NODE_REPORT:
+        return f"snapshot holdings of {len(holdings.reports)} ranks (at most {MAX_RANKS_PER_NODE_REPORT})"
+    ranks: set[int] = set()
+    for report in holdings.reports:
+        if (report.node_id, report.generation, report.step) != (holdings.node_id, holdings.generation, holdings.step):
+            return (f"rank {report.rank}'s holding (node {report.node_id!r}, generation {report.generation},"
+                    f" step {report.step}) is not the sender's at generation {holdings.generation},"
+                    f" step {holdings.step}")
+        if report.rank in ranks:
+            return f"rank {report.rank} is held twice in one snapshot holdings message"
+        ranks.add(report.rank)
+        reason = _check_holder(state, report)
+        if reason is not None:
+            return f"rank {report.rank}: {reason}"
     return None
 
 

@@ -54,6 +54,7 @@ from ftsup.supervisor.core.inputs import (
     OperatorRequest,
     RankFinished,
     SdcCheckResult,
+    SnapshotHoldings,
     SnapshotMemoryReport,
     SnapshotReport,
     StepAggregate,
@@ -88,6 +89,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
         case StepAggregate():
             _on_step_aggregate(soft, seen, inp, config, out)
         case SnapshotReport():
+            out.extend(snapshot_commits.commit_if_held(state, soft, inp.step))
+        case SnapshotHoldings():  # one step's, observed whole: what its last report alone would decide
             out.extend(snapshot_commits.commit_if_held(state, soft, inp.step))
         case RankFinished():
             out.extend(generations.complete_if_finished(state, soft))

@@ -223,6 +223,20 @@ class SnapshotReport:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotHoldings:
+    """One node's snapshot holdings of one step in one input: the SnapshotReports its agent (or
+    its link shard) folded, so the leader handles one input per node per step instead of one per
+    rank and holder (issue 14). `node_id` holds every entry (each report's node_id is it).
+    Observed and decided exactly as its reports one by one
+    (tests/unit/supervisor/test_snapshot_holdings.py); refused whole when any entry would be."""
+
+    node_id: str
+    generation: int
+    step: int
+    reports: tuple[SnapshotReport, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RankFinished:
     node_id: str
     generation: int
@@ -360,6 +374,7 @@ Input = (
     | StepReport
     | StepAggregate
     | SnapshotReport
+    | SnapshotHoldings
     | RankFinished
     | TrainerExit
     | XidReport

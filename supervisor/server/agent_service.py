@@ -26,7 +26,7 @@ from ftsup.supervisor.core.limits import MAX_TEXT
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import OUTBOX_CAPACITY, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
-from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.server import snapshot_holdings, step_aggregate
 from ftsup.supervisor.server.hello_checks import hello_problem
 from ftsup.supervisor.shard import LinkShard
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
@@ -77,8 +77,9 @@ def to_input(node_id: str, incarnation: int, message: agent_pb2.AgentMessage) ->
     if kind == "step_aggregate":  # raises MalformedAggregate, said to the sender as a refusal
         return step_aggregate.to_input(node_id, message.step_aggregate)
     if kind == "snapshot_report":
-        s = message.snapshot_report
-        return inputs.SnapshotReport(node_id, s.generation, s.rank, s.step, tuple(s.holder_node_ids), s.size_bytes, s.sha256)
+        return snapshot_holdings.report_from_proto(node_id, message.snapshot_report)
+    if kind == "snapshot_holdings":  # raises MalformedHoldings, said to the sender as a refusal
+        return snapshot_holdings.to_input(node_id, message.snapshot_holdings)
     if kind == "rank_finished":
         f = message.rank_finished
         return inputs.RankFinished(node_id, f.generation, f.rank, f.step, f.param_digest)
@@ -264,6 +265,9 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
                     inp = to_input(node_id, incarnation, message)
                 except step_aggregate.MalformedAggregate as exc:
                     refuse(f"malformed step aggregate: {exc}", "step_aggregate")
+                    continue
+                except snapshot_holdings.MalformedHoldings as exc:
+                    refuse(f"malformed snapshot holdings: {exc}", "snapshot_holdings")
                     continue
                 if inp is None:
                     kind = message.WhichOneof("kind") or "empty"

@@ -30,7 +30,7 @@ from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
-from ftsup.supervisor.server import step_aggregate
+from ftsup.supervisor.server import snapshot_holdings, step_aggregate
 from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
 from ftsup.supervisor.server.hello_checks import hello_problem
 from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
@@ -134,7 +134,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
         try:
-            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True)
+            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not len(down):
                     with contextlib.suppress(TimeoutError):
@@ -239,6 +239,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             inp = to_input(relayed.node_id, relayed.incarnation, message)
         except step_aggregate.MalformedAggregate as exc:
             route.put(_refusal(f"malformed step aggregate: {exc}", "step_aggregate"))
+            return
+        except snapshot_holdings.MalformedHoldings as exc:
+            route.put(_refusal(f"malformed snapshot holdings: {exc}", "snapshot_holdings"))
             return
         if inp is None:
             sent = message.WhichOneof("kind") or "empty"

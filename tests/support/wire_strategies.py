@@ -138,16 +138,25 @@ def foreign_rank(senders: tuple[str, ...]) -> st.SearchStrategy[Bad]:
 
 
 def foreign_snapshot(senders: tuple[str, ...]) -> st.SearchStrategy[Bad]:
-    """A snapshot report from a node that is neither the rank's owner nor its buddy."""
+    """A snapshot report from a node that is neither the rank's owner nor its buddy; or snapshot
+    holdings naming such a rank after the sender's own ranks (refused whole), or whose arrays do
+    not fit together (refused undecoded)."""
 
     @st.composite
     def draw(d: st.DrawFn) -> Bad:
-        sender, rank, step = d(st.sampled_from(senders)), d(u32), d(u64)
+        sender, rank, step, form = d(st.sampled_from(senders)), d(u32), d(u64), d(st.sampled_from(["one", "all", "shape"]))
 
         def build(ctx: WireContext) -> agent_pb2.AgentMessage:
             far = ctx.world_size + rank % (2**31)  # no member owns it, so nobody is its buddy
-            return _msg(snapshot_report=agent_pb2.SnapshotReport(generation=_current(ctx), rank=far, step=step,
-                                                                 holder_node_ids=list(ctx.node_ids)))
+            if form == "one":
+                return _msg(snapshot_report=agent_pb2.SnapshotReport(generation=_current(ctx), rank=far, step=step,
+                                                                     holder_node_ids=list(ctx.node_ids)))
+            ranks = [*ctx.ranks_of.get(sender, ()), far]
+            holdings = agent_pb2.SnapshotHoldings(generation=_current(ctx), step=step, ranks=ranks,
+                                                  size_bytes=[1] * len(ranks), sha256=[""] * len(ranks))
+            if form == "shape":
+                holdings.size_bytes.pop()
+            return _msg(snapshot_holdings=holdings)
 
         return Bad("snapshot_not_holder", ON_STREAM, sender, build)
 

@@ -531,6 +531,7 @@ class AgentMessage(_message.Message):
     SDC_CHECK_RESULT_FIELD_NUMBER: _builtins.int
     STEP_AGGREGATE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_MEMORY_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -557,6 +558,10 @@ class AgentMessage(_message.Message):
     def snapshot_memory(self) -> Global___SnapshotMemory:
         """Field numbers 320-339: hardening (issue 16)."""
 
+    @_builtins.property
+    def snapshot_holdings(self) -> Global___SnapshotHoldings:
+        """Field numbers 360-379: snapshot holdings (issue 14), within link shards' 340-379."""
+
     def __init__(
         self,
         *,
@@ -572,16 +577,66 @@ class AgentMessage(_message.Message):
         sdc_check_result: Global___SdcCheckResult | None = ...,
         step_aggregate: Global___StepAggregate | None = ...,
         snapshot_memory: Global___SnapshotMemory | None = ...,
+        snapshot_holdings: Global___SnapshotHoldings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_memory", b"snapshot_memory", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_holdings", b"snapshot_holdings", "snapshot_memory", b"snapshot_memory", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_memory", b"snapshot_memory", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_shard", b"checkpoint_shard", "heartbeat", b"heartbeat", "hello", b"hello", "kind", b"kind", "rank_finished", b"rank_finished", "sdc_check_result", b"sdc_check_result", "snapshot_holdings", b"snapshot_holdings", "snapshot_memory", b"snapshot_memory", "snapshot_report", b"snapshot_report", "step_aggregate", b"step_aggregate", "step_report", b"step_report", "trainer_exit", b"trainer_exit", "trainer_hung", b"trainer_hung", "xid_event", b"xid_event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result", "step_aggregate", "snapshot_memory"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "heartbeat", "step_report", "snapshot_report", "rank_finished", "trainer_exit", "xid_event", "trainer_hung", "checkpoint_shard", "sdc_check_result", "step_aggregate", "snapshot_memory", "snapshot_holdings"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class SnapshotHoldings(_message.Message):
+    """The sender holds RAM snapshot copies of these ranks at one generation's step: its SnapshotReports
+    of that step in one message (issue 14: a node reports its holdings once per step, not once per rank
+    and holder). The sender is the holder of every entry, as in SnapshotReport (an owner's own ranks,
+    a buddy's copies, or both). Per-rank values are parallel arrays in the order of `ranks`. Digests
+    are not grouped: unlike parameter digests, snapshots of different ranks hold different bytes.
+    The leader observes and decides it exactly as the same SnapshotReports one by one; refused whole,
+    naming the first rank at fault, when any part is malformed or any entry is not the sender's to hold.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    step: _builtins.int
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """each rank once"""
+
+    @_builtins.property
+    def size_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one per rank"""
+
+    @_builtins.property
+    def sha256(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """one per rank: hex SHA-256 of the copy held ("" from an agent without it)"""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        size_bytes: _abc.Iterable[_builtins.int] | None = ...,
+        sha256: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "ranks", b"ranks", "sha256", b"sha256", "size_bytes", b"size_bytes", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotHoldings: _TypeAlias = SnapshotHoldings  # noqa: Y015
 
 @_typing.final
 class SnapshotMemory(_message.Message):
@@ -870,6 +925,7 @@ class Welcome(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
     TAKES_STEP_AGGREGATES_FIELD_NUMBER: _builtins.int
+    TAKES_SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     heartbeat_interval_s: _builtins.float
@@ -879,6 +935,10 @@ class Welcome(_message.Message):
     """Issue 14: the supervisor takes a StepAggregate from an agent (one message per node per step);
     an agent folds its ranks' step reports only when told so (an older supervisor is not).
     """
+    takes_snapshot_holdings: _builtins.bool
+    """Issue 14: the supervisor takes SnapshotHoldings (a node's snapshot reports of one step in one
+    message); an agent folds them only when told so, and an older supervisor gets SnapshotReports.
+    """
     def __init__(
         self,
         *,
@@ -887,10 +947,11 @@ class Welcome(_message.Message):
         heartbeat_interval_s: _builtins.float = ...,
         term: _builtins.int = ...,
         takes_step_aggregates: _builtins.bool = ...,
+        takes_snapshot_holdings: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "incarnation", b"incarnation", "node_id", b"node_id", "takes_step_aggregates", b"takes_step_aggregates", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_s", b"heartbeat_interval_s", "incarnation", b"incarnation", "node_id", b"node_id", "takes_snapshot_holdings", b"takes_snapshot_holdings", "takes_step_aggregates", b"takes_step_aggregates", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -155,11 +155,16 @@ class LeaderBatch(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
     TAKES_LIVENESS_SUMMARIES_FIELD_NUMBER: _builtins.int
+    TAKES_SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
     term: _builtins.int
     """the leader's term: a shard drops its sessions when it changes"""
     takes_liveness_summaries: _builtins.bool
     """Set on the first batch of a relay by a leader that takes liveness summaries (LinkShard.Liveness);
     a shard relaying to an older leader forwards every heartbeat instead.
+    """
+    takes_snapshot_holdings: _builtins.bool
+    """Set on the first batch of a relay by a leader that takes SnapshotHoldings: the shard folds a
+    session's queued SnapshotReports of one step into one; to an older leader it forwards each.
     """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Addressed]: ...
@@ -169,10 +174,11 @@ class LeaderBatch(_message.Message):
         items: _abc.Iterable[Global___Addressed] | None = ...,
         term: _builtins.int = ...,
         takes_liveness_summaries: _builtins.bool = ...,
+        takes_snapshot_holdings: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

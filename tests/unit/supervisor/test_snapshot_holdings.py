@@ -1,0 +1,264 @@
+"""Snapshot holdings: the leader decides from a SnapshotHoldings (a node's snapshot reports of one
+step in one input) exactly what it decides from the same SnapshotReports fed one by one: the same
+commits (SnapshotCommitted, and a pending drain's hand-over at the committed step), the same state
+and the same soft state; and a message with any entry the sender may not hold is refused whole.
+
+One difference, on the safe side: a holder that contradicts its own earlier holding of a rank (other
+bytes) in the same message after the entry that completed the step blocks that commit, where one by
+one the commit came first (the last test). The property's generator never has a holder change its
+bytes, so it holds exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftsup.supervisor.core.events import NodeDrained, SnapshotCommitted
+from ftsup.supervisor.core.inputs import (
+    OperatorCommandKind,
+    OperatorRequest,
+    SnapshotHoldings,
+    SnapshotReport,
+    StepReport,
+    Tick,
+)
+from ftsup.supervisor.core.soft import StepHoldings, is_held_twice
+from tests.support.builders import NOW, Sim, config, hello
+
+NODES, RANKS_PER_NODE = 4, 2
+WORLD = NODES * RANKS_PER_NODE
+
+
+def _started() -> Sim:
+    sim = Sim(config(nodes=NODES, ranks_per_node=RANKS_PER_NODE))
+    for i in range(NODES):
+        sim.events(hello(f"n{i}", stream_id=i + 1), at=NOW)
+    sim.events(Tick(), at=NOW + 0.1)
+    assert sim.state.generation is not None
+    return sim
+
+
+def _holders(sim: Sim, rank: int) -> tuple[str, str]:
+    generation = sim.state.generation
+    assert generation is not None
+    owner = generation.node_of_rank(rank) or ""
+    member = generation.member(owner)
+    assert member is not None
+    return owner, member.buddy_node_id
+
+
+def _step_reports(sim: Sim, step: int) -> list[StepReport]:
+    generation = sim.state.generation
+    assert generation is not None
+    return [StepReport(generation.node_of_rank(r) or "", generation.number, r, step, 0.6, 0.5, 2.0, f"d{step}")
+            for r in range(WORLD)]
+
+
+def _messages(sim: Sim, step: int, rng: random.Random) -> list[list[SnapshotReport]]:
+    """One step's holdings as the nodes send them: each holder's reports of the ranks it holds
+    (some missing, some buddy copies with other bytes), cut into one to three messages per node,
+    some nodes' all again in one more (as after a reconnect), the nodes' messages interleaved."""
+    generation = sim.state.generation
+    assert generation is not None
+    by_node: dict[str, list[SnapshotReport]] = {}
+    for rank in range(WORLD):
+        owner, buddy = _holders(sim, rank)
+        for holder in (owner, buddy):
+            if rng.random() < 0.03:
+                continue  # this copy is not (yet) held
+            sha = f"s{step}.{rank}" + ("x" if holder == buddy and rng.random() < 0.05 else "")
+            by_node.setdefault(holder, []).append(SnapshotReport(holder, generation.number, rank, step, (holder,),
+                                                                 100 + rank, sha))
+    messages: list[list[SnapshotReport]] = []
+    for reports in by_node.values():
+        rng.shuffle(reports)
+        cuts = sorted(rng.sample(range(1, len(reports)), k=min(rng.randint(0, 2), len(reports) - 1)))
+        for start, end in zip([0, *cuts], [*cuts, len(reports)]):
+            messages.append(reports[start:end])
+        if rng.random() < 0.3:  # all of them again, as a reconnect's resync sends what it holds
+            messages.append(rng.sample(reports, len(reports)))
+    rng.shuffle(messages)
+    return [m for m in messages if m]
+
+
+def _run(script: list[tuple[int, int, int | None]], aggregated: bool) -> Sim:
+    sim = _started()
+    now = NOW + 1.0
+    late: list[list[SnapshotReport]] = []
+    for step, seed, drain in script:
+        if sim.state.generation is None:
+            break  # a drain's hand-over ended it: both paths stop at the same point
+        rng = random.Random(seed)
+        now += 1.0
+        votes_first = rng.random() < 0.7  # else the step's vote completes after its holdings came
+        for report in _step_reports(sim, step) if votes_first else ():
+            sim.feed(report, at=now)
+        if drain is not None:
+            sim.feed(OperatorRequest(OperatorCommandKind.DRAIN, f"n{drain}", "maintenance", "op"), at=now)
+        messages = _messages(sim, step, rng)
+        if rng.random() < 0.3:  # some holdings of this step arrive after the next step's
+            late, messages = messages[-1:], [*late, *messages[:-1]]
+        else:
+            messages, late = [*late, *messages], []
+        for message in messages:
+            if not aggregated:
+                for report in message:
+                    sim.feed(report, at=now)
+            else:
+                sim.feed(SnapshotHoldings(message[0].node_id, message[0].generation, message[0].step,
+                                          tuple(message)), at=now)
+        if votes_first or sim.state.generation is None:
+            continue  # (a drain's hand-over at a commit ended the generation)
+        for report in _step_reports(sim, step):
+            sim.feed(report, at=now)
+    return sim
+
+
+steps = st.lists(
+    st.tuples(st.integers(0, 10_000), st.sampled_from([None] * 12 + [1])),
+    min_size=1, max_size=12,
+).map(lambda rows: [(i + 1, seed, drain) for i, (seed, drain) in enumerate(rows)])
+
+
+def _same(one_by_one: Sim, aggregated: Sim) -> None:
+    assert aggregated.log == one_by_one.log
+    assert aggregated.state == one_by_one.state
+    assert aggregated.soft == one_by_one.soft
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps)
+def test_holdings_decide_what_their_reports_decide_one_by_one(script):
+    _same(_run(script, aggregated=False), _run(script, aggregated=True))
+
+
+def test_steps_commit_and_a_drain_hands_over_through_holdings_as_through_reports():
+    # Seeds picked so that steps 1 and 3 are held twice; node n1's drain waits for step 3's commit.
+    script = [(1, 0, None), (2, 1000, None), (3, 2000, 1)]
+    one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
+    _same(one_by_one, aggregated)
+    commits = [e.step for e in aggregated.log if isinstance(e, SnapshotCommitted)]
+    assert commits == [1, 3]
+    assert any(isinstance(e, NodeDrained) and e.node_id == "n1" for e in aggregated.log)
+
+
+def _full_holdings(sim: Sim, node: str, step: int) -> SnapshotHoldings:
+    generation = sim.state.generation
+    assert generation is not None
+    reports = tuple(SnapshotReport(node, generation.number, rank, step, (node,), 10, f"s{rank}")
+                    for rank in range(WORLD) if node in _holders(sim, rank))
+    return SnapshotHoldings(node, generation.number, step, reports)
+
+
+def test_holdings_with_a_rank_the_sender_may_not_hold_are_refused_whole_naming_it():
+    sim = _started()
+    good = _full_holdings(sim, "n0", 1)
+    foreign = next(r for r in range(WORLD) if "n0" not in _holders(sim, r))
+    bad = dataclasses.replace(good.reports[0], rank=foreign)
+    refused = sim.feed(dataclasses.replace(good, reports=(*good.reports, bad)), at=NOW + 1)
+    assert isinstance(refused, str) and f"rank {foreign}:" in refused and "neither the owner nor the buddy" in refused
+    assert sim.soft.progress is None or not sim.soft.progress.holdings, "nothing of it was held"
+    assert sim.feed(good, at=NOW + 1) == []  # the same holdings without the bad entry are taken
+
+
+def test_malformed_holdings_are_refused_with_the_reason():
+    sim = _started()
+    good = _full_holdings(sim, "n0", 1)
+    twice = sim.feed(dataclasses.replace(good, reports=(good.reports[0], good.reports[0])), at=NOW + 1)
+    assert isinstance(twice, str) and "held twice" in twice
+    other_step = dataclasses.replace(good.reports[1], step=2)
+    mixed = sim.feed(dataclasses.replace(good, reports=(good.reports[0], other_step)), at=NOW + 1)
+    assert isinstance(mixed, str) and f"rank {other_step.rank}'s holding" in mixed
+    other_node = dataclasses.replace(good.reports[1], node_id="n1")
+    spoofed = sim.feed(dataclasses.replace(good, reports=(good.reports[0], other_node)), at=NOW + 1)
+    assert isinstance(spoofed, str) and "not the sender's" in spoofed
+    empty = sim.feed(dataclasses.replace(good, reports=()), at=NOW + 1)
+    assert isinstance(empty, str) and "no ranks" in empty
+    stale = sim.feed(dataclasses.replace(good, generation=99, reports=tuple(
+        dataclasses.replace(r, generation=99) for r in good.reports)), at=NOW + 1)
+    assert isinstance(stale, str) and "stale generation 99" in stale
+    unknown = sim.feed(SnapshotHoldings("ghost", good.generation, 1, (dataclasses.replace(good.reports[0],
+                                                                                         node_id="ghost"),)))
+    assert isinstance(unknown, str) and "has not said Hello" in unknown
+
+
+def test_entries_after_the_one_that_completes_a_step_leave_what_they_leave_one_by_one():
+    # n0 holds ranks 0, 1 (its own) and 6, 7 (n3's copies). Every other copy of step 1 is held and
+    # the step's vote agreed; n0's second message holds rank 6 (completing the step) and then
+    # ranks 7 and 0 again (a resync): one by one the step commits at rank 6 and the later entries
+    # are not held (the step is committed); as one message, held and then forgotten at the commit.
+    def run(aggregated: bool) -> Sim:
+        sim = _started()
+        for report in _step_reports(sim, 1):
+            sim.feed(report, at=NOW + 1)
+        for node in ("n1", "n2", "n3"):
+            sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
+        held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
+        sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+        last = (held[6], held[7], held[0])
+        if aggregated:
+            sim.events(SnapshotHoldings("n0", 1, 1, last), at=NOW + 1)
+        for report in () if aggregated else last:
+            sim.events(report, at=NOW + 1)
+        return sim
+
+    one_by_one, aggregated = run(False), run(True)
+    _same(one_by_one, aggregated)
+    assert [e for e in aggregated.log if isinstance(e, SnapshotCommitted)] == [SnapshotCommitted(1, 1)]
+    assert aggregated.soft.progress is not None and not aggregated.soft.progress.holdings
+
+
+def test_a_holder_contradicting_itself_after_the_step_was_complete_blocks_the_commit_as_one_message():
+    # The one difference from one by one, and the safe side of it: n0 names other bytes for rank
+    # 0 than it held before, after the entry that completed the step. One by one the step commits
+    # first and the contradiction comes too late to matter; as one message it is seen before the
+    # decision and the step never commits (a holder whose bytes changed is no restore source).
+    sim = _started()
+    for report in _step_reports(sim, 1):
+        sim.feed(report, at=NOW + 1)
+    for node in ("n1", "n2", "n3"):
+        sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
+    held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
+    sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+    changed = dataclasses.replace(held[0], sha256="other")
+    assert sim.events(SnapshotHoldings("n0", 1, 1, (held[6], changed)), at=NOW + 1) == []
+    assert sim.soft.progress is not None and 1 in sim.soft.progress.holding_mismatches
+
+
+def test_an_overlong_digest_is_refused_alone_and_inside_holdings_naming_the_rank():
+    sim = _started()
+    good = _full_holdings(sim, "n0", 1)
+    long = dataclasses.replace(good.reports[1], sha256="a" * 129)
+    alone = sim.feed(long, at=NOW + 1)
+    assert isinstance(alone, str) and "sha256 of 129 characters is longer than 128" in alone
+    inside = sim.feed(dataclasses.replace(good, reports=(good.reports[0], long)), at=NOW + 1)
+    assert isinstance(inside, str) and f"rank {long.rank}: sha256 of 129 characters" in inside
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, WORLD - 1), st.sampled_from([0, 1])), max_size=3 * WORLD))
+def test_counting_held_pairs_answers_the_commit_check_as_the_full_pass_does(held):
+    # A step's holdings (a StepHoldings) answer "not held twice" from their pair count while
+    # pairs are missing; the answer must be the full pass's over the same holdings, whatever came
+    # in what order and however often. (No vote is fed, so nothing commits and forgets them.)
+    sim = _started()
+    generation = sim.state.generation
+    assert generation is not None
+    for rank, which in held:
+        node = _holders(sim, rank)[which]
+        sim.events(SnapshotReport(node, generation.number, rank, 1, (node,), 10, f"s{rank}"), at=NOW + 1)
+        assert sim.soft.progress is not None
+        step = sim.soft.progress.holdings[1]
+        assert isinstance(step, StepHoldings)
+        assert is_held_twice(step, generation.index) == is_held_twice(dict(step), generation.index)
+    every = [(rank, which) for rank in range(WORLD) for which in (0, 1)]
+    for rank, which in every:  # and once every pair came, both say held twice
+        node = _holders(sim, rank)[which]
+        sim.events(SnapshotReport(node, generation.number, rank, 1, (node,), 10, f"s{rank}"), at=NOW + 1)
+    assert sim.soft.progress is not None
+    step = sim.soft.progress.holdings[1]
+    assert isinstance(step, StepHoldings) and step.pairs == 2 * WORLD
+    assert is_held_twice(step, generation.index) and is_held_twice(dict(step), generation.index)
