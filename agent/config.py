@@ -51,6 +51,9 @@ class AgentConfig:
     tls_files: tls.TlsFiles | None = None  # mTLS to supervisors and peers; None: plaintext
     metrics_listen: str = ""  # host:port of /metrics; empty: none
     snapshot_memory_mib: int = 0  # cap on snapshots held + arriving; 0: none (the derived limit, <= half the RAM)
+    # How long a new generation waits for this node's broken trainers to ask to rejoin in-process
+    # (the first of them; the rest get twice as long) before restarting them as processes.
+    rejoin_wait_s: float = 0.5
 
     @property
     def snapshot_memory_bytes(self) -> int:
@@ -109,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                         " 25%%), capped by half the machine's RAM and by this when given (0: no explicit cap); a"
                         " snapshot that does not fit is refused (RESOURCE_EXHAUSTED) before its bytes arrive; a"
                         " rank's snapshot may also declare at most 4x the largest of that rank held")
+    p.add_argument("--rejoin-wait-s", type=float, default=0.5,
+                   help="in-process rejoin: how long a new generation waits for the first of this node's broken"
+                        " trainers to ask to rejoin (the rest get twice this) before restarting them as processes;"
+                        " a CPU-starved host may need more, at the cost of that much more wait when ranks are"
+                        " blocked in a collective and cannot ask")
     p.add_argument("--hang-multiple", type=float, default=10.0,
                    help="a rank is hung after this many median step times without progress")
     p.add_argument("--hang-floor-s", type=float, default=120.0, help="...but never sooner than this")
@@ -165,6 +173,8 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--warm-trainers: {ns.warm_trainers} must be within 0..64")
     if not 0 <= ns.snapshot_memory_mib <= MAX_SNAPSHOT_MEMORY_MIB:
         raise ConfigError(f"--snapshot-memory-mib: {ns.snapshot_memory_mib} must be within 0..{MAX_SNAPSHOT_MEMORY_MIB}")
+    if not 0.05 <= ns.rejoin_wait_s <= 60:
+        raise ConfigError(f"--rejoin-wait-s: {ns.rejoin_wait_s} must be within 0.05..60")
     if not 0 <= ns.trainer_nice <= 19:
         raise ConfigError(f"--trainer-nice: {ns.trainer_nice} must be within 0..19")
     try:
@@ -201,6 +211,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         tls_files=files,
         metrics_listen=ns.metrics_listen,
         snapshot_memory_mib=ns.snapshot_memory_mib,
+        rejoin_wait_s=ns.rejoin_wait_s,
     )
 
 

@@ -33,8 +33,8 @@ STOP_GRACE_S = 3.0
 # A rank that reported finish() is done training but may still have work of its own (an HF or
 # Lightning script saves its model after train()): it gets this long to exit before any signal.
 FINISHED_EXIT_GRACE_S = 30.0
-REJOIN_GRACE_S = 1.0  # a new generation waits this long for the rest of a node's broken ranks to ask
-REJOIN_FIRST_S = 0.5  # ... and this long for a first one (a replaced hand-off fails them within ms)
+# A new generation waits config.rejoin_wait_s (--rejoin-wait-s, 0.5 s) for a first broken rank of
+# this node to ask to rejoin (a replaced hand-off fails them within ms), and twice that for the rest.
 MAX_CHECKPOINT_STEPS = 8  # requested checkpoint steps remembered per generation
 SPAWN_FAILED_EXIT_CODE = 127  # as a shell reports a command it could not run
 # Standby causes that stop trainers parked for a rejoin (core/directives.py StandbyCause.is_final):
@@ -255,7 +255,7 @@ class Launcher:
         if not live or not all(t.can_rejoin for t in live):
             return False
         await asyncio.sleep(0)  # let a hand-off that just failed reach AwaitGeneration
-        deadline = asyncio.get_running_loop().time() + REJOIN_GRACE_S
+        deadline = asyncio.get_running_loop().time() + 2 * self._config.rejoin_wait_s
         while not all(t.rejoin is not None and not t.rejoin.done() for t in run.live()):
             if asyncio.get_running_loop().time() >= deadline:
                 return False
@@ -283,7 +283,7 @@ class Launcher:
             if waiting and len(waiting) == len(live):
                 break
             # Nobody asking after a moment: blocked in a collective (a hung peer), not rejoining.
-            if waited >= (REJOIN_GRACE_S if waiting else REJOIN_FIRST_S):
+            if waited >= (2 if waiting else 1) * self._config.rejoin_wait_s:
                 break
             await asyncio.sleep(0.02)
         if not waiting or len(waiting) != len(live) or len(live) != len(d.ranks):

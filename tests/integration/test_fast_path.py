@@ -34,6 +34,10 @@ def test_survivors_rejoin_in_process_and_the_job_stays_bit_identical(tmp_path: p
     reference = offline_digest(ReferenceKey(STEPS, SEED, 2), tmp_path / "reference")
     spec = ClusterSpec(
         nodes=2, spares=1, ranks_per_node=1, heartbeat_interval_s=0.5,
+        # The survivor must see its peer's death and ask to rejoin within the wait: at the 0.5 s
+        # default a CPU-starved machine (two busy loops beside the suite) missed it once and the
+        # agent restarted the rank (correct, but not the path under test).
+        agent_args=("--rejoin-wait-s", "5"),
         trainer_argv=(*trainer_argv(sys.executable, STEPS, SEED), "--slow-rank", "0", "--slow-ms", "100",
                       "--slow-generation", "0", "--rejoin"),
     )
