@@ -10,7 +10,7 @@ when read): same answers."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from types import MappingProxyType
 
@@ -36,7 +36,7 @@ from ftsup.supervisor.core.evolve import evolve
 from ftsup.supervisor.core.plan_memo import PlanMemo
 from ftsup.supervisor.core.policies import failure, planner, restore
 from ftsup.supervisor.core.policies.restore import Holding, RestoreWorld, SnapshotCopies
-from ftsup.supervisor.core.policies.sdc import Dissent, SdcConfig, StepVote, vote_by_rank
+from ftsup.supervisor.core.policies.sdc import SdcConfig, vote_by_rank
 from ftsup.supervisor.core.state import (
     ClusterState,
     CommittedCheckpoint,
@@ -47,6 +47,7 @@ from ftsup.supervisor.core.state import (
     NodeSoft,
     SoftState,
 )
+from tests.support.reference_detectors import ref_vote_step
 
 # ---- the reference: the planner and restore planner as they were before the fast paths ----
 
@@ -381,35 +382,6 @@ def test_the_commit_holding_check_equals_the_plain_loop(layout, held):
         rank += width
     expected = all({m.node_id, m.buddy_node_id} - {""} <= held.get(r, frozenset()) for m in members for r in m.ranks)
     assert soft_state.is_held_twice(held, MemberIndex(tuple(members))) is expected
-
-
-def ref_vote_step(step: int, digests: dict[int, str], world_size: int, config: SdcConfig) -> StepVote:
-    if len(digests) < world_size:
-        missing = sorted(set(range(world_size)) - set(digests))
-        return StepVote(step, False, (), (), f"step {step}: waiting for ranks {missing[:8]}")
-    groups: dict[int, dict[int, str]] = {}
-    for rank, digest in digests.items():
-        if digest:
-            groups.setdefault(config.shard_group(rank), {})[rank] = digest
-    minorities: list[Dissent] = []
-    split: list[Dissent] = []
-    for group, by_rank in sorted(groups.items()):
-        counts = Counter(by_rank.values())
-        if len(counts) == 1:
-            continue
-        (top, votes), = counts.most_common(1)
-        size = len(by_rank)
-        if 2 * votes > size:
-            minorities += [Dissent(r, d, top, group, size) for r, d in sorted(by_rank.items()) if d != top]
-        else:
-            split += [Dissent(r, d, "", group, size) for r, d in sorted(by_rank.items())]
-    if not minorities and not split:
-        compared = sum(len(g) for g in groups.values())
-        return StepVote(step, True, (), (), f"step {step}: {compared} digests agree in {len(groups)} group(s)")
-    parts = [f"rank {m.rank} {m.digest[:12]} vs majority {m.majority_digest[:12]}" for m in minorities]
-    parts += [f"group {g} split {sorted(Counter(d.digest for d in split if d.group == g).values(), reverse=True)}"
-              for g in sorted({d.group for d in split})]
-    return StepVote(step, False, tuple(minorities), tuple(split), f"step {step}: " + "; ".join(parts))
 
 
 @settings(max_examples=300, deadline=None)
