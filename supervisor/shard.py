@@ -50,6 +50,9 @@ RELAY_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024),
 # leader's detector judges on its 0.1 s Tick, so this adds nothing to detection; a heartbeat's ack
 # (asked only by the fleet bench) waits for it too.
 SUMMARY_INTERVAL_S = 0.02
+# With nothing heard for this long a summary goes anyway (empty), so that the leader can tell a
+# quiet shard (a starved loop, a stopped process) from quiet nodes (core/policies/failure.py).
+SHARD_KEEPALIVE_S = 0.2
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
 
@@ -269,7 +272,7 @@ class LinkShard:
         try:
             stub: Any = shard_pb2_grpc.LinkShardStub(channel)  # (the stubs' types miss the streaming form)
             call = stub.Relay()
-            await call.write(shard_pb2.ShardBatch(replica=self.address))
+            await call.write(shard_pb2.ShardBatch(replica=self.address, keeps_alive=True))
             first = await call.read()
             if not isinstance(first, shard_pb2.LeaderBatch):  # EOF: the leader said nothing
                 return
@@ -328,7 +331,10 @@ class LinkShard:
             while not reader.done():
                 if not self._heard:
                     self._heard_ready.clear()
-                    await _first_of(self._heard_ready.wait(), reader)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(_first_of(self._heard_ready.wait(), reader), SHARD_KEEPALIVE_S)
+                    if not self._heard and not reader.done():
+                        await call.write(shard_pb2.ShardLiveness())  # (alive, nothing heard)
                     continue
                 heard, summary = self._heard.take()
                 await call.write(shard_pb2.ShardLiveness(summary=summary, heard=heard))

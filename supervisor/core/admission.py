@@ -45,6 +45,7 @@ from ftsup.supervisor.core.limits import (
     MAX_HUNG_S,
     MAX_PCI_BUS_ID,
     MAX_RANKS_PER_NODE_REPORT,
+    MAX_SHARD_NAME,
     MAX_SNAPSHOT_MEMORY_BYTES,
     MAX_STEP,
     MAX_STEP_TIME_S,
@@ -86,6 +87,8 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
         case HeardFrom():
             if len(inp.node_ids) > MAX_HEARD_NODES:
                 return f"liveness summary names {len(inp.node_ids)} nodes (at most {MAX_HEARD_NODES})"
+            if len(inp.shard) > MAX_SHARD_NAME:
+                return f"liveness summary's shard name has {len(inp.shard)} characters (at most {MAX_SHARD_NAME})"
             return None  # nodes the core does not know are skipped by observe
         case TrainerExit():
             return _check_sender(state, soft, inp.node_id) or _check_exit(state, inp)
@@ -129,6 +132,8 @@ def _check_hello(soft: SoftState, hello: AgentHello, config: CoreConfig) -> str 
         return f"peer port {hello.peer_port} of node {hello.node_id!r} is not a valid port"
     if not hello.host:
         return f"node {hello.node_id!r} gave no host address"
+    if len(hello.shard) > MAX_SHARD_NAME:
+        return f"the shard name relaying node {hello.node_id!r} has {len(hello.shard)} characters (at most {MAX_SHARD_NAME})"
     existing = soft.nodes.get(hello.node_id)
     if existing is not None and existing.stream_id is not None and existing.incarnation != hello.incarnation:
         return (

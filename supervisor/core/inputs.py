@@ -30,6 +30,7 @@ class AgentHello:
     gpus: int
     stream_id: int  # the shell's handle for the stream this Hello came on
     failure_domain: str = ""
+    shard: str = ""  # the link shard (one that keeps alive) relaying this stream; "": none (see HeardFrom)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,14 @@ class HeardFrom:
     One input per shard batch instead of one Heartbeat per node (issue 14): the leader's cost per
     node-heartbeat falls from a message's admission and queueing to a dict update. A node the core
     does not know (its Hello refused, or a summary racing its stream's end) is skipped, not
-    refused: the summary speaks for many nodes at once, and being heard changes no decision."""
+    refused: the summary speaks for many nodes at once, and being heard changes no decision.
+
+    `shard` names a shard that keeps alive (sends a summary, empty if need be, every
+    SHARD_KEEPALIVE_S): while such a shard is quiet, the silence of the nodes it holds is its own,
+    not theirs (policies/failure.py). "" for a shard that does not, whose quiet proves nothing."""
 
     node_ids: tuple[str, ...]
+    shard: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ MAX_CHECKPOINT_REASON = 1000  # characters of a checkpoint request's reason kept
 MAX_SNAPSHOT_MEMORY_BYTES = 1 << 50  # 1 PiB: no node's snapshot store is larger; a larger figure is corrupt
 MAX_RANKS_PER_NODE_REPORT = 1 << 20  # ranks one agent's snapshot store may answer for (held copies included)
 MAX_HEARD_NODES = 1 << 17  # nodes one liveness summary may name: every node of a 100k-GPU fleet, 10x over
+MAX_SHARD_NAME = 256  # characters of a link shard's name (its advertised host:port) in a liveness summary
 SNAPSHOT_MEMORY_BASES = frozenset({"no_sizes_yet", "derived", "ram_cap", "flag_cap"})  # agent/core/snapshot_budget.py
 
 # -- what the core remembers (soft state: oldest dropped past these) ------------------------------
@@ -37,6 +38,7 @@ MAX_HELD_EXITS = 256  # a whole node's ranks and then some; later ones add nothi
 MAX_HOLDING_LEAD = 1024  # steps a snapshot holding may run ahead of progress; further is absurd: ignored
 MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
 MAX_CLEAR_STEPS = 256  # agreed steps remembered for commits (commits trail steps by ~1)
+MAX_SHARDS = 1024  # link shards whose last summary the detector remembers (a fleet runs a handful)
 KEEP_CHECKPOINT_COSTS = 64  # measured checkpoint costs the Young/Daly policy remembers (it reads the newest)
 
 # -- the supervisor loop's queues (runtime.py) -----------------------------------------------------

@@ -41,11 +41,13 @@ from ftsup.supervisor.core.limits import (
     MAX_CLEAR_STEPS,
     MAX_HELD_EXITS,
     MAX_HOLDING_LEAD,
+    MAX_SHARDS,
     XID_HISTORY_MAX,
     XID_HISTORY_S,
 )
 from ftsup.supervisor.core.open_steps import OpenVotes
 from ftsup.supervisor.core.policies import exit_cause
+from ftsup.supervisor.core.policies import failure as failure_policy
 from ftsup.supervisor.core.policies import sdc as sdc_policy
 from ftsup.supervisor.core.policies import straggler as straggler_policy
 from ftsup.supervisor.core.policies.sdc import SdcConfig, StepVote
@@ -93,7 +95,7 @@ def observe(
                 soft.pending_drains.discard(inp.node_id)
         case AgentHello():
             soft.nodes[inp.node_id] = NodeSoft(
-                last_heard_s=now, stream_id=inp.stream_id, incarnation=inp.incarnation
+                last_heard_s=now, stream_id=inp.stream_id, incarnation=inp.incarnation, shard=inp.shard
             )
         case StreamClosed():
             node = soft.nodes.get(inp.node_id)
@@ -103,11 +105,15 @@ def observe(
         case Heartbeat():
             _heard(soft, inp.node_id, now)
         case HeardFrom():
+            shard = inp.shard
+            if shard:
+                _shard_heard(soft, shard, now)
             nodes = soft.nodes
             for node_id in inp.node_ids:  # (the hot loop of a shard's summary: _heard inlined)
                 node = nodes.get(node_id)
                 if node is not None:
                     node.last_heard_s = now
+                    node.shard = shard
         case SnapshotMemoryReport():
             _heard(soft, inp.node_id, now)
             node = soft.nodes.get(inp.node_id)
@@ -390,13 +396,36 @@ def _see_sdc_checks(soft: SoftState, state: ClusterState, now: float) -> None:
 
 
 def _forgive_stall(soft: SoftState, stalled_s: float) -> None:
-    """Moves every node's clocks forward by our own stall: silence we could not hear is not theirs."""
+    """Moves every node's clocks forward by our own stall: silence we could not hear is not theirs
+    (nor a shard's: its summaries waited for us)."""
     for node in soft.nodes.values():
         node.last_heard_s += stalled_s
         if node.disconnected_at_s is not None:
             node.disconnected_at_s += stalled_s
     for check_id in soft.sdc_check_seen_s:
         soft.sdc_check_seen_s[check_id] += stalled_s
+    for shard in soft.shard_heard_s:
+        soft.shard_heard_s[shard] += stalled_s
+
+
+def _shard_heard(soft: SoftState, shard: str, now: float) -> None:
+    """A summary from `shard` (one that keeps alive): the end of its quiet, if it was quiet. What
+    its nodes could not tell us while it was quiet is forgiven them, as our own stall is: their
+    clocks move forward by the quiet (those this summary names are heard now anyway). A shard
+    quiet for longer than a node may be silent was gone: its nodes were judged meanwhile
+    (policies/failure.py) and the dead stay dead; forgiving the rest changes nothing for them."""
+    heard = soft.shard_heard_s
+    last = heard.pop(shard, None)  # (re-inserted last: the dict stays oldest first)
+    heard[shard] = now
+    if last is None:
+        while len(heard) > MAX_SHARDS:
+            del heard[next(iter(heard))]
+        return
+    quiet_s = now - last - failure_policy.QUIET_SHARD_AFTER_S
+    if quiet_s > 0:
+        for node in soft.nodes.values():
+            if node.shard == shard:
+                node.last_heard_s = min(now, node.last_heard_s + quiet_s)
 
 
 def _heard(soft: SoftState, node_id: str, now: float) -> None:

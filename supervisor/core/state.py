@@ -277,6 +277,9 @@ class NodeSoft:
     incarnation: int
     disconnected_at_s: float | None = None
     snapshot_memory: SnapshotMemoryReport | None = None  # as its agent reported it in this session
+    # The link shard whose liveness summaries last named this node ("": none; heard directly).
+    # Its silence is the shard's, not the node's, while the shard is quiet (policies/failure.py).
+    shard: str = ""
 
 
 @dataclass(slots=True)
@@ -346,5 +349,8 @@ class SoftState:
     # open SDC check id -> when this supervisor first saw it open: its answer is due within the
     # recompute timeout from then (a new leader gives every open check a full timeout)
     sdc_check_seen_s: dict[str, float] = field(default_factory=dict)
+    # link shard -> when its newest liveness summary arrived (a shard that keeps alive sends one at
+    # least every few hundred ms): how long it has been quiet, which its nodes' silence is not
+    shard_heard_s: dict[str, float] = field(default_factory=dict)
     # The planners' objects from recent plans (plan_memo.py): plans equal without it, only slower.
     plan_memo: PlanMemo = field(default_factory=PlanMemo, compare=False, repr=False)

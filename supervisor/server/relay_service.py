@@ -20,6 +20,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ import grpc
 from ftsup.common import logs
 from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
+from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.supervisor.server import snapshot_holdings, step_aggregate
@@ -105,6 +107,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         self._is_tls = is_tls
         self.relays: dict[str, int] = {}  # shard replica -> nodes it relays now (for views and tests)
         self._sessions: dict[str, dict[int, _Relayed]] = {}  # shard replica -> its relay's sessions
+        # replica -> its relay's sessions, for relays whose shard keeps alive (ShardBatch.keeps_alive)
+        self._keeping_alive: dict[str, dict[int, _Relayed]] = {}
 
     async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
         if self._is_tls:
@@ -130,6 +134,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         down = RelayDown()
         sessions: dict[int, _Relayed] = {}
         self._sessions[replica] = sessions
+        if first is not None and first.keeps_alive:
+            self._keeping_alive[replica] = sessions
         log.info("link shard relaying", replica=replica, term=term)
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
@@ -152,6 +158,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             self.relays.pop(replica, None)
             if self._sessions.get(replica) is sessions:
                 del self._sessions[replica]
+            if self._keeping_alive.get(replica) is sessions:
+                del self._keeping_alive[replica]
             log.warning("link shard relay ended", replica=replica, nodes=len(sessions), term=term,
                         overflowed=down.overflowed)
 
@@ -169,18 +177,27 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
 
         async def read() -> None:
             replica = ""
+            heard_at = None
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
                 async for summary in request_iterator:
                     replica = summary.replica or replica
+                    shard = replica if replica in self._keeping_alive else ""
                     sessions = self._sessions.get(replica, {})
                     node_ids = tuple(relayed.node_id for session in summary.heard
                                      if (relayed := sessions.get(session)) is not None)
                     number = summary.summary
-                    if not node_ids:
+                    if shard:
+                        now = time.monotonic()
+                        if heard_at is not None and now - heard_at > failure.QUIET_SHARD_AFTER_S:
+                            # (its nodes' silence meanwhile is not counted as theirs: core/policies/failure.py)
+                            log.warning("no liveness summary from the link shard for a while",
+                                        replica=replica, quiet_s=round(now - heard_at, 3))
+                        heard_at = now
+                    elif not node_ids:
                         if number:
                             admitted.put_nowait(number)
                         continue
-                    reply = runtime.submit(inputs.HeardFrom(node_ids))
+                    reply = runtime.submit(inputs.HeardFrom(node_ids, shard))
                     if number:
                         reply.add_done_callback(_on_success(functools.partial(admitted.put_nowait, number)))
             admitted.put_nowait(0)  # (the end)
@@ -207,15 +224,16 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                     sessions: dict[int, _Relayed], replica: str, first: Iterable[shard_pb2.Forwarded] = ()) -> None:
         try:
             for item in first:  # (a shard sends its name alone first; anything with it is handled too)
-                await self._on_item(item, down, sessions)
+                await self._on_item(item, down, sessions, replica)
             async for batch in requests:
                 for item in batch.items:
-                    await self._on_item(item, down, sessions)
+                    await self._on_item(item, down, sessions, replica)
                 self.relays[replica] = len(sessions)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
 
-    async def _on_item(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
+    async def _on_item(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed],
+                       replica: str = "") -> None:
         runtime = self._runtime
         kind = item.WhichOneof("kind")
         if kind == "closed":
@@ -229,7 +247,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             return
         message = item.message
         if message.WhichOneof("kind") == "hello":
-            self._on_hello(item, down, sessions)
+            self._on_hello(item, down, sessions, replica)
             return
         relayed = sessions.get(item.session)
         if relayed is None:
@@ -256,7 +274,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             return
         reply.add_done_callback(_refuse_on(route, type(inp).__name__))
 
-    def _on_hello(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed]) -> None:
+    def _on_hello(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed],
+                  replica: str = "") -> None:
         runtime = self._runtime
         hello = item.message.hello
         route = RelayRoute(down, item.session)
@@ -282,7 +301,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         relayed = _Relayed(stream_id, hello.node_id, hello.incarnation, route)
         sessions[item.session] = relayed
         reply = runtime.submit(inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port,
-                                                 hello.gpus, stream_id, hello.failure_domain))
+                                                 hello.gpus, stream_id, hello.failure_domain,
+                                                 replica if replica in self._keeping_alive else ""))
 
         def answered(future: asyncio.Future[Outcome]) -> None:
             outcome = future.result() if not future.cancelled() else Outcome(refusal="cancelled", is_retryable=True)

@@ -3,13 +3,16 @@
 The followers hold the agents their rendezvous hash gives them (common/shard_map.py; the leader
 holds none while a follower lives) and relay them to the leader. SIGKILLing a follower that holds agents mid-run: its agents re-home to their
 next replica at their first reconnect, nobody is declared dead; restarted, the replica takes its
-agents back once its relay is up; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
+agents back once its relay is up; stopped (SIGSTOP) for longer than its nodes may be silent, its
+quiet is counted as the shard's, not as theirs; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import pathlib
+import signal
 import sys
 import time
 
@@ -27,7 +30,9 @@ from tests.support.log_context import json_lines, supervisor_problems
 pytestmark = pytest.mark.integration
 
 AGENTS_SERVICE = "ftsup.v1.Supervisor"
-STEPS = 300  # long enough that the killed replica comes back while the job runs
+STEPS = 400  # long enough that the killed replica comes back, and is stopped, while the job runs
+HEARTBEAT_S = 2.0  # nodes are declared dead after 2 silent heartbeats: 4 s
+STOP_S = 5.5  # a stopped shard: longer than its nodes may be silent, shorter than 2 x that
 
 
 def _health(address: str) -> int:
@@ -61,6 +66,7 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
     spec = ClusterSpec(
         nodes=3, spares=3, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, STEPS, seed=7),
         supervisors=3, etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
+        heartbeat_interval_s=HEARTBEAT_S,
     )
     with LocalCluster(spec, tmp_path) as cluster:
         cluster.start()
@@ -109,6 +115,23 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
         step_back = cluster.status().step
         assert step_back < STEPS, "the job must still run when the replica returns (make STEPS larger)"
         cluster.wait_for(lambda: cluster.status().step >= step_back + 3, 120, "training to go on after the return")
+
+        # The same shard stops (SIGSTOP: a loop starved of CPU looks the same to the leader) for
+        # longer than its nodes may be silent: the leader hears neither them nor the shard's
+        # keepalives, counts the silence as the shard's, and nobody dies.
+        stopped = cluster.replicas[victim]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            time.sleep(STOP_S)  # (the fault itself: a stopped process for a set time)
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
+        step_resumed = cluster.status().step
+        cluster.wait_for(lambda: cluster.status().step >= step_resumed + 3, 120, "training to go on after the stop")
+        quiet = [record for index in range(1, 4)
+                 for _, record in json_lines(tmp_path / f"supervisor-{index}.log")
+                 if record["event"] == "no liveness summary from the link shard for a while"
+                 and record.get("replica") == victim]
+        assert quiet and max(r["quiet_s"] for r in quiet) >= STOP_S - 0.5, quiet
         status = cluster.wait_for(
             lambda: (s := cluster.status()).phase == operator_pb2.JOB_PHASE_COMPLETED and s, 300, "completion")
         kinds = [r.event.WhichOneof("kind") for r in cluster.events()]

@@ -99,8 +99,13 @@ class ShardBatch(_message.Message):
 
     REPLICA_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
+    KEEPS_ALIVE_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     """the shard's advertised address (first batch), for logs and routing"""
+    keeps_alive: _builtins.bool
+    """(first batch) this shard's liveness stream sends a summary, empty if need be, at least every
+    0.2 s: while it is quiet for longer, the leader counts its nodes' silence as the shard's
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Forwarded]: ...
     def __init__(
@@ -108,10 +113,11 @@ class ShardBatch(_message.Message):
         *,
         replica: _builtins.str = ...,
         items: _abc.Iterable[Global___Forwarded] | None = ...,
+        keeps_alive: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "replica", b"replica"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "keeps_alive", b"keeps_alive", "replica", b"replica"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,6 +4,15 @@ A closed stream is the fastest signal: the node is suspected at once and declare
 has not reconnected within `reconnect_grace_s`. Silence on an open stream (a hung or partitioned
 node) is caught by heartbeats: suspect after 1.5 intervals, dead after `heartbeat_misses`.
 A fresh supervisor grants every node one full timeout of grace before any verdict.
+
+A node a link shard relays is heard through the shard's liveness summaries. A shard that keeps
+alive speaks at least every few hundred ms; quiet for longer than QUIET_SHARD_AFTER_S, it is
+the shard that is silent (its loop starved of CPU, its process stopped), and its nodes' silence is
+counted only up to then, as the supervisor's own stalls are not counted (issue 14: a shard's
+trouble is one event, not two thousand node deaths). For at most SHARD_QUIET_LIMIT x
+`dead_after_s`: a shard quiet for that long is gone, and its nodes that did not move are judged on
+their whole silence, so a node behind a hung shard is declared dead after at most about twice the
+usual silence (a killed shard's streams close at once: its nodes move within the reconnect grace).
 """
 
 from __future__ import annotations
@@ -16,6 +25,13 @@ from ftsup.supervisor.core.state import ClusterState, Liveness, NodeSoft, SoftSt
 
 STREAM_LOSS = "stream closed and not reopened"  # the start of a death verdict's reason
 NEVER_HEARD = "not heard from within"  # ...when this supervisor never heard the node at all
+# A shard that keeps alive sends a summary at least every SHARD_KEEPALIVE_S (supervisor/shard.py,
+# 0.2 s); quiet for longer than this, the silence is the shard's.
+QUIET_SHARD_AFTER_S = 0.5
+# How long a shard may be quiet, in nodes' allowances of silence (`dead_after_s`), before it is
+# taken for gone: a starved shard's quiet can outlast one allowance (a node that stepped just
+# before is then still owed a whole one); a hung shard's nodes are not kept alive for long.
+SHARD_QUIET_LIMIT = 2
 _SILENT = QuarantineCause.DEAD_SILENT
 
 
@@ -37,6 +53,7 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
     quiet_below = min(dead_after, suspect_after)  # (one miss: dead before suspect)
     started, infos = soft.started_at_s, soft.nodes
     alive, suspect, dead = Liveness.ALIVE, Liveness.SUSPECT, Liveness.DEAD
+    heard_until = _quiet_shards(soft, dead_after, now) if soft.shard_heard_s else {}
     for node_id, node in state.nodes.items():
         liveness = node.liveness
         if liveness is dead:
@@ -52,6 +69,8 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
         if started > last_heard:  # max(last_heard, started)
             last_heard = started
         silent_for = now - last_heard
+        if heard_until and silent_for >= quiet_below and info.shard in heard_until:
+            silent_for = min(silent_for, heard_until[info.shard] - last_heard)  # (the rest is the shard's)
         if silent_for < quiet_below:  # the common case first: heard from lately
             if liveness is suspect:
                 verdicts.append(Verdict(node_id, Liveness.ALIVE, "heard from again", silent_for))
@@ -68,6 +87,17 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
         elif silent_for >= suspect_after and liveness is alive:  # (not NaN)
             verdicts.append(Verdict(node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
     return verdicts
+
+
+def _quiet_shards(soft: SoftState, dead_after_s: float, now: float) -> dict[str, float]:
+    """Shard -> the time up to which its nodes' silence counts, for each shard quiet now but not
+    for so long that it is gone."""
+    quiet: dict[str, float] = {}
+    for shard, heard_s in soft.shard_heard_s.items():
+        until = heard_s + QUIET_SHARD_AFTER_S
+        if until < now < until + SHARD_QUIET_LIMIT * dead_after_s:
+            quiet[shard] = until
+    return quiet
 
 
 def _judge_unconnected(

@@ -354,17 +354,38 @@ async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_close
         assert p.runtime.soft.nodes[node].disconnected_at_s is not None, "an agent's closed stream: suspect now"
 
 
+async def test_a_shard_with_nothing_heard_keeps_alive_and_the_leader_knows_its_nodes_by_it():
+    """The leader's core learns which shard speaks for a node and hears the shard itself at its
+    keepalive pace while no node says anything (so a quiet shard is told from quiet nodes)."""
+    async with pair() as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        node = homed_on(p.follower, (p.leader, p.follower))
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+            await call.write(hello_message(node))
+            await read_until(call, "welcome")
+            await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1, want_ack=True)))
+            await read_until(call, "heartbeat_ack")
+            assert p.runtime.soft.nodes[node].shard == p.follower
+            heard = p.runtime.soft.nodes[node].last_heard_s
+            seen: set[float] = set()
+            await until(lambda: seen.add(p.runtime.soft.shard_heard_s.get(p.follower, 0.0)) or len(seen) >= 4,
+                        "three keepalives with no heartbeat in between")
+            assert p.runtime.soft.nodes[node].last_heard_s == heard, "a keepalive hears no node"
+            call.cancel()
+
+
 class StuckRelay(RelayService):
     """A leader stuck admitting the first Xid it is relayed (as one whose queue is full of reports
     would be): the relay's reader, and so the relay stream's flow control, stop there."""
 
     stuck = asyncio.Event()
 
-    async def _on_item(self, item, down, sessions) -> None:  # type: ignore[no-untyped-def]
+    async def _on_item(self, item, down, sessions, replica="") -> None:  # type: ignore[no-untyped-def]
         if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "xid_event":
             self.stuck.set()
             await asyncio.Event().wait()
-        await super()._on_item(item, down, sessions)
+        await super()._on_item(item, down, sessions, replica)
 
 
 async def test_liveness_summaries_reach_the_leader_while_its_relay_is_held_back():
