@@ -30,6 +30,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from ftsup.harness import orphan_guard
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         child = subprocess.Popen([rank_python, "-m", "ftsup.harness.cli", "bench", "checkpoint",
                                   *(sys.argv[1:] if argv is None else argv)], stdout=subprocess.PIPE,
                                  start_new_session=True)
+        orphan_guard.watch(child)
         try:
             out, _ = child.communicate()
         except BaseException:

@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ftsup.harness import orphan_guard  # noqa: E402
 from ftsup.supervisor.core.events import NodeCleared  # noqa: E402
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog  # noqa: E402
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client  # noqa: E402
@@ -62,6 +63,7 @@ async def one_failover(cluster: EtcdCluster, client: Any, prefix: str) -> float:
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
     )  # fmt: skip
+    orphan_guard.watch(proc)
     try:
         assert proc.stdout is not None  # stdout=PIPE
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftsup.harness import orphan_guard
+
 TOOLS = ("plain", "torchrun", "torchft", "nvrx", "nvrx-inprocess", "dlrover", "ftsup-run", "ftsup")
 PEERS = ("torchrun", "torchft", "nvrx", "nvrx-inprocess", "dlrover")
 NEEDS_PEERS_VENV = ("torchft", "nvrx", "nvrx-inprocess", "dlrover")
@@ -382,8 +384,10 @@ class Launch:
 def _popen(argv: list[str], env: dict[str, str], log: pathlib.Path, cwd: pathlib.Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         # Niced like ftsup's trainers (ClusterSpec.trainer_nice): every tool shares the cores alike.
-        return subprocess.Popen(["nice", "-n", "10", *argv], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=cwd, start_new_session=True)
+        process = subprocess.Popen(["nice", "-n", "10", *argv], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   cwd=cwd, start_new_session=True)
+    orphan_guard.watch(process)
+    return process
 
 
 def _free_port() -> int:

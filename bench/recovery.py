@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster, free_port
 from ftsup.harness.demo import Failure, measure_failure, trainer_argv
 
@@ -307,6 +308,7 @@ def run_torchrun(args: argparse.Namespace, workdir: pathlib.Path, triggers: list
         # Niced like ftsup's trainers (ClusterSpec.trainer_nice): both share the cores the same way.
         process = subprocess.Popen(["nice", "-n", "10", *argv], stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True, cwd=repo)
+    orphan_guard.watch(process)
     _say(f"torchrun: {world} workers, checkpoint every {args.checkpoint_every} steps, logs in {workdir}")
     try:
         def kill(index: int, epoch: int, step: int) -> Kill:

@@ -33,6 +33,7 @@ import grpc
 from ftsup.bench import _scale_plot
 from ftsup.common import plot
 from ftsup.common.shard_map import agent_holders, shard_of
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import ClusterError, free_port, terminate_group
 from ftsup.harness.etcd_cluster import EtcdCluster, EtcdClusterError
 from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
@@ -235,6 +236,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             with open(workdir / name, "wb") as sup_log:
                 supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env,
                                                        start_new_session=True)
+            orphan_guard.watch(supervisors[listen])
         supervisor = supervisors[addresses[0]]
         address = addresses[0]
         for listen, process in supervisors.items():
@@ -259,6 +261,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             with open(workdir / f"load-{index}.log", "wb") as load_log:
                 load = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=load_log, env=env, text=True, start_new_session=True)
+            orphan_guard.watch(load)
             procs.append(LoadProcess(load, count))
             first += count
         welcomed = [0] * len(procs)

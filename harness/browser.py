@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import wait_until
 
 
@@ -63,6 +64,7 @@ class Browser:
              f"--user-data-dir={self._profile}", f"--window-size={self.width},{self.height}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=wire_fds, pass_fds=(3, 4),
             start_new_session=True)
+        orphan_guard.watch(self.process)
         os.close(commands_r)
         os.close(replies_w)
         try:

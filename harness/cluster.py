@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import grpc
 
-from ftsup.harness import ports
+from ftsup.harness import orphan_guard, ports
 from ftsup.v1 import events_pb2, operator_pb2, operator_pb2_grpc
 
 T = TypeVar("T")
@@ -192,7 +192,9 @@ class LocalCluster:
                **({"TMPDIR": str(self.workdir / "tmp")} if self.spec.is_isolated else {})}
         with open(log_path, "ab") as log:
             # A new session per process: killpg() then takes an agent and all its ranks.
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        orphan_guard.watch(process)  # (stopped even if this process is SIGKILLed: harness/orphan_guard.py)
+        return process
 
     def inject_xid(self, node_id: str, code: int, text: str = "injected by the test harness") -> float:
         """Appends a real-format NVRM Xid line to the node's kernel log (which its agent follows)."""

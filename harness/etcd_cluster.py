@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ftsup.harness import ports
+from ftsup.harness import orphan_guard, ports
 
 HEALTH_DEADLINE_S = 20.0
 
@@ -109,6 +109,7 @@ class EtcdCluster:
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
+        orphan_guard.watch(member.process)
         member.is_paused = False
 
     def healthy(self, member: Member) -> bool:

@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.etcd_cluster import free_ports
 
 READY_DEADLINE_S = 60.0
@@ -92,6 +93,7 @@ class S3Server:
         with open(self.root / "weed.out", "wb") as out:
             self.process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
+        orphan_guard.watch(self.process)
         try:
             self._wait_ready()
         except BaseException:  # an error or a stop signal: a caller's `with` never saw the server

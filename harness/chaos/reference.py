@@ -15,6 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import ClusterError, free_port
 
 EXAMPLE_TRAINER = "ftsup.trainer.examples.gpt"
@@ -43,6 +44,7 @@ def offline_digest(key: ReferenceKey, workdir: pathlib.Path, timeout_s: float = 
             with open(workdir / f"offline-rank-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen([*trainer_base_argv(sys.executable, key.steps, key.seed), "--offline"],
                                               env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True))
+                orphan_guard.watch(procs[-1])
         outputs = [p.communicate(timeout=timeout_s)[0].decode(errors="replace") for p in procs]
     finally:
         for p in procs:

@@ -1,4 +1,4 @@
-"""A harness command stopped by SIGTERM stops everything it started (issue 16).
+"""A harness command stopped by SIGTERM stops everything it started; SIGKILLed, its guard does (issue 16).
 
 `ftsup bench scale` with two supervisor replicas on its own 3-member etcd, at the smallest size
 its flags allow, is started as a script would start it, and SIGTERMed once its etcd members run
@@ -81,6 +81,35 @@ def test_a_sigtermed_scale_bench_stops_its_supervisors_etcd_and_load_processes(t
         if bench.poll() is None:
             bench.kill()
             bench.wait()
+        for proc in started.values():  # only what this test's bench started, each checked by start time
+            if proc.is_running:
+                os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_a_sigkilled_scale_bench_leaves_nothing_running(tmp_path: pathlib.Path) -> None:
+    """SIGKILL runs no `finally`: the bench's guard process (harness/orphan_guard.py) stops its
+    supervisors, etcd members and load process once the bench is gone. Before it, all six ran on."""
+    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "TMPDIR": str(tmp_path)}
+    with open(tmp_path / "stderr.txt", "wb") as err:
+        bench = subprocess.Popen([sys.executable, "-m", "ftsup.harness.cli", *BENCH], stdout=subprocess.DEVNULL,
+                                 stderr=err, env=env, start_new_session=True)
+    started: dict[int, Proc] = {}
+    try:
+        def up() -> bool:
+            assert bench.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+            started.update(descendants(bench.pid))
+            return bool(STOP_WHEN["all_up"](kinds(descendants(bench.pid))))
+
+        wait_until(up, 120, "the bench's processes", poll_s=0.1)
+        started.update(descendants(bench.pid))
+        killed_at = time.monotonic()
+        bench.kill()
+        bench.wait()
+        ours = {pid: p for pid, p in started.items() if "orphan_guard" not in " ".join(p.argv)}
+        wait_until(lambda: not [p for p in ours.values() if p.is_running], 30,
+                   f"the guard to stop {sorted((p.pid, p.argv[:3]) for p in ours.values())}")
+        print(f"everything stopped {time.monotonic() - killed_at:.1f}s after the SIGKILL")
+    finally:
         for proc in started.values():  # only what this test's bench started, each checked by start time
             if proc.is_running:
                 os.kill(proc.pid, signal.SIGKILL)
