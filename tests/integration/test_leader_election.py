@@ -25,6 +25,12 @@ pytestmark = pytest.mark.integration
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TTL_S = 2
 MARGIN_S = 1.0
+# etcd raises a lease's TTL to its minimum, 1.5 x the election timeout rounded up (2 s at the
+# default 1 s), and revokes expired leases on a 0.5 s sweep: a stall meant to outlive a lease
+# lasts twice its real lifetime. (2.5 s against a 1 s TTL that was really 2 s failed once under
+# two busy loops: the lease was not yet revoked when the rival campaigned.)
+ETCD_MIN_TTL_S = 2
+STALL_S = 2 * ETCD_MIN_TTL_S + 0.5
 
 
 @pytest.fixture
@@ -119,7 +125,7 @@ async def test_a_leader_whose_event_loop_stalls_past_the_ttl_keeps_its_lease_onl
     a = LeaderElection(clients[0], etcd_prefix, "a:1", ttl_s=1, keepalive_channel=channel)
     b = LeaderElection(clients[1], etcd_prefix, "b:1", ttl_s=1)
     first = await a.run_until_leader()
-    time.sleep(2.5)  # noqa: ASYNC251 (the point: the loop runs nothing for 2.5 TTLs, as in a stall)
+    time.sleep(STALL_S)  # noqa: ASYNC251 (the point: the loop runs nothing for two lease lifetimes, as in a stall)
     await asyncio.sleep(0)  # (what the keepalive thread reported meanwhile runs now)
     rival = await b.campaign()
     try:
@@ -131,3 +137,4 @@ async def test_a_leader_whose_event_loop_stalls_past_the_ttl_keeps_its_lease_onl
     finally:
         await a.resign()
         await b.resign()
+
