@@ -33,6 +33,9 @@ from ftsup.supervisor.lease_keeper import LeaseKeeper
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 2
+# A leader whose event loop has not run for this long lets its lease lapse (supervisor/lease_keeper.py):
+# ten times the longest stall measured (a 12,500-node generation start on a loaded machine, ~3 s).
+MAX_LOOP_STALL_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,7 @@ class LeaderElection:
         clock: Callable[[], float] = time.monotonic,
         on_lost: Callable[[Leader], None] | None = None,
         keepalive_channel: Callable[[], grpc.Channel] | None = None,
+        max_loop_stall_s: float = MAX_LOOP_STALL_S,
     ) -> None:
         if ttl_s < 1 or int(ttl_s) != ttl_s:
             raise ValueError(f"lease ttl_s must be a whole number of seconds >= 1 (etcd), got {ttl_s}")
@@ -75,6 +79,9 @@ class LeaderElection:
         # lease survives a stalled event loop); None: refresh on the loop (tests, tools).
         self._keepalive_channel = keepalive_channel
         self._keeper: LeaseKeeper | None = None
+        self._max_loop_stall_s = max_loop_stall_s
+        self._loop_seen_at = -math.inf  # when our loop last ran while leading (the keeper reads it)
+        self._loop_marker: asyncio.Task[None] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -114,9 +121,12 @@ class LeaderElection:
         self.lost = asyncio.Event()
         if self._keepalive_channel is not None:
             loop = asyncio.get_running_loop()
+            self._loop_seen_at = self._clock()
+            self._loop_marker = asyncio.create_task(self._mark_loop_alive(), name=f"leader-loop-marker {self.key}")
             self._keeper = LeaseKeeper(self._keepalive_channel, lease.id, self._view, timeout_s=self._timeout_s,
                                        on_lost=lambda why: loop.call_soon_threadsafe(self._step_down, why),
-                                       clock=self._clock, name=self.key)
+                                       clock=self._clock, name=self.key, loop_seen=lambda: self._loop_seen_at,
+                                       max_loop_stall_s=self._max_loop_stall_s)
             self._keeper.start()
         else:
             self._keepalive = asyncio.create_task(self._keep_alive(), name=f"leader-keepalive {self.key}")
@@ -148,6 +158,12 @@ class LeaderElection:
                 timeout_s,
             )
 
+    async def _mark_loop_alive(self) -> None:
+        """Tells the keepalive thread our loop runs (a wedged loop lets the lease lapse)."""
+        while True:
+            self._loop_seen_at = self._clock()
+            await asyncio.sleep(self.ttl_s / 4)
+
     async def _keep_alive(self) -> None:
         failed = False
         while True:
@@ -174,6 +190,9 @@ class LeaderElection:
         if keeper is not None:
             keeper.stop()
             self._view = keeper.view
+        marker, self._loop_marker = self._loop_marker, None
+        if marker is not None:
+            marker.cancel()
         self._view = dataclasses.replace(self._view, is_revoked=True)
         self.lost.set()
         if self._on_lost is not None:

@@ -32,3 +32,10 @@ def leads_at(view: LeaseView, now: float) -> bool:
 def next_refresh_in(view: LeaseView, *, failed: bool) -> float:
     """TTL/3 after a good refresh; quick retries after a failed one (one member down costs one call)."""
     return min(0.1, view.ttl_s / 20) if failed else view.ttl_s / 3
+
+
+def is_loop_wedged(loop_seen_at: float, now: float, max_stall_s: float) -> bool:
+    """Has the leader's event loop not run for longer than any stall it is forgiven (a generation
+    start for 12,500 nodes: seconds)? Then the refreshing thread lets the lease lapse: a process
+    whose loop is stuck for good must not hold leadership for as long as it lives."""
+    return now - loop_seen_at > max_stall_s

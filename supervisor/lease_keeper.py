@@ -8,7 +8,10 @@ same stall: measured with 3,000 simulated nodes over 3 replicas, leadership chan
 seconds and every change ended every agent stream. Refreshing from a thread with its own
 (synchronous) gRPC channel to etcd keeps the lease as long as the *process* lives and reaches
 etcd, which is what the lease is meant to say. A leader stalled meanwhile cannot do harm: every
-append is fenced on the leader key's revision (supervisor/eventlog/etcd.py).
+append is fenced on the leader key's revision (supervisor/eventlog/etcd.py). A loop stuck for good
+(a deadlock, a gRPC call that never returns) must not keep leadership for as long as the process
+lives: given `loop_seen` (when the loop last ran), the thread stops refreshing once the loop has
+not run for `max_loop_stall_s`, and the lease lapses within its TTL.
 
 The decisions stay pure (`supervisor.leader_view`: `after_keepalive`, `leads_at`, `next_refresh_in`);
 this module only runs them on a timer. The loop reads `view` (replaced whole, never mutated: a
@@ -19,6 +22,7 @@ caller makes thread-safe (`loop.call_soon_threadsafe`).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +30,7 @@ from collections.abc import Callable
 import grpc
 from aetcd import rpc
 
-from ftsup.supervisor.leader_view import LeaseView, after_keepalive, leads_at, next_refresh_in
+from ftsup.supervisor.leader_view import LeaseView, after_keepalive, is_loop_wedged, leads_at, next_refresh_in
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +39,11 @@ class LeaseKeeper:
     """Refreshes `lease_id` at TTL/3 until stopped or the lease is lost (then `on_lost(why)`, once)."""
 
     def __init__(self, channel: Callable[[], grpc.Channel], lease_id: int, view: LeaseView, *, timeout_s: float,
-                 on_lost: Callable[[str], object], clock: Callable[[], float] = time.monotonic, name: str = "") -> None:
+                 on_lost: Callable[[str], object], clock: Callable[[], float] = time.monotonic, name: str = "",
+                 loop_seen: Callable[[], float] | None = None, max_loop_stall_s: float = math.inf) -> None:
         self._channel = channel
+        self._loop_seen = loop_seen
+        self._max_loop_stall_s = max_loop_stall_s
         self._lease_id = lease_id
         self.view = view
         self._timeout_s = timeout_s
@@ -61,6 +68,12 @@ class LeaseKeeper:
             failed = False
             while not self._stop.wait(next_refresh_in(self.view, failed=failed)):
                 sent_at = self._clock()
+                if self._loop_seen is not None and is_loop_wedged(self._loop_seen(), sent_at, self._max_loop_stall_s):
+                    log.warning("the event loop has not run for %.1fs: letting the lease lapse",
+                                sent_at - self._loop_seen())
+                    if not self._stop.is_set():
+                        self._on_lost("the event loop is wedged")
+                    return
                 granted = self._refresh(stub)
                 failed = granted is None
                 self.view = after_keepalive(self.view, sent_at, granted)

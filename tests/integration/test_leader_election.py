@@ -138,3 +138,24 @@ async def test_a_leader_whose_event_loop_stalls_past_the_ttl_keeps_its_lease_onl
         await a.resign()
         await b.resign()
 
+
+
+async def test_a_leader_whose_loop_is_wedged_for_good_lets_its_lease_lapse_despite_the_keepalive_thread(
+    clients, etcd, etcd_prefix
+) -> None:
+    """The thread keeps the lease through a stall, but not through a loop that stopped running for
+    longer than any stall is forgiven: a rival then takes over within the lease's lifetime."""
+    from ftsup.supervisor.etcd_tls import sync_channel_factory
+
+    channel = sync_channel_factory([m.client_url.removeprefix("http://") for m in etcd.members])
+    a = LeaderElection(clients[0], etcd_prefix, "a:1", ttl_s=1, keepalive_channel=channel, max_loop_stall_s=1.0)
+    b = LeaderElection(clients[1], etcd_prefix, "b:1", ttl_s=1)
+    await a.run_until_leader()
+    time.sleep(1.0 + STALL_S)  # noqa: ASYNC251 (the point: the loop runs nothing past its allowance)
+    await asyncio.sleep(0)  # (the thread's report of the loss runs now)
+    try:
+        rival = await b.campaign()
+        assert rival is not None and rival.address == "b:1" and not a.is_leader and a.lost.is_set()
+    finally:
+        await a.resign()
+        await b.resign()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ftsup.supervisor.leader_view import LeaseView, after_keepalive, leads_at, next_refresh_in
+from ftsup.supervisor.leader_view import LeaseView, after_keepalive, is_loop_wedged, leads_at, next_refresh_in
 
 NOW = 1000.0
 
@@ -43,3 +43,9 @@ def test_refreshes_run_at_a_third_of_the_ttl_and_retry_quickly_after_a_failure()
     assert next_refresh_in(granted_at(NOW), failed=False) == 2.0 / 3
     assert next_refresh_in(granted_at(NOW), failed=True) == 0.1
     assert not leads_at(LeaseView(2.0, -math.inf), NOW)
+
+
+def test_a_loop_is_wedged_only_past_its_allowance_and_never_with_no_allowance() -> None:
+    assert not is_loop_wedged(100.0, 130.0, 30.0)
+    assert is_loop_wedged(100.0, 130.01, 30.0)
+    assert not is_loop_wedged(100.0, 1e9, math.inf)
