@@ -51,22 +51,33 @@ STOP_WHEN = {
 }
 
 
+def _start_bench(tmp_path: pathlib.Path) -> subprocess.Popen[bytes]:
+    """The bench, started as a script would start it (its stderr kept for the failure message)."""
+    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "TMPDIR": str(tmp_path)}
+    with open(tmp_path / "stderr.txt", "wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "ftsup.harness.cli", *BENCH], stdout=subprocess.DEVNULL,
+                                stderr=err, env=env, start_new_session=True)
+
+
+def _wait_for_processes(bench: subprocess.Popen[bytes], tmp_path: pathlib.Path, stop_when: str,
+                        started: dict[int, Proc]) -> None:
+    """Until the bench runs what `stop_when` names; every process seen below it lands in `started`."""
+    def up() -> bool:
+        assert bench.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+        started.update(descendants(bench.pid))
+        return bool(STOP_WHEN[stop_when](kinds(descendants(bench.pid))))
+
+    wait_until(up, 120, f"the bench's processes ({stop_when})", poll_s=0.1)
+    started.update(descendants(bench.pid))
+
+
 @pytest.mark.parametrize("stop_when", sorted(STOP_WHEN))
 def test_a_sigtermed_scale_bench_stops_its_supervisors_etcd_and_load_processes(tmp_path: pathlib.Path,
                                                                                stop_when: str) -> None:
-    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "TMPDIR": str(tmp_path)}
-    with open(tmp_path / "stderr.txt", "wb") as err:
-        bench = subprocess.Popen([sys.executable, "-m", "ftsup.harness.cli", *BENCH], stdout=subprocess.DEVNULL,
-                                 stderr=err, env=env, start_new_session=True)
+    bench = _start_bench(tmp_path)
     started: dict[int, Proc] = {}
     try:
-        def up() -> bool:
-            assert bench.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
-            started.update(descendants(bench.pid))
-            return bool(STOP_WHEN[stop_when](kinds(descendants(bench.pid))))
-
-        wait_until(up, 120, f"the bench's processes ({stop_when})", poll_s=0.1)
-        started.update(descendants(bench.pid))
+        _wait_for_processes(bench, tmp_path, stop_when, started)
         signalled_at = time.monotonic()
         bench.send_signal(signal.SIGTERM)
         code = bench.wait(timeout=90)
@@ -89,19 +100,10 @@ def test_a_sigtermed_scale_bench_stops_its_supervisors_etcd_and_load_processes(t
 def test_a_sigkilled_scale_bench_leaves_nothing_running(tmp_path: pathlib.Path) -> None:
     """SIGKILL runs no `finally`: the bench's guard process (harness/orphan_guard.py) stops its
     supervisors, etcd members and load process once the bench is gone. Before it, all six ran on."""
-    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "TMPDIR": str(tmp_path)}
-    with open(tmp_path / "stderr.txt", "wb") as err:
-        bench = subprocess.Popen([sys.executable, "-m", "ftsup.harness.cli", *BENCH], stdout=subprocess.DEVNULL,
-                                 stderr=err, env=env, start_new_session=True)
+    bench = _start_bench(tmp_path)
     started: dict[int, Proc] = {}
     try:
-        def up() -> bool:
-            assert bench.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
-            started.update(descendants(bench.pid))
-            return bool(STOP_WHEN["all_up"](kinds(descendants(bench.pid))))
-
-        wait_until(up, 120, "the bench's processes", poll_s=0.1)
-        started.update(descendants(bench.pid))
+        _wait_for_processes(bench, tmp_path, "all_up", started)
         killed_at = time.monotonic()
         bench.kill()
         bench.wait()

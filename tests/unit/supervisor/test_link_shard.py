@@ -330,6 +330,18 @@ async def read_until(call: grpc.aio.StreamStreamCall, kind: str) -> agent_pb2.Su
             return message
 
 
+@contextlib.asynccontextmanager
+async def welcomed_on_the_follower(p: Pair) -> AsyncIterator[tuple[str, grpc.aio.StreamStreamCall]]:
+    """An agent's stream to the follower, for a node homed there, once the leader welcomed it."""
+    await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+    node = homed_on(p.follower, (p.leader, p.follower))
+    async with grpc.aio.insecure_channel(p.follower) as channel:
+        call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+        await call.write(hello_message(node))
+        await read_until(call, "welcome")
+        yield node, call
+
+
 async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_closed_stream_is_a_death_signal():
     async with pair() as p:
         await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
@@ -357,22 +369,16 @@ async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_close
 async def test_a_shard_with_nothing_heard_keeps_alive_and_the_leader_knows_its_nodes_by_it():
     """The leader's core learns which shard speaks for a node and hears the shard itself at its
     keepalive pace while no node says anything (so a quiet shard is told from quiet nodes)."""
-    async with pair() as p:
-        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
-        node = homed_on(p.follower, (p.leader, p.follower))
-        async with grpc.aio.insecure_channel(p.follower) as channel:
-            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
-            await call.write(hello_message(node))
-            await read_until(call, "welcome")
-            await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1, want_ack=True)))
-            await read_until(call, "heartbeat_ack")
-            assert p.runtime.soft.nodes[node].shard == p.follower
-            heard = p.runtime.soft.nodes[node].last_heard_s
-            seen: set[float] = set()
-            await until(lambda: seen.add(p.runtime.soft.shard_heard_s.get(p.follower, 0.0)) or len(seen) >= 4,
-                        "three keepalives with no heartbeat in between")
-            assert p.runtime.soft.nodes[node].last_heard_s == heard, "a keepalive hears no node"
-            call.cancel()
+    async with pair() as p, welcomed_on_the_follower(p) as (node, call):
+        await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1, want_ack=True)))
+        await read_until(call, "heartbeat_ack")
+        assert p.runtime.soft.nodes[node].shard == p.follower
+        heard = p.runtime.soft.nodes[node].last_heard_s
+        seen: set[float] = set()
+        await until(lambda: seen.add(p.runtime.soft.shard_heard_s.get(p.follower, 0.0)) or len(seen) >= 4,
+                    "three keepalives with no heartbeat in between")
+        assert p.runtime.soft.nodes[node].last_heard_s == heard, "a keepalive hears no node"
+        call.cancel()
 
 
 class StuckRelay(RelayService):
@@ -467,19 +473,13 @@ async def test_only_a_supervisor_replicas_certificate_may_open_a_relay(tmp_path:
 
 
 async def test_a_stopping_shard_tells_its_nodes_their_next_shard_and_the_leader_sees_moves_not_deaths():
-    async with pair() as p:
-        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
-        node = homed_on(p.follower, (p.leader, p.follower))
-        async with grpc.aio.insecure_channel(p.follower) as channel:
-            call = agent_pb2_grpc.SupervisorStub(channel).Connect()
-            await call.write(hello_message(node))
-            await read_until(call, "welcome")
-            assert p.shard.shutdown() == 1
-            told = await read_until(call, "not_leader")
-            assert told.not_leader.shard_address == p.leader
-            await until(lambda: p.relay.relays.get(p.follower) == 0, "the leader to learn the move")
-            await p.runtime.submit(Tick())  # handled after anything the move queued
-            assert p.runtime.soft.nodes[node].disconnected_at_s is None, "a move is no stream closing"
+    async with pair() as p, welcomed_on_the_follower(p) as (node, call):
+        assert p.shard.shutdown() == 1
+        told = await read_until(call, "not_leader")
+        assert told.not_leader.shard_address == p.leader
+        await until(lambda: p.relay.relays.get(p.follower) == 0, "the leader to learn the move")
+        await p.runtime.submit(Tick())  # handled after anything the move queued
+        assert p.runtime.soft.nodes[node].disconnected_at_s is None, "a move is no stream closing"
 
 
 async def test_a_nodes_per_rank_step_reports_reach_the_leaders_vote_through_the_shard():
