@@ -262,6 +262,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ftsup-snapshot-every", default="auto",
                    help="ftsup Level 2's RAM snapshot cadence, passed to the example trainer: 'auto' (the library's"
                         " default: about one second of training between snapshots) or N steps (1: every step)")
+    p.add_argument("--ftsup-grad-sync", choices=("deterministic", "allreduce"), default="deterministic",
+                   help="ftsup Level 2's gradient sync, passed to the example trainer: 'deterministic' (its default:"
+                        " the layout-independent comm hook, bit-exact restarts) or 'allreduce' (DDP's own, as every"
+                        " peer runs; restarts correct within float tolerance)")
     p.add_argument("--nvrx-gloo-timeout-s", type=float, default=10.0,
                    help="nvrx-inprocess: the gloo group's timeout, which bounds its restart when a survivor is"
                         " blocked in a collective (gloo has no abort). Default 10: NVRx's examples on CPU")
@@ -624,7 +628,8 @@ def _one_ftsup_run(args: argparse.Namespace, run_dir: pathlib.Path, kill: bool) 
     from ftsup.harness.cluster import ClusterSpec, LocalCluster
     from ftsup.harness.demo import trainer_argv
 
-    argv = (*trainer_argv(sys.executable, args.steps, 0), "--snapshot-every", args.ftsup_snapshot_every)
+    argv = (*trainer_argv(sys.executable, args.steps, 0), "--snapshot-every", args.ftsup_snapshot_every,
+            "--grad-sync", args.ftsup_grad_sync)
     spec = ClusterSpec(nodes=2, spares=1, ranks_per_node=2, job_name="peers-bench", trainer_argv=argv, warm_trainers=2)
 
     def files() -> dict[int, pathlib.Path]:
@@ -721,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         "world": {"nodes": 2, "ranks_per_node": 2, "backend": "gloo", "model": "trainer/examples/gpt.py defaults"},
         "steps": args.steps, "kill_at": args.kill_at, "repeats": args.repeats,
         "checkpoint_every": args.checkpoint_every, "ftsup_snapshot_every": args.ftsup_snapshot_every,
+        "ftsup_grad_sync": args.ftsup_grad_sync,
         "nvrx_gloo_timeout_s": args.nvrx_gloo_timeout_s,
         "versions": versions,
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
