@@ -4,10 +4,7 @@ Wraps the real runner: a launch whose argv is `<this python> -m MODULE ...` or `
 SCRIPT.py ...` takes an idle warm process, when one is ready, and sends it the launch; anything
 else, or an empty pool, spawns cold as before. Used processes are replaced after a delay, so the
 refill does not compete with the generation that is starting. Idle warm processes hold ~0.3 GB
-each (torch imported) and no CPU. A refill's imports run at the lowest CPU priority
-(REFILL_PRELOAD_NICE, agent/warm_start.py): they happen while the generation trains, and on
-shared cores four of them took ~10-20 % of the training's CPU for seconds (docs/peers.md, run E).
-The first fill, at the agent's start, runs at the trainers' priority: a launch may follow at once.
+each (torch imported) and no CPU.
 """
 
 from __future__ import annotations
@@ -31,11 +28,8 @@ from ftsup.agent.process import (
     SpawnFailed,
     adjust_child,
 )
-from ftsup.agent.warm_start import PRELOAD_NICE_FLAG
 
 Logger = structlog.typing.FilteringBoundLogger
-
-REFILL_PRELOAD_NICE = 19  # the refill's imports take only CPU that nothing else wants
 
 
 def is_warmable(argv: Sequence[str], python: str = sys.executable) -> bool:
@@ -71,14 +65,13 @@ class WarmPoolRunner:
     async def start(self) -> None:
         await self._fill()
 
-    async def _fill(self, background: bool = False) -> None:
-        flags = [PRELOAD_NICE_FLAG, str(REFILL_PRELOAD_NICE)] if background else []
+    async def _fill(self) -> None:
         while len(self._idle) < self._size:
             self._spawned += 1
             log_path = self._workdir / f"warm-{self._spawned}.log"
             with open(log_path, "ab") as out:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "ftsup.agent.warm_start", *flags,
+                    sys.executable, "-m", "ftsup.agent.warm_start",
                     stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
                 )
             adjust_child(process.pid, nice=self._nice, oom_score_adj=TRAINER_OOM_SCORE_ADJ)
@@ -87,7 +80,7 @@ class WarmPoolRunner:
 
     async def _refill_later(self) -> None:
         await asyncio.sleep(self._refill_delay_s)
-        await self._fill(background=True)
+        await self._fill()
 
     def idle(self) -> int:
         """Warm processes alive and ready now (the metrics page's gauge; a soak checks it refills)."""

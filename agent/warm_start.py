@@ -5,27 +5,18 @@ Most of a restart is start-up, not training: `import torch` and the first optimi
 The agent keeps a few of these processes idle; on a launch it writes one JSON line on stdin
 (`{"argv": [...], "env": {...}, "log_path": "..."}`) and the process becomes that trainer: output
 goes to the rank's log, the environment is replaced, and the module or script runs as __main__.
-Run as `python -m ftsup.agent.warm_start [--preload-nice N] [MODULE...]` (extra modules to import
-ahead). With `--preload-nice` (the pool's refill, made while a generation trains beside it) the
-imports run in a thread of their own at nice N: a few CPU-seconds per process that must
-not come out of the training's share of the cores. Linux keeps a nice value per thread, so the
-main thread, which becomes the trainer, keeps its priority (an unprivileged process could never
-lower its nice value back); threads the imports start inherit the low priority (torch starts one
-idle helper; its compute threads start with the first parallel operation, on the trainer's thread).
+Run as `python -m ftsup.agent.warm_start [MODULE...]` (extra modules to import ahead).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
 import runpy
 import sys
-import threading
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo")
-PRELOAD_NICE_FLAG = "--preload-nice"
 
 
 def _preload(modules: list[str]) -> None:
@@ -34,34 +25,6 @@ def _preload(modules: list[str]) -> None:
             importlib.import_module(name)
         except Exception as exc:
             print(f"warm start: could not preload {name}: {exc!r}", file=sys.stderr, flush=True)
-
-
-class BackgroundPreload:
-    """The imports on a thread of their own at nice `nice` (Linux keeps a nice value per thread:
-    this process's main thread keeps its own)."""
-
-    def __init__(self, modules: list[str], nice: int) -> None:
-        self._started = threading.Event()
-        self.native_id = 0
-        self._thread = threading.Thread(target=self._run, args=(modules, nice), name="warm-preload", daemon=True)
-        self._thread.start()
-        self._started.wait()
-
-    def _run(self, modules: list[str], nice: int) -> None:
-        self.native_id = threading.get_native_id()
-        with contextlib.suppress(OSError):  # raising one's own nice value is always allowed
-            os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))  # 0: this thread
-        self._started.set()
-        _preload(modules)
-
-    def finish(self) -> None:
-        """A launch came (or the pool closed): give the imports' thread the caller's priority back
-        where allowed (CAP_SYS_NICE or RLIMIT_NICE; otherwise they finish at their own), and wait
-        for them: the trainer's own imports would wait on their locks anyway."""
-        if self._thread.is_alive():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, self.native_id, os.getpriority(os.PRIO_PROCESS, 0))
-        self._thread.join()
 
 
 def _redirect_output(log_path: str) -> None:
@@ -88,23 +51,9 @@ def become(argv: list[str], env: dict[str, str]) -> None:
         raise SystemExit(f"warm start cannot run {argv!r}: only `python -m MODULE` or `python SCRIPT.py`")
 
 
-def parse_argv(argv: list[str]) -> tuple[int | None, list[str]]:
-    """`[--preload-nice N] [MODULE...]` -> (N or None, modules)."""
-    if argv[:1] == [PRELOAD_NICE_FLAG]:
-        if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) > 19:
-            raise SystemExit(f"warm start: {PRELOAD_NICE_FLAG} needs a nice value within [0, 19], got {argv[1:2]}")
-        return int(argv[1]), argv[2:]
-    return None, argv
-
-
 def main() -> None:
-    nice, modules = parse_argv(sys.argv[1:])
-    background = BackgroundPreload(modules, nice) if nice is not None else None
-    if background is None:
-        _preload(modules)
+    _preload(sys.argv[1:])
     line = sys.stdin.readline()
-    if background is not None:
-        background.finish()
     if not line:
         return  # the agent closed the pool: exit quietly
     launch = json.loads(line)
