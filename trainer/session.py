@@ -213,7 +213,9 @@ class Session:
         local_grad_digest: str = "",
         replica_group: int | None = None,
     ) -> None:
-        """Queue a StepReport for the agent; returns without waiting for the send.
+        """Queue a StepReport for the agent; returns without waiting for the send. Under an agent,
+        reports made within FTSUP_STEP_REPORT_WINDOW_S (default 0.25 s) of the last send go in one
+        call once that window has passed (trainer/reports.py); a slower step's report goes at once.
 
         `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
         (gradient norm, tokens/s, MFU); leave them out when unknown. `local_grad_digest` (a
