@@ -92,11 +92,25 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def ReportStep(self, request: agent_pb2.StepReport, context: Context) -> peer_pb2.LinkAck:
         await self._check_rank(context, "ReportStep", request.generation, request.rank)
-        self._attach(request.generation, request.rank)
-        self._progress.record_step(request.generation, request.rank, request.step, request.step_time_s)
-        self._reports.send(agent_pb2.AgentMessage(step_report=request))
+        self._record_step(request)
+        return self._step_ack(request.step)
+
+    async def ReportSteps(self, request: peer_pb2.StepReports, context: Context) -> peer_pb2.LinkAck:
+        """A window of one rank's step reports: each handled as by ReportStep, in order."""
+        for report in request.reports:
+            await self._check_rank(context, "ReportSteps", report.generation, report.rank)
+            self._record_step(report)
+        return self._step_ack(max((r.step for r in request.reports), default=0))
+
+    def _record_step(self, report: agent_pb2.StepReport) -> None:
+        self._attach(report.generation, report.rank)
+        self._progress.record_step(report.generation, report.rank, report.step, report.step_time_s)
+        self._reports.send(agent_pb2.AgentMessage(step_report=report))
+
+    def _step_ack(self, step: int) -> peer_pb2.LinkAck:
+        """The checkpoint steps requested beyond `step`: what the rank must know for its next steps."""
         run = self._launcher.run
-        ahead = [s for s in run.checkpoint_steps if s > request.step] if run is not None else []
+        ahead = [s for s in run.checkpoint_steps if s > step] if run is not None else []
         return peer_pb2.LinkAck(checkpoint_steps=ahead)
 
     async def ReportFinished(self, request: agent_pb2.RankFinished, context: Context) -> peer_pb2.LinkAck:

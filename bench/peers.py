@@ -3,11 +3,13 @@
 Every tool trains the same model and data (the example GPT of trainer/examples/gpt.py, its
 defaults) at the same world (2 simulated nodes x 2 ranks, gloo on CPU) for `--steps` steps, once
 without a failure and `--repeats` times with one SIGKILL of a node at `--kill-at` (see
-docs/peers.md for how each tool is configured and what "a node" is to it). Per tool, from rank
+docs/peers.md for how each tool is configured and what "a node" is to it), in rounds: round 0
+runs every tool failure-free, round r every tool's r-th kill and plain DDP failure-free again, so
+the baseline is measured beside every tool through the machine's load drift (`plan_runs`). Per tool, from rank
 0's step log: seconds from the kill to the first step completed after it (`recovery_s`), steps
 lost, seconds until the step completed at the kill is completed again (`regain_s`, the headline),
 wall time lost against the same tool's failure-free run (`goodput_lost_s`), the steady-state
-seconds per step against plain DDP (`overhead_pct`), and the peak of the summed RSS of the tool's
+seconds per step against the median of plain DDP's (`overhead_pct`), and the peak of the summed RSS of the tool's
 processes. torchft keeps training with the survivors: `full_world_s` (kill -> first step with every
 replica group back) and `reduced_step_s` (seconds per step meanwhile). The peers run from their
 own venv (`--peers-python`, made with `pip install -e '.[bench-peers]'` in a copy of ours).
@@ -141,22 +143,77 @@ def spread(values: list[float | None]) -> dict[str, Any] | None:
             "n": len(got), "missing": len(values) - len(got)}
 
 
-def aggregate(tool: str, clean: dict[str, Any], kills: list[dict[str, Any]], plain_step_s: float | None) -> dict[str, Any]:
-    """One tool's figures: per-kill figures as median and spread, plus its clean run's."""
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """One run of the bench: which tool, in which round, failure-free or with a kill (and which)."""
+
+    round: int
+    tool: str
+    kill: bool
+    index: int  # 1-based: the tool's n-th run of this kind
+
+    @property
+    def name(self) -> str:
+        """The run's folder under the tool's: `clean` (then `clean-2`, ... for plain DDP), `kill-N`."""
+        if self.kill:
+            return f"kill-{self.index}"
+        return "clean" if self.index == 1 else f"clean-{self.index}"
+
+
+def plan_runs(tools: list[str], repeats: int) -> list[PlannedRun]:
+    """Every run of the bench in order, round-robin so that a shared machine's load drift hits
+    every tool alike: round 0 is each tool's failure-free run, round r (1..repeats) each tool's
+    r-th kill, and plain DDP, the overhead baseline, runs failure-free in every round (so it has
+    as many steady-state samples as any other tool, taken beside theirs). Plain leads round 0 (the
+    other tools' figures need its baseline); from then on each round starts one tool further on,
+    so no tool always runs right after another's teardown."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    order = ["plain", *[t for t in tools if t != "plain"]] if "plain" in tools else list(tools)
+    runs = [PlannedRun(0, tool, False, 1) for tool in order]
+    for r in range(1, repeats + 1):
+        shift = r % len(order)
+        for tool in order[shift:] + order[:shift]:
+            runs.append(PlannedRun(r, tool, tool != "plain", r + 1 if tool == "plain" else r))
+    return runs
+
+
+def baseline_step_s(plain_runs: list[dict[str, Any]]) -> float | None:
+    """Plain DDP's steady-state seconds per step: the median over its failure-free runs (one
+    slow run, a load spike, does not move it as a single run's figure would)."""
+    got = [r["step_s"] for r in plain_runs if r.get("step_s")]
+    return round(statistics.median(got), 4) if got else None
+
+
+def overhead_pct(step_s: float | None, plain_step_s: float | None) -> float | None:
+    """A steady-state step's excess over plain DDP's, in percent (None when either is unknown)."""
+    if not step_s or not plain_step_s:
+        return None
+    return round(100.0 * (step_s / plain_step_s - 1.0), 2)
+
+
+def aggregate(tool: str, clean: dict[str, Any], kills: list[dict[str, Any]], plain_step_s: float | None,
+              more_clean: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One tool's figures: per-kill figures as median and spread, plus its failure-free runs'
+    (`clean`, and for plain DDP the rounds' further ones in `more_clean`)."""
+    cleans = [clean, *(more_clean or [])]
     figures: dict[str, Any] = {}
     for name in ("recovery_s", "lost_steps", "regain_s", "full_world_s", "reduced_step_s", "samples_lost_steps",
                  "goodput_lost_s"):
         values = [k.get(name) for k in kills]
         if any(v is not None for v in values):
             figures[name] = spread(values)
-    # Steady state: the failure-free run and each run's steps before its kill (a shared machine's
+    # Steady state: the failure-free runs and each run's steps before its kill (a shared machine's
     # load moves; more samples, and the median, keep one slow stretch from deciding).
-    samples = [clean.get("step_s"), *(k.get("step_s") for k in kills)]
+    samples = [*(c.get("step_s") for c in cleans), *(k.get("step_s") for k in kills)]
     figures["step_s"] = spread(samples)
     if plain_step_s:
-        figures["overhead_pct"] = spread([round(100.0 * (v / plain_step_s - 1.0), 2) if v else None for v in samples])
-    figures["peak_rss_mib"] = spread([clean.get("peak_rss_mib"), *(k.get("peak_rss_mib") for k in kills)])
-    return {"figures": figures, "kills": kills, "clean": clean}
+        figures["overhead_pct"] = spread([overhead_pct(v, plain_step_s) for v in samples])
+    figures["peak_rss_mib"] = spread([*(c.get("peak_rss_mib") for c in cleans), *(k.get("peak_rss_mib") for k in kills)])
+    out = {"figures": figures, "kills": kills, "clean": clean}
+    if more_clean:
+        out["clean_runs"] = cleans
+    return out
 
 
 def ratios(tools: dict[str, dict[str, Any]], ours: str = "ftsup") -> dict[str, Any]:
@@ -207,6 +264,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ftsup-snapshot-every", default="auto",
                    help="ftsup Level 2's RAM snapshot cadence, passed to the example trainer: 'auto' (the library's"
                         " default: about one second of training between snapshots) or N steps (1: every step)")
+    p.add_argument("--ftsup-grad-sync", choices=("deterministic", "allreduce"), default="deterministic",
+                   help="ftsup Level 2's gradient sync, passed to the example trainer: 'deterministic' (its default:"
+                        " the layout-independent comm hook, bit-exact restarts) or 'allreduce' (DDP's own, as every"
+                        " peer runs; restarts correct within float tolerance)")
     p.add_argument("--nvrx-gloo-timeout-s", type=float, default=10.0,
                    help="nvrx-inprocess: the gloo group's timeout, which bounds its restart when a survivor is"
                         " blocked in a collective (gloo has no abort). Default 10: NVRx's examples on CPU")
@@ -571,7 +632,8 @@ def _one_ftsup_run(args: argparse.Namespace, run_dir: pathlib.Path, kill: bool) 
     from ftsup.harness.cluster import ClusterSpec, LocalCluster
     from ftsup.harness.demo import trainer_argv
 
-    argv = (*trainer_argv(sys.executable, args.steps, 0), "--snapshot-every", args.ftsup_snapshot_every)
+    argv = (*trainer_argv(sys.executable, args.steps, 0), "--snapshot-every", args.ftsup_snapshot_every,
+            "--grad-sync", args.ftsup_grad_sync)
     spec = ClusterSpec(nodes=2, spares=1, ranks_per_node=2, job_name="peers-bench", trainer_argv=argv, warm_trainers=2)
 
     def files() -> dict[int, pathlib.Path]:
@@ -625,35 +687,50 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-peers-", dir=args.dir))
     load_before = os.getloadavg()
-    results: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
-    order = ["plain", *[t for t in args.tools if t != "plain"]] if "plain" in args.tools else args.tools
-    plain_step: float | None = None
-    for tool in order:
+    cleans: dict[str, list[dict[str, Any]]] = {}
+    kills: dict[str, list[dict[str, Any]]] = {}
+    for run in plan_runs(args.tools, args.repeats):
+        if run.tool in errors or (run.kill and run.tool not in cleans):
+            continue  # failed before: its later rounds are skipped, the others go on
+        what = f"run {run.index} of {args.repeats} with a node kill at step {args.kill_at}" if run.kill else (
+            f"failure-free run {run.index}")
+        _say(f"round {run.round}, {run.tool}: {what}")
         try:
-            _say(f"{tool}: failure-free run")
-            clean = one_run(tool, args, workdir / tool / "clean", kill=False)
-            if tool == "plain":
-                plain_step = clean.get("step_s")
-                results[tool] = aggregate(tool, clean, [], None)
-                continue
-            kills = []
-            for i in range(args.repeats):
-                _say(f"{tool}: run {i + 1} of {args.repeats} with a node kill at step {args.kill_at}")
-                k = one_run(tool, args, workdir / tool / f"kill-{i + 1}", kill=True)
-                if k.get("span_s") is not None and clean.get("span_s") is not None:
-                    k["goodput_lost_s"] = round(k["span_s"] - clean["span_s"], 3)
-                kills.append(k)
-                _say(f"  {tool}: {k}")
-            results[tool] = aggregate(tool, clean, kills, plain_step)
+            result = one_run(run.tool, args, workdir / run.tool / run.name, kill=run.kill)
         except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
-            errors[tool] = str(exc)
-            _say(f"{tool}: FAILED: {exc}")
+            if run.tool == "plain" and run.index > 1:  # one baseline run lost: the other rounds' stand
+                errors[f"plain-round-{run.round}"] = str(exc)
+                _say(f"plain: FAILED in round {run.round}: {exc}")
+                continue
+            errors[run.tool] = str(exc)
+            _say(f"{run.tool}: FAILED: {exc}")
+            continue
+        result["round"] = run.round  # to pair a run with plain DDP's of the same round
+        if not run.kill:
+            cleans.setdefault(run.tool, []).append(result)
+            continue
+        clean_span = cleans[run.tool][0].get("span_s")
+        if result.get("span_s") is not None and clean_span is not None:
+            result["goodput_lost_s"] = round(result["span_s"] - clean_span, 3)
+        kills.setdefault(run.tool, []).append(result)
+        _say(f"  {run.tool}: {result}")
+    plain_step = baseline_step_s(cleans.get("plain", []))
+    results: dict[str, dict[str, Any]] = {}
+    for tool, runs in cleans.items():
+        if tool in errors:
+            continue
+        if tool == "plain":
+            results[tool] = aggregate(tool, runs[0], [], None, more_clean=runs[1:])
+            results[tool]["figures"]["baseline_step_s"] = plain_step
+        else:
+            results[tool] = aggregate(tool, runs[0], kills.get(tool, []), plain_step)
     rat = ratios(results)
     report = {
         "world": {"nodes": 2, "ranks_per_node": 2, "backend": "gloo", "model": "trainer/examples/gpt.py defaults"},
         "steps": args.steps, "kill_at": args.kill_at, "repeats": args.repeats,
         "checkpoint_every": args.checkpoint_every, "ftsup_snapshot_every": args.ftsup_snapshot_every,
+        "ftsup_grad_sync": args.ftsup_grad_sync,
         "nvrx_gloo_timeout_s": args.nvrx_gloo_timeout_s,
         "versions": versions,
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},

@@ -91,6 +91,12 @@ class AgentClient:
         """The agent's answer carries the checkpoint steps requested off the cadence."""
         return self._call("ReportStep", self._stub.ReportStep, report, REPORT_DEADLINE_S)
 
+    def report_steps(self, reports: list[agent_pb2.StepReport]) -> peer_pb2.LinkAck:
+        """Several step reports of this rank in one call (an agent older than ReportSteps answers
+        UNIMPLEMENTED: send them one by one then)."""
+        request = peer_pb2.StepReports(reports=reports)
+        return self._call("ReportSteps", self._stub.ReportSteps, request, REPORT_DEADLINE_S)
+
     def put_snapshot(self, header: peer_pb2.SnapshotHeader, payload: bytes | memoryview) -> str:
         """Streams `payload` (the snapshot `header` names; its size is filled in) to the agent and
         returns its hex SHA-256, once the agent and its buddy hold it."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import grpc
 import torch
 
 from ftsup.checkpoint.supervised import CheckpointEnv
@@ -29,7 +30,7 @@ from ftsup.trainer.agent_client import AgentClient, AgentLinkError
 from ftsup.trainer.checkpoints import Checkpoints
 from ftsup.trainer.handoff import Handoff, SnapshotStats
 from ftsup.trainer.launch import LaunchEnv
-from ftsup.trainer.reports import ReportQueue, check_duration, check_step
+from ftsup.trainer.reports import ReportQueue, StepWindow, check_duration, check_step, window_from_mapping
 from ftsup.trainer.schedule import Schedule, config_from_mapping
 from ftsup.trainer.snapshot import SnapshotCorrupt
 from ftsup.trainer.state import StateError
@@ -46,6 +47,7 @@ class Session:
     def __init__(
         self, launch: LaunchEnv, client: AgentClient | None = None, background_capture: bool = True,
         checkpoints: CheckpointEnv | None = None, schedule: Schedule | None = None,
+        report_window_s: float = 0.0,
     ) -> None:
         self.launch = launch
         # False: snapshot() copies on the training thread (for loops that mutate state outside
@@ -55,6 +57,10 @@ class Session:
         # Object-store checkpoints (FTSUP_CHECKPOINT_*): off when no location is configured.
         self._checkpoints = Checkpoints(checkpoints if checkpoints is not None else CheckpointEnv("", 0, "", "", ""))
         self._reports = ReportQueue()
+        # Step reports within `report_window_s` of the last send go together (trainer/reports.py;
+        # FTSUP_STEP_REPORT_WINDOW_S under an agent); 0: each at once.
+        self._steps = StepWindow(self._reports, self._send_step_reports, report_window_s)
+        self._batched_reports = True  # False once the agent answered ReportSteps UNIMPLEMENTED (older)
         self._handoff = Handoff(self._client, self._snapshot_header)
         # Auto cadence unless told otherwise (FTSUP_SNAPSHOT_*); used by trainers that ask snapshot_due().
         self.schedule = schedule if schedule is not None else Schedule(config_from_mapping({}))
@@ -76,7 +82,8 @@ class Session:
             from ftsup.trainer.offline import unsupervised_session  # offline imports this module
             return unsupervised_session(env)
         return cls(LaunchEnv.from_mapping(env), background_capture=background_capture,
-                   checkpoints=CheckpointEnv.from_mapping(env), schedule=Schedule(config_from_mapping(env)))
+                   checkpoints=CheckpointEnv.from_mapping(env), schedule=Schedule(config_from_mapping(env)),
+                   report_window_s=window_from_mapping(env))
 
     # -- identity -------------------------------------------------------------------------
 
@@ -187,7 +194,9 @@ class Session:
         state_module.validate(extra, "extra")
         self.wait_for_capture()
         shard = self._checkpoints.save(self.generation, self.rank, step, objects, extra)
-        # Same FIFO as step reports: the supervisor sees this rank's step report first.
+        # Same FIFO as step reports, whose window is flushed first: the supervisor sees this
+        # rank's step report first.
+        self._steps.flush()
         self._reports.submit(self._client.report_checkpoint_shard, shard)
 
     # -- per step --------------------------------------------------------------------------
@@ -204,7 +213,9 @@ class Session:
         local_grad_digest: str = "",
         replica_group: int | None = None,
     ) -> None:
-        """Queue a StepReport for the agent; returns without waiting for the send.
+        """Queue a StepReport for the agent; returns without waiting for the send. Under an agent,
+        reports made within FTSUP_STEP_REPORT_WINDOW_S (default 0.25 s) of the last send go in one
+        call once that window has passed (trainer/reports.py); a slower step's report goes at once.
 
         `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
         (gradient norm, tokens/s, MFU); leave them out when unknown. `local_grad_digest` (a
@@ -238,8 +249,9 @@ class Session:
             local_grad_digest=str(local_grad_digest),
             replica_group=None if replica_group is None else int(replica_group),
         )
-        # One worker thread, FIFO queue: reports reach the agent in the order they were made.
-        self._reports.submit(self._send_step_report, report)
+        # One worker thread, FIFO queue: reports reach the agent in the order they were made, those
+        # of one window in one call.
+        self._steps.add(report)
 
     def snapshot_due(self, step: int) -> bool:
         """Is `step` a snapshot step? Call it on every rank after every step, then `snapshot` when
@@ -341,7 +353,10 @@ class Session:
         old_generation, old_rank = self.generation, self.rank
         # Reports and the hand-off of the broken generation: sent or not, they no longer matter
         # (the agent refuses the old generation's messages once the new one starts).
+        self._steps.drop()
+        self._steps.hurry.set()  # a send waiting out its window goes now (with nothing): no wait
         self._reports.drop(REJOIN_DRAIN_S)
+        self._steps.hurry.clear()
         self._handoff.drop(REJOIN_DRAIN_S)
         try:
             answer = self._client.await_generation(old_generation, old_rank, wait_s)
@@ -367,7 +382,7 @@ class Session:
         check_step(step)
         self._finished = True  # the generation ending now (job complete) must not abort the group
         self._handoff.await_inflight(count_wait=False)
-        self._reports.flush()
+        self._steps.flush()
         self._client.report_finished(
             agent_pb2.RankFinished(
                 generation=self.generation, rank=self.rank, step=step, param_digest=param_digest
@@ -396,6 +411,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+        self._steps.hurry.set()  # what waits for its window goes now
         self._reports.close()
         self._handoff.close()
         self._client.close()
@@ -408,9 +424,23 @@ class Session:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _send_step_report(self, report: agent_pb2.StepReport) -> None:
-        ack = self._client.report_step(report)
-        self._checkpoints.note_requested(report.step, list(getattr(ack, "checkpoint_steps", ()) or ()))
+    def _send_step_reports(self, reports: list[agent_pb2.StepReport]) -> None:
+        """On the report thread: one window's reports in one call (one alone as ReportStep)."""
+        if len(reports) > 1 and self._batched_reports and self._steps.window_s > 0:
+            try:
+                ack = self._client.report_steps(reports)
+            except AgentLinkError as exc:
+                if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._batched_reports = False  # an agent older than ReportSteps: one call each from now on
+            else:
+                self._note_ack(reports[-1].step, ack)
+                return
+        for report in reports:
+            self._note_ack(report.step, self._client.report_step(report))
+
+    def _note_ack(self, step: int, ack: Any) -> None:
+        self._checkpoints.note_requested(step, list(getattr(ack, "checkpoint_steps", ()) or ()))
 
     def _snapshot_header(self, step: int) -> peer_pb2.SnapshotHeader:
         return peer_pb2.SnapshotHeader(generation=self.generation, rank=self.rank, step=step,

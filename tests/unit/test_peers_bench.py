@@ -16,14 +16,18 @@ from ftsup.bench.peers import (
     NEEDS_PEERS_VENV,
     PEERS,
     Launch,
+    PlannedRun,
     StepRecord,
     aggregate,
+    baseline_step_s,
     goals,
     launch_tool,
     measure_kill,
+    overhead_pct,
     parse_args,
     parse_lines,
     pids_naming,
+    plan_runs,
     ratios,
     run_span_s,
     spread,
@@ -106,6 +110,39 @@ def test_summary_gives_median_and_spread_and_ftsup_over_the_best_peer():
     assert r["overhead_pct"]["best_peer"] == "torchrun" and r["overhead_pct"]["difference_pp"] == 5.0
     g = goals(tools, r)
     assert g["regain_goal_met"] and g["lost_goal_met"] and not g["overhead_goal_met"]
+
+
+def test_plain_ddp_runs_in_every_round_beside_each_tool_and_each_tool_runs_once_a_round():
+    runs = plan_runs(["torchft", "plain", "ftsup"], repeats=3)
+    rounds = [[(r.tool, r.kill, r.index) for r in runs if r.round == n] for n in range(4)]
+    assert len(runs) == 12 and {r.round for r in runs} == {0, 1, 2, 3}
+    # Round 0: every tool failure-free, plain first (the others' overhead needs its baseline).
+    assert rounds[0] == [("plain", False, 1), ("torchft", False, 1), ("ftsup", False, 1)]
+    # Round r: each other tool's r-th kill and plain's (r+1)-th failure-free run, rotated.
+    assert rounds[1] == [("torchft", True, 1), ("ftsup", True, 1), ("plain", False, 2)]
+    assert rounds[2] == [("ftsup", True, 2), ("plain", False, 3), ("torchft", True, 2)]
+    assert rounds[3] == [("plain", False, 4), ("torchft", True, 3), ("ftsup", True, 3)]
+    assert [r.name for r in runs if r.tool == "plain"] == ["clean", "clean-2", "clean-3", "clean-4"]
+    assert [r.name for r in runs if r.tool == "ftsup"] == ["clean", "kill-1", "kill-2", "kill-3"]
+    # Without plain there is no baseline run; with it alone, only failure-free runs.
+    assert all(r.tool != "plain" for r in plan_runs(["torchrun"], 2))
+    assert plan_runs(["plain"], 2) == [PlannedRun(n, "plain", False, n + 1) for n in range(3)]
+    with pytest.raises(ValueError):
+        plan_runs(["plain"], 0)
+
+
+def test_overhead_is_taken_against_the_median_of_plain_runs_so_one_load_spike_moves_nothing():
+    plain = [{"step_s": 0.05}, {"step_s": 0.134}, {"step_s": 0.049}, {"step_s": None}, {"step_s": 0.051}]
+    assert baseline_step_s(plain) == 0.0505  # the spike (0.134) and the run without a figure left aside
+    assert baseline_step_s([{"step_s": None}]) is None
+    assert overhead_pct(0.0606, 0.0505) == 20.0
+    assert overhead_pct(None, 0.05) is None and overhead_pct(0.05, None) is None
+    tool = aggregate("ftsup", {"step_s": 0.0505}, [{"step_s": 0.0606}, {"step_s": 0.0404}], baseline_step_s(plain))
+    assert tool["figures"]["overhead_pct"] == {"median": 0.0, "min": -20.0, "max": 20.0, "n": 3, "missing": 0}
+    # Plain's own figures: median/min/max/n over all its failure-free runs, each kept.
+    summary = aggregate("plain", plain[0], [], None, more_clean=plain[1:])
+    assert summary["figures"]["step_s"] == {"median": 0.0505, "min": 0.049, "max": 0.134, "n": 4, "missing": 1}
+    assert len(summary["clean_runs"]) == 5 and "overhead_pct" not in summary["figures"]
 
 
 def test_repeats_default_to_five_and_the_in_process_flavour_is_a_peer():

@@ -347,6 +347,28 @@ class GetRestoreRequest(_message.Message):
 Global___GetRestoreRequest: _TypeAlias = GetRestoreRequest  # noqa: Y015
 
 @_typing.final
+class StepReports(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reports(self) -> _containers.RepeatedCompositeFieldContainer[_agent_pb2.StepReport]:
+        """one rank's, in step order"""
+
+    def __init__(
+        self,
+        *,
+        reports: _abc.Iterable[_agent_pb2.StepReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reports", b"reports"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepReports: _TypeAlias = StepReports  # noqa: Y015
+
+@_typing.final
 class LinkAck(_message.Message):
     """The agent's answer; to a step report it carries what the rank must know for the next steps."""
 

@@ -216,6 +216,11 @@ class TrainerLinkStub:
                 request_serializer=ftsup_dot_v1_dot_agent__pb2.StepReport.SerializeToString,
                 response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
                 _registered_method=True)
+        self.ReportSteps = channel.unary_unary(
+                '/ftsup.v1.TrainerLink/ReportSteps',
+                request_serializer=ftsup_dot_v1_dot_peer__pb2.StepReports.SerializeToString,
+                response_deserializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+                _registered_method=True)
         self.PutSnapshot = channel.stream_unary(
                 '/ftsup.v1.TrainerLink/PutSnapshot',
                 request_serializer=ftsup_dot_v1_dot_peer__pb2.SnapshotChunk.SerializeToString,
@@ -261,6 +266,15 @@ class TrainerLinkServicer:
 
     def ReportStep(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportSteps(self, request, context):
+        """A rank's step reports of a short window (trainer/reports.py), oldest first, in one call: handled
+        as that many ReportStep calls, answered as the newest one's. A step of a few tens of ms then
+        costs the agent one call per window instead of one per step.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -320,6 +334,11 @@ def add_TrainerLinkServicer_to_server(servicer, server):
             'ReportStep': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportStep,
                     request_deserializer=ftsup_dot_v1_dot_agent__pb2.StepReport.FromString,
+                    response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
+            ),
+            'ReportSteps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSteps,
+                    request_deserializer=ftsup_dot_v1_dot_peer__pb2.StepReports.FromString,
                     response_serializer=ftsup_dot_v1_dot_peer__pb2.LinkAck.SerializeToString,
             ),
             'PutSnapshot': grpc.stream_unary_rpc_method_handler(
@@ -407,6 +426,33 @@ class TrainerLink:
             target,
             '/ftsup.v1.TrainerLink/ReportStep',
             ftsup_dot_v1_dot_agent__pb2.StepReport.SerializeToString,
+            ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftsup.v1.TrainerLink/ReportSteps',
+            ftsup_dot_v1_dot_peer__pb2.StepReports.SerializeToString,
             ftsup_dot_v1_dot_peer__pb2.LinkAck.FromString,
             options,
             channel_credentials,

@@ -112,6 +112,11 @@ class TrainerLinkStub:
     GetRestore: _grpc.UnaryStreamMultiCallable[_peer_pb2.GetRestoreRequest, _peer_pb2.SnapshotChunk]
     """The rank's snapshot to restore from, as a chunk stream; no message at all: start fresh."""
     ReportStep: _grpc.UnaryUnaryMultiCallable[_agent_pb2.StepReport, _peer_pb2.LinkAck]
+    ReportSteps: _grpc.UnaryUnaryMultiCallable[_peer_pb2.StepReports, _peer_pb2.LinkAck]
+    """A rank's step reports of a short window (trainer/reports.py), oldest first, in one call: handled
+    as that many ReportStep calls, answered as the newest one's. A step of a few tens of ms then
+    costs the agent one call per window instead of one per step.
+    """
     PutSnapshot: _grpc.StreamUnaryMultiCallable[_peer_pb2.SnapshotChunk, _peer_pb2.LinkAck]
     """Answered once this node and its buddy both hold the snapshot."""
     ReportFinished: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]
@@ -138,6 +143,11 @@ class TrainerLinkAsyncStub(TrainerLinkStub):
     GetRestore: _aio.UnaryStreamMultiCallable[_peer_pb2.GetRestoreRequest, _peer_pb2.SnapshotChunk]  # type: ignore[assignment]
     """The rank's snapshot to restore from, as a chunk stream; no message at all: start fresh."""
     ReportStep: _aio.UnaryUnaryMultiCallable[_agent_pb2.StepReport, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    ReportSteps: _aio.UnaryUnaryMultiCallable[_peer_pb2.StepReports, _peer_pb2.LinkAck]  # type: ignore[assignment]
+    """A rank's step reports of a short window (trainer/reports.py), oldest first, in one call: handled
+    as that many ReportStep calls, answered as the newest one's. A step of a few tens of ms then
+    costs the agent one call per window instead of one per step.
+    """
     PutSnapshot: _aio.StreamUnaryMultiCallable[_peer_pb2.SnapshotChunk, _peer_pb2.LinkAck]  # type: ignore[assignment]
     """Answered once this node and its buddy both hold the snapshot."""
     ReportFinished: _aio.UnaryUnaryMultiCallable[_agent_pb2.RankFinished, _peer_pb2.LinkAck]  # type: ignore[assignment]
@@ -173,6 +183,17 @@ class TrainerLinkServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.StepReport,
         context: _ServicerContext,
     ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportSteps(
+        self,
+        request: _peer_pb2.StepReports,
+        context: _ServicerContext,
+    ) -> _typing.Union[_peer_pb2.LinkAck, _abc.Awaitable[_peer_pb2.LinkAck]]:
+        """A rank's step reports of a short window (trainer/reports.py), oldest first, in one call: handled
+        as that many ReportStep calls, answered as the newest one's. A step of a few tens of ms then
+        costs the agent one call per window instead of one per step.
+        """
 
     @_abc_1.abstractmethod
     def PutSnapshot(
