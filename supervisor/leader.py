@@ -33,8 +33,9 @@ from ftsup.supervisor.lease_keeper import LeaseKeeper
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 2
-# A leader whose event loop has not run for this long lets its lease lapse (supervisor/lease_keeper.py):
-# ten times the longest stall measured (a 12,500-node generation start on a loaded machine, ~3 s).
+# A leader whose event loop has not completed an etcd read for this long lets its lease lapse
+# (supervisor/lease_keeper.py): ten times the longest stall measured (a 12,500-node generation
+# start on a loaded machine, ~3 s).
 MAX_LOOP_STALL_S = 30.0
 
 
@@ -159,9 +160,14 @@ class LeaderElection:
             )
 
     async def _mark_loop_alive(self) -> None:
-        """Tells the keepalive thread our loop runs (a wedged loop lets the lease lapse)."""
+        """Tells the keepalive thread our loop still gets answers from etcd: a read of our key per
+        quarter TTL. A loop that is wedged, or whose gRPC calls no longer complete (seen once: an
+        asyncio etcd call that never returned after a long stall, in a process where a synchronous
+        channel ran meanwhile), stops marking, and the lease lapses MAX_LOOP_STALL_S later."""
         while True:
-            self._loop_seen_at = self._clock()
+            with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
+                await asyncio.wait_for(self._client.get(self._key), self._timeout_s)
+                self._loop_seen_at = self._clock()
             await asyncio.sleep(self.ttl_s / 4)
 
     async def _keep_alive(self) -> None:
