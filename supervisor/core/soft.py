@@ -412,7 +412,7 @@ def _shard_heard(soft: SoftState, shard: str, now: float) -> None:
     """A summary from `shard` (one that keeps alive): the end of its quiet, if it was quiet. What
     its nodes could not tell us while it was quiet is forgiven them, as our own stall is: their
     clocks move forward by the quiet (those this summary names are heard now anyway). A shard
-    quiet for longer than a node may be silent was gone: its nodes were judged meanwhile
+    quiet for longer than SHARD_QUIET_LIMIT allowances was gone: its nodes were judged meanwhile
     (policies/failure.py) and the dead stay dead; forgiving the rest changes nothing for them."""
     heard = soft.shard_heard_s
     last = heard.pop(shard, None)  # (re-inserted last: the dict stays oldest first)
