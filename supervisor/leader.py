@@ -204,6 +204,13 @@ class LeaderElection:
         if self._on_lost is not None:
             self._on_lost(leader)
 
+    def abandon_lease(self) -> None:
+        """Stops refreshing the lease without a word to etcd (it lapses within its TTL): for a
+        process about to end that cannot trust its event loop to finish a resign."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
+
     async def resign(self) -> None:
         """Gives up leadership now: deletes our key (only our incarnation of it) and the lease."""
         leader = self.leader

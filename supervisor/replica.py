@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import sys
 from collections.abc import Callable
 
 from ftsup.common import logs
@@ -91,8 +93,31 @@ async def rehome_on_change(members: ReplicaMembers, *movers: Callable[[], int],
             move()
 
 
+# A replica that won the election must lead within this: stop following and load the log. Its
+# lease is refreshed from a thread (supervisor/lease_keeper.py), so a takeover stuck on an await
+# that never ends (seen once under heavy load: a follower task that did not stop, or a log load
+# that did not return, for 3 minutes) would hold leadership while nobody leads.
+TAKEOVER_LIMIT_S = 60.0
+EXIT_WEDGED = 75  # (EX_TEMPFAIL) systemd restarts it; the lease lapses with the process
+
+
+def _wedged_takeover(election: LeaderElection, term: int, limit_s: float,
+                     exit_process: Callable[[int], object] = os._exit) -> None:
+    """(A timer on the loop, which still runs: only the takeover is stuck.) Gives the lease up
+    the only sure way, by ending the process: the keepalive thread stops with it, the lease
+    lapses within its TTL and another replica leads; systemd starts this one afresh."""
+    log.error("won the election but could not take over; exiting so that another replica leads",
+              term=term, limit_s=limit_s, exit_code=EXIT_WEDGED)
+    election.abandon_lease()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    exit_process(EXIT_WEDGED)
+
+
 async def run_replica(runtime: Runtime, election: LeaderElection, event_log: EtcdLog,
-                      shard: LinkShard | None = None) -> None:
+                      shard: LinkShard | None = None, *, takeover_limit_s: float = TAKEOVER_LIMIT_S,
+                      exit_process: Callable[[int], object] = os._exit) -> None:
     runtime.become_follower()
     while True:
         follower = asyncio.create_task(follow_log(runtime, event_log))
@@ -100,18 +125,25 @@ async def run_replica(runtime: Runtime, election: LeaderElection, event_log: Etc
         tasks = [follower, tracker]
         if shard is not None:  # while following, this replica's share of the agents goes through the leader
             tasks.append(asyncio.create_task(shard.relay_forever(lambda: runtime.leader_address)))
+        watchdog: asyncio.TimerHandle | None = None
         try:
             leader = await election.run_until_leader()
+            watchdog = asyncio.get_running_loop().call_later(takeover_limit_s, _wedged_takeover, election,
+                                                             leader.term, takeover_limit_s, exit_process)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        if not await sync_while_leading(event_log, election):
-            log.warning("stepping down before leading: the log could not be read while the lease held",
-                        term=leader.term)
-            with contextlib.suppress(Exception):
-                await election.resign()
-            continue
+        try:
+            if not await sync_while_leading(event_log, election):
+                log.warning("stepping down before leading: the log could not be read while the lease held",
+                            term=leader.term)
+                with contextlib.suppress(Exception):
+                    await election.resign()
+                continue
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         runtime.become_leader(leader.term, leader.address)
         lost = asyncio.create_task(election.lost.wait())
         deposed = asyncio.create_task(runtime.deposed.wait())

@@ -1,8 +1,10 @@
-"""A newly elected replica rides out an etcd timeout while its lease holds (issue 16, item 11)."""
+"""A newly elected replica rides out an etcd timeout while its lease holds (issue 16, item 11), and
+exits when its takeover is stuck for good (its lease then lapses with the process)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 from ftsup.common.backoff import Backoff
@@ -44,3 +46,66 @@ async def test_a_new_leader_whose_lease_is_lost_stops_syncing_and_says_so() -> N
         await asyncio.sleep(0.001)
     election.lost.set()
     assert await asyncio.wait_for(task, 5) is False
+
+
+class WonElection(Election):
+    """Wins at once; records what the watchdog does to the lease."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abandoned = False
+
+    async def run_until_leader(self):  # type: ignore[no-untyped-def]
+        from ftsup.supervisor.leader import Leader
+        await asyncio.sleep(0.05)  # (campaigning: the follower runs meanwhile)
+        return Leader("me:1", 7)
+
+    async def current(self) -> None:
+        return None
+
+    def abandon_lease(self) -> None:
+        self.abandoned = True
+
+
+class StubbornLog:
+    """A follower's log whose follow() does not stop when cancelled (as a task that swallows its
+    CancelledError would), so the takeover cannot finish."""
+
+    def __init__(self) -> None:
+        self.released = False  # (the test lets it stop at the end)
+
+    async def follow(self, since_seq: int):  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if self.released:
+                    raise
+        yield  # (an async generator)
+
+    async def sync(self) -> None:
+        return None
+
+
+async def test_a_replica_whose_takeover_is_stuck_gives_its_lease_up_and_exits() -> None:
+    from ftsup.supervisor.eventlog.memory import MemoryLog
+    from ftsup.supervisor.replica import EXIT_WEDGED, run_replica
+    from ftsup.supervisor.runtime import Runtime
+    from tests.support.builders import config
+
+    exits: list[int] = []
+    election, stubborn = WonElection(), StubbornLog()
+    runtime = Runtime(config(), MemoryLog())
+    replica = asyncio.create_task(run_replica(runtime, election, stubborn, takeover_limit_s=0.2,  # type: ignore[arg-type]
+                                              exit_process=exits.append))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not exits:
+            assert asyncio.get_running_loop().time() < deadline, "the takeover watchdog never fired"
+            await asyncio.sleep(0.01)
+        assert exits == [EXIT_WEDGED] and election.abandoned and not runtime.is_leader
+    finally:
+        stubborn.released = True
+        replica.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(replica, 5)
