@@ -26,7 +26,11 @@ WINDOW_ENV = "FTSUP_STEP_REPORT_WINDOW_S"
 # Step reports of this long go to the agent together: well inside what their readers need (the
 # supervisor places a requested checkpoint step >= 2 s ahead, hang limits are minutes), and a few
 # calls per second whatever the step time. A step slower than this sends its report at once.
-DEFAULT_WINDOW_S = 0.25
+# Off unless asked for: a window delays what the supervisor knows of a rank's progress and when the
+# rank learns of a requested checkpoint step by up to its length, so the supervisor's checkpoint
+# lead (--checkpoint-lead-s, default 2 s) must exceed twice the window plus a step. Seen with a
+# 0.3 s lead and a 0.25 s window: the ranks had passed the requested step before they heard of it.
+DEFAULT_WINDOW_S = 0.0
 MAX_WINDOW_S = 10.0
 
 M = TypeVar("M")

@@ -214,7 +214,7 @@ class Session:
         replica_group: int | None = None,
     ) -> None:
         """Queue a StepReport for the agent; returns without waiting for the send. Under an agent,
-        reports made within FTSUP_STEP_REPORT_WINDOW_S (default 0.25 s) of the last send go in one
+        reports made within FTSUP_STEP_REPORT_WINDOW_S (default 0: off) of the last send go in one
         call once that window has passed (trainer/reports.py); a slower step's report goes at once.
 
         `grad_norm` and `tokens` (this rank's tokens in the step) feed the supervisor's metrics
