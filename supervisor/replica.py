@@ -133,7 +133,12 @@ async def run_replica(runtime: Runtime, election: LeaderElection, event_log: Etc
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            except BaseException:  # (cancelled meanwhile: a shutdown must not meet the watchdog)
+                if watchdog is not None:
+                    watchdog.cancel()
+                raise
         try:
             if not await sync_while_leading(event_log, election):
                 log.warning("stepping down before leading: the log could not be read while the lease held",
