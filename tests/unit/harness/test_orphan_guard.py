@@ -13,6 +13,7 @@ import pytest
 
 from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import wait_until
+from tests.support.process_tree import Proc, descendants
 
 # A stand-in for `ftsup run`: starts a session leader with a child of its own (an agent and its
 # rank), and a plain child, has the guard watch the two it started, prints their pids, waits.
@@ -33,64 +34,56 @@ HARNESS = textwrap.dedent("""
 """)
 
 
-def _running(pid: int) -> bool:
-    state = orphan_guard.start_time(pid)
-    if state is None:
-        return False
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # (a zombie has ended)
-
-
-def _start(how: str) -> tuple[subprocess.Popen[str], list[int]]:
+def _start(how: str) -> tuple[subprocess.Popen[str], list[Proc]]:
     harness = subprocess.Popen([sys.executable, "-c", HARNESS, how], stdout=subprocess.PIPE, text=True)
     assert harness.stdout is not None
     pids = [int(p) for p in harness.stdout.readline().split()]
     assert len(pids) == 3, pids
-    return harness, pids
+    below = descendants(harness.pid)
+    return harness, [below[pid] for pid in pids]
 
 
-def _cleanup(pids: list[int]) -> None:
-    for pid in pids:  # (only these: each one this test started, checked running first)
-        if _running(pid):
-            os.kill(pid, signal.SIGKILL)
+def _cleanup(procs: list[Proc]) -> None:
+    for proc in procs:  # (only these: each one this test started, checked by start time)
+        if proc.is_running:
+            os.kill(proc.pid, signal.SIGKILL)
 
 
 def test_a_sigkilled_harness_leaves_no_child_and_no_grandchild_running() -> None:
-    harness, pids = _start("wait")
+    harness, procs = _start("wait")
     try:
-        assert all(_running(pid) for pid in pids)
+        assert all(p.is_running for p in procs)
         harness.kill()
         harness.wait()
-        wait_until(lambda: not any(_running(pid) for pid in pids), 15,
-                   f"the guard to stop the leader, its rank and the plain child {pids}")
+        wait_until(lambda: not any(p.is_running for p in procs), 15,
+                   f"the guard to stop the leader, its rank and the plain child {[p.pid for p in procs]}")
     finally:
-        _cleanup(pids)
+        _cleanup(procs)
 
 
 def test_a_harness_that_exits_normally_leaves_its_guard_nothing_to_stop() -> None:
     """Its own cleanup ran (here: it chose to leave its children): the guard says nothing."""
-    harness, pids = _start("exit")
+    harness, procs = _start("exit")
     try:
         assert harness.wait(timeout=30) == 0
-        guards = [p for p in _children_of_init_named("ftsup.harness.orphan_guard") if str(harness.pid) in p[1]]
-        wait_until(lambda: not [p for p in _children_of_init_named("ftsup.harness.orphan_guard")
-                                if str(harness.pid) in p[1]], 10, f"the guard {guards} to exit on goodbye")
-        assert all(_running(pid) for pid in pids), "a goodbye must leave everything alone"
+        wait_until(lambda: not _guards_of(harness.pid), 10, "the guard to exit on goodbye")
+        assert all(p.is_running for p in procs), "a goodbye must leave everything alone"
     finally:
-        _cleanup(pids)
+        _cleanup(procs)
 
 
-def _children_of_init_named(fragment: str) -> list[tuple[int, str]]:
+def _guards_of(parent: int) -> list[int]:
+    """Pids of the guard processes started for `parent` (named by its pid on their command line)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    argv = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+                    argv = cmdline.read().split(b"\0")
             except OSError:
                 continue
-            if fragment in argv:
-                found.append((int(entry), argv))
+            if b"ftsup.harness.orphan_guard" in argv and str(parent).encode() in argv:
+                found.append(int(entry))
     return found
 
 
