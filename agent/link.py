@@ -46,7 +46,31 @@ OUTBOX_CAPACITY = 10_000
 # channels, with the connect backoff it learned while that replica was down, so a replica that
 # just came back would still be refused for seconds ("failed to connect to all addresses").
 SESSION_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+# A supervisor that stops answering without closing the connection (a stopped process, a host that
+# lost power or its network: no reset ever comes) is noticed by HTTP/2 pings, which gRPC's core
+# answers and times out off the event loop: one every heartbeat interval (at least
+# MIN_KEEPALIVE_S), dead after the same again unanswered. The agent then moves to its next
+# replica within about two intervals, inside the time the leader holds a quiet shard's nodes
+# (core/policies/failure.py: SHARD_QUIET_LIMIT x dead_after). The server permits pings this often
+# (supervisor/server/server_limits.py: MIN_PING_INTERVAL_MS).
+MIN_KEEPALIVE_S = 1.0
+# A replica that accepts the connection but never completes the HTTP/2 handshake (the same stopped
+# process, dialled again) is given up after this; gRPC's own connect timeout is 20 s.
+CONNECT_LIMIT_S = 5.0
 MAX_UNREACHABLE = 16  # replicas named in a Hello as unreachable, at most (a fleet runs 3-7 replicas)
+
+
+def keepalive_options(interval_s: float) -> list[tuple[str, int]]:
+    """Channel options that end a session whose supervisor stopped answering pings: one ping
+    every `interval_s` (at least MIN_KEEPALIVE_S), the session lost when one goes unanswered as long."""
+    keepalive_ms = int(max(MIN_KEEPALIVE_S, interval_s) * 1000)
+    return [
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # the supervisor sends no data for long stretches
+        ("grpc.http2.ping_timeout_ms", keepalive_ms),
+    ]
 
 
 class HelloRefused(Exception):
@@ -55,6 +79,10 @@ class HelloRefused(Exception):
 
 class _RetryLater(Exception):
     """The supervisor refused for now (a RETRYABLE refusal that ends the stream): reconnect later."""
+
+
+class _Unresponsive(Exception):
+    """The supervisor took the connection but did not complete the HTTP/2 handshake in time."""
 
 
 class _Redirect(Exception):
@@ -315,6 +343,7 @@ class SupervisorLink:
         self._addresses = ranked(config.node_id, config.supervisors) if len(config.supervisors) > 1 \
             else list(config.supervisors)
         self._unreachable: list[str] = []  # replicas that did not answer since the last Welcome
+        self._interval_s = config.heartbeat_interval_s  # the last Welcome's, else the configured one
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self._config
@@ -336,9 +365,16 @@ class SupervisorLink:
         if self._redirect:
             address, self._redirect = self._redirect, None
             return address
-        address = self._addresses[self._index % len(self._addresses)]
+        # Replicas that did not answer since the last Welcome are skipped while another is left:
+        # dialling a stopped one again costs CONNECT_LIMIT_S.
+        candidates = [a for a in self._addresses if a not in self._unreachable] or self._addresses
+        address = candidates[self._index % len(candidates)]
         self._index += 1
         return address
+
+    def _mark_unreachable(self, address: str) -> None:
+        if address not in self._unreachable:
+            self._unreachable = [*self._unreachable, address][-MAX_UNREACHABLE:]
 
     async def run(self) -> None:
         """Keeps a stream open until cancelled; raises HelloRefused when this node may not join."""
@@ -359,13 +395,17 @@ class SupervisorLink:
             except _RetryLater as exc:
                 # Not a verdict on this node: keep the trainers, try again after the backoff.
                 log.warning("hello_deferred", reason=str(exc), retry=True)
+            except _Unresponsive as exc:
+                self._mark_unreachable(address)
+                log.warning("supervisor_unresponsive", reason=str(exc))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     # mTLS: our certificate does not name our node id; no retry can fix that.
                     raise HelloRefused(exc.details() or "permission denied") from exc
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and not state.welcomed \
-                        and address not in self._unreachable:
-                    self._unreachable = [*self._unreachable, address][-MAX_UNREACHABLE:]
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    # Refused, or a working session's connection lost (reset, or pings unanswered):
+                    # the next Hello names this replica, so the next one holds this node meanwhile.
+                    self._mark_unreachable(address)
                 log.warning("stream_error", code=exc.code().name, details=exc.details())
             except Exception as exc:
                 log.warning("stream_error", error=repr(exc))
@@ -379,20 +419,26 @@ class SupervisorLink:
     async def _session(self, address: str, state: _SessionState, log: Logger) -> None:
         files = self._config.tls_files
         # Credentials are re-read per session, so renewed certificates apply at the next reconnect.
-        options = [*MESSAGE_OPTIONS, *SESSION_OPTIONS]
+        options = [*MESSAGE_OPTIONS, *SESSION_OPTIONS, *keepalive_options(self._interval_s)]
         channel = (grpc.aio.secure_channel(address, channel_credentials(files), options=[*options, *expect_supervisor()])
                    if files is not None else grpc.aio.insecure_channel(address, options=options))
         call = agent_pb2_grpc.SupervisorStub(channel).Connect(None)  # None: written by _write
         reader = asyncio.create_task(self._read(call, state, log))
         writer = asyncio.create_task(self._write(call, state))
+        handshake = asyncio.create_task(_handshake_within(channel, CONNECT_LIMIT_S))
+        tasks = {reader, writer, handshake}
         try:
-            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # re-raises _Redirect, HelloRefused, AioRpcError
+            while True:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # re-raises _Redirect, HelloRefused, AioRpcError, _Unresponsive
+                if done - {handshake}:
+                    break  # the stream ended
+                tasks.discard(handshake)  # connected: the stream goes on
         finally:
-            for task in (reader, writer):
+            for task in (reader, writer, handshake):
                 task.cancel()
-            await asyncio.gather(reader, writer, return_exceptions=True)
+            await asyncio.gather(reader, writer, handshake, return_exceptions=True)
             call.cancel()
             await channel.close(None)  # grace None (grpc's default); the call is cancelled already
 
@@ -457,7 +503,7 @@ class SupervisorLink:
                 # Beat at the supervisor's expected interval when it names a sane one (it decides
                 # death by it); otherwise keep the configured one.
                 if math.isfinite(w.heartbeat_interval_s) and 0 < w.heartbeat_interval_s <= MAX_HEARTBEAT_INTERVAL_S:
-                    state.interval_s = w.heartbeat_interval_s
+                    state.interval_s = self._interval_s = w.heartbeat_interval_s
                 log.info("welcomed", term=w.term, heartbeat_interval_s=state.interval_s or self._config.heartbeat_interval_s)
             elif kind == "directive":
                 result = self._on_directive(message.directive)
@@ -478,6 +524,15 @@ class SupervisorLink:
                 raise _Redirect(message.not_leader.shard_address or message.not_leader.leader_address)
             else:
                 log.warning("unknown_supervisor_message", kind=kind)
+
+
+async def _handshake_within(channel: grpc.aio.Channel, limit_s: float) -> None:
+    """Returns once `channel` is connected; raises _Unresponsive when it is not within `limit_s`. A
+    refused connection fails the stream itself at once (UNAVAILABLE); this catches the silent kind."""
+    try:
+        await asyncio.wait_for(channel.channel_ready(), limit_s)
+    except TimeoutError:
+        raise _Unresponsive(f"no HTTP/2 handshake within {limit_s:g}s (a stopped process or a lost host)") from None
 
 
 class _SessionState:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from ftsup.agent.link import keepalive_options
 from ftsup.common import holdings_pack, step_pack
 from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
@@ -101,7 +102,10 @@ class Fleet:
                 # A private subchannel pool: otherwise gRPC shares one HTTP/2 connection among all
                 # channels to the same address, and the server's per-connection stream cap
                 # (server_limits.MAX_STREAMS_PER_CONNECTION) would hold every node past it unwelcomed.
-                channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                # Pings as a real agent's (agent/link.py), here one per connection of
+                # `streams_per_channel` nodes where a real agent sends one per node.
+                channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1),
+                                                                      *keepalive_options(self.args.interval_s)])
                 self.channels.append(channel)
                 stub = agent_pb2_grpc.SupervisorStub(channel)
                 tasks += [asyncio.create_task(self.node_loop(stub, n)) for n in nodes[offset:offset + per]]

@@ -53,6 +53,8 @@ SUMMARY_INTERVAL_S = 0.02
 # With nothing heard for this long a summary goes anyway (empty), so that the leader can tell a
 # quiet shard (a starved loop, a stopped process) from quiet nodes (core/policies/failure.py).
 SHARD_KEEPALIVE_S = 0.2
+# How often a relay looks whether etcd names another leader (a dict read; the watch keeps it fresh).
+LEADER_WATCH_S = 0.1
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
 
@@ -245,7 +247,7 @@ class LinkShard:
                 address = leader_address()
                 if address and address != self.address:
                     try:
-                        await self._relay(address)
+                        await self._relay(address, leader_address)
                     except (grpc.aio.AioRpcError, ConnectionError) as exc:
                         log.info("relay to the leader ended", leader=address, error=_describe(exc))
                     except Exception:
@@ -265,7 +267,7 @@ class LinkShard:
         if was_up or self._sessions:
             self.drop_all("the relay to the leader ended")
 
-    async def _relay(self, address: str) -> None:
+    async def _relay(self, address: str, leader_address: Callable[[], str] = lambda: "") -> None:
         channel = (grpc.aio.secure_channel(address, channel_credentials(self._tls),
                                            options=[*RELAY_OPTIONS, *expect_supervisor()])
                    if self._tls is not None else grpc.aio.insecure_channel(address, options=RELAY_OPTIONS))
@@ -284,22 +286,14 @@ class LinkShard:
             self.relay_up.set()
             self.has_relayed = True
             log.info("relaying to the leader", leader=address, term=self.term)
-            writer = asyncio.create_task(self._write(call))
-            tasks = [writer]
+            tasks = [asyncio.create_task(self._read_leader(call)), asyncio.create_task(self._write(call)),
+                     asyncio.create_task(_until_another_leads(address, leader_address))]
             if self.summarises:
                 tasks.append(asyncio.create_task(self._summarise(stub)))
             try:
-                while True:
-                    batch = await call.read()
-                    if not isinstance(batch, shard_pb2.LeaderBatch):  # EOF
-                        return
-                    if batch.term and batch.term != self.term:
-                        return  # another leader: start over with it
-                    self._deliver(batch)
-                    for task in tasks:
-                        if task.done():
-                            task.result()  # (raises what ended it; a clean end ends the relay too)
-                            return
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # (raises what ended it; a clean end ends the relay too)
             finally:
                 for task in tasks:
                     task.cancel()
@@ -308,6 +302,16 @@ class LinkShard:
                 call.cancel()
         finally:
             await channel.close(None)
+
+    async def _read_leader(self, call: Any) -> None:
+        """Delivers what the leader sends its nodes; returns at the stream's end or another term."""
+        while True:
+            batch = await call.read()
+            if not isinstance(batch, shard_pb2.LeaderBatch):  # EOF
+                return
+            if batch.term and batch.term != self.term:
+                return  # another leader: start over with it
+            self._deliver(batch)
 
     async def _write(self, call: Any) -> None:
         while True:
@@ -392,3 +396,16 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return repr(exc)
+
+
+async def _until_another_leads(address: str, leader_address: Callable[[], str]) -> None:
+    """Returns once etcd names a leader other than `address`. A leader that stopped or lost its host
+    or network sends no reset: its relay would wait on TCP's retransmissions (minutes) while its
+    successor, elected once the lease expired, hears nothing from this shard's nodes and, after its
+    failover grace, judges them dead. The election is the signal: the relay moves on at once."""
+    while True:
+        leader = leader_address()
+        if leader and leader != address:
+            log.info("another replica leads: ending the relay to the old leader", old=address, new=leader)
+            return
+        await asyncio.sleep(LEADER_WATCH_S)

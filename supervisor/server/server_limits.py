@@ -21,6 +21,11 @@ MAX_SEND_BYTES = 16 * 1024 * 1024
 # follow, a command); more waits in the client until one ends.
 MAX_STREAMS_PER_CONNECTION = 32
 OPERATOR_ROOM = 1024  # operator calls, follows, log relays and health checks beside the agents
+# Agents ping their supervisor every heartbeat interval (>= 1 s, agent/link.py: keepalive_options)
+# to notice one that stopped answering. gRPC's server takes pings more often than every 5 minutes
+# while it sends no data (an agent's stream is quiet downstream) as abuse and ends the connection
+# (GOAWAY "too_many_pings"); half the agents' shortest interval is allowed, faster is still abuse.
+MIN_PING_INTERVAL_MS = 500
 
 
 def default_max_concurrent_rpcs(nodes: int) -> int:
@@ -33,6 +38,8 @@ def server_options() -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
     ]
 
 

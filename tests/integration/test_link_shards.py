@@ -4,7 +4,8 @@ The followers hold the agents their rendezvous hash gives them (common/shard_map
 holds none while a follower lives) and relay them to the leader. SIGKILLing a follower that holds agents mid-run: its agents re-home to their
 next replica at their first reconnect, nobody is declared dead; restarted, the replica takes its
 agents back once its relay is up; stopped (SIGSTOP) for longer than its nodes may be silent, its
-quiet is counted as the shard's, not as theirs; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
+quiet is counted as the shard's, not as theirs, and its agents, their pings unanswered, move to the
+other follower; the job completes in its first generation. Followers that relay answer SERVING for agents on the standard health service.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.integration
 AGENTS_SERVICE = "ftsup.v1.Supervisor"
 STEPS = 400  # long enough that the killed replica comes back, and is stopped, while the job runs
 HEARTBEAT_S = 2.0  # nodes are declared dead after 2 silent heartbeats: 4 s
-STOP_S = 5.5  # a stopped shard: longer than its nodes may be silent, shorter than 2 x that
+STOP_S = 6.5  # a stopped shard: longer than its nodes may be silent, shorter than 2 x that
 
 
 def _health(address: str) -> int:
@@ -116,15 +117,21 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
         assert step_back < STEPS, "the job must still run when the replica returns (make STEPS larger)"
         cluster.wait_for(lambda: cluster.status().step >= step_back + 3, 120, "training to go on after the return")
 
-        # The same shard stops (SIGSTOP: a loop starved of CPU looks the same to the leader) for
-        # longer than its nodes may be silent: the leader hears neither them nor the shard's
-        # keepalives, counts the silence as the shard's, and nobody dies.
+        # The same shard stops (SIGSTOP: a host gone without a reset looks the same to its agents)
+        # for longer than its nodes may be silent: the leader hears neither them nor the shard's
+        # keepalives and counts the silence as the shard's; its agents' pings go unanswered and
+        # they move to the other follower (agent/link.py: keepalive_options); nobody dies.
         stopped = cluster.replicas[victim]
+        stopped_at = time.time()
         os.kill(stopped.pid, signal.SIGSTOP)
         try:
             time.sleep(STOP_S)  # (the fault itself: a stopped process for a set time)
         finally:
             os.kill(stopped.pid, signal.SIGCONT)
+        left = {n: [at for at, address in _welcomes(agents[n]) if at > stopped_at and address != victim] for n in moved}
+        assert all(left.values()), f"agents of the stopped shard welcomed elsewhere: {left}"
+        left_s = max(min(ats) for ats in left.values()) - stopped_at
+        assert left_s < STOP_S, f"the agents moved only after the shard woke ({left_s:.2f}s)"
         step_resumed = cluster.status().step
         cluster.wait_for(lambda: cluster.status().step >= step_resumed + 3, 120, "training to go on after the stop")
         quiet = [record for index in range(1, 4)
@@ -139,6 +146,7 @@ def test_a_killed_follower_shards_agents_rehome_and_training_goes_on_without_a_d
         assert "node_declared_dead" not in kinds, f"no false death (re-homed in {rehome_s:.2f}s)"
         assert status.step == STEPS and status.final_digest
         assert cluster.leader().address == leader.address, "a follower's death changes no leader"
-        print(f"\nre-homed {len(moved)} agents in {rehome_s:.2f}s; suspects: {kinds.count('node_suspected')}")
+        print(f"\nre-homed {len(moved)} agents in {rehome_s:.2f}s (killed), {left_s:.2f}s (stopped);"
+              f" suspects: {kinds.count('node_suspected')}")
     for index in range(1, 4):  # every replica's node lines (the shards' too) name the generation in force
         assert supervisor_problems(json_lines(tmp_path / f"supervisor-{index}.log")) == [], index

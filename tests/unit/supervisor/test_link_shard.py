@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ftsup.common import tls
 from ftsup.common.shard_map import home_of, shard_of
 from ftsup.harness.certs import main as certs_main
+from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.outbox import StreamOutbox
@@ -412,6 +413,36 @@ async def test_liveness_summaries_reach_the_leader_while_its_relay_is_held_back(
                 ack = await read_until(call, "heartbeat_ack")
                 assert ack.heartbeat_ack.seq == seq and p.runtime.soft.nodes[node].last_heard_s > heard
             call.cancel()
+
+
+async def test_a_relay_to_a_leader_gone_silent_moves_on_as_soon_as_another_leads():
+    """A leader that stopped or lost its host sends no reset; its relay would wait for TCP's
+    retransmissions (minutes) while its successor hears nothing from this shard's nodes. The relay
+    ends once etcd names another leader. The silence is a proxy that stops forwarding and closes
+    nothing (harness/chaos/proxy.py); the "successor" is the same runtime at its direct address."""
+    runtime = Runtime(config(nodes=1), MemoryLog(), tick_s=0.05)
+    server = grpc.aio.server()
+    shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime), server)
+    direct = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    running = asyncio.create_task(runtime.run())
+    follower = "127.0.0.1:1"
+    shard = LinkShard(follower, lambda: (direct, follower))
+    with PartitionProxy(direct) as proxy:
+        leads = [proxy.address]
+        relaying = asyncio.create_task(shard.relay_forever(lambda: leads[0]))
+        try:
+            await until(lambda: shard.relay_up.is_set() and shard.leader_address == proxy.address,
+                        "the relay to the first leader")
+            proxy.partition()
+            leads[0] = direct  # etcd now names another leader
+            await until(lambda: shard.relay_up.is_set() and shard.leader_address == direct,
+                        "the relay to the leader etcd names")
+        finally:
+            for task in (relaying, running):
+                task.cancel()
+            await asyncio.gather(relaying, running, return_exceptions=True)
+            await server.stop(0)
 
 
 async def test_a_node_of_another_shard_is_told_its_shard_and_a_dead_shards_routes_are_no_death_signal():
