@@ -402,9 +402,11 @@ class SupervisorLink:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     # mTLS: our certificate does not name our node id; no retry can fix that.
                     raise HelloRefused(exc.details() or "permission denied") from exc
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    # Refused, or a working session's connection lost (reset, or pings unanswered):
-                    # the next Hello names this replica, so the next one holds this node meanwhile.
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and (not state.welcomed or _is_silent_loss(exc)):
+                    # Refused, or a working session whose pings went unanswered: the next Hello
+                    # names this replica, so the next one holds this node meanwhile. A reset of a
+                    # working session (a network blip, a restart) dials this node's own shard
+                    # again first: refused at once if it is gone, and no move if it is not.
                     self._mark_unreachable(address)
                 log.warning("stream_error", code=exc.code().name, details=exc.details())
             except Exception as exc:
@@ -524,6 +526,15 @@ class SupervisorLink:
                 raise _Redirect(message.not_leader.shard_address or message.not_leader.leader_address)
             else:
                 log.warning("unknown_supervisor_message", kind=kind)
+
+
+def _is_silent_loss(exc: grpc.aio.AioRpcError) -> bool:
+    """gRPC ended the stream because a ping went unanswered: "ping timeout" in grpcio 1.85,
+    "keepalive watchdog timeout" in older ones (tests/unit/agent/test_link_keepalive.py fails if
+    a grpcio upgrade words it otherwise: the agent would then dial the silent replica once more,
+    for up to CONNECT_LIMIT_S)."""
+    details = (exc.details() or "").lower()
+    return "ping timeout" in details or "keepalive" in details
 
 
 async def _handshake_within(channel: grpc.aio.Channel, limit_s: float) -> None:

@@ -125,3 +125,25 @@ async def test_a_replica_that_takes_the_connection_but_never_answers_is_given_up
         proxy.close()
         await server_a.stop(0)
         await server_b.stop(0)
+
+
+async def test_a_reset_session_dials_its_own_replica_again(tmp_path: pathlib.Path):
+    """A network blip (both ends see the connection closed) is no silence: the node goes back to
+    its own replica, it does not move (a rack's blip would otherwise shift its nodes' shards)."""
+    a, b = _Replica(), _Replica()
+    server_a, address_a = await _serve(a)
+    server_b, address_b = await _serve(b)
+    proxy = PartitionProxy(address_a)
+    node_id = _node_first_at(proxy.address, address_b)
+    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), tmp_path).run())
+    try:
+        await eventually(lambda: len(a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
+        proxy.cut()
+        await eventually(lambda: len(a.hellos) == 2, timeout_s=10, what="the node's second Hello at its own replica")
+        assert b.hellos == [] and list(a.hellos[1].unreachable_replicas) == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        proxy.close()
+        await server_a.stop(0)
+        await server_b.stop(0)
