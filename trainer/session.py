@@ -187,7 +187,9 @@ class Session:
         DCP: modules and optimizers sharded as they live, restorable at another world size) and
         report it to the agent (the supervisor commits once every rank has). Synchronous: the
         training thread pauses for the encode and the upload. A failed write is reported (the
-        supervisor aborts the attempt) and not raised: training goes on without this checkpoint."""
+        supervisor aborts the attempt) and not raised: training goes on without this checkpoint.
+        Call it before reporting a later step: the supervisor takes a rank's report of a later step
+        without its shard as a rank that did not save, and aborts the attempt at once."""
         self._check_open()
         check_step(step)
         objects = state_module.objects_of(model_or_state, optimizer)

@@ -12,8 +12,9 @@ Off the cadence (an operator's `checkpoint now`, or `auto`: the Young/Daly inter
 the core records CheckpointRequested for a step ahead of every rank (`lead_step`); directives
 carry it to the agents, agents hand it to their ranks with the answer to each step report, and
 ranks agree on it with one tiny collective per step (trainer.session.checkpoint_due), so a rank
-that heard late still saves with the others. A request whose step passes without a start, and an
-attempt not committed within its timeout, are aborted: nothing waits forever on a missing shard.
+that heard late still saves with the others. A request whose step passes without a start, an
+attempt one of whose ranks reported a later step without its shard (`passed_without_shard`), and
+an attempt not committed within its timeout, are aborted: nothing waits forever on a missing shard.
 Kept apart from evolve.py so the object-store work (issue 6) grows here, not in the dispatcher.
 """
 
@@ -142,6 +143,23 @@ def on_step_report(state: ClusterState, report: StepReport, location: str, every
     if checkpoint_id == state.last_checkpoint_attempt:
         return []  # attempted already (and aborted): its shards were consumed by that attempt
     return [CheckpointStarted(checkpoint_id, generation.number, report.step, generation.world_size, location)]
+
+
+def passed_without_shard(state: ClusterState, generation: int, step: int, rank: int) -> list[Event]:
+    """The attempt in flight can never complete once one of its ranks reports a later step
+    without having reported its shard: ranks save synchronously between a step's report and the
+    next (`trainer.Session.save_checkpoint`), and a shard's report travels behind its step's
+    report and ahead of the next on one ordered path (trainer, agent outbox, shard relay). Such a
+    rank did not save that step (it heard of a requested step too late, or its shard arrived
+    before the attempt started): abort now, not at the timeout (30 min by default) or at the
+    generation's end, so that the next due step can start one."""
+    pending = state.pending_checkpoint
+    if pending is None or pending.generation != generation or step <= pending.step \
+            or not 0 <= rank < pending.shards or rank in pending.written:
+        return []
+    return [CheckpointAborted(pending.checkpoint_id,
+                              f"rank {rank} reported step {step} without writing its shard of step {pending.step}"
+                              f" ({len(pending.written)} of {pending.shards} shards written): it did not save that step")]
 
 
 def is_commit_held(state: ClusterState) -> bool:

@@ -160,28 +160,44 @@ def _conclude(soft: SoftState, now: float, config: CoreConfig, out: Emission) ->
 def _on_step_report(soft: SoftState, seen: Observation, report: StepReport, config: CoreConfig,
                     out: Emission) -> None:
     """The generation runs; the step's digest vote and straggler scores (completed by this report)
-    are decided; then its object-store checkpoint may start."""
+    are decided; then the checkpoint checks."""
     out.extend(generations.mark_running(out.folded(), report))
     sdc_verdicts.on_vote(out.folded(), soft, seen, config, out)
     faults.on_stragglers(out.folded(), soft, seen, config, out)
+    _checkpoint_checks(report, config, out)
+
+
+def _checkpoint_checks(report: StepReport, config: CoreConfig, out: Emission) -> None:
+    """A rank that passed the checkpoint in flight without its shard aborts it; then the step's
+    own checkpoint may start."""
+    out.extend(checkpoints.passed_without_shard(out.folded(), report.generation, report.step, report.rank))
     out.extend(checkpoints.on_step_report(out.folded(), report, config.checkpoint_location,
                                           config.checkpoint_every_steps))
 
 
 def _on_step_aggregate(soft: SoftState, seen: Observation, aggregate: StepAggregate, config: CoreConfig,
                        out: Emission) -> None:
-    """What its reports decide one by one. Of one step, each rank once: the first report may mark
-    the generation running and start the step's checkpoint; the middle ones change nothing (the
-    state does not change between them); only the last can complete the step, so the vote and the
-    straggler scores (observed already, for every rank) are decided after it, then its own
-    checkpoint check, as the last report's decision would."""
+    """What its reports decide one by one. Of one step, each rank once: only the last report can
+    complete the step, so the vote and the straggler scores (observed already, for every rank) are
+    decided after the others' checkpoint checks and before the last's. The reports before the
+    last change the state only through the checkpoint checks: the first may mark the generation
+    running, abort the checkpoint in flight (its rank passed that step without a shard) or start
+    the step's; the middle ones are checked only while a checkpoint is in flight or requested
+    (otherwise they decide what the first did: nothing)."""
     first, last = aggregate.report(0), aggregate.report(-1)
-    location, every = config.checkpoint_location, config.checkpoint_every_steps
     out.extend(generations.mark_running(out.folded(), first))
-    out.extend(checkpoints.on_step_report(out.folded(), first, location, every))
+    if len(aggregate) == 1:
+        out.extend(checkpoints.on_step_report(out.folded(), first, config.checkpoint_location,
+                                              config.checkpoint_every_steps))
+    for index in range(len(aggregate) - 1):
+        if index:
+            folded = out.folded()
+            if folded.pending_checkpoint is None and folded.requested_checkpoint is None:
+                break
+        _checkpoint_checks(aggregate.report(index) if index else first, config, out)
     sdc_verdicts.on_vote(out.folded(), soft, seen, config, out)
     faults.on_stragglers(out.folded(), soft, seen, config, out)
-    out.extend(checkpoints.on_step_report(out.folded(), last, location, every))
+    _checkpoint_checks(last, config, out)
 
 
 def _on_tick(soft: SoftState, now: float, config: CoreConfig, out: Emission) -> None:

@@ -92,6 +92,23 @@ def test_a_failed_shard_or_commit_aborts():
     assert evolve_all(state, [aborted]).pending_checkpoint is None
 
 
+def test_a_rank_that_reports_a_later_step_without_its_shard_aborts_the_attempt():
+    """Ranks save between a step's report and the next, and the shard's report travels between
+    them: a later step without the shard means that rank did not save (heard of the step too late)."""
+    state = evolve_all(_state(), cp.on_step_report(_state(), _step(4), LOC, 4))
+    state = evolve_all(state, cp.on_shard_report(state, _shard(0)))
+    assert cp.passed_without_shard(state, 1, 5, 0) == []  # rank 0 wrote its shard
+    assert cp.passed_without_shard(state, 1, 4, 1) == []  # rank 1 is still at the step: it may save yet
+    assert cp.passed_without_shard(state, 2, 5, 1) == []  # another generation's report
+    assert cp.passed_without_shard(state, 1, 5, 7) == []  # no rank of this attempt
+    [aborted] = cp.passed_without_shard(state, 1, 5, 1)
+    assert isinstance(aborted, CheckpointAborted) and aborted.checkpoint_id == "step-0000000004-g1"
+    assert "rank 1 reported step 5 without writing its shard of step 4" in aborted.reason
+    assert "1 of 2 shards written" in aborted.reason
+    assert evolve_all(state, [aborted]).pending_checkpoint is None
+    assert cp.passed_without_shard(ClusterState(), 1, 5, 1) == []  # nothing in flight
+
+
 def test_an_incomplete_attempt_of_an_ended_generation_is_abandoned():
     state = evolve_all(_state(), cp.on_step_report(_state(), _step(4), LOC, 4))
     assert cp.abandoned(state) == []

@@ -11,7 +11,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftsup.supervisor.core.events import SdcSuspected, StragglerDetected
+from ftsup.supervisor.core.events import CheckpointAborted, CheckpointStarted, SdcSuspected, StragglerDetected
 from ftsup.supervisor.core.inputs import StepAggregate, StepReport, Tick
 from tests.support.builders import NOW, Sim, config, hello
 
@@ -149,3 +149,17 @@ def test_a_checkpoint_step_that_the_vote_convicts_starts_and_aborts_its_checkpoi
         kinds = [type(e).__name__ for e in aggregated.log]
         assert "CheckpointStarted" in kinds and "SdcSuspected" in kinds
         assert kinds.index("CheckpointStarted") < kinds.index("SdcSuspected")
+
+
+def test_a_rank_past_the_checkpoint_without_its_shard_aborts_it_where_its_own_report_would():
+    """Step 3 starts a checkpoint (every 3 steps); nobody writes a shard, so the first report of
+    step 4 aborts it, naming its rank, the same through aggregates (the middle of one included) as
+    one by one; step 6 then starts the next attempt instead of waiting out the first's timeout."""
+    script = [(1, None, None, 0), (2, None, None, 0), (3, None, None, 7), (4, None, None, 11),
+              (5, None, None, 0), (6, None, None, 0)]
+    one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
+    _same(one_by_one, aggregated)
+    aborts = [e for e in one_by_one.log if isinstance(e, CheckpointAborted)]
+    assert len(aborts) == 1 and "reported step 4 without writing its shard of step 3" in aborts[0].reason
+    started = [e.step for e in one_by_one.log if isinstance(e, CheckpointStarted)]
+    assert started == [3, 6]
