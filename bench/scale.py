@@ -377,6 +377,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             and out["detect_s"] <= max(GOAL_DETECT_S, dead_after_s + 0.5) and not false_verdicts
             and acked >= 0.99 * sent
         )
+        if getattr(args, "kill_shard", False) and replicas > 1 and not profile:
+            out["shard_kill"] = _kill_a_shard(supervisors, address, holders, nodes, procs, watch, dead_after_s,
+                                              interval_s)
         if profile:
             out["profile_top"] = _profile_top(workdir / "supervisor.prof")
         _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
@@ -396,6 +399,46 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             terminate_group(process, grace_s=10.0)
         if etcd is not None:
             etcd.close()
+
+
+def _kill_a_shard(supervisors: dict[str, subprocess.Popen[bytes]], leader: str, holders: set[str], nodes: int,
+                  procs: list[LoadProcess], watch: EventWatch, dead_after_s: float, interval_s: float) -> dict[str, Any]:
+    """SIGKILLs the follower holding the most nodes (a rack-sized event, issue 14): its nodes' streams
+    end, they dial their next shard naming the dead one, and the leader must hear each again before
+    it would judge them. Reports when each was heard again (seconds after the kill: p50, max) and
+    the verdicts after the kill (the goal: none). Not whether training goes on: the silenced node's
+    death has ended the generation by then (tests/integration/test_link_shards.py kills a shard
+    under real training)."""
+    homes = [shard_of(f"sim-{i:06d}", holders) for i in range(nodes)]
+    victim = max((a for a in holders if a != leader), key=homes.count)
+    killed_at = time.time()
+    os.kill(supervisors[victim].pid, signal.SIGKILL)
+    timeout_s = 4 * dead_after_s + 30.0
+    for proc in procs:
+        proc.send({"cmd": "rehome", "killed": victim, "killed_at": killed_at, "timeout_s": timeout_s})
+    replies = [proc.read(time.monotonic() + timeout_s + 60) for proc in procs]
+    heard = sorted(t for r in replies for t in r["heard_again_s"])
+    # Verdicts come from the leader's detector: give it one allowance of silence past the last move.
+    settle_until = time.monotonic() + dead_after_s + interval_s
+    while time.monotonic() < settle_until:
+        time.sleep(0.2)  # (waiting out a window in which nothing must happen)
+    after = [(kind, node) for kind, node, at in list(watch.verdicts) if at >= killed_at]
+    moved = sum(r["moved"] for r in replies)
+    result = {
+        "killed": victim,
+        "nodes_on_it": homes.count(victim),
+        "moved": moved,
+        "heard_again": len(heard),
+        "heard_again_p50_s": heard[len(heard) // 2] if heard else None,
+        "heard_again_max_s": heard[-1] if heard else None,
+        "deaths_after_kill": sum(1 for kind, _ in after if kind == "node_declared_dead"),
+        "suspects_after_kill": sum(1 for kind, _ in after if kind == "node_suspected"),
+        "verdict_nodes": sorted({node for _, node in after})[:10],
+    }
+    _progress(f"shard {victim} killed: {len(heard)}/{moved} of its nodes heard again elsewhere within"
+              f" {result['heard_again_max_s']} s; {result['deaths_after_kill']} deaths,"
+              f" {result['suspects_after_kill']} suspects after the kill")
+    return result
 
 
 def _firsts(procs: list[LoadProcess]) -> list[int]:
@@ -452,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout-s", type=float, default=900.0)
     parser.add_argument("--sweep", default="1000,2500,5000,10000",
                         help="node counts tried at 1 s when the full fleet misses the goal ('' : no sweep)")
+    parser.add_argument("--kill-shard", action="store_true",
+                        help="with --replicas above 1: after the window, SIGKILL the follower holding the most nodes"
+                             " and report when each of its nodes was heard again elsewhere, and any verdict")
     parser.add_argument("--profile", action="store_true",
                         help="also run the full fleet at the last interval under cProfile and report the top functions")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,

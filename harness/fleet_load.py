@@ -9,12 +9,17 @@ step where the Welcome says the supervisor takes them; the buddy's copies, which
 reports too, are not simulated, so no step commits and the leader sees half the holdings a real
 fleet sends) and reads everything the supervisor sends. Heartbeats ask for a HeartbeatAck, so the latency of every one
 is measured here: from handing it to gRPC to reading its ack. One node can be silenced — it stops
-sending but keeps its stream open and keeps reading (a hung host, not a crash).
+sending but keeps its stream open and keeps reading (a hung host, not a crash). A node whose
+stream ends (its link shard was killed) dials its next shard as a real agent does: the replicas
+that hold agents, less the ones it could not reach, by rendezvous hashing, naming the lost one in
+its Hello (common/shard_map.home_of); `rehome` reports when each moved node was heard again.
 
 Driven by `bench/scale.py` over stdin/stdout, one JSON object per line:
   out {"kind": "progress"|"ready", "welcomed": n, ...}     while connecting / once all are in
   in  {"cmd": "measure", "window_s": w, "silence": id|null, "silence_at_s": t}
   out {"kind": "result", "latencies_ms": [...], "sent": n, "acked": n, "cpu_s": s, ...}
+  in  {"cmd": "rehome", "killed": address, "killed_at": unix time, "timeout_s": t}
+  out {"kind": "rehome", "moved": n, "heard_again": n, "heard_again_s": [...]}  (once all are, or at t)
   in  {"cmd": "stop"}
 """
 
@@ -54,6 +59,12 @@ class SimNode:
     sent_at: dict[int, float] = field(default_factory=dict)  # heartbeat seq -> loop time sent
     refusals: int = 0
     takes_holdings: bool = False  # the Welcome said the supervisor takes SnapshotHoldings
+    address: str = ""  # the replica holding its stream now
+    unreachable: list[str] = field(default_factory=list)  # replicas it lost, named in its next Hello
+    lost: list[str] = field(default_factory=list)  # every replica whose stream of it ended (kept)
+    redirect: str = ""  # a NotLeader's shard: dialled next
+    lost_at_wall_s: float | None = None  # when its last stream ended (unix time)
+    heard_again_wall_s: float | None = None  # its first heartbeat ack after that
 
 
 @dataclass(slots=True)
@@ -83,32 +94,41 @@ class Fleet:
         self.counters = Counters()
         self.stopping = asyncio.Event()
         self.channels: list[grpc.aio.Channel] = []
+        self._open: dict[str, tuple[agent_pb2_grpc.SupervisorStub, int]] = {}  # address -> (stub, streams on it)
         self.calls: list[StreamCall] = []
         self.connect_gate = asyncio.Semaphore(args.connect_concurrency)
+        self.addresses = [a for a in args.address.split(",") if a]
+
+    def home(self, node: SimNode) -> str:
+        """The replica `node` dials: its shard (as a real agent does first: common/shard_map.py),
+        less the replicas it lost."""
+        if len(self.addresses) == 1:
+            return self.addresses[0]
+        gone = set(node.unreachable)
+        candidates = (agent_holders(self.addresses, self.args.leader) - gone or set(self.addresses) - gone
+                      or set(self.addresses))
+        return shard_of(node.node_id, candidates)
+
+    def stub_for(self, address: str) -> agent_pb2_grpc.SupervisorStub:
+        """A stub on a channel to `address` with room for one more stream."""
+        stub, streams = self._open.get(address, (None, 0))
+        if stub is None or streams >= max(1, self.args.streams_per_channel):
+            # A private subchannel pool: otherwise gRPC shares one HTTP/2 connection among all
+            # channels to the same address, and the server's per-connection stream cap
+            # (server_limits.MAX_STREAMS_PER_CONNECTION) would hold every node past it unwelcomed.
+            # Pings as a real agent's (agent/link.py), here one per connection of
+            # `streams_per_channel` nodes where a real agent sends one per node.
+            channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1),
+                                                                  *keepalive_options(self.args.interval_s)])
+            self.channels.append(channel)
+            stub, streams = agent_pb2_grpc.SupervisorStub(channel), 0
+        self._open[address] = (stub, streams + 1)
+        return stub
 
     async def run(self) -> None:
-        tasks = []
-        per = max(1, self.args.streams_per_channel)
         started = time.monotonic()
-        addresses = [a for a in self.args.address.split(",") if a]
-        # Replicated supervisors with link shards: each node dials its shard (as a real agent does
-        # first: common/shard_map.py), with its shard's nodes sharing that replica's channels.
-        by_shard: dict[str, list[SimNode]] = {}
-        for node in self.nodes:
-            home = shard_of(node.node_id, agent_holders(addresses, self.args.leader)) if len(addresses) > 1 else addresses[0]
-            by_shard.setdefault(home, []).append(node)
-        for address, nodes in by_shard.items():
-            for offset in range(0, len(nodes), per):
-                # A private subchannel pool: otherwise gRPC shares one HTTP/2 connection among all
-                # channels to the same address, and the server's per-connection stream cap
-                # (server_limits.MAX_STREAMS_PER_CONNECTION) would hold every node past it unwelcomed.
-                # Pings as a real agent's (agent/link.py), here one per connection of
-                # `streams_per_channel` nodes where a real agent sends one per node.
-                channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1),
-                                                                      *keepalive_options(self.args.interval_s)])
-                self.channels.append(channel)
-                stub = agent_pb2_grpc.SupervisorStub(channel)
-                tasks += [asyncio.create_task(self.node_loop(stub, n)) for n in nodes[offset:offset + per]]
+        # Each shard's nodes share that replica's channels: placed in order, so they fill them.
+        tasks = [asyncio.create_task(self.node_loop(n)) for n in sorted(self.nodes, key=self.home)]
         await self.report_connecting(started)
         await self.serve_commands()
         self.stopping.set()
@@ -141,6 +161,23 @@ class Fleet:
                 return
             if command["cmd"] == "measure":
                 emit(await self.measure(command["window_s"], command.get("silence"), command.get("silence_at_s", 0.0)))
+            if command["cmd"] == "rehome":
+                emit(await self.rehome(command["killed"], command["killed_at"], command["timeout_s"]))
+
+    async def rehome(self, killed: str, killed_at: float, timeout_s: float) -> dict[str, object]:
+        """Once every node that was on `killed` (SIGKILLed at `killed_at`) is heard again
+        elsewhere, or after `timeout_s`: how many moved and when each was heard again."""
+        moved = [n for n in self.nodes if (killed in n.lost or n.address == killed) and not n.is_silenced]
+        deadline = time.monotonic() + timeout_s
+        while True:  # (polled: the nodes' clocks are read, not awaited)
+            if time.monotonic() >= deadline or all(
+                    n.heard_again_wall_s is not None and n.address != killed for n in moved):
+                break
+            await asyncio.sleep(0.05)
+        heard = [round(n.heard_again_wall_s - killed_at, 3) for n in moved
+                 if n.heard_again_wall_s is not None and n.address != killed]
+        return {"kind": "rehome", "moved": len(moved), "heard_again": len(heard), "heard_again_s": heard,
+                "still_on_killed": sum(1 for n in moved if n.address == killed)}
 
     async def measure(self, window_s: float, silence: str | None, silence_at_s: float) -> dict[str, object]:
         c = self.counters
@@ -170,23 +207,52 @@ class Fleet:
                 "running": running,
                 "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall}
 
-    async def node_loop(self, stub: agent_pb2_grpc.SupervisorAsyncStub, node: SimNode) -> None:
-        async with self.connect_gate:
-            call = stub.Connect(None)  # None: written below
-            self.calls.append(call)
-            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
-                node_id=node.node_id, incarnation=node.incarnation, role=events_pb2.NODE_ROLE_ACTIVE,
-                host="10.0.0.1", peer_port=7071, gpus=8, agent_version="sim", failure_domain="")))
-            reader = asyncio.create_task(self.read(node, call))
-            welcomed = asyncio.create_task(node.welcomed.wait())
-            await asyncio.wait({reader, welcomed}, return_when=asyncio.FIRST_COMPLETED)
-            welcomed.cancel()
-            if reader.done():
+    async def node_loop(self, node: SimNode) -> None:
+        """Sessions until stopped: a stream that ends moves the node to its next shard (a silenced
+        node, hung, does not come back)."""
+        while not self.stopping.is_set():
+            node.address, node.redirect = node.redirect or self.home(node), ""
+            # Refused or reset: as a real agent, the next Hello names it (agent/link.py); a
+            # refusal ("retry later") or a NotLeader ends the stream cleanly and names nothing.
+            unreachable = await self.session(node, self.stub_for(node.address)) == grpc.StatusCode.UNAVAILABLE
+            if self.stopping.is_set() or node.is_silenced:
                 return
+            node.lost_at_wall_s, node.heard_again_wall_s = time.time(), None
+            if unreachable and node.address not in node.unreachable:
+                node.unreachable.append(node.address)
+            node.lost.append(node.address)
+            node.welcomed.clear()
+            await asyncio.sleep(self.rng.uniform(0.05, 0.2))  # an agent's first reconnect backoff
+
+    async def session(self, node: SimNode, stub: agent_pb2_grpc.SupervisorStub) -> grpc.StatusCode:
+        """One stream, until it ends; returns its final status (UNAVAILABLE: refused or reset)."""
+        call = stub.Connect(None)  # None: written below
+        self.calls.append(call)
+        tasks: list[asyncio.Task[None]] = []
         try:
-            await self.beat(node, call)
+            async with self.connect_gate:
+                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
+                    node_id=node.node_id, incarnation=node.incarnation, role=events_pb2.NODE_ROLE_ACTIVE,
+                    host="10.0.0.1", peer_port=7071, gpus=8, agent_version="sim", failure_domain="",
+                    unreachable_replicas=node.unreachable)))
+                reader = asyncio.create_task(self.read(node, call))
+                tasks.append(reader)
+                welcomed = asyncio.create_task(node.welcomed.wait())
+                await asyncio.wait({reader, welcomed}, return_when=asyncio.FIRST_COMPLETED)
+                welcomed.cancel()
+            if not reader.done():
+                node.unreachable = []  # (as an agent's Welcome clears them)
+                tasks.append(asyncio.create_task(self.beat(node, call)))
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            pass  # (a write to a stream that ended: its status below says how it ended)
         finally:
-            reader.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if not call.done():
+            call.cancel()
+        return await call.code()
 
     async def beat(self, node: SimNode, call: StreamCall) -> None:
         loop = asyncio.get_running_loop()
@@ -249,6 +315,8 @@ class Fleet:
                 sent = node.sent_at.pop(message.heartbeat_ack.seq, None)
                 if sent is not None:
                     c.acked += 1
+                    if node.lost_at_wall_s is not None and node.heard_again_wall_s is None:
+                        node.heard_again_wall_s = time.time()
                     if c.is_measuring:
                         (c.after_ms if c.is_after else c.latencies_ms).append(round((loop.time() - sent) * 1000.0, 2))
             elif kind == "welcome":
@@ -267,6 +335,8 @@ class Fleet:
                     node.generation, node.ranks = d.generation, ()
             elif kind == "refusal":
                 node.refusals += 1
+            elif kind == "not_leader":
+                node.redirect = message.not_leader.shard_address or message.not_leader.leader_address
             if len(node.sent_at) > 64:  # acks that never came: keep the map bounded
                 for seq in sorted(node.sent_at)[:-64]:
                     del node.sent_at[seq]

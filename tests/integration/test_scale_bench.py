@@ -2,7 +2,8 @@
 
 Asserts the JSON a user reads has its keys, the whole fleet connected and trained, every
 heartbeat was acknowledged, and the node silenced with its stream open was declared dead (and
-no other node was). No latency or CPU thresholds: this machine is shared.
+no other node was); with three replicas, that a SIGKILLed shard's nodes are heard again elsewhere
+with no verdict. No latency or CPU thresholds: this machine is shared.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def test_scale_bench_at_smoke_size_measures_latency_and_detects_the_silent_node(
 
 def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(capsys):
     assert cli.main(["bench", "scale", "--json", "--nodes", "90", "--intervals", "1", "--duration-s", "6",
-                     "--step-s", "2", "--sweep", "", "--replicas", "1,3"]) == 0
+                     "--step-s", "2", "--sweep", "", "--replicas", "1,3", "--kill-shard"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["replicas"] == [1, 3] and set(result["runs_by_replicas"]) == {"1", "3"}
     single, sharded = result["runs_by_replicas"]["1"]["1"], result["runs_by_replicas"]["3"]["1"]
@@ -56,3 +57,11 @@ def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(c
     assert single["replicas"] == 1 and single["shard_cpu_fractions"] == {}
     assert sharded["replicas"] == 3 and len(sharded["shard_cpu_fractions"]) == 2
     assert all(cpu > 0 for cpu in sharded["shard_cpu_fractions"].values()), "the shards carried their nodes"
+    # A follower SIGKILLed after the window: its nodes dial their next shard and are heard again
+    # there, and nobody is judged.
+    kill = sharded["shard_kill"]
+    assert kill["killed"] in sharded["shard_cpu_fractions"] and kill["nodes_on_it"] > 0
+    assert kill["moved"] >= kill["nodes_on_it"] - 1  # (less the silenced node, when it was there)
+    assert kill["heard_again"] == kill["moved"], kill
+    assert kill["deaths_after_kill"] == 0, kill
+    assert "shard_kill" not in single
