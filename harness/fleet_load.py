@@ -94,7 +94,7 @@ class Fleet:
         self.counters = Counters()
         self.stopping = asyncio.Event()
         self.channels: list[grpc.aio.Channel] = []
-        self._open: dict[str, tuple[agent_pb2_grpc.SupervisorStub, int]] = {}  # address -> (stub, streams on it)
+        self._open: dict[str, tuple[agent_pb2_grpc.SupervisorAsyncStub, int]] = {}  # address -> (stub, streams on it)
         self.calls: list[StreamCall] = []
         self.connect_gate = asyncio.Semaphore(args.connect_concurrency)
         self.addresses = [a for a in args.address.split(",") if a]
@@ -109,7 +109,7 @@ class Fleet:
                       or set(self.addresses))
         return shard_of(node.node_id, candidates)
 
-    def stub_for(self, address: str) -> agent_pb2_grpc.SupervisorStub:
+    def stub_for(self, address: str) -> agent_pb2_grpc.SupervisorAsyncStub:
         """A stub on a channel to `address` with room for one more stream."""
         stub, streams = self._open.get(address, (None, 0))
         if stub is None or streams >= max(1, self.args.streams_per_channel):
@@ -224,7 +224,7 @@ class Fleet:
             node.welcomed.clear()
             await asyncio.sleep(self.rng.uniform(0.05, 0.2))  # an agent's first reconnect backoff
 
-    async def session(self, node: SimNode, stub: agent_pb2_grpc.SupervisorStub) -> grpc.StatusCode:
+    async def session(self, node: SimNode, stub: agent_pb2_grpc.SupervisorAsyncStub) -> grpc.StatusCode:
         """One stream, until it ends; returns its final status (UNAVAILABLE: refused or reset)."""
         call = stub.Connect(None)  # None: written below
         self.calls.append(call)
