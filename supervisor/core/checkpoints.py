@@ -145,7 +145,7 @@ def on_step_report(state: ClusterState, report: StepReport, location: str, every
     return [CheckpointStarted(checkpoint_id, generation.number, report.step, generation.world_size, location)]
 
 
-def passed_without_shard(state: ClusterState, generation: int, step: int, rank: int) -> list[Event]:
+def passed_without_shard(state: ClusterState, soft: SoftState, generation: int, step: int, rank: int) -> list[Event]:
     """The attempt in flight can never complete once one of its ranks reports a later step
     without having reported its shard: ranks save synchronously between a step's report and the
     next (`trainer.Session.save_checkpoint`), and a shard's report travels behind its step's
@@ -154,8 +154,8 @@ def passed_without_shard(state: ClusterState, generation: int, step: int, rank: 
     before the attempt started): abort now, not at the timeout (30 min by default) or at the
     generation's end, so that the next due step can start one."""
     pending = state.pending_checkpoint
-    if pending is None or pending.generation != generation or step <= pending.step \
-            or not 0 <= rank < pending.shards or rank in pending.written:
+    if pending is None or pending.generation != generation or step <= pending.step or pending.is_complete \
+            or not 0 <= rank < pending.shards or rank in soft.written_ranks.of(pending):
         return []
     return [CheckpointAborted(pending.checkpoint_id,
                               f"rank {rank} reported step {step} without writing its shard of step {pending.step}"
@@ -169,14 +169,14 @@ def is_commit_held(state: ClusterState) -> bool:
     return pending is not None and sdc_checks.is_held(state, pending.step)
 
 
-def on_shard_report(state: ClusterState, report: CheckpointShardReport) -> list[Event]:
+def on_shard_report(state: ClusterState, soft: SoftState, report: CheckpointShardReport) -> list[Event]:
     """A written shard counts once; a failed one aborts the attempt; others' shards are ignored."""
     pending = state.pending_checkpoint
     if pending is None or pending.checkpoint_id != report.checkpoint_id or pending.generation != report.generation:
         return []
     if report.error:
         return [CheckpointAborted(pending.checkpoint_id, f"rank {report.rank} could not write its shard: {report.error}")]
-    if report.rank in pending.written or not 0 <= report.rank < pending.shards:
+    if not 0 <= report.rank < pending.shards or report.rank in soft.written_ranks.of(pending):
         return []
     return [CheckpointShardWritten(pending.checkpoint_id, report.rank, report.key, report.sha256, report.size_bytes)]
 

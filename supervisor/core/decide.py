@@ -107,7 +107,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
         case LeadershipAcquired():
             out.add(LeaderElected(inp.term, inp.address, state.applied_seq))
         case CheckpointShardReport():
-            out.extend(checkpoints.on_shard_report(state, inp))
+            out.extend(checkpoints.on_shard_report(state, soft, inp))
         case CheckpointCommitResult():
             out.extend(checkpoints.on_commit_result(state, inp))
         case SdcCheckResult():
@@ -164,13 +164,13 @@ def _on_step_report(soft: SoftState, seen: Observation, report: StepReport, conf
     out.extend(generations.mark_running(out.folded(), report))
     sdc_verdicts.on_vote(out.folded(), soft, seen, config, out)
     faults.on_stragglers(out.folded(), soft, seen, config, out)
-    _checkpoint_checks(report, config, out)
+    _checkpoint_checks(soft, report, config, out)
 
 
-def _checkpoint_checks(report: StepReport, config: CoreConfig, out: Emission) -> None:
+def _checkpoint_checks(soft: SoftState, report: StepReport, config: CoreConfig, out: Emission) -> None:
     """A rank that passed the checkpoint in flight without its shard aborts it; then the step's
     own checkpoint may start."""
-    out.extend(checkpoints.passed_without_shard(out.folded(), report.generation, report.step, report.rank))
+    out.extend(checkpoints.passed_without_shard(out.folded(), soft, report.generation, report.step, report.rank))
     out.extend(checkpoints.on_step_report(out.folded(), report, config.checkpoint_location,
                                           config.checkpoint_every_steps))
 
@@ -190,14 +190,21 @@ def _on_step_aggregate(soft: SoftState, seen: Observation, aggregate: StepAggreg
         out.extend(checkpoints.on_step_report(out.folded(), first, config.checkpoint_location,
                                               config.checkpoint_every_steps))
     for index in range(len(aggregate) - 1):
-        if index:
-            folded = out.folded()
-            if folded.pending_checkpoint is None and folded.requested_checkpoint is None:
-                break
-        _checkpoint_checks(aggregate.report(index) if index else first, config, out)
+        if index and not _checks_matter(out.folded(), aggregate.step):
+            break
+        _checkpoint_checks(soft, aggregate.report(index) if index else first, config, out)
     sdc_verdicts.on_vote(out.folded(), soft, seen, config, out)
     faults.on_stragglers(out.folded(), soft, seen, config, out)
-    _checkpoint_checks(last, config, out)
+    _checkpoint_checks(soft, last, config, out)
+
+
+def _checks_matter(state: ClusterState, step: int) -> bool:
+    """Whether a report after an aggregate's first can decide anything about checkpoints: only
+    while one is requested (its step may go by) or an incomplete one is in flight and this step is
+    past it (the rank may not have written). Otherwise it decides what the first one did."""
+    pending = state.pending_checkpoint
+    return state.requested_checkpoint is not None or (
+        pending is not None and step > pending.step and not pending.is_complete)
 
 
 def _on_tick(soft: SoftState, now: float, config: CoreConfig, out: Emission) -> None:

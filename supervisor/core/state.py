@@ -220,6 +220,27 @@ class PendingCheckpoint:
         return len(self.written) == self.shards
 
 
+@dataclass(slots=True)
+class WrittenRanks:
+    """`PendingCheckpoint.written` as a set. The tuple (arrival order, up to 100,000 ranks at 100k
+    GPUs) answers "did rank r write?" in O(ranks), and that is asked for every shard report and
+    every step report past the attempt's step: quadratic in the ranks per checkpoint. The tuple
+    only grows within an attempt, so the set grows from its tail; another attempt starts afresh."""
+
+    checkpoint_id: str = ""
+    ranks: set[int] = field(default_factory=set)
+    seen: int = 0  # how much of the tuple `ranks` holds
+
+    def of(self, pending: PendingCheckpoint) -> set[int]:
+        written = pending.written
+        if self.checkpoint_id != pending.checkpoint_id or self.seen > len(written):
+            self.checkpoint_id, self.ranks, self.seen = pending.checkpoint_id, set(), 0
+        if self.seen < len(written):
+            self.ranks.update(written[self.seen:])
+            self.seen = len(written)
+        return self.ranks
+
+
 @dataclass(frozen=True, slots=True)
 class RequestedCheckpoint:
     """A checkpoint asked for off the cadence, not started yet (its step not reached)."""
@@ -354,3 +375,6 @@ class SoftState:
     shard_heard_s: dict[str, float] = field(default_factory=dict)
     # The planners' objects from recent plans (plan_memo.py): plans equal without it, only slower.
     plan_memo: PlanMemo = field(default_factory=PlanMemo, compare=False, repr=False)
+    # The ranks that wrote their shard of the checkpoint in flight, as a set (decisions equal
+    # without it, only slower): see WrittenRanks.
+    written_ranks: WrittenRanks = field(default_factory=lambda: WrittenRanks(), compare=False, repr=False)
