@@ -55,7 +55,10 @@ SESSION_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 # (supervisor/server/server_limits.py: MIN_PING_INTERVAL_MS).
 MIN_KEEPALIVE_S = 1.0
 # A replica that accepts the connection but never completes the HTTP/2 handshake (the same stopped
-# process, dialled again) is given up after this; gRPC's own connect timeout is 20 s.
+# process, dialled again) is given up after this; gRPC's own connect timeout is 20 s. The first
+# dial after a working session was lost to an error gRPC did not word as a ping timeout (a reset,
+# or a grpcio that words it otherwise) allows one heartbeat interval (at least MIN_KEEPALIVE_S):
+# a live replica completes it in milliseconds, a silent one is then left within three intervals.
 CONNECT_LIMIT_S = 5.0
 MAX_UNREACHABLE = 16  # replicas named in a Hello as unreachable, at most (a fleet runs 3-7 replicas)
 
@@ -344,6 +347,7 @@ class SupervisorLink:
             else list(config.supervisors)
         self._unreachable: list[str] = []  # replicas that did not answer since the last Welcome
         self._interval_s = config.heartbeat_interval_s  # the last Welcome's, else the configured one
+        self._redial_quickly = False  # the next dial follows a working session lost (see CONNECT_LIMIT_S)
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self._config
@@ -404,10 +408,13 @@ class SupervisorLink:
                     raise HelloRefused(exc.details() or "permission denied") from exc
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and (not state.welcomed or _is_silent_loss(exc)):
                     # Refused, or a working session whose pings went unanswered: the next Hello
-                    # names this replica, so the next one holds this node meanwhile. A reset of a
-                    # working session (a network blip, a restart) dials this node's own shard
-                    # again first: refused at once if it is gone, and no move if it is not.
+                    # names this replica, so the next one holds this node meanwhile.
                     self._mark_unreachable(address)
+                elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    # A working session reset (a network blip, a restart): this node's own shard
+                    # is dialled again first, refused at once if it is gone, no move if it is
+                    # not, and given one interval to answer if it went silent.
+                    self._redial_quickly = True
                 log.warning("stream_error", code=exc.code().name, details=exc.details())
             except Exception as exc:
                 log.warning("stream_error", error=repr(exc))
@@ -427,7 +434,9 @@ class SupervisorLink:
         call = agent_pb2_grpc.SupervisorStub(channel).Connect(None)  # None: written by _write
         reader = asyncio.create_task(self._read(call, state, log))
         writer = asyncio.create_task(self._write(call, state))
-        handshake = asyncio.create_task(_handshake_within(channel, CONNECT_LIMIT_S))
+        limit_s = max(MIN_KEEPALIVE_S, self._interval_s) if self._redial_quickly else CONNECT_LIMIT_S
+        self._redial_quickly = False
+        handshake = asyncio.create_task(_handshake_within(channel, limit_s))
         tasks = {reader, writer, handshake}
         try:
             while True:
@@ -530,9 +539,8 @@ class SupervisorLink:
 
 def _is_silent_loss(exc: grpc.aio.AioRpcError) -> bool:
     """gRPC ended the stream because a ping went unanswered: "ping timeout" in grpcio 1.85,
-    "keepalive watchdog timeout" in older ones (tests/unit/agent/test_link_keepalive.py fails if
-    a grpcio upgrade words it otherwise: the agent would then dial the silent replica once more,
-    for up to CONNECT_LIMIT_S)."""
+    "keepalive watchdog timeout" in older ones. A grpcio that words it otherwise costs one more
+    dial of the silent replica, given up after one interval (see CONNECT_LIMIT_S)."""
     details = (exc.details() or "").lower()
     return "ping timeout" in details or "keepalive" in details
 
