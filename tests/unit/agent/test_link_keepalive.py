@@ -11,8 +11,11 @@ TLS handshake for gRPC's whole connect timeout (20 s) unless the agent gives up 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import pathlib
 import random
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -70,41 +73,59 @@ def _link(node_id: str, addresses: tuple[str, ...], workdir: pathlib.Path,
                           running_generation=lambda: 1, log=structlog.get_logger(), rng=random.Random(0))
 
 
-@pytest.mark.parametrize("worded", [True, False], ids=["ping-timeout", "otherwise-worded"])
-async def test_a_supervisor_gone_silent_mid_stream_is_left_for_the_next_replica(tmp_path: pathlib.Path,
-                                                                                  monkeypatch, worded: bool):
-    if not worded:  # a grpcio that words its ping timeout otherwise: the redial's short limit saves it
-        monkeypatch.setattr(link_module, "_is_silent_loss", lambda exc: False)
+@dataclasses.dataclass
+class _Setup:
+    a: _Replica  # the node's own replica, behind `proxy`
+    b: _Replica  # its next one
+    proxy: PartitionProxy
+
+
+@contextlib.asynccontextmanager
+async def _linked(workdir: pathlib.Path, *, partitioned: bool = False, server_files: tuple[tls.TlsFiles, tls.TlsFiles]
+                  | None = None, agent_files: tls.TlsFiles | None = None) -> AsyncIterator[_Setup]:
+    """Two replicas (the first behind a partition proxy, partitioned from the start if asked) and
+    an agent's link for a node whose own replica is the first; everything stopped on exit."""
     a, b = _Replica(), _Replica()
-    server_a, address_a = await _serve(a)
-    server_b, address_b = await _serve(b)
+    server_a, address_a = await _serve(a, server_files[0] if server_files else None)
+    server_b, address_b = await _serve(b, server_files[1] if server_files else None)
     proxy = PartitionProxy(address_a)
-    node_id = _node_first_at(proxy.address, address_b)
-    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), tmp_path).run())
-    loop = asyncio.get_running_loop()
-    try:
-        await eventually(lambda: len(a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
+    if partitioned:
         proxy.partition()
-        silent_at = loop.time()
-        await eventually(lambda: len(b.hellos) == 1, timeout_s=10, what="the node's Hello at the next replica")
-        moved_after_s = loop.time() - silent_at
-        # Pings every interval, one unanswered for an interval: gone within about two (and a
-        # backoff step; one more interval when the loss is not recognised as silence); gRPC's own
-        # connect timeout (20 s) or TCP's retransmissions (minutes) are far.
-        assert moved_after_s < 4 * INTERVAL_S, f"left the silent replica after {moved_after_s:.1f}s"
-        assert list(b.hellos[0].unreachable_replicas) == [proxy.address], "the Hello names the silent one"
-        if not worded:
-            return
-        # The next replica keeps the stream: a ping every interval is no abuse to its server.
-        await asyncio.sleep(3 * INTERVAL_S)  # the behaviour under test is what does not happen meanwhile
-        assert len(b.hellos) == 1, "the stream at the next replica was ended and dialled again"
-        assert len(a.hellos) == 1
+    node_id = _node_first_at(proxy.address, address_b)
+    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), workdir, agent_files).run())
+    try:
+        yield _Setup(a, b, proxy)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         proxy.close()
         await server_a.stop(0)
         await server_b.stop(0)
+
+
+@pytest.mark.parametrize("worded", [True, False], ids=["ping-timeout", "otherwise-worded"])
+async def test_a_supervisor_gone_silent_mid_stream_is_left_for_the_next_replica(tmp_path: pathlib.Path,
+                                                                                  monkeypatch, worded: bool):
+    if not worded:  # a grpcio that words its ping timeout otherwise: the redial's short limit saves it
+        monkeypatch.setattr(link_module, "_is_silent_loss", lambda exc: False)
+    async with _linked(tmp_path) as t:
+        loop = asyncio.get_running_loop()
+        await eventually(lambda: len(t.a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
+        t.proxy.partition()
+        silent_at = loop.time()
+        await eventually(lambda: len(t.b.hellos) == 1, timeout_s=10, what="the node's Hello at the next replica")
+        moved_after_s = loop.time() - silent_at
+        # Pings every interval, one unanswered for an interval: gone within about two (and a
+        # backoff step; one more interval when the loss is not recognised as silence); gRPC's own
+        # connect timeout (20 s) or TCP's retransmissions (minutes) are far.
+        assert moved_after_s < 4 * INTERVAL_S, f"left the silent replica after {moved_after_s:.1f}s"
+        assert list(t.b.hellos[0].unreachable_replicas) == [t.proxy.address], "the Hello names the silent one"
+        if not worded:
+            return
+        # The next replica keeps the stream: a ping every interval is no abuse to its server.
+        await asyncio.sleep(3 * INTERVAL_S)  # the behaviour under test is what does not happen meanwhile
+        assert len(t.b.hellos) == 1, "the stream at the next replica was ended and dialled again"
+        assert len(t.a.hellos) == 1
 
 
 async def test_a_replica_that_takes_the_connection_but_never_answers_is_given_up(tmp_path: pathlib.Path,
@@ -116,42 +137,19 @@ async def test_a_replica_that_takes_the_connection_but_never_answers_is_given_up
     def files(stem: str) -> tls.TlsFiles:
         return tls.TlsFiles(pki / f"{stem}.pem", pki / f"{stem}.key", pki / "ca.pem")
 
-    a, b = _Replica(), _Replica()
-    server_a, address_a = await _serve(a, files("supervisor-s1"))
-    server_b, address_b = await _serve(b, files("supervisor-s2"))
-    proxy = PartitionProxy(address_a)
-    proxy.partition()  # its connections wait in the accept backlog: TCP connects, the TLS handshake hangs
-    node_id = _node_first_at(proxy.address, address_b)
-    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), tmp_path, files("node-n")).run())
-    try:
-        await eventually(lambda: len(b.hellos) == 1, timeout_s=10, what="the node's Hello at the next replica")
-        assert list(b.hellos[0].unreachable_replicas) == [proxy.address]
-        assert a.hellos == []
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        proxy.close()
-        await server_a.stop(0)
-        await server_b.stop(0)
+    # The proxy's connections wait in its accept backlog: TCP connects, the TLS handshake hangs.
+    async with _linked(tmp_path, partitioned=True, server_files=(files("supervisor-s1"), files("supervisor-s2")),
+                       agent_files=files("node-n")) as t:
+        await eventually(lambda: len(t.b.hellos) == 1, timeout_s=10, what="the node's Hello at the next replica")
+        assert list(t.b.hellos[0].unreachable_replicas) == [t.proxy.address]
+        assert t.a.hellos == []
 
 
 async def test_a_reset_session_dials_its_own_replica_again(tmp_path: pathlib.Path):
     """A network blip (both ends see the connection closed) is no silence: the node goes back to
     its own replica, it does not move (a rack's blip would otherwise shift its nodes' shards)."""
-    a, b = _Replica(), _Replica()
-    server_a, address_a = await _serve(a)
-    server_b, address_b = await _serve(b)
-    proxy = PartitionProxy(address_a)
-    node_id = _node_first_at(proxy.address, address_b)
-    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), tmp_path).run())
-    try:
-        await eventually(lambda: len(a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
-        proxy.cut()
-        await eventually(lambda: len(a.hellos) == 2, timeout_s=10, what="the node's second Hello at its own replica")
-        assert b.hellos == [] and list(a.hellos[1].unreachable_replicas) == []
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        proxy.close()
-        await server_a.stop(0)
-        await server_b.stop(0)
+    async with _linked(tmp_path) as t:
+        await eventually(lambda: len(t.a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
+        t.proxy.cut()
+        await eventually(lambda: len(t.a.hellos) == 2, timeout_s=10, what="the node's second Hello at its own replica")
+        assert t.b.hellos == [] and list(t.a.hellos[1].unreachable_replicas) == []
