@@ -25,6 +25,7 @@ from ftsup.agent.core.trainer_env import RankSpec, error_file_name, log_file_nam
 from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from ftsup.agent.restore import RestoreBook, RestoreSource
 from ftsup.agent.snapshots import SnapshotStore
+from ftsup.common.deadline import within
 from ftsup.v1 import agent_pb2
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -234,7 +235,7 @@ class Launcher:
         loop = asyncio.get_running_loop()
         trainer.rejoin = loop.create_future()
         try:
-            return await asyncio.wait_for(asyncio.shield(trainer.rejoin), wait_s)
+            return await within(asyncio.shield(trainer.rejoin), wait_s)
         except TimeoutError:
             return f"no new generation for this node within {wait_s:g}s"
         finally:

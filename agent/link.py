@@ -32,6 +32,7 @@ from ftsup.agent.core.outbox import Outbox, Priority
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.common import holdings_pack, step_pack
 from ftsup.common.backoff import Backoff
+from ftsup.common.deadline import within
 from ftsup.common.shard_map import ranked
 from ftsup.common.tls import channel_credentials, expect_supervisor
 from ftsup.v1 import agent_pb2, agent_pb2_grpc
@@ -279,7 +280,7 @@ class Reports:
 
     async def wait(self, timeout_s: float) -> None:
         try:
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
+            await within(self._ready.wait(), timeout_s)
         except TimeoutError:
             pass
 
@@ -478,7 +479,7 @@ class SupervisorLink:
                 # it may have missed, before anything new. Heartbeats go on meanwhile.
                 if not state.welcome_seen.is_set():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(state.welcome_seen.wait(), max(0.0, next_beat - loop.time()))
+                        await within(state.welcome_seen.wait(), max(0.0, next_beat - loop.time()))
                     continue
                 held = self._resync()
                 for fact in [*(fold_holdings(held) if state.folds_holdings else held), *self._reports.sticky()]:
@@ -549,7 +550,7 @@ async def _handshake_within(channel: grpc.aio.Channel, limit_s: float) -> None:
     """Returns once `channel` is connected; raises _Unresponsive when it is not within `limit_s`. A
     refused connection fails the stream itself at once (UNAVAILABLE); this catches the silent kind."""
     try:
-        await asyncio.wait_for(channel.channel_ready(), limit_s)
+        await within(channel.channel_ready(), limit_s)
     except TimeoutError:
         raise _Unresponsive(f"no HTTP/2 handshake within {limit_s:g}s (a stopped process or a lost host)") from None
 

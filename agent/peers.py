@@ -25,6 +25,7 @@ from ftsup.agent.streams import header_of, ident_of, opening_chunk, receive, sen
 from ftsup.common import tls
 from ftsup.common.backoff import Backoff
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
+from ftsup.common.deadline import within
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
 
 FETCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0, deadline_s=30.0)
@@ -127,7 +128,7 @@ class PeerClient:
         async def attempt(stub: peer_pb2_grpc.AgentPeerAsyncStub) -> Blob:
             call = stub.FetchSnapshot(request)
             try:
-                first = opening_chunk(await asyncio.wait_for(call.read(), HEADER_TIMEOUT_S))
+                first = opening_chunk(await within(call.read(), HEADER_TIMEOUT_S))
                 header = first.header
                 if (header.rank, header.step) != (rank, step):
                     raise PeerUnavailable(f"{address} answered rank {header.rank} step {header.step} "

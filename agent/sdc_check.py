@@ -26,6 +26,7 @@ from ftsup.agent.core import sdc_replay
 from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
 from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from ftsup.agent.snapshots import Blob, InvalidSnapshot, SnapshotStore
+from ftsup.common.deadline import within
 from ftsup.v1 import agent_pb2, events_pb2
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -87,7 +88,7 @@ class SdcChecker:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            answer = await asyncio.wait_for(self._replay(order), self._deadline_s)
+            answer = await within(self._replay(order), self._deadline_s)
         except TimeoutError:
             answer = sdc_replay.failed(f"the replay took longer than {self._deadline_s:g}s on {self._node_id}")
         except Exception as exc:

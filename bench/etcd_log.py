@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ftsup.common.deadline import within  # noqa: E402
 from ftsup.harness import orphan_guard  # noqa: E402
 from ftsup.supervisor.core.events import NodeCleared  # noqa: E402
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog  # noqa: E402
@@ -66,7 +67,7 @@ async def one_failover(cluster: EtcdCluster, client: Any, prefix: str) -> float:
     orphan_guard.watch(proc)
     try:
         assert proc.stdout is not None  # stdout=PIPE
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        line = await within(asyncio.to_thread(proc.stdout.readline), 30)
         if not line.startswith("LEADER"):
             raise RuntimeError(f"candidate did not lead: {line!r}")
         successor = LeaderElection(client, prefix, "successor:1")
@@ -74,7 +75,7 @@ async def one_failover(cluster: EtcdCluster, client: Any, prefix: str) -> float:
         await asyncio.sleep(0.5)  # the successor is now watching the key
         killed_at = time.monotonic()
         proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(waiting, 10)
+        await within(waiting, 10)
         took = time.monotonic() - killed_at
         await successor.resign()
         return took

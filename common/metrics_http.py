@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ftsup.common import logs, tls
+from ftsup.common.deadline import within
 
 log = logs.get("ftsup.metrics")
 
@@ -62,9 +63,9 @@ async def serve_metrics(
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+            request = await within(reader.readline(), READ_TIMEOUT_S)
             for _ in range(HEADER_LIMIT):
-                line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+                line = await within(reader.readline(), READ_TIMEOUT_S)
                 if line in (b"\r\n", b"\n", b""):
                     break
             parts = request.decode("latin-1").split()

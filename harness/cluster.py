@@ -360,7 +360,11 @@ class LocalCluster:
         """Polls `check` until it returns something truthy; raises ClusterError at the deadline,
         or at once if the supervisor exited meanwhile."""
         def checked() -> T | None:
-            value = check()
+            try:
+                value = check()
+            except grpc.RpcError:  # (a supervisor that exited resets its connections: say why it exited)
+                self._raise_if_supervisor_died(what)
+                raise
             if not value:
                 self._raise_if_supervisor_died(what)
             return value
@@ -369,10 +373,22 @@ class LocalCluster:
 
     def _raise_if_supervisor_died(self, what: str) -> None:
         if self.supervisor is not None and self.supervisor.poll() is not None:
+            log_path = self._replica_argv[self.address][1] if self.address in self._replica_argv \
+                else self.workdir / "supervisor.log"
             raise ClusterError(
-                f"the supervisor exited with code {self.supervisor.returncode} while waiting for {what};"
-                f" see {self.workdir / 'supervisor.log'}"
+                f"the supervisor at {self.address} exited with code {self.supervisor.returncode} while waiting"
+                f" for {what}; the end of {log_path}:\n{_tail(log_path, LOG_TAIL_LINES)}"
             )
+
+
+LOG_TAIL_LINES = 15  # of a supervisor that exited, in the error (CI shows the error, not the file)
+
+
+def _tail(path: pathlib.Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
 
 
 def terminate_group(process: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float = 5.0) -> None:

@@ -27,6 +27,7 @@ import aetcd.rtypes
 import grpc
 from aetcd import transactions as tx
 
+from ftsup.common.deadline import within
 from ftsup.supervisor.leader_view import LeaseView, after_keepalive, leads_at, next_refresh_in
 from ftsup.supervisor.lease_keeper import LeaseKeeper
 
@@ -93,15 +94,15 @@ class LeaderElection:
 
     async def current(self) -> Leader | None:
         """Who leads now, per etcd (for followers' NotLeader answers and `supervisorctl leader`)."""
-        got = await asyncio.wait_for(self._client.get(self._key), self._timeout_s)
+        got = await within(self._client.get(self._key), self._timeout_s)
         return None if got is None else Leader(got.value.decode(), got.create_revision)
 
     async def campaign(self) -> Leader | None:
         """One attempt: put-if-absent of the leader key on a fresh lease. Returns our leadership or None."""
         sent_at = self._clock()
-        lease = await asyncio.wait_for(self._client.lease(self.ttl_s), self._timeout_s)
+        lease = await within(self._client.lease(self.ttl_s), self._timeout_s)
         try:
-            ok, responses = await asyncio.wait_for(
+            ok, responses = await within(
                 self._client.transaction(
                     [tx.Create(self._key) == 0],
                     [tx.Put(self._key, self.address.encode(), lease=lease.id), tx.Get(self._key)],
@@ -148,11 +149,11 @@ class LeaderElection:
                 await asyncio.sleep(poll)
 
     async def _wait_for_vacancy(self, timeout_s: float) -> None:
-        got = await asyncio.wait_for(self._client.get(self._key), self._timeout_s)
+        got = await within(self._client.get(self._key), self._timeout_s)
         if got is None:
             return
         with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
-            await asyncio.wait_for(
+            await within(
                 self._client.watch_once(
                     self._key, start_revision=got.mod_revision + 1, kind=aetcd.rtypes.EventKind.DELETE
                 ),
@@ -166,7 +167,7 @@ class LeaderElection:
         channel ran meanwhile), stops marking, and the lease lapses MAX_LOOP_STALL_S later."""
         while True:
             with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
-                await asyncio.wait_for(self._client.get(self._key), self._timeout_s)
+                await within(self._client.get(self._key), self._timeout_s)
                 self._loop_seen_at = self._clock()
             await asyncio.sleep(self.ttl_s / 4)
 
@@ -177,7 +178,7 @@ class LeaderElection:
             sent_at = self._clock()
             granted: int | None = None
             try:
-                reply = await asyncio.wait_for(self._client.refresh_lease(self._lease_id), self._timeout_s)
+                reply = await within(self._client.refresh_lease(self._lease_id), self._timeout_s)
                 granted = int(reply.TTL) if reply is not None else None
             except (aetcd.exceptions.ClientError, TimeoutError) as exc:
                 log.info("lease refresh for %s failed: %r", self.key, exc)
@@ -224,7 +225,7 @@ class LeaderElection:
             return
         self._step_down("resigned")
         with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
-            await asyncio.wait_for(
+            await within(
                 self._client.transaction([tx.Create(self._key) == leader.term], [tx.Delete(self._key)], []),
                 self._timeout_s,
             )
@@ -232,4 +233,4 @@ class LeaderElection:
 
     async def _revoke(self, lease_id: int) -> None:
         with contextlib.suppress(aetcd.exceptions.ClientError, TimeoutError):
-            await asyncio.wait_for(self._client.revoke_lease(lease_id), self._timeout_s)
+            await within(self._client.revoke_lease(lease_id), self._timeout_s)

@@ -15,10 +15,12 @@ import contextlib
 import os
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ftsup.common import logs
 from ftsup.common.backoff import Backoff
+from ftsup.common.deadline import within
 from ftsup.supervisor.eventlog.api import LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog
 from ftsup.supervisor.leader import LeaderElection
@@ -87,10 +89,42 @@ async def rehome_on_change(members: ReplicaMembers, *movers: Callable[[], int],
     `movers` are the follower's shard and the leader's agent service (each moves what it holds)."""
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(members.changed.wait(), every_s)
+            await within(members.changed.wait(), every_s)
         members.changed.clear()
         for move in movers:
             move()
+
+
+# How long a cancelled task may take to stop before it is cancelled again (and named in the log).
+STOP_PATIENCE_S = 1.0
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """A task's name and the line it is suspended at, for a log line about a task that will not stop."""
+    frames = task.get_stack(limit=1)
+    if not frames:
+        return task.get_name()
+    code = frames[-1].f_code
+    return f"{task.get_name()} at {code.co_filename.rsplit('/', 1)[-1]}:{frames[-1].f_lineno} ({code.co_name})"
+
+
+async def stop_tasks(tasks: Sequence[asyncio.Task[Any]], what: str,
+                     patience_s: float = STOP_PATIENCE_S) -> None:
+    """Cancels `tasks` and waits until all have ended, cancelling the ones still running again
+    every `patience_s`: a cancel lost in a library (aetcd's watcher, Python 3.11's wait_for;
+    common/deadline.py) then costs a second, not the takeover. Each round still waiting logs
+    which tasks and where they stand, so a takeover that the watchdog ends says what it waited on."""
+    pending: set[asyncio.Task[Any]] = {task for task in tasks if not task.done()}
+    rounds = 0
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=patience_s)
+        rounds += 1
+        if pending:
+            log.warning("tasks did not stop when cancelled; cancelling them again", what=what,
+                        waited_s=round(rounds * patience_s, 1), tasks=sorted(_where(task) for task in pending))
+    await asyncio.gather(*tasks, return_exceptions=True)  # (all done: collects their outcomes)
 
 
 # A replica that won the election must lead within this: stop following and load the log. Its
@@ -120,21 +154,19 @@ async def run_replica(runtime: Runtime, election: LeaderElection, event_log: Etc
                       exit_process: Callable[[int], object] = os._exit) -> None:
     runtime.become_follower()
     while True:
-        follower = asyncio.create_task(follow_log(runtime, event_log))
-        tracker = asyncio.create_task(track_leader(runtime, election))
+        follower = asyncio.create_task(follow_log(runtime, event_log), name="follow_log")
+        tracker = asyncio.create_task(track_leader(runtime, election), name="track_leader")
         tasks = [follower, tracker]
         if shard is not None:  # while following, this replica's share of the agents goes through the leader
-            tasks.append(asyncio.create_task(shard.relay_forever(lambda: runtime.leader_address)))
+            tasks.append(asyncio.create_task(shard.relay_forever(lambda: runtime.leader_address), name="relay"))
         watchdog: asyncio.TimerHandle | None = None
         try:
             leader = await election.run_until_leader()
             watchdog = asyncio.get_running_loop().call_later(takeover_limit_s, _wedged_takeover, election,
                                                              leader.term, takeover_limit_s, exit_process)
         finally:
-            for task in tasks:
-                task.cancel()
             try:
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await stop_tasks(tasks, "the follower's tasks")
             except BaseException:  # (cancelled meanwhile: a shutdown must not meet the watchdog)
                 if watchdog is not None:
                     watchdog.cancel()

@@ -33,6 +33,7 @@ import grpc
 
 from ftsup.common import logs
 from ftsup.common.backoff import Backoff
+from ftsup.common.deadline import within
 from ftsup.common.shard_map import agent_holders, home_of, shard_of
 from ftsup.common.tls import TlsFiles, channel_credentials, expect_supervisor
 from ftsup.supervisor.core.token_bucket import TokenBucket
@@ -336,7 +337,7 @@ class LinkShard:
                 if not self._heard:
                     self._heard_ready.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(_first_of(self._heard_ready.wait(), reader), SHARD_KEEPALIVE_S)
+                        await within(_first_of(self._heard_ready.wait(), reader), SHARD_KEEPALIVE_S)
                     if not self._heard and not reader.done():
                         await call.write(shard_pb2.ShardLiveness())  # (alive, nothing heard)
                     continue

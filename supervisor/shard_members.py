@@ -17,6 +17,7 @@ import aetcd
 import aetcd.exceptions
 
 from ftsup.common import logs
+from ftsup.common.deadline import within
 
 log = logs.get("supervisor.shard_members")
 
@@ -68,17 +69,17 @@ class ReplicaMembers:
         finally:
             if lease_id:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._client.revoke_lease(lease_id), self._timeout_s)
+                    await within(self._client.revoke_lease(lease_id), self._timeout_s)
 
     async def _keep(self, lease_id: int, now: float) -> tuple[int, float]:
         """Refreshes our lease (or takes a new one and puts our key); the next refresh time."""
         try:
             if lease_id:
-                reply = await asyncio.wait_for(self._client.refresh_lease(lease_id), self._timeout_s)
+                reply = await within(self._client.refresh_lease(lease_id), self._timeout_s)
                 if reply is not None and int(reply.TTL) > 0:
                     return lease_id, now + self._ttl_s / 3
-            lease = await asyncio.wait_for(self._client.lease(self._ttl_s), self._timeout_s)
-            await asyncio.wait_for(self._client.put(self._key, b"", lease=lease.id), self._timeout_s)
+            lease = await within(self._client.lease(self._ttl_s), self._timeout_s)
+            await within(self._client.put(self._key, b"", lease=lease.id), self._timeout_s)
             return lease.id, now + self._ttl_s / 3
         except (aetcd.exceptions.ClientError, TimeoutError) as exc:
             log.info("replica membership refresh failed; retrying", error=repr(exc))
@@ -86,7 +87,7 @@ class ReplicaMembers:
 
     async def _poll(self) -> None:
         try:
-            got = await asyncio.wait_for(self._client.get_prefix(members_prefix(self._prefix), keys_only=True),
+            got = await within(self._client.get_prefix(members_prefix(self._prefix), keys_only=True),
                                          self._timeout_s)
         except (aetcd.exceptions.ClientError, TimeoutError) as exc:
             log.debug("replica membership poll failed", error=repr(exc))

@@ -42,6 +42,7 @@ import aetcd
 import aetcd.exceptions
 from aetcd import transactions as tx
 
+from ftsup.common.deadline import within
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.events import Event, Record
 from ftsup.supervisor.core.state import ClusterState
@@ -292,7 +293,7 @@ class EtcdLog:
         # aetcd swallows a CancelledError in places (watcher shutdown): check we were not cancelled.
         while not self._closed and not (me is not None and me.cancelling()):
             try:
-                watch = await asyncio.wait_for(
+                watch = await within(
                     self._client.watch_prefix(self._root, start_revision=self._revision + 1), self._timeout_s
                 )
                 try:
@@ -315,7 +316,7 @@ class EtcdLog:
                             # swallowed by a wait_for whose call finished at that moment (Python 3.11)
                 finally:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(watch.cancel(), self._timeout_s)
+                        await within(watch.cancel(), self._timeout_s)
             except asyncio.CancelledError:
                 raise
             except (aetcd.exceptions.RevisionCompactedError, LogError) as exc:
@@ -769,7 +770,7 @@ class EtcdLog:
     async def _call(self, call: Awaitable[T]) -> T:
         """Runs one etcd call under the deadline; translates client errors (DESIGN: say if retryable)."""
         try:
-            return await asyncio.wait_for(call, self._timeout_s)
+            return await within(call, self._timeout_s)
         except TimeoutError as exc:
             raise LogUnavailable(f"etcd did not answer within {self._timeout_s}s ({self.prefix})") from exc
         except aetcd.exceptions.ClientError as exc:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 
 from ftsup.common import logs
+from ftsup.common.deadline import within
 from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.policies import failure
@@ -144,7 +145,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not len(down):
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(down.ready.wait(), LEADERSHIP_CHECK_S)
+                        await within(down.ready.wait(), LEADERSHIP_CHECK_S)
                     if reader.done():
                         break
                     continue
@@ -206,7 +207,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         try:
             while runtime.is_leader and runtime.term == term:
                 with contextlib.suppress(TimeoutError):
-                    number = await asyncio.wait_for(admitted.get(), LEADERSHIP_CHECK_S)
+                    number = await within(admitted.get(), LEADERSHIP_CHECK_S)
                     if not number:
                         break
                     while not admitted.empty():  # (the newest covers the older)

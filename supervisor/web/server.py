@@ -26,6 +26,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from ftsup.common import logs, tls
+from ftsup.common.deadline import within
 from ftsup.common.tls import PeerKind
 from ftsup.supervisor.core.events import Record
 from ftsup.supervisor.eventlog.api import LogError
@@ -99,9 +100,9 @@ class StatusServer:
     # -- request handling -----------------------------------------------------------------------
     async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+            request = await within(reader.readline(), READ_TIMEOUT_S)
             for _ in range(HEADER_LIMIT):
-                line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+                line = await within(reader.readline(), READ_TIMEOUT_S)
                 if line in (b"\r\n", b"\n", b""):
                     break
             parts = request.decode("latin-1").split()
@@ -246,7 +247,7 @@ async def _take(queue: asyncio.Queue[Record | None], wait_s: float) -> tuple[lis
     """Up to BATCH_RECORDS records, waiting at most `wait_s` for the first, and whether the pump
     ended (the log cannot be followed from here any more)."""
     try:
-        item = await asyncio.wait_for(queue.get(), wait_s)
+        item = await within(queue.get(), wait_s)
     except TimeoutError:
         return [], False
     batch: list[Record] = []
@@ -261,7 +262,7 @@ async def _take(queue: asyncio.Queue[Record | None], wait_s: float) -> tuple[lis
 async def _event(writer: asyncio.StreamWriter, name: str, data: Any) -> None:
     body = json.dumps(data, separators=(",", ":"), allow_nan=False)
     writer.write(f"event: {name}\ndata: {body}\n\n".encode())
-    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    await within(writer.drain(), WRITE_TIMEOUT_S)
 
 
 async def _send(writer: asyncio.StreamWriter, status: str, kind: str, body: bytes, *, cache: bool = False) -> None:
@@ -270,7 +271,7 @@ async def _send(writer: asyncio.StreamWriter, status: str, kind: str, body: byte
             "Content-Security-Policy: default-src 'self'; style-src 'self' 'unsafe-inline'\r\n"
             "Connection: close\r\n\r\n")
     writer.write(head.encode("latin-1") + body)
-    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    await within(writer.drain(), WRITE_TIMEOUT_S)
 
 
 async def _send_json(writer: asyncio.StreamWriter, data: Any) -> None:

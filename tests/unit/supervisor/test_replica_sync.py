@@ -109,3 +109,40 @@ async def test_a_replica_whose_takeover_is_stuck_gives_its_lease_up_and_exits() 
         replica.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(replica, 5)
+
+
+class OnceDeafLog(StubbornLog):
+    """follow() loses the first cancel (as a poll through Python 3.11's wait_for does when its
+    answer lands in the same iteration) and honours the next."""
+
+    async def follow(self, since_seq: int):  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(3600)
+        yield  # (an async generator)
+
+
+async def test_a_follower_task_that_loses_a_cancel_is_cancelled_again_and_the_takeover_completes() -> None:
+    from ftsup.supervisor.eventlog.memory import MemoryLog
+    from ftsup.supervisor.replica import run_replica
+    from ftsup.supervisor.runtime import Runtime
+    from tests.support.builders import config
+
+    exits: list[int] = []
+    runtime = Runtime(config(), MemoryLog())
+    runtime.become_follower()  # (as run_replica's first step does: not leading until the takeover)
+    replica = asyncio.create_task(run_replica(runtime, WonElection(), OnceDeafLog(), takeover_limit_s=30,  # type: ignore[arg-type]
+                                              exit_process=exits.append))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10  # one patience round (1 s) is enough
+        while not runtime.is_leader:
+            assert asyncio.get_running_loop().time() < deadline, "the takeover waited on a task that lost a cancel"
+            assert not replica.done(), replica
+            await asyncio.sleep(0.01)
+        assert exits == []
+    finally:
+        replica.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(replica, 5)
