@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 
 from ftsup.supervisor.core import events as ev
 from ftsup.supervisor.core.directives import Directive
+from ftsup.supervisor.core.grow_only import GrowOnly
 from ftsup.supervisor.core.state import ClusterState, NodeRecord
 from ftsup.v1 import agent_pb2, events_pb2, state_pb2
 
@@ -197,7 +198,7 @@ def _set_field(message: Message, name: str, value: Any) -> None:
         target = getattr(message, name)
         if value:
             _add_items(message, name, [value[key] for key in sorted(value)])
-    elif isinstance(value, tuple):
+    elif isinstance(value, tuple | GrowOnly):
         target = getattr(message, name)
         first: type = type(value[0]) if value else type(None)
         if value and _is_dataclass_type(first):
@@ -320,6 +321,9 @@ def _field_decoder(cls: type, name: str, hint: Any) -> FieldDecoder:
         if item is _identity:
             return lambda message: tuple(getattr(message, name))
         return lambda message: tuple(map(item, getattr(message, name)))
+    if origin is GrowOnly:  # a repeated field, as a tuple's
+        item = _value_decoder(cls, name, typing.get_args(hint)[0])
+        return lambda message: GrowOnly(map(item, getattr(message, name)))
     if origin is Mapping:
         # Mappings are stored as repeated messages keyed by their item's first field.
         item_cls = typing.get_args(hint)[1]

@@ -83,8 +83,8 @@ def evolve_checkpoint(state: ClusterState, event: CheckpointEvent) -> ClusterSta
                     f"shard {event.shard} of checkpoint {event.checkpoint_id!r} is out of range or already written"
                 )
             record = ShardRecord(event.shard, event.key, event.sha256, event.size_bytes)
-            written = frozen.replace(pending, written=(*pending.written, event.shard),
-                                     records=(*pending.records, record))
+            written = frozen.replace(pending, written=pending.written.append(event.shard),
+                                     records=pending.records.append(record))
             return frozen.replace(state, pending_checkpoint=written)
         case CheckpointCommitted():
             pending = _require_pending(state, event.checkpoint_id)
@@ -145,7 +145,7 @@ def on_step_report(state: ClusterState, report: StepReport, location: str, every
     return [CheckpointStarted(checkpoint_id, generation.number, report.step, generation.world_size, location)]
 
 
-def passed_without_shard(state: ClusterState, soft: SoftState, generation: int, step: int, rank: int) -> list[Event]:
+def passed_without_shard(state: ClusterState, generation: int, step: int, rank: int) -> list[Event]:
     """The attempt in flight can never complete once one of its ranks reports a later step
     without having reported its shard: ranks save synchronously between a step's report and the
     next (`trainer.Session.save_checkpoint`), and a shard's report travels behind its step's
@@ -155,7 +155,7 @@ def passed_without_shard(state: ClusterState, soft: SoftState, generation: int, 
     generation's end, so that the next due step can start one."""
     pending = state.pending_checkpoint
     if pending is None or pending.generation != generation or step <= pending.step or pending.is_complete \
-            or not 0 <= rank < pending.shards or rank in soft.written_ranks.of(pending):
+            or not 0 <= rank < pending.shards or rank in pending.written:
         return []
     return [CheckpointAborted(pending.checkpoint_id,
                               f"rank {rank} reported step {step} without writing its shard of step {pending.step}"
@@ -169,14 +169,14 @@ def is_commit_held(state: ClusterState) -> bool:
     return pending is not None and sdc_checks.is_held(state, pending.step)
 
 
-def on_shard_report(state: ClusterState, soft: SoftState, report: CheckpointShardReport) -> list[Event]:
+def on_shard_report(state: ClusterState, report: CheckpointShardReport) -> list[Event]:
     """A written shard counts once; a failed one aborts the attempt; others' shards are ignored."""
     pending = state.pending_checkpoint
     if pending is None or pending.checkpoint_id != report.checkpoint_id or pending.generation != report.generation:
         return []
     if report.error:
         return [CheckpointAborted(pending.checkpoint_id, f"rank {report.rank} could not write its shard: {report.error}")]
-    if not 0 <= report.rank < pending.shards or report.rank in soft.written_ranks.of(pending):
+    if not 0 <= report.rank < pending.shards or report.rank in pending.written:
         return []
     return [CheckpointShardWritten(pending.checkpoint_id, report.rank, report.key, report.sha256, report.size_bytes)]
 

@@ -107,7 +107,7 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
         case LeadershipAcquired():
             out.add(LeaderElected(inp.term, inp.address, state.applied_seq))
         case CheckpointShardReport():
-            out.extend(checkpoints.on_shard_report(state, soft, inp))
+            out.extend(checkpoints.on_shard_report(state, inp))
         case CheckpointCommitResult():
             out.extend(checkpoints.on_commit_result(state, inp))
         case SdcCheckResult():
@@ -170,7 +170,7 @@ def _on_step_report(soft: SoftState, seen: Observation, report: StepReport, conf
 def _checkpoint_checks(soft: SoftState, report: StepReport, config: CoreConfig, out: Emission) -> None:
     """A rank that passed the checkpoint in flight without its shard aborts it; then the step's
     own checkpoint may start."""
-    out.extend(checkpoints.passed_without_shard(out.folded(), soft, report.generation, report.step, report.rank))
+    out.extend(checkpoints.passed_without_shard(out.folded(), report.generation, report.step, report.rank))
     out.extend(checkpoints.on_step_report(out.folded(), report, config.checkpoint_location,
                                           config.checkpoint_every_steps))
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ftsup.harness import cli
 
 
@@ -62,3 +64,19 @@ def test_core_step_bench_runs_by_its_hyphenated_name_and_both_paths_decide_the_s
         for path in ("aggregated", "per_rank"):
             assert len(run[path]["cpu_s_per_step"]) == 2
             assert set(run[path]["core_fraction_at_step_s"]) == {"2", "10"}
+
+
+def test_checkpoint_fold_bench_counts_every_shard_both_ways_and_projects_past_the_baselines_cap(capsys):
+    assert cli.main(["bench", "checkpoint-fold", "--json", "--ranks", "50,200", "--baseline-max", "50"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    small, large = result["sizes"]
+    assert (small["ranks"], large["ranks"]) == (50, 200)
+    assert small["cpu_s"] > 0 and small["baseline_tuples_cpu_s"] > 0  # (each asserts every shard was counted)
+    assert "baseline_tuples_cpu_s" not in large
+    assert large["baseline_tuples_projected_s"] == pytest.approx(small["baseline_tuples_cpu_s"] * 16, abs=0.1)  # x (200/50)^2
+
+
+def test_checkpoint_fold_bench_refuses_sizes_it_cannot_read(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "checkpoint-fold", "--ranks", "ten"])
+    assert "comma-separated list of integers" in capsys.readouterr().err

@@ -19,10 +19,9 @@ from ftsup.supervisor.core.events import (
 )
 from ftsup.supervisor.core.evolve import evolve_all
 from ftsup.supervisor.core.inputs import CheckpointCommitResult, CheckpointShardReport, StepReport
-from ftsup.supervisor.core.state import ClusterState, CommittedCheckpoint, Generation, PendingCheckpoint, SoftState
+from ftsup.supervisor.core.state import ClusterState, CommittedCheckpoint, Generation
 
 LOC = "/tmp/ckpt"
-SOFT = SoftState(started_at_s=0.0)  # one soft state across calls, as a leader's: its WrittenRanks memo follows each attempt
 MEMBERS = (RankAssignment("n1", (0,), "n2"), RankAssignment("n2", (1,), "n1"))
 
 
@@ -63,14 +62,14 @@ def test_a_due_step_starts_one_checkpoint_with_a_shard_per_rank():
 
 def test_shards_then_a_successful_commit_result_commit():
     state = evolve_all(_state(), cp.on_step_report(_state(), _step(4), LOC, 4))
-    first = cp.on_shard_report(state, SOFT, _shard(0))
+    first = cp.on_shard_report(state, _shard(0))
     assert first == [CheckpointShardWritten("step-0000000004-g1", 0, "step-0000000004-g1/shards/rank-00000.json",
                                             "a" * 64, 10)]
     state = evolve_all(state, first)
-    assert cp.on_shard_report(state, SOFT, _shard(0)) == []  # counted once
-    assert cp.on_shard_report(state, SOFT, _shard(1, cid="step-0000000008-g1")) == []  # not in flight
+    assert cp.on_shard_report(state, _shard(0)) == []  # counted once
+    assert cp.on_shard_report(state, _shard(1, cid="step-0000000008-g1")) == []  # not in flight
     assert cp.on_commit_result(state, CheckpointCommitResult("step-0000000004-g1", 4, "m")) == []  # incomplete
-    state = evolve_all(state, cp.on_shard_report(state, SOFT, _shard(1)))
+    state = evolve_all(state, cp.on_shard_report(state, _shard(1)))
     assert state.pending_checkpoint is not None and state.pending_checkpoint.is_complete
     assert [r.shard for r in state.pending_checkpoint.records] == [0, 1]
     pin = "b" * 64
@@ -84,10 +83,10 @@ def test_shards_then_a_successful_commit_result_commit():
 
 def test_a_failed_shard_or_commit_aborts():
     state = evolve_all(_state(), cp.on_step_report(_state(), _step(4), LOC, 4))
-    [aborted] = cp.on_shard_report(state, SOFT, _shard(1, error="OSError: disk full"))
+    [aborted] = cp.on_shard_report(state, _shard(1, error="OSError: disk full"))
     assert isinstance(aborted, CheckpointAborted) and "rank 1" in aborted.reason and "disk full" in aborted.reason
     for rank in (0, 1):
-        state = evolve_all(state, cp.on_shard_report(state, SOFT, _shard(rank)))
+        state = evolve_all(state, cp.on_shard_report(state, _shard(rank)))
     [aborted] = cp.on_commit_result(state, CheckpointCommitResult("step-0000000004-g1", 4, "", "ObjectCorrupt: x"))
     assert isinstance(aborted, CheckpointAborted) and "ObjectCorrupt" in aborted.reason
     assert evolve_all(state, [aborted]).pending_checkpoint is None
@@ -97,17 +96,17 @@ def test_a_rank_that_reports_a_later_step_without_its_shard_aborts_the_attempt()
     """Ranks save between a step's report and the next, and the shard's report travels between
     them: a later step without the shard means that rank did not save (heard of the step too late)."""
     state = evolve_all(_state(), cp.on_step_report(_state(), _step(4), LOC, 4))
-    state = evolve_all(state, cp.on_shard_report(state, SOFT, _shard(0)))
-    assert cp.passed_without_shard(state, SOFT, 1, 5, 0) == []  # rank 0 wrote its shard
-    assert cp.passed_without_shard(state, SOFT, 1, 4, 1) == []  # rank 1 is still at the step: it may save yet
-    assert cp.passed_without_shard(state, SOFT, 2, 5, 1) == []  # another generation's report
-    assert cp.passed_without_shard(state, SOFT, 1, 5, 7) == []  # no rank of this attempt
-    [aborted] = cp.passed_without_shard(state, SOFT, 1, 5, 1)
+    state = evolve_all(state, cp.on_shard_report(state, _shard(0)))
+    assert cp.passed_without_shard(state, 1, 5, 0) == []  # rank 0 wrote its shard
+    assert cp.passed_without_shard(state, 1, 4, 1) == []  # rank 1 is still at the step: it may save yet
+    assert cp.passed_without_shard(state, 2, 5, 1) == []  # another generation's report
+    assert cp.passed_without_shard(state, 1, 5, 7) == []  # no rank of this attempt
+    [aborted] = cp.passed_without_shard(state, 1, 5, 1)
     assert isinstance(aborted, CheckpointAborted) and aborted.checkpoint_id == "step-0000000004-g1"
     assert "rank 1 reported step 5 without writing its shard of step 4" in aborted.reason
     assert "1 of 2 shards written" in aborted.reason
     assert evolve_all(state, [aborted]).pending_checkpoint is None
-    assert cp.passed_without_shard(ClusterState(), SOFT, 1, 5, 1) == []  # nothing in flight
+    assert cp.passed_without_shard(ClusterState(), 1, 5, 1) == []  # nothing in flight
 
 
 def test_an_incomplete_attempt_of_an_ended_generation_is_abandoned():
@@ -117,7 +116,7 @@ def test_an_incomplete_attempt_of_an_ended_generation_is_abandoned():
     [aborted] = cp.abandoned(ended)
     assert isinstance(aborted, CheckpointAborted) and "0 of 2 shards" in aborted.reason
     for rank in (0, 1):
-        state = evolve_all(state, cp.on_shard_report(state, SOFT, _shard(rank)))
+        state = evolve_all(state, cp.on_shard_report(state, _shard(rank)))
     assert cp.abandoned(ClusterState(pending_checkpoint=state.pending_checkpoint)) == []  # left to its commit
 
 
@@ -132,13 +131,3 @@ def test_ranks_restoring_from_the_store_are_told_the_committed_checkpoint():
     ram = Generation(2, MEMBERS, 2, "127.0.0.1", 29500, 4, 1, (RankRestore(0, RestoreKind.LOCAL_SNAPSHOT, "n1"),))
     state = ClusterState(generation=ram, checkpoint=CommittedCheckpoint("step-0000000004-g1", 4, "m"))
     assert "FTSUP_RESTORE_CHECKPOINT" not in {e.name for e in directive_for(state, job, "n1", "").env}
-
-
-def test_the_written_ranks_memo_grows_from_the_tuples_tail_and_starts_afresh_per_attempt():
-    memo = SoftState(started_at_s=0.0).written_ranks
-    first = PendingCheckpoint("a", 1, 4, 8, written=(3, 1))
-    assert memo.of(first) == {1, 3}
-    grown = PendingCheckpoint("a", 1, 4, 8, written=(3, 1, 7))
-    assert memo.of(grown) == {1, 3, 7} and memo.seen == 3
-    assert memo.of(PendingCheckpoint("b", 1, 8, 8, written=(2,))) == {2}  # another attempt
-    assert memo.of(PendingCheckpoint("b", 1, 8, 8)) == set()  # (a shorter tuple: rebuilt)

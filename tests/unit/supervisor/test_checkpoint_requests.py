@@ -216,7 +216,7 @@ def test_an_aborted_attempt_is_not_restarted_by_a_late_ranks_report():
     state = evolve_all(_state(), cp.on_step_report(_state(), _step(14), LOC, 7))
     from ftsup.supervisor.core.inputs import CheckpointShardReport
     failed = CheckpointShardReport("n1", 1, 0, "step-0000000014-g1", 14, "", "", 0, "disk full")
-    aborted = evolve_all(state, cp.on_shard_report(state, SoftState(started_at_s=0.0), failed))
+    aborted = evolve_all(state, cp.on_shard_report(state, failed))
     assert aborted.pending_checkpoint is None and aborted.last_checkpoint_attempt == "step-0000000014-g1"
     assert cp.on_step_report(aborted, _step(14, rank=1), LOC, 7) == []  # rank 1 reports step 14 late
     assert cp.on_step_report(aborted, _step(21), LOC, 7) != []  # the next due step starts as usual

@@ -127,3 +127,20 @@ def test_a_bad_value_in_a_long_list_is_refused_naming_the_item_and_field():
     event = ev.GenerationStarted(1, (), 2, "h", 1, None, 0, restores, "")
     with pytest.raises(codec.CodecError, match=r"RankRestore\.rank=-1"):  # a negative rank is no uint32
         codec.event_to_proto(event)
+
+
+def test_a_pending_checkpoints_written_ranks_round_trip_and_keep_growing_after_a_snapshot():
+    from ftsup.supervisor.codec import state_from_proto, state_to_proto
+    from ftsup.supervisor.core.events import CheckpointShardWritten
+    from ftsup.supervisor.core.evolve import evolve
+    from ftsup.supervisor.core.grow_only import GrowOnly
+    from ftsup.supervisor.core.state import ClusterState, PendingCheckpoint, ShardRecord
+
+    records = GrowOnly([ShardRecord(2, "k2", "a" * 64, 10), ShardRecord(0, "k0", "b" * 64, 11)])
+    pending = PendingCheckpoint("ck", 1, 8, 4, written=GrowOnly([2, 0]), records=records, location="s3://b/p")
+    state = ClusterState(pending_checkpoint=pending)
+    back = state_from_proto(state_to_proto(state))
+    assert back == state and isinstance(back.pending_checkpoint.written, GrowOnly)
+    grown = evolve(back, CheckpointShardWritten("ck", 3, "k3", "c" * 64, 12))
+    assert grown.pending_checkpoint.written == (2, 0, 3) and 3 in grown.pending_checkpoint.written
+    assert back.pending_checkpoint.written == (2, 0)  # the decoded state is unchanged
