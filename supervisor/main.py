@@ -111,7 +111,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     if replicated and config.link_shards:
         # Link shards (issue 14): every replica holds its share of the agents; followers relay theirs.
         members = ReplicaMembers(client, config.etcd_prefix, config.advertise, ttl_s=config.lease_ttl_s,
-                                 is_ready=lambda: runtime.is_leader or (shard is not None and shard.has_relayed))
+                                 is_ready=lambda: runtime.is_leader or (shard is not None and shard.has_relayed),
+                                 keepalive_channel=sync_channel_factory(config.etcd_endpoints, config.etcd_tls))
         shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls,
                           generation=lambda: runtime.generation_in_force,
                           leader=lambda: config.advertise if runtime.is_leader else runtime.leader_address)

@@ -159,3 +159,34 @@ async def test_a_leader_whose_loop_is_wedged_for_good_lets_its_lease_lapse_despi
     finally:
         await a.resign()
         await b.resign()
+
+
+@pytest.mark.parametrize("in_a_thread", [True, False], ids=["keepalive-thread", "keepalive-on-the-loop"])
+async def test_a_follower_shards_membership_key_outlives_a_loop_stall_only_with_the_keepalive_thread(
+    clients, etcd, etcd_prefix, in_a_thread
+) -> None:
+    """A shard's loop stalls under its agents' load: with the refresh on a thread its membership
+    key stays (the same key, never deleted and put again), so no replica re-spreads the fleet."""
+    from ftsup.supervisor.etcd_tls import sync_channel_factory
+    from ftsup.supervisor.shard_members import ReplicaMembers, members_prefix
+
+    channel = sync_channel_factory([m.client_url.removeprefix("http://") for m in etcd.members]) if in_a_thread else None
+    members = ReplicaMembers(clients[0], etcd_prefix, "a:1", ttl_s=1, keepalive_channel=channel)
+    key = members_prefix(etcd_prefix) + b"a:1"
+    runner = asyncio.create_task(members.run())
+    try:
+        deadline = time.monotonic() + 10
+        while (before := await clients[1].get(key)) is None:
+            assert time.monotonic() < deadline, "the membership key was never put"
+            await asyncio.sleep(0.05)
+        time.sleep(STALL_S)  # noqa: ASYNC251 (the point: the loop runs nothing for two lease lifetimes)
+        after = await asyncio.wait_for(clients[1].get(key), 5)  # (before run() goes round again)
+        if in_a_thread:
+            assert after is not None and after.create_revision == before.create_revision
+        else:
+            assert after is None or after.create_revision != before.create_revision, "the loop's refresh cannot outlive a stall"
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+    assert await clients[1].get(key) is None, "a replica on its way out revokes its key"
