@@ -138,12 +138,14 @@ class CoreDriver:
         for node_id, info in self.soft.nodes.items():
             if info.stream_id is not None and node_id not in self.silent:
                 info.last_heard_s = now
+        self.soft.detector_memo.heard(now)  # (written here, not through soft.observe: tell the detector's memo)
 
     def fail(self, node_id: str, now: float) -> float:
         """`node_id` falls silent at `now`; returns when the detector's deadline passes."""
         info = self.soft.nodes[node_id]
         if info.stream_id is not None and node_id not in self.silent:
             info.last_heard_s = now  # its last heartbeat
+            self.soft.detector_memo.heard(now)
         self.silent.add(node_id)
         deadline = now + self.detector.dead_after_s
         while deadline - now < self.detector.dead_after_s:  # float rounding must not cut it short

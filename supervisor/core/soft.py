@@ -94,6 +94,7 @@ def observe(
             elif inp.command is OperatorCommandKind.UNQUARANTINE:
                 soft.pending_drains.discard(inp.node_id)
         case AgentHello():
+            soft.detector_memo.changed()
             soft.nodes[inp.node_id] = NodeSoft(
                 last_heard_s=now, stream_id=inp.stream_id, incarnation=inp.incarnation, shard=inp.shard
             )
@@ -102,6 +103,7 @@ def observe(
             if node is not None and node.stream_id == inp.stream_id:
                 node.stream_id = None
                 node.disconnected_at_s = now
+                soft.detector_memo.changed()
         case Heartbeat():
             _heard(soft, inp.node_id, now)
         case HeardFrom():
@@ -109,6 +111,7 @@ def observe(
             if shard:
                 _shard_heard(soft, shard, now)
             nodes = soft.nodes
+            soft.detector_memo.heard(now)
             for node_id in inp.node_ids:  # (the hot loop of a shard's summary: _heard inlined)
                 node = nodes.get(node_id)
                 if node is not None:
@@ -398,6 +401,7 @@ def _see_sdc_checks(soft: SoftState, state: ClusterState, now: float) -> None:
 def _forgive_stall(soft: SoftState, stalled_s: float) -> None:
     """Moves every node's clocks forward by our own stall: silence we could not hear is not theirs
     (nor a shard's: its summaries waited for us)."""
+    soft.detector_memo.changed()
     for node in soft.nodes.values():
         node.last_heard_s += stalled_s
         if node.disconnected_at_s is not None:
@@ -423,6 +427,7 @@ def _shard_heard(soft: SoftState, shard: str, now: float) -> None:
         return
     quiet_s = now - last - failure_policy.QUIET_SHARD_AFTER_S
     if quiet_s > 0:
+        soft.detector_memo.changed()
         for node in soft.nodes.values():
             if node.shard == shard:
                 node.last_heard_s = min(now, node.last_heard_s + quiet_s)
@@ -432,6 +437,7 @@ def _heard(soft: SoftState, node_id: str, now: float) -> None:
     node = soft.nodes.get(node_id)
     if node is not None:
         node.last_heard_s = now
+        soft.detector_memo.heard(now)
 
 
 def _progress_for(soft: SoftState, state: ClusterState, generation: int) -> GenerationProgress | None:

@@ -16,6 +16,7 @@ from itertools import chain, repeat
 from operator import attrgetter
 from types import MappingProxyType
 
+from ftsup.supervisor.core.detector_memo import DetectorMemo
 from ftsup.supervisor.core.events import (
     EndReason,
     JobFailed,
@@ -358,3 +359,6 @@ class SoftState:
     shard_heard_s: dict[str, float] = field(default_factory=dict)
     # The planners' objects from recent plans (plan_memo.py): plans equal without it, only slower.
     plan_memo: PlanMemo = field(default_factory=PlanMemo, compare=False, repr=False)
+    # When the failure detector's next pass can first find a verdict (detector_memo.py): the
+    # same verdicts without it, only a pass over every node on every Tick.
+    detector_memo: DetectorMemo = field(default_factory=DetectorMemo, compare=False, repr=False)

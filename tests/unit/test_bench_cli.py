@@ -80,3 +80,10 @@ def test_checkpoint_fold_bench_refuses_sizes_it_cannot_read(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "checkpoint-fold", "--ranks", "ten"])
     assert "comma-separated list of integers" in capsys.readouterr().err
+
+
+def test_detector_pass_bench_gives_the_baselines_verdicts_with_fewer_passes(capsys):
+    assert cli.main(["bench", "detector-pass", "--json", "--nodes", "40", "--interval-s", "1", "--seconds", "5"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["same_verdicts"] is True and run["dead_as_expected"] is True
+    assert 0 < run["passes"] < run["ticks"] == 50

@@ -17,6 +17,7 @@ usual silence (a killed shard's streams close at once: its nodes move within the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ftsup.supervisor.core.config import DetectorConfig
@@ -46,20 +47,26 @@ class Verdict:
 
 
 def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: float) -> list[Verdict]:
+    memo = soft.detector_memo
+    if memo.can_skip(state.nodes, config, soft.started_at_s, now):
+        return []  # (no node can have a verdict yet: core/detector_memo.py)
     verdicts: list[Verdict] = []
-    # One pass over every node on every Tick (12,500 at 100k GPUs): the common case, a connected
-    # node heard from recently, is decided in a few operations, with the limits computed once.
+    # One pass over every node (12,500 at 100k GPUs) when one is due: the common case, a
+    # connected node heard from recently, is decided in a few operations, with the limits
+    # computed once, and the oldest such node's time kept for the memo.
     dead_after, suspect_after = config.dead_after_s, 1.5 * config.heartbeat_interval_s
     quiet_below = min(dead_after, suspect_after)  # (one miss: dead before suspect)
     started, infos = soft.started_at_s, soft.nodes
     alive, suspect, dead = Liveness.ALIVE, Liveness.SUSPECT, Liveness.DEAD
     heard_until = _quiet_shards(soft, dead_after, now) if soft.shard_heard_s else {}
+    oldest: float | None = math.inf  # None: some node must be looked at on every Tick
     for node_id, node in state.nodes.items():
         liveness = node.liveness
         if liveness is dead:
             continue
         info = infos.get(node_id)
         if info is None or info.stream_id is None:
+            oldest = None
             verdict = _judge_unconnected(node_id, liveness, info, soft, config, now)
             if verdict is not None:
                 verdicts.append(verdict)
@@ -72,9 +79,16 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
         if heard_until and silent_for >= quiet_below and info.shard in heard_until:
             silent_for = min(silent_for, heard_until[info.shard] - last_heard)  # (the rest is the shard's)
         if silent_for < quiet_below:  # the common case first: heard from lately
+            if liveness is alive:
+                if oldest is not None and last_heard < oldest:
+                    oldest = last_heard
+                continue
+            oldest = None
             if liveness is suspect:
                 verdicts.append(Verdict(node_id, Liveness.ALIVE, "heard from again", silent_for))
-        elif silent_for >= dead_after:
+            continue
+        oldest = None  # (overdue, a suspect, or a clock that is not a number: look again next Tick)
+        if silent_for >= dead_after:
             verdicts.append(
                 Verdict(
                     node_id,
@@ -86,6 +100,7 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
             )
         elif silent_for >= suspect_after and liveness is alive:  # (not NaN)
             verdicts.append(Verdict(node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
+    memo.passed(state.nodes, config, started, quiet_below, oldest)
     return verdicts
 
 
