@@ -4,7 +4,9 @@ Two kinds, costed differently. What *is* (nodes by state, term, leadership, the 
 straggler scores, per-rank times) is read from the runtime's views at scrape time, so the input
 loop pays nothing for it. What *happens* (inputs, refusals, appends and their latency, step
 times, recoveries, detections, checkpoint durations) is counted by the runtime as it happens,
-O(1) per input. Per-rank series are exported only up to `per_rank_limit` ranks: at 100k ranks
+O(1) per input; a step's per-rank figures are kept as their aggregates arrive and folded as
+arrays in batches (metrics_arrays.py: one node-step cost ~50 µs of the loop as single
+observations, as much as the core's decision on it). Per-rank series are exported only up to `per_rank_limit` ranks: at 100k ranks
 they would dwarf everything else a Prometheus server holds; the histograms cover the fleet.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -31,11 +33,14 @@ from ftsup.supervisor.core.events import (
     SnapshotCommitted,
 )
 from ftsup.supervisor.core.inputs import HeardFrom, Heartbeat, Input, StepAggregate, StepReport
+from ftsup.supervisor.metrics_arrays import ArrayHistogram, LatestByRank
 from ftsup.supervisor.server.log_digest import LogDigest
 
 if TYPE_CHECKING:
     from ftsup.supervisor.runtime import Runtime
 
+# Step aggregates kept before their figures are folded (a few MB at most: views of their arrays).
+PENDING_AGGREGATES = 4096
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -59,14 +64,6 @@ class ThroughputConfig:
             raise ValueError(f"per_rank_limit must be >= 0, got {self.per_rank_limit}")
 
 
-@dataclass(slots=True)
-class _RankLatest:
-    step: int
-    step_time_s: float
-    compute_time_s: float
-    tokens: int
-
-
 class SupervisorMetrics:
     """Owns one registry; the runtime calls `on_input` / `on_append` / `on_record`."""
 
@@ -81,10 +78,14 @@ class SupervisorMetrics:
         self.events = Counter("ftsup_events_appended", "Events appended to the event log", ["kind"], registry=r)
         self.append_seconds = Histogram("ftsup_event_append_seconds", "Latency of one durable append",
                                         buckets=APPEND_BUCKETS, registry=r)
-        self.step_seconds = Histogram("ftsup_step_seconds", "Training step wall time, every rank",
-                                      buckets=STEP_BUCKETS, registry=r)
-        self.compute_seconds = Histogram("ftsup_compute_seconds", "Time to gradients ready, every rank",
-                                         buckets=STEP_BUCKETS, registry=r)
+        # (fed many nodes' ranks at once: metrics_arrays.py)
+        self._pending: list[StepAggregate] = []  # step figures not yet folded (see flush)
+        self.step_seconds = ArrayHistogram("ftsup_step_seconds", "Training step wall time, every rank", STEP_BUCKETS,
+                                           before_collect=self.flush)
+        self.compute_seconds = ArrayHistogram("ftsup_compute_seconds", "Time to gradients ready, every rank",
+                                              STEP_BUCKETS, before_collect=self.flush)
+        r.register(self.step_seconds)
+        r.register(self.compute_seconds)
         self.recovery_seconds = Histogram("ftsup_recovery_seconds",
                                           "A generation's end to its successor's first step",
                                           buckets=RECOVERY_BUCKETS, registry=r)
@@ -94,7 +95,8 @@ class SupervisorMetrics:
         self.checkpoint_seconds = Histogram("ftsup_checkpoint_seconds", "Checkpoint start to commit",
                                             buckets=RECOVERY_BUCKETS, registry=r)
         self.snapshots = Counter("ftsup_snapshots_committed", "In-memory snapshot steps committed", registry=r)
-        self._ranks: dict[int, _RankLatest] = {}
+        self._ranks = LatestByRank()
+        self._input_counters: dict[str, Any] = {}
         self._loss = math.nan
         self._grad_norm = math.nan
         self._generation_ended_at: float | None = None
@@ -113,45 +115,50 @@ class SupervisorMetrics:
         if self._runtime is not None:
             await self.goodput.catch_up(self._runtime.event_log)
 
-    # -- called by the runtime, O(1) each ------------------------------------------------------
+    # -- called by the runtime, O(1) each (a batch fold every PENDING_AGGREGATES) ------------------------------------------------------
     def on_input(self, inp: Input, refusal: str | None) -> None:
         kind = type(inp).__name__
         if refusal is not None:
             self.refused.labels(kind).inc()
             return
-        self.inputs.labels(kind).inc()
+        counter = self._input_counters.get(kind)
+        if counter is None:  # (a child per kind, looked up once: `labels` costs microseconds)
+            counter = self._input_counters[kind] = self.inputs.labels(kind)
+        counter.inc()
         if isinstance(inp, Heartbeat):
             self.heartbeats.inc()
         elif isinstance(inp, HeardFrom):
             self.heartbeats.inc(len(inp.node_ids))  # (each node named was heard at least once)
         elif isinstance(inp, StepReport):
-            self._on_step_report(inp)
+            self._on_step_aggregate(StepAggregate.of_reports((inp,)))  # (one path for both)
         elif isinstance(inp, StepAggregate):
             self._on_step_aggregate(inp)
 
     def _on_step_aggregate(self, inp: StepAggregate) -> None:
-        """A node's ranks' figures, straight from the aggregate's arrays (no report per rank)."""
-        step_times, compute_times = inp.step_time_s.tolist(), inp.compute_time_s.tolist()
-        for value in step_times:
-            self.step_seconds.observe(value)
-        for value in compute_times:
-            self.compute_seconds.observe(value)
-        for rank, step_s, compute_s, tokens in zip(inp.ranks.tolist(), step_times, compute_times, inp.tokens.tolist()):
-            latest = self._ranks.get(rank)
-            if latest is None or inp.step >= latest.step:
-                self._ranks[rank] = _RankLatest(inp.step, step_s, compute_s, tokens)
-        zero = np.flatnonzero(inp.ranks == 0)
-        if len(zero):
-            self._loss, self._grad_norm = float(inp.loss[zero[0]]), float(inp.grad_norm[zero[0]])
+        """A node's ranks' figures: kept (the aggregate's own arrays) and folded in batches."""
+        self._pending.append(inp)
+        if len(self._pending) >= PENDING_AGGREGATES:
+            self.flush()
 
-    def _on_step_report(self, inp: StepReport) -> None:
-        self.step_seconds.observe(inp.step_time_s)
-        self.compute_seconds.observe(inp.compute_time_s)
-        latest = self._ranks.get(inp.rank)
-        if latest is None or inp.step >= latest.step:
-            self._ranks[inp.rank] = _RankLatest(inp.step, inp.step_time_s, inp.compute_time_s, inp.tokens)
-        if inp.rank == 0:
-            self._loss, self._grad_norm = inp.loss, inp.grad_norm
+    def flush(self) -> None:
+        """Folds the step figures kept since the last flush: the histograms, each rank's latest,
+        rank 0's loss. Called before anything reads them (a scrape, `tokens_per_s`) and every
+        PENDING_AGGREGATES aggregates (bounded memory)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        ranks = np.concatenate([a.ranks for a in pending])
+        step_times = np.concatenate([a.step_time_s for a in pending])
+        compute_times = np.concatenate([a.compute_time_s for a in pending])
+        self.step_seconds.observe_many(step_times)
+        self.compute_seconds.observe_many(compute_times)
+        steps = np.repeat(np.array([a.step for a in pending], dtype=np.int64), [len(a) for a in pending])
+        self._ranks.update(ranks, steps, step_times, compute_times, np.concatenate([a.tokens for a in pending]))
+        zero = np.flatnonzero(ranks == 0)
+        if len(zero):  # (the newest report of rank 0, in arrival order)
+            at = int(zero[-1])
+            self._loss = float(np.concatenate([a.loss for a in pending])[at])
+            self._grad_norm = float(np.concatenate([a.grad_norm for a in pending])[at])
 
     def on_append(self, seconds: float) -> None:
         self.append_seconds.observe(seconds)
@@ -164,6 +171,7 @@ class SupervisorMetrics:
                 self.detection_seconds.observe(max(0.0, event.silent_for_s))
             case GenerationEnded():
                 self._generation_ended_at = record.time_unix_s
+                self.flush()  # (its steps still count in the histograms)
                 self._ranks.clear()  # a new world may number its ranks differently
             case GenerationRunning():
                 if self._generation_ended_at is not None:
@@ -181,8 +189,8 @@ class SupervisorMetrics:
     # -- derived, at scrape time ---------------------------------------------------------------
     def tokens_per_s(self) -> float:
         """Σ over ranks of tokens / step time: ranks step in lock-step, so this is the job's rate."""
-        rates = [r.tokens / r.step_time_s for r in self._ranks.values() if r.tokens and r.step_time_s > 0]
-        return sum(rates) if rates else math.nan
+        self.flush()
+        return self._ranks.tokens_per_s()
 
     def mfu(self, world_size: int) -> float:
         t = self.throughput
@@ -201,6 +209,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         runtime, metrics = self._runtime, self._metrics
+        metrics.flush()
         yield _gauge("ftsup_is_leader", "1 on the replica that decides", float(runtime.is_leader))
         yield _gauge("ftsup_leader_term", "This replica's term (the leader key's create revision)", runtime.term)
         yield _gauge("ftsup_degraded", "1 while the event log cannot be written (nothing is decided)",
@@ -245,14 +254,16 @@ class _StateCollector(Collector):
             if node.last_heartbeat_age_s >= 0:
                 age.add_metric([node.node_id], node.last_heartbeat_age_s)
         yield from (xids, straggler, age)
-        ranks = metrics._ranks
-        if len(ranks) <= metrics.throughput.per_rank_limit:
+        latest = metrics._ranks
+        known = latest.known()
+        if len(known) <= metrics.throughput.per_rank_limit:
             step = GaugeMetricFamily("ftsup_rank_step_seconds", "Latest step time per rank", labels=["rank"])
             compute = GaugeMetricFamily("ftsup_rank_compute_seconds", "Latest compute time per rank",
                                         labels=["rank"])
-            for rank in sorted(ranks):
-                step.add_metric([str(rank)], ranks[rank].step_time_s)
-                compute.add_metric([str(rank)], ranks[rank].compute_time_s)
+            for rank, step_s, compute_s in zip(known.tolist(), latest.step_time_s[known].tolist(),
+                                               latest.compute_time_s[known].tolist()):
+                step.add_metric([str(rank)], step_s)
+                compute.add_metric([str(rank)], compute_s)
             yield from (step, compute)
 
 

@@ -87,3 +87,10 @@ def test_detector_pass_bench_gives_the_baselines_verdicts_with_fewer_passes(caps
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["same_verdicts"] is True and run["dead_as_expected"] is True
     assert 0 < run["passes"] < run["ticks"] == 50
+
+
+def test_step_metrics_bench_exposes_the_baselines_figures(capsys):
+    assert cli.main(["bench", "step-metrics", "--json", "--nodes", "30", "--steps", "2"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["same_figures"] is True and run["ranks"] == 240
+    assert run["arrays"]["median_cpu_s_per_step"] > 0 and run["per_value"]["median_cpu_s_per_step"] > 0
