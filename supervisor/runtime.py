@@ -11,7 +11,7 @@ import asyncio
 import enum
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,14 +51,24 @@ class Outcome:
     is_retryable: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class InputRun:
+    """Inputs a link shard's relay batch brought, handed to the loop as one queue item with one
+    reply (`Runtime.submit_run_from_stream`): each is still admitted, decided and enacted alone,
+    in order, exactly as if queued one by one; only the queueing, the reply future and its
+    callbacks are paid once per run instead of once per node-step (issue 14)."""
+
+    inputs: tuple[Input, ...]
+
+
 @dataclass(slots=True)
 class _Pending:
-    inp: Input
-    reply: asyncio.Future[Outcome] | None
+    inp: Input | InputRun
+    reply: asyncio.Future[Any] | None  # of an Outcome; of a list of them for an InputRun
     # When the input arrived: it is decided as of then. Under load the queue lags, and a Tick
     # judged at its (late) handling time would blame nodes whose heartbeats wait behind it.
     at_s: float | None = None
-    holds_slot: bool = False  # an agent stream's input: frees a stream-input slot once taken
+    slots: int = 0  # agent streams' inputs: the stream-input slots it frees once taken
 
 
 class Runtime:
@@ -99,6 +109,7 @@ class Runtime:
         # wait; agent streams' inputs are bounded by the slots (submit_from_stream).
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._stream_slots = asyncio.Semaphore(stream_input_capacity)
+        self._stream_capacity = stream_input_capacity
         self._stream_ids = itertools.count(1)
         self._outboxes: dict[int, Outbox] = {}
         self._node_stream: dict[str, int] = {}
@@ -141,7 +152,26 @@ class Runtime:
         from streams are queued (back-pressure instead of unbounded memory)."""
         await self._stream_slots.acquire()
         reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(inp, reply, self._clock(), holds_slot=True))
+        self._queue.put_nowait(_Pending(inp, reply, self._clock(), slots=1))
+        return reply
+
+    async def submit_run_from_stream(self, inputs: Sequence[Input]) -> asyncio.Future[list[Outcome]]:
+        """Like submit_from_stream for several inputs, handled back to back in order (InputRun):
+        the future resolves to their outcomes, in order. Takes a slot per input, so the queue's
+        bound counts inputs either way; a run must not be longer than the capacity."""
+        if len(inputs) > self._stream_capacity:
+            raise ValueError(f"a run of {len(inputs)} inputs exceeds the stream capacity {self._stream_capacity}")
+        taken = 0
+        try:
+            for _ in inputs:
+                await self._stream_slots.acquire()
+                taken += 1
+        except BaseException:  # (cancelled while waiting: the slots taken so far go back)
+            for _ in range(taken):
+                self._stream_slots.release()
+            raise
+        reply: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(InputRun(tuple(inputs)), reply, self._clock(), slots=taken))
         return reply
 
     def queued(self) -> int:
@@ -211,6 +241,9 @@ class Runtime:
                 pending = self._next_pending() or await self._take()
                 if self._announcement is not None and self.is_leader:
                     await self._announce(self._announcement)
+                if isinstance(pending.inp, InputRun):
+                    _reply(pending, [await self._handle_guarded(inp, pending.at_s) for inp in pending.inp.inputs])
+                    continue
                 if isinstance(pending.inp, AgentHello):
                     batch = await self._gather_hellos(pending)
                     try:
@@ -222,21 +255,26 @@ class Runtime:
                     for each, outcome in zip(batch, outcomes):
                         _reply(each, outcome)
                     continue
-                try:
-                    outcome = await self._handle(pending.inp, pending.at_s)
-                except Exception as exc:  # a bug must not take the control plane down
-                    log.exception("input handling failed", input=type(pending.inp).__name__,
-                                  node_id=getattr(pending.inp, "node_id", None), generation=self.generation_in_force)
-                    outcome = Outcome(refusal=f"internal error: {exc}", is_retryable=True)
-                _reply(pending, outcome)
+                _reply(pending, await self._handle_guarded(pending.inp, pending.at_s))
         finally:
             ticker.cancel()
 
+    async def _handle_guarded(self, inp: Input, at_s: float | None) -> Outcome:
+        try:
+            return await self._handle(inp, at_s)
+        except Exception as exc:  # a bug must not take the control plane down
+            log.exception("input handling failed", input=type(inp).__name__,
+                          node_id=getattr(inp, "node_id", None), generation=self.generation_in_force)
+            return Outcome(refusal=f"internal error: {exc}", is_retryable=True)
+
     async def _take(self) -> _Pending:
         pending = await self._queue.get()
-        if pending.holds_slot:
-            self._stream_slots.release()
+        self._free_slots(pending)
         return pending
+
+    def _free_slots(self, pending: _Pending) -> None:
+        for _ in range(pending.slots):
+            self._stream_slots.release()
 
     def _next_pending(self) -> _Pending | None:
         """The input a Hello batch stopped at, handled next; else None (take from the queue)."""
@@ -252,8 +290,7 @@ class Runtime:
         batch, named = [first], {first.inp.node_id}
         while len(batch) < self._hello_batch and not self._queue.empty():
             pending = self._queue.get_nowait()
-            if pending.holds_slot:
-                self._stream_slots.release()
+            self._free_slots(pending)
             inp = pending.inp
             if isinstance(inp, AgentHello) and inp.node_id not in named:
                 batch.append(pending)
@@ -457,7 +494,7 @@ def _refused(refusal: Refusal) -> Outcome:
     return Outcome(refusal=refusal.reason, is_retryable=refusal.is_retryable)
 
 
-def _reply(pending: _Pending, outcome: Outcome) -> None:
+def _reply(pending: _Pending, outcome: Outcome | list[Outcome]) -> None:
     if pending.reply is not None and not pending.reply.done():
         pending.reply.set_result(outcome)
 

@@ -227,11 +227,61 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             for item in first:  # (a shard sends its name alone first; anything with it is handled too)
                 await self._on_item(item, down, sessions, replica)
             async for batch in requests:
+                # Nodes' messages go to the loop in runs (one queue item and one reply per run,
+                # runtime.InputRun); a Hello or a closed stream is handled in its place, after the
+                # run before it, so every session's messages keep their order.
+                run: list[_Message] = []
                 for item in batch.items:
-                    await self._on_item(item, down, sessions, replica)
+                    if not _is_plain_message(item):
+                        await self._submit(run)
+                        run = []
+                        await self._on_item(item, down, sessions, replica)
+                        continue
+                    message = self._to_message(item, sessions)
+                    if message is not None:
+                        run.append(message)
+                        if len(run) >= RUN_MAX:
+                            await self._submit(run)
+                            run = []
+                await self._submit(run)
                 self.relays[replica] = len(sessions)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
+
+    def _to_message(self, item: shard_pb2.Forwarded, sessions: dict[int, _Relayed]) -> _Message | None:
+        """A node's message (not its Hello) as the input it stands for; None when there is nothing
+        to submit: a session whose Hello was refused or that ended, or a message refused here
+        (malformed, unexpected), the refusal sent on its route."""
+        relayed = sessions.get(item.session)
+        if relayed is None:
+            return None  # a session whose Hello was refused, or one already ended: nothing to admit
+        message, route = item.message, relayed.route
+        try:
+            inp = to_input(relayed.node_id, relayed.incarnation, message)
+        except step_aggregate.MalformedAggregate as exc:
+            route.put(_refusal(f"malformed step aggregate: {exc}", "step_aggregate"))
+            return None
+        except snapshot_holdings.MalformedHoldings as exc:
+            route.put(_refusal(f"malformed snapshot holdings: {exc}", "snapshot_holdings"))
+            return None
+        if inp is None:
+            sent = message.WhichOneof("kind") or "empty"
+            route.put(_refusal(f"unexpected {sent} message after Hello", sent))
+            return None
+        return _Message(inp, route, message)
+
+    async def _submit(self, run: list[_Message]) -> None:
+        """Hands `run` to the loop (one input alone as before) and answers each message once
+        decided: a heartbeat's ack if asked for, a refusal on its node's route."""
+        if not run:
+            return
+        if len(run) == 1:
+            only = run[0]
+            reply = await self._runtime.submit_from_stream(only.inp)
+            reply.add_done_callback(functools.partial(_answer_one, only))
+            return
+        replies = await self._runtime.submit_run_from_stream([message.inp for message in run])
+        replies.add_done_callback(functools.partial(_answer_run, run))
 
     async def _on_item(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed],
                        replica: str = "") -> None:
@@ -246,34 +296,12 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             return
         if kind != "message":
             return
-        message = item.message
-        if message.WhichOneof("kind") == "hello":
+        if item.message.WhichOneof("kind") == "hello":
             self._on_hello(item, down, sessions, replica)
             return
-        relayed = sessions.get(item.session)
-        if relayed is None:
-            return  # a session whose Hello was refused, or one already ended: nothing to admit
-        route = relayed.route
-        try:
-            inp = to_input(relayed.node_id, relayed.incarnation, message)
-        except step_aggregate.MalformedAggregate as exc:
-            route.put(_refusal(f"malformed step aggregate: {exc}", "step_aggregate"))
-            return
-        except snapshot_holdings.MalformedHoldings as exc:
-            route.put(_refusal(f"malformed snapshot holdings: {exc}", "snapshot_holdings"))
-            return
-        if inp is None:
-            sent = message.WhichOneof("kind") or "empty"
-            route.put(_refusal(f"unexpected {sent} message after Hello", sent))
-            return
-        reply = await runtime.submit_from_stream(inp)
-        if isinstance(inp, inputs.Heartbeat):
-            if message.heartbeat.want_ack:
-                seq = message.heartbeat.seq
-                reply.add_done_callback(_on_success(lambda: route.put(agent_pb2.SupervisorMessage(
-                    heartbeat_ack=agent_pb2.HeartbeatAck(seq=seq)))))
-            return
-        reply.add_done_callback(_refuse_on(route, type(inp).__name__))
+        message = self._to_message(item, sessions)
+        if message is not None:
+            await self._submit([message])
 
     def _on_hello(self, item: shard_pb2.Forwarded, down: RelayDown, sessions: dict[int, _Relayed],
                   replica: str = "") -> None:
@@ -319,18 +347,54 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         reply.add_done_callback(answered)
 
 
+# Messages of one relay batch handed to the loop as one run at most (a slot of the loop's
+# stream-input capacity each; see runtime.InputRun).
+RUN_MAX = 512
+
+
+@dataclass(slots=True)
+class _Message:
+    """A relayed node's message, the input it stands for and where its answers go."""
+
+    inp: inputs.Input
+    route: RelayRoute
+    message: agent_pb2.AgentMessage
+
+
+def _is_plain_message(item: shard_pb2.Forwarded) -> bool:
+    """A node's message other than its Hello (what goes to the loop in runs)."""
+    return item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") != "hello"
+
+
+def _answer(message: _Message, outcome: Outcome | None) -> None:
+    """What a decided message gets back: a heartbeat its ack when it asked (never a refusal); any
+    other message a refusal when refused. None: the loop never answered (cancelled)."""
+    if outcome is None:
+        return
+    if isinstance(message.inp, inputs.Heartbeat):
+        if outcome.refusal is None and message.message.heartbeat.want_ack:
+            message.route.put(agent_pb2.SupervisorMessage(
+                heartbeat_ack=agent_pb2.HeartbeatAck(seq=message.message.heartbeat.seq)))
+        return
+    if outcome.refusal is not None:
+        kind = type(message.inp).__name__
+        message.route.put(_refusal(outcome.refusal, kind, RETRYABLE if outcome.is_retryable else PERMANENT))
+
+
+def _answer_one(message: _Message, reply: asyncio.Future[Outcome]) -> None:
+    _answer(message, None if reply.cancelled() else reply.result())
+
+
+def _answer_run(run: list[_Message], replies: asyncio.Future[list[Outcome]]) -> None:
+    if replies.cancelled():
+        return
+    for message, outcome in zip(run, replies.result()):
+        _answer(message, outcome)
+
+
 def _on_success(then: Callable[[], object]) -> Callable[[asyncio.Future[Outcome]], None]:
     def done(reply: asyncio.Future[Outcome]) -> None:
         if not reply.cancelled() and reply.result().refusal is None:
             then()
-
-    return done
-
-
-def _refuse_on(route: RelayRoute, kind: str) -> Callable[[asyncio.Future[Outcome]], None]:
-    def done(reply: asyncio.Future[Outcome]) -> None:
-        outcome = reply.result() if not reply.cancelled() else None
-        if outcome is not None and outcome.refusal is not None:
-            route.put(_refusal(outcome.refusal, kind, RETRYABLE if outcome.is_retryable else PERMANENT))
 
     return done

@@ -388,11 +388,11 @@ class StuckRelay(RelayService):
 
     stuck = asyncio.Event()
 
-    async def _on_item(self, item, down, sessions, replica="") -> None:  # type: ignore[no-untyped-def]
-        if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "xid_event":
+    async def _submit(self, run) -> None:  # type: ignore[no-untyped-def]
+        if any(message.message.WhichOneof("kind") == "xid_event" for message in run):
             self.stuck.set()
             await asyncio.Event().wait()
-        await super()._on_item(item, down, sessions, replica)
+        await super()._submit(run)
 
 
 async def test_liveness_summaries_reach_the_leader_while_its_relay_is_held_back():

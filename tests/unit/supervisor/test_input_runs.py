@@ -1,0 +1,129 @@
+"""A link shard's batch reaches the leader's loop as runs of inputs (runtime.InputRun): one queue
+item and one reply per run, each input still decided alone and in order, its answer on its own
+node's route; the stream-input bound still counts inputs, and a run cancelled while it waits for
+room gives back every slot it took (the class of leak issue 16 found in the buddy)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ftsup.supervisor.core.inputs import Heartbeat, StepReport, Tick
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server import relay_service
+from ftsup.supervisor.server.relay_service import RelayDown, RelayService, _Relayed
+from ftsup.v1 import agent_pb2, shard_pb2
+from tests.support.builders import config, hello
+
+
+async def _registered(nodes: int, capacity: int = 50_000) -> Runtime:
+    runtime = Runtime(config(nodes=nodes, ranks_per_node=1), MemoryLog(), tick_s=3600, wall_clock=lambda: 0.0,
+                      stream_input_capacity=capacity)
+    for i in range(nodes):
+        assert (await runtime._handle(hello(f"n{i}", stream_id=runtime.open_stream(StreamOutbox())))).refusal is None
+    await runtime._handle(Tick())
+    assert runtime.state.generation is not None
+    return runtime
+
+
+async def test_a_runs_inputs_are_decided_in_order_each_with_its_own_outcome():
+    runtime = await _registered(2)
+    loop = asyncio.create_task(runtime.run())
+    try:
+        run = [StepReport("n0", 1, 0, 1, 0.5, 0.4, 2.0, "d"), StepReport("ghost", 1, 0, 1, 0.5, 0.4, 2.0, "d"),
+               Heartbeat("n1", 1, 1), StepReport("n1", 1, 1, 1, 0.5, 0.4, 2.0, "d")]
+        outcomes = await asyncio.wait_for(await runtime.submit_run_from_stream(run), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert [o.refusal is None for o in outcomes] == [True, False, True, True]
+    assert "ghost" in (outcomes[1].refusal or "")
+    assert runtime.state.generation is not None and runtime.state.generation.is_running  # (the first report)
+    assert runtime.soft.progress is not None and runtime.soft.progress.max_step == 1
+    assert runtime._stream_slots._value == 50_000, "every slot given back"
+
+
+async def test_a_run_cancelled_while_it_waits_for_room_gives_back_the_slots_it_took():
+    runtime = await _registered(1, capacity=3)
+    first = await runtime.submit_run_from_stream([Heartbeat("n0", 1, 1), Heartbeat("n0", 1, 2)])  # 2 of 3 slots
+    waiting = asyncio.create_task(runtime.submit_run_from_stream([Heartbeat("n0", 1, 3), Heartbeat("n0", 1, 4)]))
+    await asyncio.sleep(0)  # (it took the last slot and waits for the next)
+    assert runtime._stream_slots._value == 0
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert runtime._stream_slots._value == 1, "the slot the cancelled run had taken came back"
+    loop = asyncio.create_task(runtime.run())
+    try:
+        assert all(o.refusal is None for o in await asyncio.wait_for(first, 5.0))
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert runtime._stream_slots._value == 3
+    with pytest.raises(ValueError, match="exceeds the stream capacity"):
+        await runtime.submit_run_from_stream([Heartbeat("n0", 1, 5)] * 4)
+
+
+class _Batches:
+    """A relay's incoming stream: the given ShardBatches, then the end."""
+
+    def __init__(self, *batches: shard_pb2.ShardBatch) -> None:
+        self._batches = list(batches)
+
+    def __aiter__(self) -> _Batches:
+        return self
+
+    async def __anext__(self) -> shard_pb2.ShardBatch:
+        if not self._batches:
+            raise StopAsyncIteration
+        return self._batches.pop(0)
+
+
+def _item(session: int, node_id: str, **message: object) -> shard_pb2.Forwarded:
+    return shard_pb2.Forwarded(session=session, node_id=node_id, incarnation=1,
+                               message=agent_pb2.AgentMessage(**message))  # type: ignore[arg-type]
+
+
+async def test_a_shards_batch_goes_to_the_loop_as_one_run_and_each_node_hears_its_own_answer(monkeypatch):
+    runtime = await _registered(3)
+    service, down = RelayService(runtime), RelayDown()
+    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(3)}
+    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(3)}
+    runs: list[int] = []
+    submit = runtime.submit_run_from_stream
+
+    async def counted(inputs):  # type: ignore[no-untyped-def]
+        runs.append(len(inputs))
+        return await submit(inputs)
+
+    monkeypatch.setattr(runtime, "submit_run_from_stream", counted)
+    report = agent_pb2.StepReport(generation=1, rank=0, step=1, step_time_s=0.5, compute_time_s=0.4, loss=2.0,
+                                  param_digest="d")
+    bad = agent_pb2.StepReport(generation=1, rank=2, step=1, step_time_s=-1.0, compute_time_s=0.4, loss=2.0,
+                               param_digest="d")
+    batch = shard_pb2.ShardBatch(items=[
+        _item(0, "n0", step_report=report),
+        _item(1, "n1", heartbeat=agent_pb2.Heartbeat(seq=7, want_ack=True)),
+        _item(2, "n2", step_report=bad),
+        shard_pb2.Forwarded(session=2, node_id="n2", incarnation=1, closed=shard_pb2.ShardSessionEnd()),
+        _item(1, "n1", xid_event=agent_pb2.XidEvent(code=13, pci="0000:01:00.0", message="x")),
+    ])
+    loop = asyncio.create_task(runtime.run())
+    try:
+        await service._read(_Batches(batch), down, sessions, "shard-a")
+        await asyncio.wait_for(_until(lambda: len(down) >= 2 and "n1" in runtime.soft.xids), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert runs == [3], "the three messages before the closed stream went as one run; the Xid after it alone"
+    answers = [(item.session, item.message.WhichOneof("kind")) for item in down.take()]
+    assert (1, "heartbeat_ack") in answers and (2, "refusal") in answers, answers
+    assert [a for a in answers if a[1] == "refusal"] == [(2, "refusal")], "only n2's report was refused"
+    assert [s.code for s in runtime.soft.xids["n1"]] == [13], "the Xid after the close, admitted alone"
+
+
+async def _until(check) -> None:  # type: ignore[no-untyped-def]
+    while not check():
+        await asyncio.sleep(0.01)
