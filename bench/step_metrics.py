@@ -1,5 +1,4 @@
-"""The leader's metrics per training step: aggregates kept and folded as arrays, against one
-Prometheus observation and one object per rank.
+"""The leader's metrics per training step: folded as arrays, against one observation per rank.
 
 Every step of N nodes x 8 ranks reaches the leader as N `StepAggregate`s, and the runtime hands
 each to `SupervisorMetrics.on_input` (supervisor/metrics.py): the step and compute time
