@@ -73,7 +73,8 @@ def run_one(nodes: int, interval_s: float, seconds: float) -> dict[str, Any]:
     return {
         "nodes": nodes, "interval_s": interval_s, "ticks": ticks, "passes": memo.passes,
         "us_per_tick": round(per_tick * 1e6, 1), "core_fraction": round(per_tick / TICK_S, 5),
-        "baseline_us_per_tick": round(base_per_tick * 1e6, 1), "baseline_core_fraction": round(base_per_tick / TICK_S, 5),
+        "baseline_us_per_tick": round(base_per_tick * 1e6, 1),
+        "baseline_core_fraction": round(base_per_tick / TICK_S, 5),
         "speedup": round(base_per_tick / per_tick, 1) if per_tick else None,
         "verdicts": [list(v) for v in memo_verdicts],
         "same_verdicts": memo_verdicts == base_verdicts,

@@ -130,5 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--nodes within [1, 100000], --ranks-per-node within [1, 64], --steps >= 1")
     runs = [run_size(n, args.ranks_per_node, args.steps, args.seed) for n in sizes]
     print(json.dumps({"bench": "step_metrics", "runs": runs,
-                      "baseline": "per_value: Histogram.observe per value and an object per rank (the old way), same run"}))
+                      "baseline": "per_value: Histogram.observe per value and an object per rank (the old way),"
+                                  " same run"}))
     return 0 if all(r["same_figures"] for r in runs) else 1

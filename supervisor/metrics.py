@@ -6,8 +6,9 @@ loop pays nothing for it. What *happens* (inputs, refusals, appends and their la
 times, recoveries, detections, checkpoint durations) is counted by the runtime as it happens,
 O(1) per input; a step's per-rank figures are kept as their aggregates arrive and folded as
 arrays in batches (metrics_arrays.py: one node-step cost ~50 µs of the loop as single
-observations, as much as the core's decision on it). Per-rank series are exported only up to `per_rank_limit` ranks: at 100k ranks
-they would dwarf everything else a Prometheus server holds; the histograms cover the fleet.
+observations, as much as the core's decision on it). Per-rank series are exported only up to
+`per_rank_limit` ranks: at 100k ranks they would dwarf everything else a Prometheus server
+holds; the histograms cover the fleet.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class SupervisorMetrics:
         if self._runtime is not None:
             await self.goodput.catch_up(self._runtime.event_log)
 
-    # -- called by the runtime, O(1) each (a batch fold every PENDING_AGGREGATES) ------------------------------------------------------
+    # -- called by the runtime, O(1) each (a batch fold every PENDING_AGGREGATES) ---------------
     def on_input(self, inp: Input, refusal: str | None) -> None:
         kind = type(inp).__name__
         if refusal is not None:

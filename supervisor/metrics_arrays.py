@@ -6,9 +6,10 @@ buckets), and the latest figures were one object per rank per step: ~50 µs of t
 per node-step aggregate, as much as the core's whole decision on it. Here a node's eight values are
 one `searchsorted` and one `bincount` into the bucket counts, and the latest figures are rows of
 arrays indexed by rank; the caller (supervisor/metrics.py) hands them many nodes' aggregates at
-once, so numpy's cost per call (~1 µs, whatever the size) is paid per batch, not per node. The exposition is the one prometheus_client writes for
-a Histogram (cumulative `_bucket` series with `le`, `_count`, `_sum`, `_created`), so dashboards
-and alerts read the same series (tests/unit/supervisor/test_metrics_arrays.py compares both).
+once, so numpy's cost per call (~1 µs, whatever the size) is paid per batch, not per node. The
+exposition is the one prometheus_client writes for a Histogram (cumulative `_bucket` series with
+`le`, `_count`, `_sum`, `_created`), so dashboards and alerts read the same series
+(tests/unit/supervisor/test_metrics_arrays.py compares both).
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ steps = st.one_of(
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.lists(st.tuples(steps, st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.7, 1.6, -0.2, -1.0])), min_size=1, max_size=40),
+@given(st.lists(st.tuples(steps, st.sampled_from([0.0, 0.05, 0.1, 0.3, 0.7, 1.6, -0.2, -1.0])),
+                min_size=1, max_size=40),
        st.sampled_from([0.0, 2.0]), st.integers(1, len(NODES)))
 def test_every_ticks_verdicts_equal_a_whole_pass_with_an_empty_memo(history, started, registered):
     state = ClusterState(nodes=MappingProxyType({n: _record(n) for n in NODES[:registered]}))

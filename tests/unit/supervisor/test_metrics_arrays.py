@@ -92,7 +92,8 @@ def test_the_latest_figures_per_rank_are_the_newest_report_of_each_rank(reports,
             step, step_s, compute_s, tokens)
     rates = [t / s for _, s, _, t in reference.values() if t and s > 0]
     expected = sum(rates) if rates else math.nan
-    assert (math.isnan(expected) and math.isnan(latest.tokens_per_s())) or latest.tokens_per_s() == pytest.approx(expected)
+    rate = latest.tokens_per_s()
+    assert (math.isnan(expected) and math.isnan(rate)) or rate == pytest.approx(expected)
     latest.clear()
     assert latest.known().tolist() == [] and math.isnan(latest.tokens_per_s())
 
