@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftsup.agent.peers import SnapshotMissing
+from ftsup.agent.peers import PeerDenied, SnapshotMissing
 from ftsup.agent.process import ProcessHandle
 from ftsup.agent.snapshots import Blob, SnapshotStore
 
@@ -82,11 +82,15 @@ class FakePeers:
         self.blobs = blobs
         self.fetched: list[tuple[str, int, int]] = []
         self.expected_nodes: list[str] = []  # the node each fetch pinned (PeerClient checks it under mTLS)
+        self.denials: dict[str, int] = {}  # address -> fetches it still refuses (PERMISSION_DENIED)
 
     async def fetch(self, address: str, rank: int, step: int, store: SnapshotStore | None = None,
                     *, generation: int = 0, node_id: str = "") -> Blob:
         self.fetched.append((address, rank, step))
         self.expected_nodes.append(node_id)
+        if self.denials.get(address, 0) > 0:  # (a holder that has not seen this node's grant yet)
+            self.denials[address] -= 1
+            raise PeerDenied(f"{address} refused: PERMISSION_DENIED no grant yet")
         if (address, rank, step) not in self.blobs:
             raise SnapshotMissing(f"{address} holds no rank {rank} step {step}")
         blob = self.blobs[(address, rank, step)]

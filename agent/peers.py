@@ -43,6 +43,12 @@ class PeerUnavailable(RuntimeError):
     """The peer could not be reached (or refused) until the retry deadline."""
 
 
+class PeerDenied(PeerUnavailable):
+    """The peer refused this node (PERMISSION_DENIED): no grant for it in the peer's directive.
+    Grants travel in directives, which reach each node on its own stream: a caller that learned of
+    its task first may ask again shortly (agent/sdc_check.py does)."""
+
+
 class PeerIdentityUnknown(PeerUnavailable):
     """Under mTLS a peer call must name the node it expects at the address; this one did not."""
 
@@ -164,6 +170,8 @@ class PeerClient:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise SnapshotMissing(f"{address}: {exc.details()}") from exc
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise PeerDenied(f"{address} refused: {exc.code().name} {exc.details()}") from exc
                 if exc.code() in _REFUSED:
                     raise PeerUnavailable(f"{address} refused: {exc.code().name} {exc.details()}") from exc
                 delay_s = backoff.delay_s(attempt, self._rng)

@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from ftsup.agent.core import sdc_replay
-from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
+from ftsup.agent.peers import PeerClient, PeerDenied, PeerUnavailable, SnapshotMissing
 from ftsup.agent.process import ProcessHandle, ProcessRunner, SpawnFailed
 from ftsup.agent.snapshots import Blob, InvalidSnapshot, SnapshotStore
 from ftsup.common.deadline import within
@@ -35,6 +35,9 @@ Report = Callable[[agent_pb2.AgentMessage], None]
 # A backstop only: the supervisor times a check out first (--sdc-recompute-timeout-s) and the
 # order's disappearance stops the replay.
 REPLAY_DEADLINE_S = 1800.0
+# How long a verifier asks again holders that refused it: its grant may reach them after its order.
+GRANT_WAIT_S = 5.0
+GRANT_RETRY_FIRST_S = 0.1
 
 
 class SdcChecker:
@@ -154,15 +157,26 @@ class SdcChecker:
         held = self._store.get(rank, step)
         if held is not None:
             return held
-        tried: list[str] = []
-        for source in order.sources:
-            if source.node_id == self._node_id or not source.address:
-                continue
-            try:
-                blob = await self._peers.fetch(source.address, rank, step, generation=order.generation,
-                                               node_id=source.node_id)
-            except (PeerUnavailable, SnapshotMissing, InvalidSnapshot) as exc:
-                tried.append(f"{source.node_id}: {exc}")
-                continue
-            return blob  # verified against its SHA-256 by the fetch
-        return f"no holder had rank {rank}'s snapshot of step {step}: " + ("; ".join(tried) or "no holders named")
+        # The holders learn that this node may fetch from the same event that ordered the check, but
+        # on their own streams: a holder that has not seen it yet refuses (PERMISSION_DENIED). Seen
+        # in CI as an inconclusive check; denied rounds are asked again for up to GRANT_WAIT_S.
+        waited_s, delay_s = 0.0, GRANT_RETRY_FIRST_S
+        while True:
+            tried: list[str] = []
+            denied = False
+            for source in order.sources:
+                if source.node_id == self._node_id or not source.address:
+                    continue
+                try:
+                    blob = await self._peers.fetch(source.address, rank, step, generation=order.generation,
+                                                   node_id=source.node_id)
+                except (PeerUnavailable, SnapshotMissing, InvalidSnapshot) as exc:
+                    denied = denied or isinstance(exc, PeerDenied)
+                    tried.append(f"{source.node_id}: {exc}")
+                    continue
+                return blob  # verified against its SHA-256 by the fetch
+            if not denied or waited_s + delay_s > GRANT_WAIT_S:
+                return f"no holder had rank {rank}'s snapshot of step {step}: " + (
+                    "; ".join(tried) or "no holders named")
+            await asyncio.sleep(delay_s)
+            waited_s, delay_s = waited_s + delay_s, min(2 * delay_s, 1.0)

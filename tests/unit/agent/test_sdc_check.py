@@ -147,3 +147,25 @@ def test_reconcile_is_idempotent_by_check_id():
     assert ok == sdc_replay.Answer((sdc_replay.RankDigest(0, "g", ""),), "")
     env = sdc_replay.replay_env({"PATH": "/bin", "MASTER_PORT": "1"}, [("A", "b"), ("RANK", "3")], "/r.json")
     assert env == {"PATH": "/bin", "A": "b", sdc_replay.REPLAY_ENV: "/r.json", "PYTHONUNBUFFERED": "1"}
+
+
+async def test_holders_that_have_not_seen_the_verifiers_grant_yet_are_asked_again(tmp_path):
+    """The grant reaches each holder in its own directive, possibly after the verifier's order
+    (an inconclusive check in CI): a round refused by every holder is asked again shortly."""
+    peers = FakePeers({("n3:1", 2, 4): blob(2, 4)})
+    peers.denials = {"n4:1": 5, "n3:1": 2}
+    node = Verifier(tmp_path, peers)
+    node.checker.apply([order()])
+    await node.spawned()
+    assert peers.fetched == [("n4:1", 2, 4), ("n3:1", 2, 4)] * 3, "two refused rounds, then n3 answers"
+
+
+async def test_holders_that_keep_refusing_end_the_check_as_an_error_once_the_wait_is_over(tmp_path, monkeypatch):
+    monkeypatch.setattr("ftsup.agent.sdc_check.GRANT_WAIT_S", 0.3)
+    peers = FakePeers({})
+    peers.denials = {"n4:1": 1000, "n3:1": 1000}
+    node = Verifier(tmp_path, peers)
+    node.checker.apply([order()])
+    result = await node.answered()
+    assert "no holder had rank 2's snapshot of step 4" in result.error and "PERMISSION_DENIED" in result.error
+    assert node.runner.spawned == [] and 2 < len(peers.fetched) < 20
