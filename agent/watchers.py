@@ -72,13 +72,25 @@ def gpu_index_by_pci() -> dict[str, int]:
     return mapping
 
 
-async def follow_file(path: pathlib.Path, poll_s: float = 0.2) -> AsyncIterator[str]:
-    """Lines appended to `path` from now on; survives rotation and truncation (like tail -F)."""
+def follow_file(path: pathlib.Path, poll_s: float = 0.2) -> AsyncIterator[str]:
+    """Lines appended to `path` from this call on; survives rotation and truncation (like tail -F).
+
+    "From this call on", not from the first iteration: the file's end is noted here, so a line
+    written between starting the watcher and its task's first turn (a busy loop) is not skipped
+    as old."""
+    try:
+        stat = path.stat()
+        start = (stat.st_ino, stat.st_size)  # its old lines predate us; a file made later is all new
+    except FileNotFoundError:
+        start = None
+    return _follow_file(path, poll_s, start)
+
+
+async def _follow_file(path: pathlib.Path, poll_s: float, start: tuple[int, int] | None) -> AsyncIterator[str]:
     handle = None
     inode = None
     position = 0
     pending = b""
-    existed_at_start = path.exists()  # then its old lines predate us; a file made later is all new
     while True:
         try:
             stat = path.stat()
@@ -93,10 +105,10 @@ async def follow_file(path: pathlib.Path, poll_s: float = 0.2) -> AsyncIterator[
                 for line in lines:
                     yield line.decode(errors="replace")
                 handle.close()
-            skip_old = existed_at_start and inode is None
+            first_open = inode is None
             handle = open(path, "rb")  # noqa: SIM115 (kept open across polls; closed on rotation and exit)
             inode = stat.st_ino
-            position = stat.st_size if skip_old else 0
+            position = start[1] if first_open and start is not None and start[0] == inode else 0
             handle.seek(position)
             pending = b""
         if handle is not None:

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from ftsup.harness import orphan_guard
 from ftsup.supervisor.eventlog.embedded import EmbeddedLog
 from tests.support.log_writer import event
 
@@ -28,10 +29,12 @@ KILLS = 25
 
 
 def start_writer(directory: pathlib.Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    writer = subprocess.Popen(
         [sys.executable, "-m", "tests.support.log_writer", str(directory), *extra],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )
+    orphan_guard.watch(writer)  # stopped even if pytest itself is killed
+    return writer
 
 
 def check_acknowledged(directory: pathlib.Path, acks: list[tuple[int, int, int, int]]) -> int:

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import wait_until
 
 pytestmark = pytest.mark.integration
@@ -36,6 +37,7 @@ def ftsup_run(tmp_path: pathlib.Path, *flags: str, script: pathlib.Path = SCRIPT
     out = open(tmp_path / "stdout.txt", "wb")
     err = open(tmp_path / "stderr.txt", "wb")
     process = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=tmp_path, start_new_session=True)
+    orphan_guard.watch(process)  # its whole session stopped even if pytest itself is killed
     return process, run_dir
 
 

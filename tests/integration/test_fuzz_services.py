@@ -31,6 +31,7 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ftsup.harness import orphan_guard
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import Record
 from ftsup.supervisor.core.state import ClusterState
@@ -510,6 +511,7 @@ def real_supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
          "--job", str(job), "--heartbeat-interval-s", "60", "--operator-token-file", tokens[0],
          "--operator-read-token-file", tokens[1], "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    orphan_guard.watch(process)  # stopped even if pytest itself is killed
     address = f"127.0.0.1:{port}"
     try:
         channel = grpc.insecure_channel(address)

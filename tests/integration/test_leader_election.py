@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import aetcd
 import pytest
 
+from ftsup.harness import orphan_guard
 from ftsup.supervisor.core.events import NodeCleared
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.leader import LeaderElection
@@ -84,6 +85,7 @@ async def test_a_paused_leader_is_fenced_after_its_lease_expired(etcd, clients, 
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
     )  # fmt: skip
+    orphan_guard.watch(proc)  # stopped even if pytest itself is killed
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
         assert line.startswith("LEADER"), line

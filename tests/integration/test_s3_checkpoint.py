@@ -30,6 +30,7 @@ from ftsup.checkpoint.retry import Retrier
 from ftsup.checkpoint.s3 import S3Config, S3Store
 from ftsup.common import checkpoint_ids
 from ftsup.common.backoff import Backoff
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import wait_until
 from tests.support import dcp_ranks
 from tests.support.objectstore_contract import SMALL_CHUNKING, ObjectStoreContract
@@ -239,6 +240,7 @@ def test_gc_aborts_the_multipart_upload_of_a_writer_killed_mid_upload_once_it_is
     proxy.add(FaultRule(Fault.DELAY, "PUT", r"partNumber=3", delay_s=30.0))  # the writer dies on its last part
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, proxy.endpoint_url, s3_env.bucket, key],
                               env={**os.environ, **s3_env.env()})
+    orphan_guard.watch(writer)  # stopped even if pytest itself is killed
     try:
         wait_for(lambda: {"1", "2"} <= {p.rsplit("partNumber=", 1)[-1].split("&")[0] for _, p, o in proxy.requests
                                         if "partNumber=" in p and o == "200"}

@@ -24,6 +24,7 @@ import torch
 
 from ftsup.checkpoint import catalog, supervised
 from ftsup.checkpoint.manifest import ShardReport
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import free_port, wait_until
 from ftsup.harness.s3_server import S3Server
 from ftsup.v1 import peer_pb2, peer_pb2_grpc
@@ -78,6 +79,7 @@ def start(agent, out: pathlib.Path, world: int, generation: int, restore_step: i
             [sys.executable, "-m", "tests.support.fsdp_ranks", "--rank", str(rank), "--world", str(world),
              "--port", str(port), "--out", str(out), "--steps", str(STEPS), *flags],
             env=child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=pathlib.Path(__file__).parents[2]))
+        orphan_guard.watch(procs[-1])  # stopped even if pytest itself is killed
     return procs
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
@@ -147,6 +148,7 @@ def test_events_follow_streams_records_as_they_are_appended(cluster: LocalCluste
          "--json", "--since", str(head + 1)],
         stdout=subprocess.PIPE, text=True,
     )
+    orphan_guard.watch(follower)  # stopped even if pytest itself is killed
     try:
         agent = RawAgent(cluster.address)
         agent.send(hello=hello("follow-me", 5))
@@ -199,6 +201,7 @@ def start_supervisor(tmp_path: pathlib.Path, listen: str, *extra: str) -> tuple[
     process = subprocess.Popen(
         [sys.executable, "-m", "ftsup.supervisor", "--listen", f"{listen}:{port}", "--data-dir", str(tmp_path / "log"),
          "--job", str(job), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    orphan_guard.watch(process)  # stopped even if pytest itself is killed
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while ctl(address, "status").returncode != 0:

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import ClusterSpec, LocalCluster, terminate_group, wait_until
 
 pytestmark = pytest.mark.integration
@@ -46,6 +47,7 @@ def test_logs_shows_a_ranks_output_and_follow_shows_what_it_prints_later(tmp_pat
 
         follow = subprocess.Popen(ctl(cluster.address, "logs", "--rank", "1", "--follow"),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        orphan_guard.watch(follow)  # stopped even if pytest itself is killed
         lines: queue.Queue[str] = queue.Queue()
         reader = threading.Thread(target=lambda: [lines.put(line.rstrip("\n")) for line in follow.stdout], daemon=True)
         reader.start()

@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import free_port
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
@@ -147,6 +148,7 @@ def start_ranks(agent, tmp_path: Path, generation: int, restore_step: int | None
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         )
+        orphan_guard.watch(procs[-1])  # stopped even if pytest itself is killed
         log.close()
     return procs
 

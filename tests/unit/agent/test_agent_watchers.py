@@ -44,10 +44,9 @@ async def test_following_a_file_yields_only_new_lines_and_survives_rotation(tmp_
                 return
 
     task = asyncio.create_task(collect(3))
-    await asyncio.sleep(0.05)
-    with open(log, "a") as handle:
+    with open(log, "a") as handle:  # before the task's first turn: still after the watcher started
         handle.write("first\nsecond")
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # (either order of the watcher's poll and the next write must give the same lines)
     with open(log, "a") as handle:
         handle.write(" half\n")
     log.rename(tmp_path / "kern.log.1")  # rotation: a new file takes the name
