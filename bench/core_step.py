@@ -35,6 +35,7 @@ from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.inputs import AgentHello, Input, Tick
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core
+from ftsup.supervisor.server.relay_service import RUN_MAX
 from ftsup.supervisor.server.step_aggregate import report_from_proto, to_input
 from ftsup.v1 import agent_pb2
 
@@ -94,6 +95,28 @@ def _aggregated(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], 
     return time.process_time() - started, events
 
 
+def _folded(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
+    """The aggregates as a link shard's batches bring them to the leader's loop: runs of up to
+    RUN_MAX, each run's back-to-back aggregates of one step decided as one fold
+    (Core.step_aggregates; what runtime._handle_run does)."""
+    messages = [(node, step_pack.pack(reports)) for node, reports in wire]
+    started = time.process_time()
+    parts = [to_input(node, message) for node, message in messages]
+    events = 0
+    for start in range(0, len(parts), RUN_MAX):
+        run = parts[start:start + RUN_MAX]
+        stepped = core.step_aggregates(run, now) if len(run) > 1 else None
+        if stepped is None:
+            events += _feed(core, list(run), now)
+            continue
+        if len(stepped.refusals) < len(run) or any(refusal is not None for refusal in stepped.refusals):
+            raise RuntimeError("a part of the step was refused")
+        if stepped.ready.events:
+            events += len(stepped.ready.events)
+            core.advance(stepped.ready, core.records(stepped.ready.events, now))
+    return time.process_time() - started, events
+
+
 def _per_rank(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
     started = time.process_time()
     events = _feed(core, [report_from_proto(node, r) for node, reports in wire for r in reports], now)
@@ -110,8 +133,11 @@ def _summary(cpu_s: list[float], ranks: int) -> dict[str, Any]:
     }
 
 
+MODES = {"folded": _folded, "aggregated": _aggregated, "per_rank": _per_rank}
+
+
 def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: bool) -> dict[str, Any]:
-    cores = {"aggregated": _core(nodes, ranks_per_node)}
+    cores = {"folded": _core(nodes, ranks_per_node), "aggregated": _core(nodes, ranks_per_node)}
     if baseline:
         cores["per_rank"] = _core(nodes, ranks_per_node)
     cpu: dict[str, list[float]] = {name: [] for name in cores}
@@ -122,7 +148,7 @@ def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: b
         wire = _wire_step(cores["aggregated"], step, rng)
         now += 1.0
         for name, core in cores.items():
-            spent, decided = (_aggregated if name == "aggregated" else _per_rank)(core, wire, now)
+            spent, decided = MODES[name](core, wire, now)
             events[name] += decided
             if step > 1:
                 cpu[name].append(spent)
@@ -130,15 +156,23 @@ def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: b
     result: dict[str, Any] = {"nodes": nodes, "ranks_per_node": ranks_per_node, "ranks": ranks,
                               "steps_measured": steps, "events_decided": events}
     result.update({name: _summary(cpu[name], ranks) for name in cores})
+    result["same_decisions"] = all(_same(cores["aggregated"], core) for core in cores.values())
+    result["speedup_folded_vs_aggregated"] = _ratio(result, "aggregated", "folded")
     if baseline:
-        one, other = cores["aggregated"], cores["per_rank"]
-        result["same_decisions"] = one.state == other.state and (one.soft.progress is None) == (
-            other.soft.progress is None) and (one.soft.progress is None or other.soft.progress is None or (
-                one.soft.progress.straggler == other.soft.progress.straggler
-                and one.soft.progress.sdc_clear_steps == other.soft.progress.sdc_clear_steps))
-        result["speedup"] = round(result["per_rank"]["median_cpu_s_per_step"]
-                                  / max(result["aggregated"]["median_cpu_s_per_step"], 1e-9), 2)
+        result["speedup"] = _ratio(result, "per_rank", "aggregated")
+        result["speedup_folded_vs_per_rank"] = _ratio(result, "per_rank", "folded")
     return result
+
+
+def _same(one: Core, other: Core) -> bool:
+    """Both cores decided the same: state, and the detectors' soft state."""
+    a, b = one.soft.progress, other.soft.progress
+    return one.state == other.state and (a is None) == (b is None) and (a is None or b is None or (
+        a.straggler == b.straggler and a.sdc_clear_steps == b.sdc_clear_steps and a.step_reports == b.step_reports))
+
+
+def _ratio(result: dict[str, Any], slower: str, faster: str) -> float:
+    return round(result[slower]["median_cpu_s_per_step"] / max(result[faster]["median_cpu_s_per_step"], 1e-9), 2)
 
 
 def parser() -> argparse.ArgumentParser:

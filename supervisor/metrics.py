@@ -96,6 +96,10 @@ class SupervisorMetrics:
         self.checkpoint_seconds = Histogram("ftsup_checkpoint_seconds", "Checkpoint start to commit",
                                             buckets=RECOVERY_BUCKETS, registry=r)
         self.snapshots = Counter("ftsup_snapshots_committed", "In-memory snapshot steps committed", registry=r)
+        self.step_folds = Counter("ftsup_step_folds", "Runs of nodes' step aggregates decided as one fold",
+                                  registry=r)
+        self.step_folded = Counter("ftsup_step_aggregates_folded", "Step aggregates decided inside a fold",
+                                   registry=r)
         self._ranks = LatestByRank()
         self._input_counters: dict[str, Any] = {}
         self._loss = math.nan
@@ -160,6 +164,11 @@ class SupervisorMetrics:
             at = int(zero[-1])
             self._loss = float(np.concatenate([a.loss for a in pending])[at])
             self._grad_norm = float(np.concatenate([a.grad_norm for a in pending])[at])
+
+    def on_fold(self, parts: int) -> None:
+        """A run of `parts` nodes' step aggregates was decided as one (runtime._handle_fold)."""
+        self.step_folds.inc()
+        self.step_folded.inc(parts)
 
     def on_append(self, seconds: float) -> None:
         self.append_seconds.observe(seconds)

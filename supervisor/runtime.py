@@ -20,7 +20,16 @@ from ftsup.supervisor import codec
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.directives import Directive, directives_for
 from ftsup.supervisor.core.events import Record
-from ftsup.supervisor.core.inputs import AgentHello, HeardFrom, Heartbeat, Input, LeadershipAcquired, StreamClosed, Tick
+from ftsup.supervisor.core.inputs import (
+    AgentHello,
+    HeardFrom,
+    Heartbeat,
+    Input,
+    LeadershipAcquired,
+    StepAggregate,
+    StreamClosed,
+    Tick,
+)
 from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
@@ -242,7 +251,7 @@ class Runtime:
                 if self._announcement is not None and self.is_leader:
                     await self._announce(self._announcement)
                 if isinstance(pending.inp, InputRun):
-                    _reply(pending, [await self._handle_guarded(inp, pending.at_s) for inp in pending.inp.inputs])
+                    _reply(pending, await self._handle_run(pending.inp, pending.at_s))
                     continue
                 if isinstance(pending.inp, AgentHello):
                     batch = await self._gather_hellos(pending)
@@ -266,6 +275,66 @@ class Runtime:
             log.exception("input handling failed", input=type(inp).__name__,
                           node_id=getattr(inp, "node_id", None), generation=self.generation_in_force)
             return Outcome(refusal=f"internal error: {exc}", is_retryable=True)
+
+    async def _handle_run(self, run: InputRun, at_s: float | None) -> list[Outcome]:
+        """A run's inputs, each decided alone and in order, except that back-to-back step
+        aggregates of one step from distinct nodes (a shard's nodes reporting a step) are decided
+        as one fold (Core.step_aggregates: what they decide one by one, issue 14). A heartbeat
+        met among them is handled when met: it only marks its node heard as of the run's arrival,
+        which every aggregate of the run marks too, so its place among them changes nothing."""
+        outcomes: list[Outcome | None] = [None] * len(run.inputs)
+        fold: list[StepAggregate] = []  # the open fold's aggregates...
+        at: list[int] = []  # ...and their positions in the run
+        named: set[str] = set()  # ...and their nodes
+
+        async def close_fold() -> None:
+            if len(fold) == 1:
+                outcomes[at[0]] = await self._handle_guarded(fold[0], at_s)
+            elif fold:
+                for position, outcome in zip(at, await self._handle_fold(fold, at_s)):
+                    outcomes[position] = outcome
+            fold.clear()
+            at.clear()
+            named.clear()
+
+        for position, inp in enumerate(run.inputs):
+            if isinstance(inp, StepAggregate) and not inp.segments:
+                if fold and ((inp.generation, inp.step) != (fold[0].generation, fold[0].step)
+                             or inp.node_id in named):
+                    await close_fold()
+                fold.append(inp)
+                at.append(position)
+                named.add(inp.node_id)
+            elif fold and isinstance(inp, Heartbeat):
+                outcomes[position] = await self._handle_guarded(inp, at_s)
+            else:
+                await close_fold()
+                outcomes[position] = await self._handle_guarded(inp, at_s)
+        await close_fold()
+        return [outcome if outcome is not None else Outcome() for outcome in outcomes]
+
+    async def _handle_fold(self, parts: list[StepAggregate], at_s: float | None) -> list[Outcome]:
+        """Several nodes' aggregates of one step decided as one: each part's refusal its own, one
+        append for the rest; refused parts after the last admitted one are handled alone after
+        it. Declined by the core (a rank of them already reported in the step:
+        Core.step_aggregates), each part is handled alone."""
+        if not self.is_leader:
+            return [self._not_leader() for _ in parts]
+        now = self._clock() if at_s is None else at_s
+        try:
+            stepped = self.core.step_aggregates(parts, now)
+            if stepped is None:
+                return [await self._handle_guarded(part, at_s) for part in parts]
+            for part, refusal in zip(parts, stepped.refusals):
+                self._count(part, refusal)
+            if self.metrics is not None:
+                self.metrics.on_fold(len(stepped.refusals))
+            enacted = await self._enact(stepped.ready, [])
+        except Exception as exc:  # a bug must not take the control plane down
+            log.exception("step fold handling failed", parts=len(parts), generation=self.generation_in_force)
+            return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(parts)
+        outcomes = [enacted if refusal is None else _refused(refusal) for refusal in stepped.refusals]
+        return outcomes + [await self._handle_guarded(part, at_s) for part in parts[len(stepped.refusals):]]
 
     async def _take(self) -> _Pending:
         pending = await self._queue.get()

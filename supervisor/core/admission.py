@@ -8,6 +8,7 @@ numbers sane), not about what to do with it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -315,6 +316,8 @@ def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggreg
     count = len(aggregate)
     if count == 0:
         return "a step aggregate with no reports"
+    if aggregate.segments:  # (made by the core from admitted parts: Core.step_aggregates; never received)
+        return "a fold of several nodes' step aggregates is not an input"
     if count > MAX_AGGREGATE_REPORTS:
         return f"a step aggregate of {count} reports is larger than any world ({MAX_AGGREGATE_REPORTS})"
     ranks = aggregate.ranks
@@ -336,6 +339,34 @@ def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggreg
     report = aggregate.report(first_bad)
     reason = _check_step_report(state, report) or "refused"  # (the vector and scalar checks agree)
     return f"rank {report.rank} of node {aggregate.node_id!r}: {reason}"
+
+
+def fold_refusals(state: ClusterState, soft: SoftState, parts: Sequence[StepAggregate], config: CoreConfig
+                  ) -> tuple[list[str | None], StepAggregate | None]:
+    """What `refusal` says of each of several nodes' aggregates of one step (Core.step_aggregates),
+    and their fold when every part is admitted. Checked at once (issue 14): per part only what
+    names its sender (its Hello, the ranks it holds, each rank once), then the figures' limits by
+    one set of reductions over the whole fold: within limits over the fold is within limits for
+    each part (every limit is a bound on a minimum, a maximum or an "all"). Any part that fails a
+    check, or a fold outside the limits, has each part checked alone, so every refusal is worded
+    as `refusal` words it."""
+    first = parts[0]
+    if not 0 <= first.step <= MAX_STEP or any((p.generation, p.step) != (first.generation, first.step) for p in parts):
+        return [refusal(state, soft, part, config) for part in parts], None
+    for part in parts:
+        count = len(part)
+        if count == 0 or count > MAX_AGGREGATE_REPORTS or part.segments:
+            break
+        if _check_sender(state, soft, part.node_id) is not None:
+            break
+        listed = part.ranks.tolist()
+        if len(set(listed)) != count or not _held_ranks(state, part).issuperset(listed):
+            break
+    else:
+        fold = StepAggregate.fold(parts)
+        if _within_limits(fold):
+            return [None] * len(parts), fold
+    return [refusal(state, soft, part, config) for part in parts], None
 
 
 def _held_ranks(state: ClusterState, aggregate: StepAggregate) -> frozenset[int]:

@@ -6,6 +6,7 @@ Inputs are facts the shell observed; `decide` turns them into events. They are n
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +106,8 @@ class StepAggregate:
     ranks together and a link shard forwards each of its nodes' step as one, so the leader handles
     one input per node per step, and the detectors take the figures as arrays (issue 14). A
     single StepReport is observed as an aggregate of one (`of_reports`): one observation path.
+    The leader's core also decides several nodes' aggregates of a step as one `fold` of them
+    (`segments` says whose positions are whose; Core.step_aggregates).
 
     Per-rank values are parallel arrays in the order of `ranks` (each rank once); digests are
     grouped by value. Observed and decided exactly as its reports would be one by one
@@ -125,9 +128,53 @@ class StepAggregate:
     param_digests: tuple[DigestRanks, ...]  # every position in exactly one group
     local_grad_digests: tuple[DigestRanks, ...]  # positions in no group (or in ""'s) reported none
     replica_groups: Ranks  # -1: not reported
+    # A fold of several nodes' aggregates (`fold`): each node and the position its part ends at,
+    # in order; `node_id` is the first's. Empty: every position is `node_id`'s (what arrives).
+    segments: tuple[tuple[str, int], ...] = ()
 
     def __len__(self) -> int:
         return len(self.ranks)
+
+    def node_ids(self) -> tuple[str, ...]:
+        """The nodes whose reports these are, in order (one, unless this is a fold)."""
+        return tuple(node for node, _ in self.segments) if self.segments else (self.node_id,)
+
+    def node_at(self, index: int) -> str:
+        """The node that reported position `index` (non-negative)."""
+        if not self.segments:
+            return self.node_id
+        ends = self._ends()
+        return self.segments[bisect.bisect_right(ends, index)][0]
+
+    def _ends(self) -> list[int]:
+        return [end for _, end in self.segments]
+
+    @classmethod
+    def fold(cls, parts: Sequence[StepAggregate]) -> StepAggregate:
+        """Several nodes' aggregates of one generation's step (each node once, none a fold) as
+        one input whose positions are theirs in order: the core observes and decides it as the
+        parts one by one (Core.step_aggregates), with the array work once for all of them."""
+        if not parts:
+            raise ValueError("a fold needs at least one aggregate")
+        first = parts[0]
+        if any((a.generation, a.step) != (first.generation, first.step) or a.segments for a in parts):
+            raise ValueError("a fold holds aggregates (not folds) of one generation's step")
+        if len({a.node_id for a in parts}) != len(parts):
+            raise ValueError("a fold holds each node's aggregate once")
+        segments, offsets, end = [], [], 0
+        for part in parts:
+            offsets.append(end)
+            end += len(part.ranks)
+            segments.append((part.node_id, end))
+        ints: list[Ranks] = [np.concatenate([getattr(a, name) for a in parts]) for name in _INT_FIELDS]
+        floats: list[Floats] = [np.concatenate([getattr(a, name) for a in parts]) for name in _FLOAT_FIELDS]
+        for column in (*ints, *floats):
+            column.flags.writeable = False
+        ranks, tokens, groups = ints
+        step_s, compute_s, loss, grad_norm = floats
+        return cls(first.node_id, first.generation, first.step, ranks, step_s, compute_s, loss, grad_norm, tokens,
+                   _merged(parts, offsets, "param_digests"), _merged(parts, offsets, "local_grad_digests"), groups,
+                   tuple(segments))
 
     @classmethod
     def of_reports(cls, reports: Sequence[StepReport]) -> StepAggregate:
@@ -167,7 +214,7 @@ class StepAggregate:
         loss: float = self.loss.item(index)
         grad_norm: float = self.grad_norm.item(index)
         return StepReport(
-            self.node_id, self.generation, self.ranks.item(index), self.step, self.step_time_s.item(index),
+            self.node_at(index), self.generation, self.ranks.item(index), self.step, self.step_time_s.item(index),
             self.compute_time_s.item(index), loss if loss == loss else NOT_REPORTED,
             _digest_at(self.param_digests, index), grad_norm if grad_norm == grad_norm else NOT_REPORTED,
             self.tokens.item(index), _digest_at(self.local_grad_digests, index),
@@ -186,8 +233,8 @@ class StepAggregate:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return (f"StepAggregate(node_id={self.node_id!r}, generation={self.generation}, step={self.step},"
-                f" ranks={self.ranks.tolist()})")
+        nodes = f"node_ids={list(self.node_ids())!r}" if self.segments else f"node_id={self.node_id!r}"
+        return f"StepAggregate({nodes}, generation={self.generation}, step={self.step}, ranks={self.ranks.tolist()})"
 
 
 _FOUR_DOUBLES, _THREE_INTS = struct.Struct("=4d").pack, struct.Struct("=3q").pack
@@ -206,6 +253,21 @@ def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]
 def _read_only(array: Ranks) -> Ranks:
     array.flags.writeable = False
     return array
+
+
+def _merged(parts: Sequence[StepAggregate], offsets: list[int], field: str) -> tuple[DigestRanks, ...]:
+    """The parts' digest groups of `field` as one fold's: each value once, in the order values
+    first appear, its positions moved by their part's offset (the usual step, one digest every
+    rank reported, stays one group over every position in order)."""
+    by_value: dict[str, list[Ranks]] = {}
+    for part, offset in zip(parts, offsets):
+        for group in getattr(part, field):
+            by_value.setdefault(group.digest, []).append(group.positions + offset)
+    return tuple(DigestRanks(d, _read_only(np.concatenate(arrays))) for d, arrays in by_value.items())
+
+
+_INT_FIELDS = ("ranks", "tokens", "replica_groups")
+_FLOAT_FIELDS = ("step_time_s", "compute_time_s", "loss", "grad_norm")
 
 
 def _digest_at(groups: tuple[DigestRanks, ...], position: int) -> str:

@@ -162,8 +162,13 @@ def _observation(verdicts: tuple[StragglerVerdict, ...] | None, voted: tuple[Ste
 def _observe_step(soft: SoftState, state: ClusterState, aggregate: StepAggregate, now: float,
                   straggler: StragglerConfig, sdc: SdcConfig) -> Observation:
     """Records a node's ranks' reports of one step (as if they came one by one, in order);
-    returns the straggler verdicts and the digest vote of the step they completed, if they did."""
-    _heard(soft, aggregate.node_id, now)
+    returns the straggler verdicts and the digest vote of the step they completed, if they did.
+    A fold of several nodes' aggregates (StepAggregate.fold) is recorded as they would be one by one."""
+    if aggregate.segments:
+        for node_id, _ in aggregate.segments:
+            _heard(soft, node_id, now)
+    else:
+        _heard(soft, aggregate.node_id, now)
     progress = _progress_for(soft, state, aggregate.generation)
     if progress is None:
         return NOTHING_OBSERVED
@@ -438,6 +443,27 @@ def _heard(soft: SoftState, node_id: str, now: float) -> None:
     if node is not None:
         node.last_heard_s = now
         soft.detector_memo.heard(now)
+
+
+def fresh_in_step(soft: SoftState, state: ClusterState, generation: int, step: int,
+                  parts: Sequence[StepAggregate]) -> bool:
+    """Whether no rank of `parts` was reported yet in `step` of `generation` (neither track
+    holds one): then those ranks, each once, can complete the step only at the last of them
+    (the condition under which Core.step_aggregates decides them as one). Reads; changes nothing."""
+    progress = soft.progress
+    if progress is None or progress.generation != generation:
+        return True  # (no report of this generation observed yet: every track starts empty)
+    tracks = [track for track in (progress.open_times.get(step), progress.open_votes.get(step)) if track is not None]
+    if not tracks:
+        return True
+    ranks = np.concatenate([part.ranks for part in parts]) if parts else np.empty(0, dtype=np.int64)
+    for track in tracks:
+        seen = np.frombuffer(track.seen, dtype=np.bool_)
+        was_seen = bool(seen[ranks[(ranks >= 0) & (ranks < len(seen))]].any())
+        del seen  # (a live view would pin the bytearray's size: the track grows it)
+        if was_seen:
+            return False
+    return True
 
 
 def _progress_for(soft: SoftState, state: ClusterState, generation: int) -> GenerationProgress | None:

@@ -41,7 +41,7 @@ from ftsup.supervisor.core.events import (
     XidReported,
 )
 from ftsup.supervisor.core.evolve import apply_record, apply_records
-from ftsup.supervisor.core.inputs import AgentHello, HeardFrom, Heartbeat, Input
+from ftsup.supervisor.core.inputs import AgentHello, HeardFrom, Heartbeat, Input, StepAggregate
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.state import ClusterState, SoftState
@@ -86,16 +86,16 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
-class HelloReady:
-    """A batch of Hellos stepped together: per Hello its refusal (None: admitted), and one Ready
-    for the admitted ones, decided together (one append for the batch)."""
+class BatchReady:
+    """A batch stepped together (Hellos, or a fold of step aggregates): per input its refusal
+    (None: admitted), and one Ready for the admitted ones, decided together (one append)."""
 
     refusals: tuple[Refusal | None, ...]
     ready: Ready
 
     @property
     def admitted(self) -> tuple[int, ...]:
-        """Positions in the batch of the Hellos that were not refused."""
+        """Positions in the batch of the inputs that were not refused."""
         return tuple(i for i, refusal in enumerate(self.refusals) if refusal is None)
 
 
@@ -162,19 +162,60 @@ class Core:
         return Ready(decision.events, decision.waiting_reason, affected_nodes(self.state, decision.events, hellos),
                      first_seq=decision.first_seq)
 
-    def step_hellos(self, hellos: Sequence[tuple[AgentHello, float]]) -> HelloReady:
+    def step_hellos(self, hellos: Sequence[tuple[AgentHello, float]]) -> BatchReady:
         """A batch of Hellos of distinct nodes, each with its arrival time: each admitted and
         observed as alone, then decided together (as of the last arrival) with one budget, drain
         and planner pass, so a fleet connecting costs one append per batch, not one per node."""
         refusals = tuple(self._admit(hello, at_s) for hello, at_s in hellos)
         admitted = [hello for (hello, _), refused in zip(hellos, refusals) if refused is None]
         if not admitted:
-            return HelloReady(refusals, Ready(waiting_reason=self.waiting_reason))
+            return BatchReady(refusals, Ready(waiting_reason=self.waiting_reason))
         now = hellos[-1][1]
         decision = decide_hellos(self.state, self.soft, admitted, now, self.config)
         affected = affected_nodes(self.state, decision.events, [hello.node_id for hello in admitted])
-        return HelloReady(refusals, Ready(decision.events, decision.waiting_reason, affected,
+        return BatchReady(refusals, Ready(decision.events, decision.waiting_reason, affected,
                                           first_seq=decision.first_seq))
+
+    def step_aggregates(self, parts: Sequence[StepAggregate], now: float) -> BatchReady | None:
+        """Several nodes' aggregates of one generation's step (each node once, as a link shard's
+        batch brings them back to back), decided as one input: what `step` decides of each in
+        turn, with the array work, the vote, the straggler scores and the conclusion done once
+        (issue 14: at 12,500 nodes a step is 12,500 aggregates, and their per-input cost, not
+        their ranks, held the leader above its budget).
+
+        Equal to stepping them one by one because (a) each part's admission depends on the
+        generation, its membership and the sender's Hello, none of which the reports before a
+        step completes can change (they decide only the generation's running mark and the
+        checkpoint checks), and (b) a step completes only at its last rank: when no rank of the
+        admitted parts was reported in this step yet (checked here; else None, and the caller
+        steps each), the fold's ranks are distinct and new, so only its last position can
+        complete the step, as only the last part could. The parts' refusals are each their own.
+        The Ready covers the parts up to the last admitted one (`len(refusals)`); the caller
+        steps the rest alone, after enacting it.
+        tests/unit/supervisor/test_step_folds.py compares the two over random histories."""
+        if len(parts) < 2:
+            return None
+        first = parts[0]
+        if any((p.generation, p.step) != (first.generation, first.step) or p.segments for p in parts):
+            return None
+        if len({p.node_id for p in parts}) != len(parts):
+            return None
+        reasons, fold = admission.fold_refusals(self.state, self.soft, parts, self.config)
+        admitted = [part for part, reason in zip(parts, reasons) if reason is None]
+        if not admitted or not soft_state.fresh_in_step(self.soft, self.state, first.generation, first.step,
+                                                        admitted):
+            return None
+        # Refused parts after the last admitted one are left to the caller: one by one they come
+        # after the step may have completed (and its vote ended the generation), and are judged,
+        # and their refusal worded, against that state.
+        decided = max(i for i, reason in enumerate(reasons) if reason is None) + 1
+        refusals = tuple(None if reason is None else Refusal(RefusalKind.PERMANENT, reason)
+                         for reason in reasons[:decided])
+        inp = fold or (admitted[0] if len(admitted) == 1 else StepAggregate.fold(admitted))
+        seen = soft_state.observe(self.soft, self.state, inp, now, self.config.straggler, self.config.sdc)
+        decision = decide(self.state, self.soft, inp, now, self.config, seen)
+        return BatchReady(refusals, Ready(decision.events, decision.waiting_reason,
+                                          affected_nodes(self.state, decision.events), first_seq=decision.first_seq))
 
     def _admit(self, inp: Input, now: float) -> Refusal | None:
         reason = admission.refusal(self.state, self.soft, inp, self.config)

@@ -29,35 +29,38 @@ class MalformedAggregate(ValueError):
 def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
     """The core input, its figures as arrays straight from the packed fields (no object per rank);
     every report is the sender's own (its node id comes from the stream)."""
-    count = len(message.ranks)
+    ranks, step_s, compute_s, loss = message.ranks, message.step_time_s, message.compute_time_s, message.loss
+    norms, tokens, replica_groups = message.grad_norm, message.tokens, message.replica_groups
+    count = len(ranks)
     if count == 0:
         raise MalformedAggregate("a step aggregate with no ranks")
-    for name in ("step_time_s", "compute_time_s", "loss"):
-        if len(getattr(message, name)) != count:
-            raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks")
-    for name in ("grad_norm", "tokens", "replica_groups"):
-        if len(getattr(message, name)) not in (0, count):
-            raise MalformedAggregate(f"{name} has {len(getattr(message, name))} values for {count} ranks (or none)")
+    if not len(step_s) == len(compute_s) == len(loss) == count:
+        name, values = next((n, v) for n, v in (("step_time_s", step_s), ("compute_time_s", compute_s),
+                                                 ("loss", loss)) if len(v) != count)
+        raise MalformedAggregate(f"{name} has {len(values)} values for {count} ranks")
+    for name, length in (("grad_norm", len(norms)), ("tokens", len(tokens)), ("replica_groups", len(replica_groups))):
+        if length not in (0, count):
+            raise MalformedAggregate(f"{name} has {length} values for {count} ranks (or none)")
     # One array per field, each made from the container's list (numpy reads a list several times
     # faster than a protobuf container; at 12,500 aggregates per step these calls are the cost).
     # (one flat list, then rows: numpy reads a flat list about twice as fast as a nested one)
-    ints = np.array([*message.ranks, *(message.tokens or _zeros(count)),
-                     *(message.replica_groups or _none(count))], dtype=np.int64).reshape(3, count)
-    floats = np.array([*message.step_time_s, *message.compute_time_s, *message.loss,
-                       *(message.grad_norm or _nans(count))], dtype=np.float64).reshape(4, count)
-    if message.replica_groups:
+    ints = np.array([*ranks, *(tokens or _zeros(count)), *(replica_groups or _none(count))],
+                    dtype=np.int64).reshape(3, count)
+    floats = np.array([*step_s, *compute_s, *loss, *(norms or _nans(count))], dtype=np.float64).reshape(4, count)
+    if replica_groups:
         ints[2][ints[2] == NO_REPLICA_GROUP] = -1
     ints.flags.writeable = floats.flags.writeable = False  # (the aggregate's arrays are views of these two)
-    ranks, groups = ints[0], ints[2]
+    groups = ints[2]
     params = _grouped(message.param_digests, count, "param_digests")
     if not (len(params) == 1 and params[0].positions is _positions(count)):  # else: one group, every rank
         covered = np.zeros(count, dtype=np.int64)
         for group in params:
             covered[group.positions] += 1
         if not covered.all():
-            raise MalformedAggregate(f"rank {int(ranks[np.flatnonzero(covered == 0)[0]])} is in no param_digests group")
-    return StepAggregate(node_id, message.generation, message.step, ranks, floats[0], floats[1], floats[2], floats[3],
-                         ints[1], params, _grouped(message.local_grad_digests, count, "local_grad_digests"), groups)
+            raise MalformedAggregate(f"rank {int(ints[0][np.flatnonzero(covered == 0)[0]])} is in no param_digests group")
+    grads = message.local_grad_digests
+    return StepAggregate(node_id, message.generation, message.step, ints[0], floats[0], floats[1], floats[2],
+                         floats[3], ints[1], params, _grouped(grads, count, "local_grad_digests") if grads else (), groups)
 
 
 @functools.lru_cache(maxsize=64)  # (bounded: counts are the sender's to choose)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import Event, NodeRole
-from ftsup.supervisor.core.inputs import AgentHello, Input
+from ftsup.supervisor.core.inputs import AgentHello, Input, StepAggregate
 from ftsup.supervisor.core.state import ClusterState, SoftState
-from ftsup.supervisor.core.step import Core
+from ftsup.supervisor.core.step import Core, Ready
 from tests.support.evidence import seq_problems
 
 NOW = 1_000.0
@@ -73,6 +75,23 @@ class Sim:
         ready = self.core.step(inp, self.now)
         if ready.refusal is not None:
             return ready.refusal.reason
+        return self._persist(ready)
+
+    def feed_fold(self, parts: Sequence[StepAggregate], *, at: float | None = None) -> list[list[Event] | str] | None:
+        """Several nodes' aggregates of one step decided as one (Core.step_aggregates): per part
+        the refusal reason, or the events the fold decided (the same list for every admitted
+        part; parts after the fold's last admitted one fed alone, as the runtime does). None: the
+        core would not fold them (nothing observed; the caller feeds each)."""
+        if at is not None:
+            self.now = at
+        stepped = self.core.step_aggregates(parts, self.now)
+        if stepped is None:
+            return None
+        events = self._persist(stepped.ready)
+        answers: list[list[Event] | str] = [events if r is None else r.reason for r in stepped.refusals]
+        return answers + [self.feed(part) for part in parts[len(stepped.refusals):]]
+
+    def _persist(self, ready: Ready) -> list[Event]:
         records = self.core.records(ready.events, self.now)
         self.core.advance(ready, records)
         self.log.extend(ready.events)

@@ -9,8 +9,10 @@ import asyncio
 
 import pytest
 
-from ftsup.supervisor.core.inputs import Heartbeat, StepReport, Tick
+from ftsup.common import step_pack
+from ftsup.supervisor.core.inputs import Heartbeat, StepAggregate, StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import relay_service
@@ -19,9 +21,9 @@ from ftsup.v1 import agent_pb2, shard_pb2
 from tests.support.builders import config, hello
 
 
-async def _registered(nodes: int, capacity: int = 50_000) -> Runtime:
-    runtime = Runtime(config(nodes=nodes, ranks_per_node=1), MemoryLog(), tick_s=3600, wall_clock=lambda: 0.0,
-                      stream_input_capacity=capacity)
+async def _registered(nodes: int, capacity: int = 50_000, ranks_per_node: int = 1) -> Runtime:
+    runtime = Runtime(config(nodes=nodes, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=3600,
+                      wall_clock=lambda: 0.0, stream_input_capacity=capacity)
     for i in range(nodes):
         assert (await runtime._handle(hello(f"n{i}", stream_id=runtime.open_stream(StreamOutbox())))).refusal is None
     await runtime._handle(Tick())
@@ -43,6 +45,40 @@ async def test_a_runs_inputs_are_decided_in_order_each_with_its_own_outcome():
     assert "ghost" in (outcomes[1].refusal or "")
     assert runtime.state.generation is not None and runtime.state.generation.is_running  # (the first report)
     assert runtime.soft.progress is not None and runtime.soft.progress.max_step == 1
+    assert runtime._stream_slots._value == 50_000, "every slot given back"
+
+
+async def test_a_runs_step_aggregates_of_one_step_are_decided_as_one_fold_with_their_own_outcomes():
+    """Nodes' aggregates of one step back to back (a heartbeat among them) are one fold: one
+    append for what they decide, each refusal on its own part; a part of another step, or a
+    node's second part, starts another fold; the step is voted on exactly once."""
+    runtime = await _registered(4)
+    folds: list[int] = []
+    step_aggregates = runtime.core.step_aggregates
+
+    def counted(parts, now):  # (the core's own fold, counted)
+        folds.append(len(parts))
+        return step_aggregates(parts, now)
+
+    runtime.core.step_aggregates = counted  # type: ignore[method-assign]
+    loop = asyncio.create_task(runtime.run())
+
+    def part(node: int, step: int, compute_s: float = 0.4) -> StepAggregate:
+        return StepAggregate.of_reports([StepReport(f"n{node}", 1, node, step, 0.5, compute_s, 2.0, f"d{step}")])
+
+    try:
+        run = [part(0, 1), part(1, 1), Heartbeat("n3", 1, 1), part(2, 1, compute_s=-1.0), part(3, 1),
+               part(0, 2), part(1, 2), part(1, 2)]
+        outcomes = await asyncio.wait_for(await runtime.submit_run_from_stream(run), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert [o.refusal is None for o in outcomes] == [True, True, True, False, True, True, True, True]
+    assert "compute_time_s" in (outcomes[3].refusal or "")
+    assert folds == [4, 2], "step 1's four parts, then step 2's first two (n1's second part alone)"
+    progress = runtime.soft.progress
+    assert progress is not None and progress.max_step == 2 and progress.step_reports == 3 + 3
+    assert 1 not in progress.sdc_clear_steps, "n2's refused part left step 1 incomplete: no vote"
     assert runtime._stream_slots._value == 50_000, "every slot given back"
 
 
@@ -122,6 +158,46 @@ async def test_a_shards_batch_goes_to_the_loop_as_one_run_and_each_node_hears_it
     assert (1, "heartbeat_ack") in answers and (2, "refusal") in answers, answers
     assert [a for a in answers if a[1] == "refusal"] == [(2, "refusal")], "only n2's report was refused"
     assert [s.code for s in runtime.soft.xids["n1"]] == [13], "the Xid after the close, admitted alone"
+
+
+async def test_a_shards_batch_of_its_nodes_step_aggregates_is_decided_as_one_fold_each_answered_alone():
+    """Four nodes' aggregates of one step in a shard's batch (a heartbeat among them, one node's
+    figures out of bounds) reach the core as one fold: the leader's metrics count it, the bad
+    node alone hears a refusal, the heartbeat its ack, and the step waits for the refused ranks."""
+    runtime = await _registered(4, ranks_per_node=2)
+    runtime.metrics = SupervisorMetrics()
+    service, down = RelayService(runtime), RelayDown()
+    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(4)}
+    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(4)}
+    generation = runtime.state.generation
+    assert generation is not None
+
+    def aggregate(node: int, step_time_s: float = 0.5) -> agent_pb2.StepAggregate:
+        member = generation.member(f"n{node}")
+        assert member is not None
+        return step_pack.pack([agent_pb2.StepReport(generation=1, rank=rank, step=1, step_time_s=step_time_s,
+                                                    compute_time_s=0.4, loss=2.0, param_digest="d")
+                               for rank in member.ranks])
+
+    batch = shard_pb2.ShardBatch(items=[
+        _item(0, "n0", step_aggregate=aggregate(0)),
+        _item(1, "n1", step_aggregate=aggregate(1)),
+        _item(3, "n3", heartbeat=agent_pb2.Heartbeat(seq=4, want_ack=True)),
+        _item(2, "n2", step_aggregate=aggregate(2, step_time_s=-1.0)),
+        _item(3, "n3", step_aggregate=aggregate(3)),
+    ])
+    loop = asyncio.create_task(runtime.run())
+    try:
+        await service._read(_Batches(batch), down, sessions, "shard-a")
+        await asyncio.wait_for(_until(lambda: len(down) >= 2), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert runtime.metrics.step_folds._value.get() == 1 and runtime.metrics.step_folded._value.get() == 4
+    answers = [(item.session, item.message.WhichOneof("kind")) for item in down.take()]
+    assert sorted(answers) == [(2, "refusal"), (3, "heartbeat_ack")], answers
+    progress = runtime.soft.progress
+    assert progress is not None and progress.step_reports == 6 and 1 not in progress.sdc_clear_steps
 
 
 async def _until(check) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,185 @@
+"""Folds: several nodes' step aggregates decided as one input (Core.step_aggregates, issue 14)
+decide exactly what the same aggregates decide one by one: the same events in the same order,
+the same refusals for the same parts, the same state and the same soft state the detectors keep.
+A fold the core cannot decide as one (a rank already reported in the step) is declined whole,
+with nothing observed, and the caller steps each part."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftsup.supervisor.core.events import CheckpointStarted, SdcSuspected, StragglerDetected
+from ftsup.supervisor.core.inputs import StepAggregate, StepReport, Tick
+from tests.support.builders import NOW, Sim, config, hello
+
+NODES, RANKS_PER_NODE = 6, 2
+WORLD = NODES * RANKS_PER_NODE
+
+
+def _started() -> Sim:
+    cfg = dataclasses.replace(config(nodes=NODES, ranks_per_node=RANKS_PER_NODE), checkpoint_location="s3://b/ck",
+                              checkpoint_every_steps=3)
+    sim = Sim(cfg)
+    for i in range(NODES):
+        sim.events(hello(f"n{i}", stream_id=i + 1), at=NOW)
+    sim.events(hello("spare", stream_id=99), at=NOW)  # said Hello, holds no rank
+    sim.events(Tick(), at=NOW + 0.1)
+    assert sim.state.generation is not None
+    return sim
+
+
+def _parts(sim: Sim, step: int, slow_rank: int | None, corrupt_rank: int | None, rng: random.Random,
+           faults: bool = True) -> list[StepAggregate]:
+    """Each node's ranks of `step` as one aggregate, nodes in a random order; now and then a part
+    that admission refuses (a bad figure, a stale generation, ranks the sender does not hold,
+    a node that never said Hello) or a node's part sent again."""
+    generation = sim.state.generation
+    assert generation is not None
+    by_node: dict[str, list[StepReport]] = {}
+    for rank in range(WORLD):
+        compute = 0.50 + 0.001 * rank + (0.40 if rank == slow_rank else 0.0)
+        digest = f"d{step}" + ("x" if rank == corrupt_rank else "")
+        node = generation.node_of_rank(rank) or ""
+        by_node.setdefault(node, []).append(StepReport(node, generation.number, rank, step, compute + 0.1, compute,
+                                                       2.0 - 0.01 * rank, digest, tokens=100 + rank))
+    parts = [StepAggregate.of_reports(reports) for reports in by_node.values()]
+    rng.shuffle(parts)
+    kind = rng.randrange(12) if faults else -1
+    if kind == 0:  # a bad figure: that part alone is refused
+        at = rng.randrange(len(parts))
+        reports = [dataclasses.replace(r, compute_time_s=-1.0) for r in parts[at].reports()]
+        parts[at] = StepAggregate.of_reports(reports)
+    elif kind == 1:  # a stale generation
+        at = rng.randrange(len(parts))
+        parts[at] = StepAggregate.of_reports([dataclasses.replace(r, generation=r.generation - 1)
+                                              for r in parts[at].reports()])
+    elif kind == 2:  # the spare claims a member's ranks (it holds none)
+        parts.insert(rng.randrange(len(parts) + 1), StepAggregate.of_reports(
+            [dataclasses.replace(r, node_id="spare") for r in parts[0].reports()]))
+    elif kind == 3:  # a node that never said Hello
+        parts.insert(rng.randrange(len(parts) + 1), StepAggregate.of_reports(
+            [dataclasses.replace(r, node_id="stranger") for r in parts[0].reports()]))
+    elif kind == 4:  # a node's part sent again (a reconnect), later in the step, maybe changed
+        at = rng.randrange(len(parts) - 1)
+        again = [dataclasses.replace(r, param_digest=rng.choice([r.param_digest, "resent"]))
+                 for r in parts[at].reports()]
+        parts.insert(rng.randrange(at + 1, len(parts)), StepAggregate.of_reports(again))
+    return parts
+
+
+def _runs(parts: list[StepAggregate], rng: random.Random) -> list[list[StepAggregate]]:
+    """The parts cut at random into runs, as a shard's batches happen to bring them."""
+    cuts = sorted(rng.sample(range(1, len(parts)), k=rng.randrange(min(3, len(parts)))))
+    return [parts[a:b] for a, b in zip([0, *cuts], [*cuts, len(parts)])]
+
+
+def _run(script: list[tuple[int, int | None, int | None, int]], folded: bool, faults: bool = True
+         ) -> tuple[Sim, list[object], int]:
+    """The script's steps fed one aggregate at a time, or in folds; returns the sim, every part's
+    answer (its refusal, or True: admitted) and how many runs were decided as one fold."""
+    sim = _started()
+    now = NOW + 1.0
+    answers: list[object] = []
+    folds = 0
+    for step, slow_rank, corrupt_rank, seed in script:
+        if sim.state.generation is None:
+            break  # an SDC conviction ended it: both paths stop at the same point
+        rng = random.Random(seed)
+        parts = _parts(sim, step, slow_rank, corrupt_rank, rng, faults)
+        now += 1.0
+        for run in _runs(parts, rng):
+            decided = sim.feed_fold(run, at=now) if folded else None
+            if decided is None:
+                decided = [sim.feed(part, at=now) for part in run]
+            else:
+                folds += 1
+            answers.extend(a if isinstance(a, str) else True for a in decided)
+    return sim, answers, folds
+
+
+steps = st.lists(
+    st.tuples(st.sampled_from([None, None, 3]), st.sampled_from([None, None, None, None, 5]), st.integers(0, 1000)),
+    min_size=1, max_size=25,
+).map(lambda rows: [(i + 1, slow, bad, seed) for i, (slow, bad, seed) in enumerate(rows)])
+
+
+def _same(one_by_one: Sim, folded: Sim) -> None:
+    assert folded.log == one_by_one.log
+    assert folded.state == one_by_one.state
+    a, b = folded.soft.progress, one_by_one.soft.progress
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.straggler == b.straggler
+        assert a.sdc_clear_steps == b.sdc_clear_steps
+        assert a.sdc_diverged_step == b.sdc_diverged_step
+        assert (a.max_step, a.step_time_s, a.last_loss, a.step_reports) == (
+            b.max_step, b.step_time_s, b.last_loss, b.step_reports)
+        assert sorted(a.open_times) == sorted(b.open_times) and sorted(a.open_votes) == sorted(b.open_votes)
+    assert {n: s.last_heard_s for n, s in folded.soft.nodes.items()} == {
+        n: s.last_heard_s for n, s in one_by_one.soft.nodes.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps)
+def test_a_fold_decides_what_its_aggregates_decide_one_by_one(script):
+    (one, one_answers, _), (folded, folded_answers, _) = _run(script, folded=False), _run(script, folded=True)
+    _same(one, folded)
+    assert folded_answers == one_answers  # the same refusals, word for word, for the same parts
+
+
+def test_stragglers_votes_and_checkpoints_are_decided_through_folds():
+    # Rank 3 slow for 20 steps, rank 5's digest differs at step 21; checkpoints every 3 steps. The
+    # folds must actually be taken (not declined into the one-by-one path) for this to test them.
+    script = [(s, 3, None, s) for s in range(1, 21)] + [(21, None, 5, 7)]
+    (one, _, _), (folded, _, folds) = _run(script, False, faults=False), _run(script, True, faults=False)
+    _same(one, folded)
+    assert folds >= 15
+    assert any(isinstance(e, StragglerDetected) and e.rank == 3 for e in folded.log)
+    assert any(isinstance(e, SdcSuspected) and e.rank == 5 for e in folded.log)
+    assert any(isinstance(e, CheckpointStarted) for e in folded.log)
+
+
+def test_a_fold_with_a_rank_already_reported_in_its_step_is_declined_and_changes_nothing():
+    sim = _started()
+    generation = sim.state.generation
+    assert generation is not None
+    parts = _parts(sim, 1, None, None, random.Random(0))
+    while len(parts) > NODES:  # (the plain step: each node once)
+        parts.pop()
+    sim.events(parts[0], at=NOW + 1)
+    before = (sim.soft.progress.step_reports if sim.soft.progress else 0, dict(sim.soft.progress.open_times))
+    assert sim.feed_fold([parts[0], parts[1]], at=NOW + 1) is None  # parts[0]'s ranks were reported
+    assert before == (sim.soft.progress.step_reports, dict(sim.soft.progress.open_times))
+    assert sim.feed_fold(parts[1:], at=NOW + 1) is not None  # the rest complete the step
+    assert sim.soft.progress.max_step == 1 and 1 in sim.soft.progress.sdc_clear_steps
+
+
+def test_a_part_admission_refuses_is_refused_alone_and_the_rest_are_decided():
+    sim = _started()
+    parts = _parts(sim, 1, None, None, random.Random(0))[:NODES]
+    bad = StepAggregate.of_reports([dataclasses.replace(r, compute_time_s=-1.0) for r in parts[2].reports()])
+    answers = sim.feed_fold([*parts[:2], bad, *parts[3:]], at=NOW + 1)
+    assert answers is not None
+    assert isinstance(answers[2], str) and "compute_time_s" in answers[2]
+    assert all(isinstance(a, list) for i, a in enumerate(answers) if i != 2)
+    assert sim.soft.progress is not None and sim.soft.progress.step_reports == WORLD - RANKS_PER_NODE
+
+
+def test_a_fold_keeps_each_position_s_node_rank_and_figures():
+    sim = _started()
+    parts = _parts(sim, 1, None, None, random.Random(3))[:NODES]
+    fold = StepAggregate.fold(parts)
+    assert fold.node_ids() == tuple(p.node_id for p in parts)
+    assert fold.reports() == tuple(r for p in parts for r in p.reports())
+    assert np.array_equal(fold.ranks, np.concatenate([p.ranks for p in parts])) and not fold.ranks.flags.writeable
+    for bad in ([], [parts[0], parts[0]], [parts[0], dataclasses.replace(parts[1], step=2)], [fold, parts[0]]):
+        with pytest.raises(ValueError):
+            StepAggregate.fold(bad)
+    refused = sim.feed(fold, at=NOW + 1)  # a fold is the core's own form, never an input
+    assert isinstance(refused, str) and "not an input" in refused
