@@ -247,6 +247,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             for listen, process in supervisors.items():
                 _wait(functools.partial(_serving_agents, listen), 60, f"the replica at {listen} to take agents", process)
         started = time.monotonic()
+        step_epoch_s = time.time()  # every load process counts step boundaries from it (synchronous steps)
         share, extra = divmod(nodes, args.procs)
         first = 0
         for index in range(args.procs):
@@ -256,7 +257,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             load_argv = [sys.executable, "-m", "ftsup.harness.fleet_load", "--address", ",".join(addresses),
                          "--first", str(first),
                          "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
-                         "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1),
+                         "--step-epoch-s", str(step_epoch_s), "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1),
                          "--leader", address, *(["--snapshot-reports"] if args.snapshot_reports else [])]
             with open(workdir / f"load-{index}.log", "wb") as load_log:
                 load = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

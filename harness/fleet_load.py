@@ -42,6 +42,10 @@ from ftsup.supervisor.server.server_limits import MAX_STREAMS_PER_CONNECTION
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
 
 CONNECT_TIMEOUT_S = 600.0
+# How far behind a step's boundary a node reports it, at most (each node its own lag): the ranks
+# of a synchronous job leave a step's last collective together, and their agents report within
+# milliseconds of each other.
+STEP_SPREAD_S = 0.02
 StreamCall = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.SupervisorMessage]  # Supervisor.Connect
 
 
@@ -86,6 +90,7 @@ class Fleet:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
+        self.started_wall_s = time.time()
         self.nodes = [
             SimNode(f"{args.prefix}-{i:06d}", self.rng.getrandbits(63), interval_s=args.interval_s)
             for i in range(args.first, args.first + args.count)
@@ -262,6 +267,8 @@ class Fleet:
         # spreads the fleet's heartbeats over the interval.
         next_beat = next_step = loop.time()
         phase_s = self.rng.uniform(0.0, node.interval_s)
+        epoch_s = self.args.step_epoch_s or self.started_wall_s
+        spread_s = self.rng.uniform(0.0, STEP_SPREAD_S)  # this node's lag behind each step's boundary
         while not self.stopping.is_set():
             if node.is_silenced:
                 await self.stopping.wait()  # hung: the stream stays open, nothing more is sent
@@ -279,9 +286,16 @@ class Fleet:
                 next_beat = max(next_beat + node.interval_s, now) if seq > 1 else now + phase_s
             step_s = self.args.step_s
             if node.ranks and step_s > 0 and now >= next_step:
-                node.step += 1
-                await self.report_step(node, call, step_s)
-                next_step = max(next_step + step_s, now)
+                # A synchronous job's nodes finish step k together: every node reports the step
+                # whose boundary (from the bench's common epoch, wall clock) passed, a few ms apart.
+                wall = time.time()
+                boundary = int((wall - epoch_s) // step_s)
+                if node.step and boundary > node.step:
+                    node.step = boundary
+                    await self.report_step(node, call, step_s)
+                elif not node.step:
+                    node.step = boundary  # (ranks just came: the first step reported is the next)
+                next_step = now + (epoch_s + (boundary + 1) * step_s + spread_s - wall)
             wake = min(next_beat, next_step) if node.ranks and step_s > 0 else next_beat
             await asyncio.sleep(max(0.0, wake - loop.time()))
 
@@ -357,6 +371,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="sim")
     p.add_argument("--interval-s", type=float, default=1.0, help="until the Welcome names the interval")
     p.add_argument("--step-s", type=float, default=10.0, help="one StepAggregate per node per step (0: none)")
+    p.add_argument("--step-epoch-s", type=float, default=0.0,
+                   help="wall-clock time step boundaries count from, shared by every load process (0: this one's start)")
     p.add_argument("--snapshot-reports", action="store_true",
                    help="per step, the node's holding of each rank it owns (its RAM snapshot): one SnapshotHoldings"
                         " per node where the supervisor takes them, else one SnapshotReport per rank")
