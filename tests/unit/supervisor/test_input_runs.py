@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from ftsup.common import step_pack
-from ftsup.supervisor.core.inputs import Heartbeat, StepAggregate, StepReport, Tick
+from ftsup.supervisor.core.inputs import HeardFrom, Heartbeat, StepAggregate, StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.supervisor.outbox import StreamOutbox
@@ -80,6 +80,27 @@ async def test_a_runs_step_aggregates_of_one_step_are_decided_as_one_fold_with_t
     assert progress is not None and progress.max_step == 2 and progress.step_reports == 3 + 3
     assert 1 not in progress.sdc_clear_steps, "n2's refused part left step 1 incomplete: no vote"
     assert runtime._stream_slots._value == 50_000, "every slot given back"
+
+
+async def test_a_shards_liveness_summary_is_decided_before_the_inputs_queued_ahead_of_it():
+    """A summary (HeardFrom) queued behind a run of reports and a Tick is taken first, so the acks
+    it releases do not wait for a step's burst; the rest keep their arrival order."""
+    runtime = await _registered(2)
+    done: list[str] = []
+    run = await runtime.submit_run_from_stream([StepReport("n0", 1, 0, 1, 0.5, 0.4, 2.0, "d")] * 3)
+    run.add_done_callback(lambda _: done.append("run"))
+    tick = runtime.submit(Tick())
+    tick.add_done_callback(lambda _: done.append("tick"))
+    heard = runtime.submit(HeardFrom(("n0", "n1"), "shard-a"))
+    heard.add_done_callback(lambda _: done.append("heard"))
+    loop = asyncio.create_task(runtime.run())
+    try:
+        await asyncio.wait_for(asyncio.gather(run, tick, heard), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert done == ["heard", "run", "tick"]
+    assert heard.result().refusal is None
 
 
 async def test_a_run_cancelled_while_it_waits_for_room_gives_back_the_slots_it_took():
