@@ -9,25 +9,18 @@ import dataclasses
 import random
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ftsup.supervisor.core.events import CheckpointAborted, CheckpointStarted, SdcSuspected, StragglerDetected
-from ftsup.supervisor.core.inputs import StepAggregate, StepReport, Tick
-from tests.support.builders import NOW, Sim, config, hello
+from ftsup.supervisor.core.inputs import StepAggregate, StepReport
+from tests.support.builders import NOW, Sim
+from tests.support.step_scripts import STEP_SCRIPTS, assert_same_decisions, started_job
 
 NODES, RANKS_PER_NODE = 4, 2
 WORLD = NODES * RANKS_PER_NODE
 
 
 def _started() -> Sim:
-    cfg = dataclasses.replace(config(nodes=NODES, ranks_per_node=RANKS_PER_NODE), checkpoint_location="s3://b/ck",
-                              checkpoint_every_steps=3)
-    sim = Sim(cfg)
-    for i in range(NODES):
-        sim.events(hello(f"n{i}", stream_id=i + 1), at=NOW)
-    sim.events(Tick(), at=NOW + 0.1)
-    assert sim.state.generation is not None
-    return sim
+    return started_job(NODES, RANKS_PER_NODE)
 
 
 def _reports(sim: Sim, step: int, slow_rank: int | None, corrupt_rank: int | None) -> list[StepReport]:
@@ -87,28 +80,12 @@ def _runs_of_one_node(reports: list[StepReport]) -> list[list[StepReport]]:
     return runs
 
 
-steps = st.lists(
-    st.tuples(st.sampled_from([None, None, 3]), st.sampled_from([None, None, None, None, 5]), st.integers(0, 1000)),
-    min_size=1, max_size=30,
-).map(lambda rows: [(i + 1, slow, bad, seed) for i, (slow, bad, seed) in enumerate(rows)])
-
-
-def _same(one_by_one: Sim, aggregated: Sim) -> None:
-    assert aggregated.log == one_by_one.log
-    assert aggregated.state == one_by_one.state
-    a, b = aggregated.soft.progress, one_by_one.soft.progress
-    assert (a is None) == (b is None)
-    if a is not None and b is not None:
-        assert a.straggler == b.straggler
-        assert a.sdc_clear_steps == b.sdc_clear_steps
-        assert a.sdc_diverged_step == b.sdc_diverged_step
-        assert a.max_step == b.max_step and a.step_reports == b.step_reports
 
 
 @settings(max_examples=150, deadline=None)
-@given(steps)
+@given(STEP_SCRIPTS)
 def test_aggregates_decide_what_their_reports_decide_one_by_one(script):
-    _same(_run(script, aggregated=False), _run(script, aggregated=True))
+    assert_same_decisions(_run(script, aggregated=False), _run(script, aggregated=True))
 
 
 def test_a_straggler_and_a_corrupt_rank_are_found_through_aggregates_as_through_reports():
@@ -116,7 +93,7 @@ def test_a_straggler_and_a_corrupt_rank_are_found_through_aggregates_as_through_
     # differs at step 21 (the vote convicts it): both paths decide the same, and both decide it.
     script = [(s, 3, None, s) for s in range(1, 21)] + [(21, None, 5, 7)]
     one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
-    _same(one_by_one, aggregated)
+    assert_same_decisions(one_by_one, aggregated)
     assert any(isinstance(e, StragglerDetected) and e.rank == 3 for e in aggregated.log)
     assert any(isinstance(e, SdcSuspected) and e.rank == 5 for e in aggregated.log)
 
@@ -145,7 +122,7 @@ def test_a_checkpoint_step_that_the_vote_convicts_starts_and_aborts_its_checkpoi
     for seed in (3, 4):
         script = [(1, None, None, 1), (2, None, None, 2), (3, None, 5, seed)]
         one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
-        _same(one_by_one, aggregated)
+        assert_same_decisions(one_by_one, aggregated)
         kinds = [type(e).__name__ for e in aggregated.log]
         assert "CheckpointStarted" in kinds and "SdcSuspected" in kinds
         assert kinds.index("CheckpointStarted") < kinds.index("SdcSuspected")
@@ -158,7 +135,7 @@ def test_a_rank_past_the_checkpoint_without_its_shard_aborts_it_where_its_own_re
     script = [(1, None, None, 0), (2, None, None, 0), (3, None, None, 7), (4, None, None, 11),
               (5, None, None, 0), (6, None, None, 0)]
     one_by_one, aggregated = _run(script, aggregated=False), _run(script, aggregated=True)
-    _same(one_by_one, aggregated)
+    assert_same_decisions(one_by_one, aggregated)
     aborts = [e for e in one_by_one.log if isinstance(e, CheckpointAborted)]
     assert len(aborts) == 1 and "reported step 4 without writing its shard of step 3" in aborts[0].reason
     started = [e.step for e in one_by_one.log if isinstance(e, CheckpointStarted)]

@@ -12,26 +12,18 @@ import random
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ftsup.supervisor.core.events import CheckpointStarted, SdcSuspected, StragglerDetected
-from ftsup.supervisor.core.inputs import StepAggregate, StepReport, Tick
-from tests.support.builders import NOW, Sim, config, hello
+from ftsup.supervisor.core.inputs import StepAggregate, StepReport
+from tests.support.builders import NOW, Sim
+from tests.support.step_scripts import STEP_SCRIPTS, assert_same_decisions, started_job
 
 NODES, RANKS_PER_NODE = 6, 2
 WORLD = NODES * RANKS_PER_NODE
 
 
 def _started() -> Sim:
-    cfg = dataclasses.replace(config(nodes=NODES, ranks_per_node=RANKS_PER_NODE), checkpoint_location="s3://b/ck",
-                              checkpoint_every_steps=3)
-    sim = Sim(cfg)
-    for i in range(NODES):
-        sim.events(hello(f"n{i}", stream_id=i + 1), at=NOW)
-    sim.events(hello("spare", stream_id=99), at=NOW)  # said Hello, holds no rank
-    sim.events(Tick(), at=NOW + 0.1)
-    assert sim.state.generation is not None
-    return sim
+    return started_job(NODES, RANKS_PER_NODE, spare=True)
 
 
 def _parts(sim: Sim, step: int, slow_rank: int | None, corrupt_rank: int | None, rng: random.Random,
@@ -103,33 +95,13 @@ def _run(script: list[tuple[int, int | None, int | None, int]], folded: bool, fa
     return sim, answers, folds
 
 
-steps = st.lists(
-    st.tuples(st.sampled_from([None, None, 3]), st.sampled_from([None, None, None, None, 5]), st.integers(0, 1000)),
-    min_size=1, max_size=25,
-).map(lambda rows: [(i + 1, slow, bad, seed) for i, (slow, bad, seed) in enumerate(rows)])
-
-
-def _same(one_by_one: Sim, folded: Sim) -> None:
-    assert folded.log == one_by_one.log
-    assert folded.state == one_by_one.state
-    a, b = folded.soft.progress, one_by_one.soft.progress
-    assert (a is None) == (b is None)
-    if a is not None and b is not None:
-        assert a.straggler == b.straggler
-        assert a.sdc_clear_steps == b.sdc_clear_steps
-        assert a.sdc_diverged_step == b.sdc_diverged_step
-        assert (a.max_step, a.step_time_s, a.last_loss, a.step_reports) == (
-            b.max_step, b.step_time_s, b.last_loss, b.step_reports)
-        assert sorted(a.open_times) == sorted(b.open_times) and sorted(a.open_votes) == sorted(b.open_votes)
-    assert {n: s.last_heard_s for n, s in folded.soft.nodes.items()} == {
-        n: s.last_heard_s for n, s in one_by_one.soft.nodes.items()}
 
 
 @settings(max_examples=150, deadline=None)
-@given(steps)
+@given(STEP_SCRIPTS)
 def test_a_fold_decides_what_its_aggregates_decide_one_by_one(script):
     (one, one_answers, _), (folded, folded_answers, _) = _run(script, folded=False), _run(script, folded=True)
-    _same(one, folded)
+    assert_same_decisions(one, folded)
     assert folded_answers == one_answers  # the same refusals, word for word, for the same parts
 
 
@@ -138,7 +110,7 @@ def test_stragglers_votes_and_checkpoints_are_decided_through_folds():
     # folds must actually be taken (not declined into the one-by-one path) for this to test them.
     script = [(s, 3, None, s) for s in range(1, 21)] + [(21, None, 5, 7)]
     (one, _, _), (folded, _, folds) = _run(script, False, faults=False), _run(script, True, faults=False)
-    _same(one, folded)
+    assert_same_decisions(one, folded)
     assert folds >= 15
     assert any(isinstance(e, StragglerDetected) and e.rank == 3 for e in folded.log)
     assert any(isinstance(e, SdcSuspected) and e.rank == 5 for e in folded.log)
