@@ -117,8 +117,9 @@ async def test_a_supervisor_gone_silent_mid_stream_is_left_for_the_next_replica(
         moved_after_s = loop.time() - silent_at
         # Pings every interval, one unanswered for an interval: gone within about two (and a
         # backoff step; one more interval when the loss is not recognised as silence); gRPC's own
-        # connect timeout (20 s) or TCP's retransmissions (minutes) are far.
-        assert moved_after_s < 4 * INTERVAL_S, f"left the silent replica after {moved_after_s:.1f}s"
+        # connect timeout (20 s) or TCP's retransmissions (minutes) are far. The bound tells the
+        # two apart with room for a loaded machine (4 intervals failed at 4.1 s under two busy loops).
+        assert moved_after_s < 10 * INTERVAL_S, f"left the silent replica after {moved_after_s:.1f}s"
         assert list(t.b.hellos[0].unreachable_replicas) == [t.proxy.address], "the Hello names the silent one"
         if not worded:
             return
