@@ -10,6 +10,9 @@ Every baseline is timed the way ftsup's rank is (bench/_snapshot_rank.py): the s
 AdamW state (`build_state_model`), one save per training step, and the pause is what the
 training thread loses: the save call plus, for a peer that copies in the background, the wait of
 the next `optimizer.step()` for that copy to finish (the parameters must not change under it).
+With `--device cuda` the state is on GPU 0 and every step ends with a device synchronize (as
+ftsup's rank does), so no save absorbs queued compute; DCP's async stager then uses pinned memory
+and non-blocking copies, as its documentation recommends on an accelerator.
 """
 
 from __future__ import annotations
@@ -73,9 +76,19 @@ def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, width: 
 
     from ftsup.bench._snapshot_rank import BATCH
 
-    loss = model(torch.ones(BATCH, width)).pow(2).mean()
+    device = next(model.parameters()).device
+    loss = model(torch.ones(BATCH, width, device=device)).pow(2).mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    _synchronize(model)
+
+
+def _synchronize(model: nn.Module) -> None:
+    import torch
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # A save returns (waiter, stored): `waiter` blocks until the parameters may change (called
@@ -116,6 +129,7 @@ def time_saves(save: SaveFn, model: nn.Module, optimizer: torch.optim.Optimizer,
             waiter()
             wait_s = time.monotonic() - wait_started
             optimizer.step()
+            _synchronize(model)
             stored_s = stored() - started
             if step > 0:
                 samples.append({"call_s": call_s, "optimizer_wait_s": wait_s, "stored_s": stored_s})
@@ -130,8 +144,9 @@ def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Op
 
     # With async staging the stager is created once and reused, as the DCP docs recommend (its
     # staging buffers are kept between saves); pinned and shared memory need an accelerator.
-    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                          use_async_staging=True, use_non_blocking_copy=False)) if async_staging else None
+    on_gpu = next(model.parameters()).is_cuda
+    stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
+                                          use_async_staging=True, use_non_blocking_copy=on_gpu)) if async_staging else None
 
     def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
         writer = dcp.FileSystemWriter(str(directory / f"step-{step}"))  # sync_files=True: fsync'd
@@ -196,7 +211,7 @@ def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.O
         manager = LocalCheckpointManager(str(directory / "local"))
 
         def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
-            state = BasicTensorAwareStateDict({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            state = BasicTensorAwareStateDict(_on_cuda({"model": model.state_dict(), "optimizer": optimizer.state_dict()}))
             request = manager.save(state, step, is_async=True)
 
             def stored() -> float:
@@ -217,7 +232,21 @@ def run_nvrx(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.O
         dist.destroy_process_group()
 
 
-def run(name: str, directory: pathlib.Path, state_mb: float, saves: int) -> dict[str, Any]:
+def _on_cuda(state: Any) -> Any:
+    """NVRx's state dict asserts every tensor is on CUDA; AdamW keeps its `step` counters on the CPU
+    (capturable=False). Those scalars are moved over (bytes, not the state): the rest is untouched."""
+    import torch
+
+    if isinstance(state, dict):
+        return {k: _on_cuda(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_on_cuda(v) for v in state]
+    if isinstance(state, torch.Tensor) and not state.is_cuda and torch.cuda.is_available():
+        return state.cuda()
+    return state
+
+
+def run(name: str, directory: pathlib.Path, state_mb: float, saves: int, device: str = "cpu") -> dict[str, Any]:
     import importlib.util
 
     if name in REQUIRES and importlib.util.find_spec(REQUIRES[name]) is None:
@@ -228,7 +257,7 @@ def run(name: str, directory: pathlib.Path, state_mb: float, saves: int) -> dict
     from ftsup.bench._snapshot_rank import build_state_model, state_bytes
 
     torch.set_num_threads(1)  # as the ftsup rank measured beside it
-    model, optimizer, width = build_state_model(state_mb)
+    model, optimizer, width = build_state_model(state_mb, device=device)
     directory.mkdir(parents=True, exist_ok=True)
     if name == "dcp_async_save":
         measured = run_dcp(directory, model, optimizer, width, saves, async_staging=False)
@@ -240,7 +269,8 @@ def run(name: str, directory: pathlib.Path, state_mb: float, saves: int) -> dict
         measured = run_nvrx(directory, model, optimizer, width, saves)
     else:
         raise ValueError(f"unknown baseline {name!r}; one of {', '.join(BASELINES)}")
-    return {"ran": True, "state_bytes": state_bytes(model, optimizer), "torch": torch.__version__, **measured}
+    return {"ran": True, "state_bytes": state_bytes(model, optimizer), "torch": torch.__version__, "device": device,
+            **measured}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,9 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-mb", type=float, required=True)
     parser.add_argument("--saves", type=int, required=True, help="timed saves (after one warm-up)")
     parser.add_argument("--dir", type=pathlib.Path, required=True, help="scratch directory on local disk")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     try:
-        result = run(args.baseline, args.dir, args.state_mb, args.saves)
+        result = run(args.baseline, args.dir, args.state_mb, args.saves, args.device)
     except PeerUnavailable as exc:
         result = {"ran": False, "reason": str(exc)}
     except Exception as exc:  # the peer's own failure: reported as such (the bench's test fails on it)

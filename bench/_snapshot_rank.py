@@ -5,7 +5,9 @@ Run by a real agent (argv of the bench job). Rank 0 holds `--state-mb`, the othe
 copy on the training thread (`background_capture` off: the old path) and as many with the copy in
 the background, one training step after each, and writes its timings as JSON to
 `--out/rank-N.json`. The model and its AdamW state are built by `build_state_model`, which the
-bench also calls for its torch.save baseline, so both measure the same bytes.
+bench also calls for its torch.save baseline, so both measure the same bytes. With `--device cuda`
+the state lives on the GPU (every rank on device 0: no collective runs, so ranks may share it) and
+each training step ends with a device synchronize, so a snapshot never absorbs queued compute.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ from ftsup.trainer.session import Session
 BATCH = 8
 
 
-def build_state_model(state_mb: float, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, int]:
+def build_state_model(state_mb: float, seed: int = 0,
+                      device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, int]:
     """A stack of square Linear layers whose weights + AdamW moments come to about `state_mb` MB.
 
-    Returns the model, its optimizer after one step (so the moments exist) and the width.
+    Returns the model (on `device`), its optimizer after one step (so the moments exist) and the width.
     """
     width = 2048 if state_mb >= 100 else 512
     # params + exp_avg + exp_avg_sq, float32: 12 bytes per parameter
     layers = max(1, round(state_mb * 1e6 / (12 * width * width)))
     torch.manual_seed(seed)
-    model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
+    model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers))).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     train_step(model, optimizer, width)
     return model, optimizer, width
@@ -41,11 +44,14 @@ def build_state_model(state_mb: float, seed: int = 0) -> tuple[nn.Module, torch.
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, width: int) -> float:
     started = time.monotonic()
-    batch = torch.ones(BATCH, width)
+    device = next(model.parameters()).device
+    batch = torch.ones(BATCH, width, device=device)
     loss = model(batch).pow(2).mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the step's time, not its launch's
     return time.monotonic() - started
 
 
@@ -62,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer-state-mb", type=float, required=True, help="the other ranks' state")
     p.add_argument("--snapshots", type=int, required=True, help="per mode")
     p.add_argument("--out", type=pathlib.Path, required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives (default cpu)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # as the example trainer: ranks share the cores
     session = Session.from_env()
-    model, optimizer, width = build_state_model(args.state_mb if session.rank == 0 else args.peer_state_mb)
+    model, optimizer, width = build_state_model(args.state_mb if session.rank == 0 else args.peer_state_mb,
+                                                device=args.device)
     step = 1
     session.report_step(step, 0.0, 0.0, 0.0, "")
     samples = []
@@ -95,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"snapshot {mode} step {step - 1}: {samples[-1]}", file=sys.stderr, flush=True)
     result = {
         "rank": session.rank,
+        "device": str(next(model.parameters()).device),
         "state_bytes": state_bytes(model, optimizer),
         "payload_bytes": session.stats.last_payload_bytes,
         "host_buffer_bytes": session.stats.host_buffer_bytes,

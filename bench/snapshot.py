@@ -16,7 +16,9 @@ process (bench/_snapshot_peers.py, with the peers' venv's python when there is o
 reused stager), DLRover's Flash Checkpoint to memory and NVRx local checkpointing. Per peer: the
 training pause, the time until the copy is stored where the peer keeps it, the time until a copy
 survives the loss of the node (null with the reason when it never does) and the memory it took. A
-peer that cannot run here says why in the JSON. Prints one JSON object.
+peer that cannot run here says why in the JSON. `--device cuda` puts every rank's state and the
+baselines' on the GPU (device 0; the copy is then a device-to-host copy into pinned buffers on a side
+stream, and DCP's async staging may use pinned memory). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -45,15 +47,17 @@ PEER_BASELINES = {
         "torch.distributed.checkpoint.async_save(state, storage_writer=FileSystemWriter(dir), no_dist=True) "
         "at its defaults: staging copies the state on the calling thread, a thread writes the files and fsyncs them"),
     "dcp_async_save_async_staging": (
-        "the same with a reused DefaultStager(StagingOptions(use_async_staging=True)) (pinned/shared memory "
-        "need an accelerator): the copy runs in the background, the next optimizer.step() waits for it"),
+        "the same with a reused DefaultStager(StagingOptions(use_async_staging=True)), pinned memory and "
+        "non-blocking copies on a GPU (on CPU neither applies): the copy runs in the background, the next "
+        "optimizer.step() waits for it"),
     "dlrover_flash_memory": (
         "DLRover Flash Checkpoint: DdpCheckpointer(dir).save_checkpoint(step, state, StorageType.MEMORY) "
         "in a plain process (its engine starts its own saver process outside dlrover-run); copies into "
         "this host's shared memory on the training thread; replica_count 0"),
     "nvrx_local": (
         "NVRx local checkpointing: LocalCheckpointManager(dir).save(BasicTensorAwareStateDict(state), step, "
-        "is_async=True) in a one-rank gloo group"),
+        "is_async=True) in a one-rank gloo group (on a GPU; AdamW's CPU step counters moved to the GPU, "
+        "its state dict takes CUDA tensors only)"),
 }
 # Why each peer's copy is lost with the node (none of them sends one off the node as measured here).
 PEER_NODE_LOSS = {
@@ -73,7 +77,8 @@ def _say(text: str) -> None:
 
 
 def run_cluster(
-    workdir: pathlib.Path, state_mb: float, peer_state_mb: float, snapshots: int, timeout_s: float
+    workdir: pathlib.Path, state_mb: float, peer_state_mb: float, snapshots: int, timeout_s: float,
+    device: str = "cpu",
 ) -> tuple[list[dict[str, Any]], dict[int, float]]:
     """Runs the snapshot job; returns each rank's report and step -> SnapshotCommitted wall time."""
     out = workdir / "ranks"
@@ -85,7 +90,8 @@ def run_cluster(
         # measures the pause and the hand-off, not detection.
         heartbeat_misses=HEARTBEAT_MISSES,
         trainer_argv=(sys.executable, "-m", "ftsup.bench._snapshot_rank", "--state-mb", str(state_mb),
-                      "--peer-state-mb", str(peer_state_mb), "--snapshots", str(snapshots), "--out", str(out)),
+                      "--peer-state-mb", str(peer_state_mb), "--snapshots", str(snapshots), "--out", str(out),
+                      "--device", device),
     )
     with LocalCluster(spec, workdir / "cluster") as cluster:
         cluster.start()
@@ -108,7 +114,8 @@ def run_cluster(
     return reports, committed
 
 
-def time_torch_save(directory: pathlib.Path, state_mb: float, repeats: int) -> dict[str, list[float]]:
+def time_torch_save(directory: pathlib.Path, state_mb: float, repeats: int,
+                    device: str = "cpu") -> dict[str, list[float]]:
     """torch.save of the bench state (same builder, same snapshot format) to a local file."""
     import torch
 
@@ -116,7 +123,7 @@ def time_torch_save(directory: pathlib.Path, state_mb: float, repeats: int) -> d
     from ftsup.trainer import snapshot as snap
 
     os.nice(max(0, TRAINER_NICE - os.nice(0)))  # as niced as the trainers were (the cluster is stopped by now)
-    model, optimizer, _width = build_state_model(state_mb)
+    model, optimizer, _width = build_state_model(state_mb, device=device)
     state = snap.build_state(1, model, optimizer)
     path = directory / "baseline.pt"
     samples: dict[str, list[float]] = {"plain": [], "fsync": []}
@@ -140,13 +147,13 @@ def default_peers_python() -> pathlib.Path:
 
 
 def run_peer_baselines(python: str, directory: pathlib.Path, state_mb: float, saves: int,
-                       timeout_s: float) -> dict[str, dict[str, Any]]:
+                       timeout_s: float, device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Each peer baseline in its own process; one that fails is recorded with its error, not dropped."""
     results: dict[str, dict[str, Any]] = {}
     for name in PEER_BASELINES:
         log_path = directory / f"peer-{name}.log"
         argv = [python, "-m", "ftsup.bench._snapshot_peers", "--baseline", name, "--state-mb", str(state_mb),
-                "--saves", str(saves), "--dir", str(directory / f"peer-{name}")]
+                "--saves", str(saves), "--dir", str(directory / f"peer-{name}"), "--device", device]
         _say(f"timing {name} ({python})")
         with open(log_path, "wb") as log:
             try:
@@ -171,6 +178,8 @@ def summarize_peer(name: str, measured: dict[str, Any]) -> dict[str, Any]:
     entry: dict[str, Any] = {"config": PEER_BASELINES[name], "ran": measured.get("ran", False)}
     if not entry["ran"]:
         entry["reason"] = measured.get("reason", "no result")
+        if "log_tail" in measured:  # its traceback: the reason alone is one line
+            entry["log_tail"] = measured["log_tail"]
         return entry
     samples = measured["samples"]
     pauses = [s["call_s"] + s["optimizer_wait_s"] for s in samples]
@@ -210,7 +219,7 @@ def compare(ftsup: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str
 
 
 def summarize(reports: list[dict[str, Any]], committed: dict[int, float], saves: dict[str, list[float]],
-              peer_results: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              peer_results: dict[str, dict[str, Any]] | None = None, device: str = "cpu") -> dict[str, Any]:
     def med(values: list[float]) -> float:
         return round(statistics.median(values), 4)
 
@@ -228,6 +237,7 @@ def summarize(reports: list[dict[str, Any]], committed: dict[int, float], saves:
     torch_save_s = med(saves["plain"])
     pause_s = med(pauses["background"])
     result: dict[str, Any] = {
+        "device": main_rank.get("device", device),
         "state_bytes": main_rank["state_bytes"],
         "payload_bytes": main_rank["payload_bytes"],
         "peer_state_bytes": [r["state_bytes"] for r in reports if r["rank"] != 0],
@@ -257,7 +267,7 @@ def summarize(reports: list[dict[str, Any]], committed: dict[int, float], saves:
             "pause = Session.snapshot() call + the next optimizer.step()'s wait for the background copy; "
             "held_s = snapshot() call -> the PutSnapshot stream acknowledged (held by the rank's agent and its buddy agent); "
             "committed_s = last rank's snapshot() call -> the supervisor's SnapshotCommitted record; "
-            f"rank 0's figures; 2 ranks on 2 agents on one machine, CPU only, heartbeat 1 s x {HEARTBEAT_MISSES} misses; trainers and torch.save at nice {TRAINER_NICE}"
+            f"rank 0's figures; 2 ranks on 2 agents on one machine, state on {device}, heartbeat 1 s x {HEARTBEAT_MISSES} misses; trainers and torch.save at nice {TRAINER_NICE}"
         ),
         "goal": {"pause_ratio": GOAL_PAUSE_RATIO},
     }
@@ -289,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                              "ours if it exists, else this python: the peers it lacks are reported as not installed)")
     parser.add_argument("--no-peers", action="store_true", help="skip the peers' baselines")
     parser.add_argument("--quick", action="store_true", help="a 20 MB state, 2 snapshots, 1 save: for tests")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where every rank's and baseline's state lives (default cpu; cuda: device 0)")
     args = parser.parse_args(argv)
     if args.quick:
         args.state_mb, args.peer_state_mb, args.snapshots, args.saves = 20.0, 5.0, 2, 1
@@ -300,19 +312,26 @@ def main(argv: list[str] | None = None) -> int:
         peers_python = default_peers_python() if default_peers_python().exists() else pathlib.Path(sys.executable)
     elif not peers_python.exists():
         parser.error(f"--peers-python {peers_python} does not exist (docs/peers.md says how to make the peers' venv)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device here")
     with tempfile.TemporaryDirectory(prefix="ftsup-bench-snapshot-", dir=args.dir) as tmp:
         workdir = pathlib.Path(tmp)
         try:
-            reports, committed = run_cluster(workdir, args.state_mb, args.peer_state_mb, args.snapshots, args.timeout_s)
+            reports, committed = run_cluster(workdir, args.state_mb, args.peer_state_mb, args.snapshots, args.timeout_s,
+                                             args.device)
         except ClusterError as exc:
             _say(f"ftsup bench snapshot: {exc}")
             return 1
         _say("cluster stopped; timing torch.save of the same state")
-        saves = time_torch_save(workdir, args.state_mb, args.saves)
+        saves = time_torch_save(workdir, args.state_mb, args.saves, args.device)
         peer_results = None
         if not args.no_peers:
-            peer_results = run_peer_baselines(str(peers_python), workdir, args.state_mb, args.snapshots, args.timeout_s)
-    print(json.dumps(summarize(reports, committed, saves, peer_results)))
+            peer_results = run_peer_baselines(str(peers_python), workdir, args.state_mb, args.snapshots,
+                                             args.timeout_s, args.device)
+    print(json.dumps(summarize(reports, committed, saves, peer_results, args.device)))
     return 0
 
 

@@ -9,7 +9,9 @@ the words. One flipped bit changes a word by +-2^b with b < 32, so its product c
 +-2^b * odd != 0 mod 2^32 and the weighted sum's low 32 bits change: a single-bit flip always
 changes the digest (the unit tests flip every bit position). Integer addition is associative,
 so the result is exact whatever order the device reduces in, and only 16 bytes cross to the host
-per device. int32 products keep the multiply in the device's fast path (int32 x int64 costs ~6x). Names, dtypes and shapes are hashed on the host.
+per device. int32 products keep the multiply in the device's fast path (int32 x int64 costs ~6x). Names, dtypes and shapes are hashed on the host;
+which device holds the words is not part of the digest (the same bits on cuda:0, cuda:5 or the
+CPU give the same string: checked on an H100 by tests/integration/test_cuda_paths.py).
 A DTensor (FSDP2, TP) is digested over this rank's LOCAL shard (never gathered), its local shape
 and placements in the header: ranks holding the same shard (trainer/replicas.py) agree.
 Needs torch, hence outside `core/`.
@@ -83,9 +85,12 @@ class Digester:
             self._plan()
         out = hashlib.blake2b(self._header, digest_size=DIGEST_BYTES)
         with torch.no_grad():
-            for plan in self._devices:
+            # Each device's sums under its position in the plan, never its name: replicas of one
+            # another sit on different devices (local rank 3's cuda:3 holds the same bits as
+            # another node's cuda:5), and a replay may run on another device than the step it checks.
+            for position, plan in enumerate(self._devices):
                 low, high = plan.sums()
-                out.update(f"{plan.device}|{low:016x}{high:016x}".encode())
+                out.update(f"{position}|{low:016x}{high:016x}".encode())
         return out.hexdigest()
 
 

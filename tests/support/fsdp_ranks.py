@@ -6,7 +6,8 @@ sharded over every rank, AdamW, an LR scheduler and a StatefulDataLoader over a 
 (the data position), snapshotted every step and restored through `Session.restore(state)`.
 Writes to --out: `batches-<gen>-<rank>.json` (the sample ids of every step) and, at --dump-at and
 right after a restore, `full-<gen>-<step>.pt` (rank 0: the gathered model and optimizer state, for
-comparing runs of different world sizes bit for bit).
+comparing runs of different world sizes bit for bit). `--device cuda` puts the model and batches
+on `cuda:LOCAL_RANK` and uses NCCL (tests/integration/test_cuda_paths.py).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from tests.support import gloo_exit
 SAMPLES = 256
 
 
-def build(rank: int, world: int) -> dict[str, object]:
+def build(rank: int, world: int, device: torch.device | None = None) -> dict[str, object]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
+                                torch.nn.Linear(32, 4)).to(device or torch.device("cpu"))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
@@ -71,12 +72,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--dump-at", type=int, default=-1)
     p.add_argument("--checkpoint-at", type=int, default=-1)
-    p.add_argument("--lose-rank-after", type=int, default=-1, help="rank 1 dies once this step's snapshot is held")
+    p.add_argument("--lose-rank-after", type=int, default=-1, help="--lose-rank dies once this step's snapshot is held")
+    p.add_argument("--lose-rank", type=int, default=1)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world, timeout=datetime.timedelta(seconds=60))
-    state = build(args.rank, args.world)
+    state = build(args.rank, args.world, device)
     session = Session.from_env()
     generation = session.generation
     start = session.restore(state)
@@ -91,6 +98,7 @@ def main() -> None:
     step = start
     for step in range(start + 1, args.steps + 1):
         x, y, ids = next(batches_iter)
+        x, y = x.to(device), y.to(device)
         batches[step] = ids.tolist()
         loss = F.mse_loss(model(x), y)
         loss.backward()
@@ -106,7 +114,7 @@ def main() -> None:
         if step == args.lose_rank_after:
             session.wait_for_snapshots()
             log.write_text(json.dumps(batches))
-            if args.rank == 1:
+            if args.rank == args.lose_rank:
                 os._exit(17)  # the lost rank: no clean-up, no goodbye
     session.finish(step, digester())
     session.close()

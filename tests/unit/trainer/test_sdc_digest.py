@@ -62,6 +62,17 @@ def test_models_larger_than_one_chunk_still_catch_every_flip(monkeypatch):
             assert tensors_digest(swapped) != base, (name, index)
 
 
+def test_the_device_holding_the_words_is_not_part_of_the_digest():
+    # DDP replicas hold the same bits on different devices (local rank r on cuda:r): the label of
+    # a device's sums must not reach the digest. Found on an H100: cuda:0 and CPU digests differed.
+    tensors = named(w=torch.randn(6), b=torch.randn(2))
+    digest = Digester(tensors)
+    before = digest()
+    for plan in digest._devices:
+        plan.device = torch.device("cuda", 5)
+    assert digest() == before == tensors_digest(tensors)
+
+
 def test_a_digester_sees_in_place_updates_and_replaced_storage():
     model = torch.nn.Linear(4, 3)
     digest = Digester.of(model)
