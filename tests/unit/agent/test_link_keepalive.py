@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import pathlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -64,13 +64,14 @@ def _node_first_at(first: str, other: str) -> str:
     return next(f"n{i}" for i in range(1000) if ranked(f"n{i}", [first, other])[0] == first)
 
 
-def _link(node_id: str, addresses: tuple[str, ...], workdir: pathlib.Path,
-          files: tls.TlsFiles | None = None) -> SupervisorLink:
+def _link(node_id: str, addresses: tuple[str, ...], workdir: pathlib.Path, files: tls.TlsFiles | None = None,
+          resync: Callable[[], list[agent_pb2.AgentMessage]] = list) -> SupervisorLink:
     config = AgentConfig(node_id=node_id, supervisors=addresses, role="active", host="127.0.0.1",
                          peer_port=9000, workdir=workdir, heartbeat_interval_s=INTERVAL_S, gpus=8,
                          log_json=None, log_level="warning", tls_files=files)
     return SupervisorLink(config, incarnation=1, peer_port=9000, reports=Reports(), on_directive=lambda d: None,
-                          running_generation=lambda: 1, log=structlog.get_logger(), rng=random.Random(0))
+                          running_generation=lambda: 1, log=structlog.get_logger(), rng=random.Random(0),
+                          resync=resync)
 
 
 @dataclasses.dataclass
@@ -78,6 +79,16 @@ class _Setup:
     a: _Replica  # the node's own replica, behind `proxy`
     b: _Replica  # its next one
     proxy: PartitionProxy
+    # The agent's sessions that got their Welcome. A Hello at a replica is not yet a working
+    # session: until the agent has read the Welcome, a connection lost is one that never answered
+    # (its replica is named unreachable and the next one dialled), so a test that breaks a working
+    # session waits for this, not for the Hello (a cut between the two, seen under load, moved the node).
+    sessions: int = 0
+
+    def resync(self) -> list[agent_pb2.AgentMessage]:
+        """The link's resync hook: a session calls it once, after its Welcome (test_link_resync.py)."""
+        self.sessions += 1
+        return []
 
 
 @contextlib.asynccontextmanager
@@ -92,9 +103,10 @@ async def _linked(workdir: pathlib.Path, *, partitioned: bool = False, server_fi
     if partitioned:
         proxy.partition()
     node_id = _node_first_at(proxy.address, address_b)
-    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), workdir, agent_files).run())
+    setup = _Setup(a, b, proxy)
+    task = asyncio.create_task(_link(node_id, (proxy.address, address_b), workdir, agent_files, setup.resync).run())
     try:
-        yield _Setup(a, b, proxy)
+        yield setup
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -110,7 +122,8 @@ async def test_a_supervisor_gone_silent_mid_stream_is_left_for_the_next_replica(
         monkeypatch.setattr(link_module, "_is_silent_loss", lambda exc: False)
     async with _linked(tmp_path) as t:
         loop = asyncio.get_running_loop()
-        await eventually(lambda: len(t.a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
+        await eventually(lambda: len(t.a.hellos) == 1 and t.sessions == 1, timeout_s=10,
+                         what="the node's session at its own replica")
         t.proxy.partition()
         silent_at = loop.time()
         await eventually(lambda: len(t.b.hellos) == 1, timeout_s=10, what="the node's Hello at the next replica")
@@ -150,7 +163,8 @@ async def test_a_reset_session_dials_its_own_replica_again(tmp_path: pathlib.Pat
     """A network blip (both ends see the connection closed) is no silence: the node goes back to
     its own replica, it does not move (a rack's blip would otherwise shift its nodes' shards)."""
     async with _linked(tmp_path) as t:
-        await eventually(lambda: len(t.a.hellos) == 1, timeout_s=10, what="the node's Hello at its own replica")
+        await eventually(lambda: len(t.a.hellos) == 1 and t.sessions == 1, timeout_s=10,
+                         what="the node's session at its own replica")
         t.proxy.cut()
         await eventually(lambda: len(t.a.hellos) == 2, timeout_s=10, what="the node's second Hello at its own replica")
         assert t.b.hellos == [] and list(t.a.hellos[1].unreachable_replicas) == []
