@@ -8,7 +8,9 @@ core's share of a step, the part issue 14 made array-based. The baseline, measur
 run on an identical core, is the same step sent as one `agent_pb2.StepReport` per rank (what an
 agent that does not aggregate sends: `report_from_proto` and `Core.step` per rank); the steps of
 the two alternate, so both see the same machine load. Both cores must decide the same (checked:
-`same_decisions`).
+`same_decisions`). Also measured on cores of their own: `folded` (the per-node messages as a link
+shard's runs bring them, decided in folds) and `packed` (the same step as the shards' packed
+ShardStepFolds: one message per up to 4,096 nodes, decoded once and decided as one fold).
 
 Reported per size: CPU per step (time.process_time; every step's and the median over `--steps`,
 after one warm-up step that starts the generation running), CPU per rank, and the fraction of a
@@ -29,14 +31,16 @@ import sys
 import time
 from typing import Any
 
-from ftsup.common import step_pack
+from ftsup.common import step_fold_pack, step_pack
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import NodeRole
 from ftsup.supervisor.core.inputs import AgentHello, Input, Tick
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core
+from ftsup.supervisor.server import step_fold
 from ftsup.supervisor.server.relay_service import RUN_MAX
 from ftsup.supervisor.server.step_aggregate import report_from_proto, to_input
+from ftsup.supervisor.shard_queue import MAX_PACKED
 from ftsup.v1 import agent_pb2
 
 STEP_S = (2.0, 10.0)  # training step lengths the projection is made for
@@ -117,6 +121,33 @@ def _folded(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now:
     return time.process_time() - started, events
 
 
+def _packed(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
+    """The aggregates as link shards pack them (ShardStepFold: up to MAX_PACKED nodes' aggregates of
+    one step in one message, common/step_fold_pack.py; the packing is the shards' work, not timed):
+    each fold decoded once into its parts and their fold (step_fold.to_input) and decided as one
+    (Core.step_aggregates with the decoded fold; what the relay and runtime._handle_run do)."""
+    messages = [(node, step_pack.pack(reports)) for node, reports in wire]
+    folds = []
+    for start in range(0, len(messages), MAX_PACKED):
+        chunk = messages[start:start + MAX_PACKED]
+        folds.append(([node for node, _ in chunk],
+                      step_fold_pack.pack([(i, message) for i, (_, message) in enumerate(chunk, start=1)])))
+    started = time.process_time()
+    events = 0
+    for node_ids, fold in folds:
+        parts, folded = step_fold.to_input(node_ids, fold)
+        stepped = core.step_aggregates(parts, now, folded) if len(parts) > 1 else None
+        if stepped is None:
+            events += _feed(core, list(parts), now)
+            continue
+        if len(stepped.refusals) < len(parts) or any(refusal is not None for refusal in stepped.refusals):
+            raise RuntimeError("a part of the step was refused")
+        if stepped.ready.events:
+            events += len(stepped.ready.events)
+            core.advance(stepped.ready, core.records(stepped.ready.events, now))
+    return time.process_time() - started, events
+
+
 def _per_rank(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
     started = time.process_time()
     events = _feed(core, [report_from_proto(node, r) for node, reports in wire for r in reports], now)
@@ -133,11 +164,12 @@ def _summary(cpu_s: list[float], ranks: int) -> dict[str, Any]:
     }
 
 
-MODES = {"folded": _folded, "aggregated": _aggregated, "per_rank": _per_rank}
+MODES = {"packed": _packed, "folded": _folded, "aggregated": _aggregated, "per_rank": _per_rank}
 
 
 def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: bool) -> dict[str, Any]:
-    cores = {"folded": _core(nodes, ranks_per_node), "aggregated": _core(nodes, ranks_per_node)}
+    cores = {"packed": _core(nodes, ranks_per_node), "folded": _core(nodes, ranks_per_node),
+             "aggregated": _core(nodes, ranks_per_node)}
     if baseline:
         cores["per_rank"] = _core(nodes, ranks_per_node)
     cpu: dict[str, list[float]] = {name: [] for name in cores}
@@ -158,6 +190,7 @@ def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: b
     result.update({name: _summary(cpu[name], ranks) for name in cores})
     result["same_decisions"] = all(_same(cores["aggregated"], core) for core in cores.values())
     result["speedup_folded_vs_aggregated"] = _ratio(result, "aggregated", "folded")
+    result["speedup_packed_vs_folded"] = _ratio(result, "folded", "packed")
     if baseline:
         result["speedup"] = _ratio(result, "per_rank", "aggregated")
         result["speedup_folded_vs_per_rank"] = _ratio(result, "per_rank", "folded")

@@ -65,9 +65,14 @@ class InputRun:
     """Inputs a link shard's relay batch brought, handed to the loop as one queue item with one
     reply (`Runtime.submit_run_from_stream`): each is still admitted, decided and enacted alone,
     in order, exactly as if queued one by one; only the queueing, the reply future and its
-    callbacks are paid once per run instead of once per node-step (issue 14)."""
+    callbacks are paid once per run instead of once per node-step (issue 14).
+
+    `folded`: the inputs are the parts of a link shard's packed step fold (ShardStepFold: two or
+    more step aggregates of one step, each node once) and this is their fold, decoded with them
+    (supervisor/server/step_fold.py); they are decided as that one fold (Core.step_aggregates)."""
 
     inputs: tuple[Input, ...]
+    folded: StepAggregate | None = None
 
 
 _LIVENESS_LANE, _ARRIVAL_LANE = 0, 1  # (the queue's lanes: lower first)
@@ -178,7 +183,8 @@ class Runtime:
         self._put(_Pending(inp, reply, self._clock(), slots=1))
         return reply
 
-    async def submit_run_from_stream(self, inputs: Sequence[Input]) -> asyncio.Future[list[Outcome]]:
+    async def submit_run_from_stream(self, inputs: Sequence[Input], folded: StepAggregate | None = None
+                                     ) -> asyncio.Future[list[Outcome]]:
         """Like submit_from_stream for several inputs, handled back to back in order (InputRun):
         the future resolves to their outcomes, in order. Takes a slot per input, so the queue's
         bound counts inputs either way; a run must not be longer than the capacity."""
@@ -194,8 +200,13 @@ class Runtime:
                 self._stream_slots.release()
             raise
         reply: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-        self._put(_Pending(InputRun(tuple(inputs)), reply, self._clock(), slots=taken))
+        self._put(_Pending(InputRun(tuple(inputs), folded), reply, self._clock(), slots=taken))
         return reply
+
+    @property
+    def stream_capacity(self) -> int:
+        """Stream inputs queued at most (a run may not be longer)."""
+        return self._stream_capacity
 
     def queued(self) -> int:
         """Inputs waiting for the loop (a gauge, and what the flood test bounds)."""
@@ -296,6 +307,10 @@ class Runtime:
         as one fold (Core.step_aggregates: what they decide one by one, issue 14). A heartbeat
         met among them is handled when met: it only marks its node heard as of the run's arrival,
         which every aggregate of the run marks too, so its place among them changes nothing."""
+        if run.folded is not None:  # (a shard's packed fold: each node once, checked by the relay)
+            parts = [inp for inp in run.inputs if isinstance(inp, StepAggregate)]
+            if len(parts) == len(run.inputs) > 1:
+                return await self._handle_fold(parts, at_s, run.folded)
         outcomes: list[Outcome | None] = [None] * len(run.inputs)
         fold: list[StepAggregate] = []  # the open fold's aggregates...
         at: list[int] = []  # ...and their positions in the run
@@ -327,7 +342,8 @@ class Runtime:
         await close_fold()
         return [outcome if outcome is not None else Outcome() for outcome in outcomes]
 
-    async def _handle_fold(self, parts: list[StepAggregate], at_s: float | None) -> list[Outcome]:
+    async def _handle_fold(self, parts: list[StepAggregate], at_s: float | None,
+                           folded: StepAggregate | None = None) -> list[Outcome]:
         """Several nodes' aggregates of one step decided as one: each part's refusal its own, one
         append for the rest; refused parts after the last admitted one are handled alone after
         it. Declined by the core (a rank of them already reported in the step:
@@ -336,7 +352,8 @@ class Runtime:
             return [self._not_leader() for _ in parts]
         now = self._clock() if at_s is None else at_s
         try:
-            stepped = self.core.step_aggregates(parts, now)
+            stepped = (self.core.step_aggregates(parts, now) if folded is None
+                       else self.core.step_aggregates(parts, now, folded))
             if stepped is None:
                 return [await self._handle_guarded(part, at_s) for part in parts]
             for part, refusal in zip(parts, stepped.refusals):

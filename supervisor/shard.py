@@ -100,6 +100,7 @@ class LinkShard:
         self._heard_ready = asyncio.Event()
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
         self.folds_holdings = False  # the leader takes SnapshotHoldings (else snapshot reports go one by one)
+        self.packs_steps = False  # the leader takes ShardStepFolds (else each node's aggregate goes alone)
         self._sessions: dict[int, ShardSession] = {}
         self._node_session: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -288,6 +289,7 @@ class LinkShard:
             self.term, self.leader_address = first.term, address
             self.summarises = first.takes_liveness_summaries
             self.folds_holdings = first.takes_snapshot_holdings
+            self.packs_steps = first.takes_step_folds
             self._up.clear()
             self._heard.clear()
             self.relay_up.set()
@@ -323,8 +325,8 @@ class LinkShard:
     async def _write(self, call: Any) -> None:
         while True:
             while len(self._up):
-                await call.write(shard_pb2.ShardBatch(items=self._up.take(MAX_BATCH_ITEMS,
-                                                                          folds_holdings=self.folds_holdings)))
+                await call.write(shard_pb2.ShardBatch(items=self._up.take(
+                    MAX_BATCH_ITEMS, folds_holdings=self.folds_holdings, packs_steps=self.packs_steps)))
             if not self.relay_up.is_set():
                 await call.done_writing()
                 return

@@ -12,7 +12,9 @@ go up as one StepAggregate (the wire form the leader decides exactly as the same
 one: supervisor/server/step_aggregate.py), so the leader admits one message per node per step
 instead of one per rank. A run of them ends at any other message of that session (its order kept).
 A session's SnapshotReports of one step fold the same way into one SnapshotHoldings, when the
-leader says it takes them.
+leader says it takes them. And, when the leader takes them, the aggregates of one step that several
+sessions' messages bring back to back are packed into one ShardStepFold (common/step_fold_pack.py),
+so the leader handles one message per shard per step instead of one per node.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from ftsup.common import holdings_pack, step_pack
+from ftsup.common import holdings_pack, step_fold_pack, step_pack
 from ftsup.v1 import agent_pb2, shard_pb2
 
 # Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
@@ -46,6 +48,7 @@ class UpQueue:
         self.folded = 0  # heartbeats replaced by a newer one of the same session (a counter)
         self.reports_folded = 0  # step reports sent inside another's aggregate (a counter)
         self.holdings_folded = 0  # snapshot reports sent inside another's SnapshotHoldings (a counter)
+        self.aggregates_packed = 0  # step aggregates sent inside a ShardStepFold, less one per fold (a counter)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -71,9 +74,10 @@ class UpQueue:
         return True
 
     def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
-             folds_holdings: bool = False) -> list[shard_pb2.Forwarded]:
+             folds_holdings: bool = False, packs_steps: bool = False) -> list[shard_pb2.Forwarded]:
         """Up to `max_items` items and about `max_bytes` (always at least one item), oldest first,
-        removed from the queue (step reports folded; snapshot reports too with `folds_holdings`)."""
+        removed from the queue (step reports folded; snapshot reports too with `folds_holdings`;
+        back-to-back aggregates of one step packed into one ShardStepFold with `packs_steps`)."""
         count, size = 0, 0
         for item in self._items[:max_items]:
             if item is not None:
@@ -91,6 +95,10 @@ class UpQueue:
             steps_folded = taken
             taken = fold_snapshot_reports(steps_folded)
             self.holdings_folded += len(steps_folded) - len(taken)
+        if packs_steps:
+            unpacked = taken
+            taken = pack_step_aggregates(unpacked)
+            self.aggregates_packed += len(unpacked) - len(taken)
         return taken
 
     def clear(self) -> None:
@@ -176,6 +184,46 @@ def fold_snapshot_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Fo
     The session's node is the holder of every one, as of each report on its own."""
     return _fold_runs(items, "snapshot_report", holdings_pack.key,
                       lambda reports: agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(reports)))
+
+
+# Aggregates packed into one ShardStepFold at most (the leader decides one as one run of its loop).
+MAX_PACKED = MAX_BATCH_ITEMS
+
+
+def pack_step_aggregates(items: list[shard_pb2.Forwarded], max_parts: int = MAX_PACKED) -> list[shard_pb2.Forwarded]:
+    """`items` with each run of consecutive StepAggregates of one generation and step, of distinct
+    sessions, each well-formed (step_fold_pack.packable), replaced by one ShardStepFold item at
+    the run's place. Nothing moves past anything else, so every session's messages keep their
+    order; a run of one stays as it is, as does any other item (a malformed aggregate included)."""
+    out: list[shard_pb2.Forwarded] = []
+    run: list[shard_pb2.Forwarded] = []
+    key: tuple[int, int] | None = None
+    sessions: set[int] = set()
+
+    def close() -> None:
+        if len(run) > 1:
+            out.append(shard_pb2.Forwarded(step_fold=step_fold_pack.pack(
+                [(item.session, item.message.step_aggregate) for item in run])))
+        else:
+            out.extend(run)
+        run.clear()
+        sessions.clear()
+
+    for item in items:
+        aggregate = (item.message.step_aggregate if item.WhichOneof("kind") == "message"
+                     and item.message.WhichOneof("kind") == "step_aggregate" else None)
+        if aggregate is None or not step_fold_pack.packable(aggregate):
+            close()
+            out.append(item)
+            continue
+        this = (aggregate.generation, aggregate.step)
+        if run and (this != key or item.session in sessions or len(run) >= max_parts):
+            close()
+        key = this
+        run.append(item)
+        sessions.add(item.session)
+    close()
+    return out
 
 
 def _fold_runs(items: list[shard_pb2.Forwarded], kind: str, key_of: Callable[[Any], tuple[int, int]],

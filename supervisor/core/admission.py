@@ -341,15 +341,15 @@ def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggreg
     return f"rank {report.rank} of node {aggregate.node_id!r}: {reason}"
 
 
-def fold_refusals(state: ClusterState, soft: SoftState, parts: Sequence[StepAggregate], config: CoreConfig
-                  ) -> tuple[list[str | None], StepAggregate | None]:
+def fold_refusals(state: ClusterState, soft: SoftState, parts: Sequence[StepAggregate], config: CoreConfig,
+                  folded: StepAggregate | None = None) -> tuple[list[str | None], StepAggregate | None]:
     """What `refusal` says of each of several nodes' aggregates of one step (Core.step_aggregates),
     and their fold when every part is admitted. Checked at once (issue 14): per part only what
     names its sender (its Hello, the ranks it holds, each rank once), then the figures' limits by
     one set of reductions over the whole fold: within limits over the fold is within limits for
     each part (every limit is a bound on a minimum, a maximum or an "all"). Any part that fails a
     check, or a fold outside the limits, has each part checked alone, so every refusal is worded
-    as `refusal` words it."""
+    as `refusal` words it. `folded`: StepAggregate.fold(parts), when the caller has it already."""
     first = parts[0]
     if not 0 <= first.step <= MAX_STEP or any((p.generation, p.step) != (first.generation, first.step) for p in parts):
         return [refusal(state, soft, part, config) for part in parts], None
@@ -363,7 +363,7 @@ def fold_refusals(state: ClusterState, soft: SoftState, parts: Sequence[StepAggr
         if len(set(listed)) != count or not _held_ranks(state, part).issuperset(listed):
             break
     else:
-        fold = StepAggregate.fold(parts)
+        fold = folded if folded is not None and len(folded.segments) == len(parts) else StepAggregate.fold(parts)
         if _within_limits(fold):
             return [None] * len(parts), fold
     return [refusal(state, soft, part, config) for part in parts], None

@@ -176,7 +176,8 @@ class Core:
         return BatchReady(refusals, Ready(decision.events, decision.waiting_reason, affected,
                                           first_seq=decision.first_seq))
 
-    def step_aggregates(self, parts: Sequence[StepAggregate], now: float) -> BatchReady | None:
+    def step_aggregates(self, parts: Sequence[StepAggregate], now: float, folded: StepAggregate | None = None
+                        ) -> BatchReady | None:
         """Several nodes' aggregates of one generation's step (each node once, as a link shard's
         batch brings them back to back), decided as one input: what `step` decides of each in
         turn, with the array work, the vote, the straggler scores and the conclusion done once
@@ -192,7 +193,10 @@ class Core:
         complete the step, as only the last part could. The parts' refusals are each their own.
         The Ready covers the parts up to the last admitted one (`len(refusals)`); the caller
         steps the rest alone, after enacting it.
-        tests/unit/supervisor/test_step_folds.py compares the two over random histories."""
+        tests/unit/supervisor/test_step_folds.py compares the two over random histories.
+        `folded`: the parts' fold when the caller has it already (a link shard's packed
+        ShardStepFold, decoded: supervisor/server/step_fold.py), equal to StepAggregate.fold(parts);
+        used when every part is admitted, instead of concatenating the parts again."""
         if len(parts) < 2:
             return None
         first = parts[0]
@@ -200,7 +204,7 @@ class Core:
             return None
         if len({p.node_id for p in parts}) != len(parts):
             return None
-        reasons, fold = admission.fold_refusals(self.state, self.soft, parts, self.config)
+        reasons, fold = admission.fold_refusals(self.state, self.soft, parts, self.config, folded)
         admitted = [part for part, reason in zip(parts, reasons) if reason is None]
         if not admitted or not soft_state.fresh_in_step(self.soft, self.state, first.generation, first.step,
                                                         admitted):

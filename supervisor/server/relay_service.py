@@ -33,7 +33,7 @@ from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
-from ftsup.supervisor.server import snapshot_holdings, step_aggregate
+from ftsup.supervisor.server import snapshot_holdings, step_aggregate, step_fold
 from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
 from ftsup.supervisor.server.hello_checks import hello_problem
 from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
@@ -141,7 +141,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
         try:
-            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True)
+            yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True,
+                                        takes_step_folds=True)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not len(down):
                     with contextlib.suppress(TimeoutError):
@@ -228,8 +229,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                 await self._on_item(item, down, sessions, replica)
             async for batch in requests:
                 # Nodes' messages go to the loop in runs (one queue item and one reply per run,
-                # runtime.InputRun); a Hello or a closed stream is handled in its place, after the
-                # run before it, so every session's messages keep their order.
+                # runtime.InputRun); a Hello, a closed stream or a packed step fold is handled in
+                # its place, after the run before it, so every session's messages keep their order.
                 run: list[_Message] = []
                 for item in batch.items:
                     if not _is_plain_message(item):
@@ -270,6 +271,31 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             return None
         return _Message(inp, route, message)
 
+    async def _submit_fold(self, fold: shard_pb2.ShardStepFold, sessions: dict[int, _Relayed]) -> None:
+        """A shard's packed step fold (several sessions' aggregates of one step), decoded once
+        (step_fold.to_input) and handed to the loop as one run decided as one fold, each part
+        answered on its own node's route. Parts of sessions that ended (or whose Hello was
+        refused) are dropped as their messages would be; then, or when a node has two parts, the
+        rest go as runs the loop folds as it would the per-node messages."""
+        relayed = [sessions.get(session) for session in fold.sessions]
+        try:
+            parts, folded = step_fold.to_input([r.node_id if r is not None else "" for r in relayed], fold)
+        except step_aggregate.MalformedAggregate as exc:  # (a shard's bug: it packs only well-formed ones)
+            log.warning("malformed step fold from a link shard", error=str(exc), parts=len(fold.sessions))
+            for each in relayed:
+                if each is not None:
+                    each.route.put(_refusal(f"malformed step aggregate (in its shard's fold): {exc}",
+                                            "step_aggregate"))
+            return
+        run = [_Message(part, each.route, _PACKED) for part, each in zip(parts, relayed) if each is not None]
+        if (len(run) == len(parts) > 1 and len({part.node_id for part in parts}) == len(parts)
+                and len(run) <= min(MAX_FOLD_PARTS, self._runtime.stream_capacity)):
+            replies = await self._runtime.submit_run_from_stream([message.inp for message in run], folded)
+            replies.add_done_callback(functools.partial(_answer_run, run))
+            return
+        for start in range(0, len(run), RUN_MAX):
+            await self._submit(run[start:start + RUN_MAX])
+
     async def _submit(self, run: list[_Message]) -> None:
         """Hands `run` to the loop (one input alone as before) and answers each message once
         decided: a heartbeat's ack if asked for, a refusal on its node's route."""
@@ -293,6 +319,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                 # A move is no death signal (the node reconnects to its new shard at once).
                 node = None if item.closed.moved else relayed.node_id
                 runtime.close_stream(relayed.stream_id, node, relayed.incarnation)
+            return
+        if kind == "step_fold":
+            await self._submit_fold(item.step_fold, sessions)
             return
         if kind != "message":
             return
@@ -350,6 +379,10 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
 # Messages of one relay batch handed to the loop as one run at most (a slot of the loop's
 # stream-input capacity each; see runtime.InputRun).
 RUN_MAX = 512
+# Parts of a shard's packed step fold handed to the loop as one run at most (a shard packs at most
+# a batch's items: shard_queue.MAX_BATCH_ITEMS); a larger one goes in runs of RUN_MAX.
+MAX_FOLD_PARTS = 4_096
+_PACKED = agent_pb2.AgentMessage()  # (a packed part's message: only a heartbeat's is ever read)
 
 
 @dataclass(slots=True)

@@ -77,14 +77,16 @@ class Sim:
             return ready.refusal.reason
         return self._persist(ready)
 
-    def feed_fold(self, parts: Sequence[StepAggregate], *, at: float | None = None) -> list[list[Event] | str] | None:
+    def feed_fold(self, parts: Sequence[StepAggregate], *, at: float | None = None,
+                  folded: StepAggregate | None = None) -> list[list[Event] | str] | None:
         """Several nodes' aggregates of one step decided as one (Core.step_aggregates): per part
         the refusal reason, or the events the fold decided (the same list for every admitted
         part; parts after the fold's last admitted one fed alone, as the runtime does). None: the
-        core would not fold them (nothing observed; the caller feeds each)."""
+        core would not fold them (nothing observed; the caller feeds each). `folded`: their fold
+        as decoded from a shard's packed ShardStepFold (Core.step_aggregates)."""
         if at is not None:
             self.now = at
-        stepped = self.core.step_aggregates(parts, self.now)
+        stepped = self.core.step_aggregates(parts, self.now, folded)
         if stepped is None:
             return None
         events = self._persist(stepped.ready)

@@ -37,6 +37,7 @@ class Forwarded(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     CLOSED_FIELD_NUMBER: _builtins.int
+    STEP_FOLD_FIELD_NUMBER: _builtins.int
     session: _builtins.int
     node_id: _builtins.str
     """the Hello's node id, checked against the agent's certificate by the shard"""
@@ -49,6 +50,13 @@ class Forwarded(_message.Message):
     def closed(self) -> Global___ShardSessionEnd:
         """the agent's stream ended (or the shard moved it)"""
 
+    @_builtins.property
+    def step_fold(self) -> Global___ShardStepFold:
+        """Several sessions' StepAggregates of one step, packed (session, node_id and incarnation unset:
+        each part names its session). Sent only to a leader that says it takes them
+        (LeaderBatch.takes_step_folds).
+        """
+
     def __init__(
         self,
         *,
@@ -57,16 +65,124 @@ class Forwarded(_message.Message):
         incarnation: _builtins.int = ...,
         message: _agent_pb2.AgentMessage | None = ...,
         closed: Global___ShardSessionEnd | None = ...,
+        step_fold: Global___ShardStepFold | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "kind", b"kind", "message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "kind", b"kind", "message", b"message", "step_fold", b"step_fold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "incarnation", b"incarnation", "kind", b"kind", "message", b"message", "node_id", b"node_id", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "incarnation", b"incarnation", "kind", b"kind", "message", b"message", "node_id", b"node_id", "session", b"session", "step_fold", b"step_fold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["message", "closed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["message", "closed", "step_fold"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___Forwarded: _TypeAlias = Forwarded  # noqa: Y015
+
+@_typing.final
+class ShardStepFold(_message.Message):
+    """The StepAggregates of one (generation, step) that a shard would otherwise have sent back to back
+    as Forwarded messages of distinct sessions, as one message (issue 14): the leader decodes it with
+    numpy views, no object per node, and decides its parts as the fold it would have made of them.
+    Per-rank arrays are the parts' arrays concatenated in order, each a little-endian array in bytes
+    (<u4: uint32, <u8: uint64, <f8: float64). Optional arrays are empty when no part reported them;
+    otherwise a part that did not report one is filled in: grad_norm NaN, tokens 0, replica_groups
+    0xFFFFFFFF. Digests are grouped by value across all parts, with positions into the concatenated
+    arrays (each value once, in the order values first appear, as the leader's fold groups them).
+    A shard packs only well-formed aggregates (the shape supervisor/server/step_aggregate.py checks).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    STEP_TIME_S_FIELD_NUMBER: _builtins.int
+    COMPUTE_TIME_S_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    GRAD_NORM_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    REPLICA_GROUPS_FIELD_NUMBER: _builtins.int
+    PARAM_DIGESTS_FIELD_NUMBER: _builtins.int
+    LOCAL_GRAD_DIGESTS_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    step: _builtins.int
+    counts: _builtins.bytes
+    """<u4: ranks per part (each >= 1)"""
+    ranks: _builtins.bytes
+    """<u4"""
+    step_time_s: _builtins.bytes
+    """<f8"""
+    compute_time_s: _builtins.bytes
+    """<f8"""
+    loss: _builtins.bytes
+    """<f8"""
+    grad_norm: _builtins.bytes
+    """<f8, or empty"""
+    tokens: _builtins.bytes
+    """<u8, or empty"""
+    replica_groups: _builtins.bytes
+    """<u4, or empty"""
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the parts' sessions, in order (each once)"""
+
+    @_builtins.property
+    def param_digests(self) -> _containers.RepeatedCompositeFieldContainer[Global___PackedDigests]:
+        """every position in exactly one"""
+
+    @_builtins.property
+    def local_grad_digests(self) -> _containers.RepeatedCompositeFieldContainer[Global___PackedDigests]:
+        """positions in none did not report one"""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        sessions: _abc.Iterable[_builtins.int] | None = ...,
+        counts: _builtins.bytes = ...,
+        ranks: _builtins.bytes = ...,
+        step_time_s: _builtins.bytes = ...,
+        compute_time_s: _builtins.bytes = ...,
+        loss: _builtins.bytes = ...,
+        grad_norm: _builtins.bytes = ...,
+        tokens: _builtins.bytes = ...,
+        replica_groups: _builtins.bytes = ...,
+        param_digests: _abc.Iterable[Global___PackedDigests] | None = ...,
+        local_grad_digests: _abc.Iterable[Global___PackedDigests] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_time_s", b"compute_time_s", "counts", b"counts", "generation", b"generation", "grad_norm", b"grad_norm", "local_grad_digests", b"local_grad_digests", "loss", b"loss", "param_digests", b"param_digests", "ranks", b"ranks", "replica_groups", b"replica_groups", "sessions", b"sessions", "step", b"step", "step_time_s", b"step_time_s", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardStepFold: _TypeAlias = ShardStepFold  # noqa: Y015
+
+@_typing.final
+class PackedDigests(_message.Message):
+    """A digest and the positions (<u4, indexes into the fold's concatenated arrays) that reported it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    POSITIONS_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    positions: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        positions: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "positions", b"positions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackedDigests: _TypeAlias = PackedDigests  # noqa: Y015
 
 @_typing.final
 class ShardSessionEnd(_message.Message):
@@ -162,6 +278,7 @@ class LeaderBatch(_message.Message):
     TERM_FIELD_NUMBER: _builtins.int
     TAKES_LIVENESS_SUMMARIES_FIELD_NUMBER: _builtins.int
     TAKES_SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
+    TAKES_STEP_FOLDS_FIELD_NUMBER: _builtins.int
     term: _builtins.int
     """the leader's term: a shard drops its sessions when it changes"""
     takes_liveness_summaries: _builtins.bool
@@ -172,6 +289,10 @@ class LeaderBatch(_message.Message):
     """Set on the first batch of a relay by a leader that takes SnapshotHoldings: the shard folds a
     session's queued SnapshotReports of one step into one; to an older leader it forwards each.
     """
+    takes_step_folds: _builtins.bool
+    """Set on the first batch of a relay by a leader that takes ShardStepFold items: the shard packs
+    its sessions' back-to-back StepAggregates of one step into one; to an older leader it forwards each.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Addressed]: ...
     def __init__(
@@ -181,10 +302,11 @@ class LeaderBatch(_message.Message):
         term: _builtins.int = ...,
         takes_liveness_summaries: _builtins.bool = ...,
         takes_snapshot_holdings: _builtins.bool = ...,
+        takes_step_folds: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "takes_step_folds", b"takes_step_folds", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

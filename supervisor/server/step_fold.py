@@ -1,0 +1,153 @@
+"""ShardStepFold on the wire -> the core's step aggregates and their fold (issue 14, the leader's side).
+
+A link shard packs its sessions' back-to-back StepAggregates of one step into one message
+(common/step_fold_pack.py). Decoded here once: each per-rank array is a view of the message's
+bytes (numpy.frombuffer), each node's part a slice of them, and the fold the core decides them as
+(Core.step_aggregates) is made from the whole arrays instead of by concatenating the parts. The
+parts are what step_aggregate.to_input makes of the same aggregates one by one (equal reports,
+digest groups in the order of their first position), so a part the core refuses, or a fold it
+declines, is handled exactly as the per-node messages would have been.
+
+The shard packs only well-formed aggregates; a fold that is not (a shard's bug) raises
+MalformedAggregate for all its parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ftsup.common.step_pack import NO_REPLICA_GROUP
+from ftsup.supervisor.core.inputs import DigestRanks, StepAggregate
+from ftsup.supervisor.server.step_aggregate import MalformedAggregate, _positions
+from ftsup.v1 import shard_pb2
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+
+def to_input(node_ids: Sequence[str], message: shard_pb2.ShardStepFold) -> tuple[list[StepAggregate], StepAggregate]:
+    """The fold's parts (one per entry of `node_ids`, the nodes of the message's sessions in order)
+    and their fold (equal to StepAggregate.fold(parts): what the core decides them as)."""
+    counts = _array(message.counts, "<u4", "counts").astype(np.int64)
+    if len(counts) == 0 or len(counts) != len(node_ids):
+        raise MalformedAggregate(f"a step fold of {len(counts)} parts for {len(node_ids)} sessions")
+    if int(counts.min()) < 1:
+        raise MalformedAggregate("a step fold with a part of no ranks")
+    ends = np.cumsum(counts)
+    total = int(ends[-1])
+    ints: Ints = np.empty((3, total), dtype=np.int64)
+    ints[0] = _sized(message.ranks, "<u4", "ranks", total)
+    tokens = message.tokens
+    ints[1] = _sized(tokens, "<u8", "tokens", total) if tokens else 0
+    groups = message.replica_groups
+    if groups:
+        ints[2] = _sized(groups, "<u4", "replica_groups", total)
+        ints[2][ints[2] == NO_REPLICA_GROUP] = -1
+    else:
+        ints[2] = -1
+    ints.flags.writeable = False
+    step_s = _floats(message.step_time_s, "step_time_s", total)
+    compute_s = _floats(message.compute_time_s, "compute_time_s", total)
+    loss = _floats(message.loss, "loss", total)
+    if message.grad_norm:
+        norms = _floats(message.grad_norm, "grad_norm", total)
+    else:
+        norms = np.full(total, np.nan)
+        norms.flags.writeable = False
+    params = _groups(message.param_digests, total, "param_digests")
+    covered = np.bincount(np.concatenate([g.positions for g in params]), minlength=total) if params else None
+    if covered is None or len(covered) != total or not (covered == 1).all():
+        raise MalformedAggregate("param_digests: not every position is in exactly one group")
+    grads = _groups(message.local_grad_digests, total, "local_grad_digests")
+    if grads and (np.bincount(np.concatenate([g.positions for g in grads]), minlength=total) > 1).any():
+        raise MalformedAggregate("local_grad_digests: a position is in two groups")
+    starts = ends - counts
+    bounds = list(zip(starts.tolist(), ends.tolist()))
+    part_params = _split(params, ends, starts, bounds, keep_whole=True)
+    part_grads = _split(grads, ends, starts, bounds, keep_whole=False)
+    generation, step = message.generation, message.step
+    ranks, tokens_, groups_ = ints
+    if bool((counts == counts[0]).all()):  # (the usual fold, every node as many ranks: its rows, faster than slices)
+        shape = (len(counts), int(counts[0]))
+        rows = zip(*(column.reshape(shape) for column in (ranks, step_s, compute_s, loss, norms, tokens_, groups_)))
+    else:
+        rows = zip(*([column[a:b] for a, b in bounds]
+                     for column in (ranks, step_s, compute_s, loss, norms, tokens_, groups_)))
+    parts = [StepAggregate(node, generation, step, r, t, c, lo, n, tk, p, g, gr)
+             for node, (r, t, c, lo, n, tk, gr), p, g in zip(node_ids, rows, part_params, part_grads)]
+    fold = StepAggregate(node_ids[0], generation, step, ranks, step_s, compute_s, loss, norms, tokens_, params, grads,
+                         groups_, tuple(zip(node_ids, ends.tolist())))
+    return parts, fold
+
+
+def _array(data: bytes, dtype: str, name: str) -> npt.NDArray[np.generic]:
+    item = np.dtype(dtype).itemsize
+    if len(data) % item:
+        raise MalformedAggregate(f"{name}: {len(data)} bytes is not a whole number of {dtype} values")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _sized(data: bytes, dtype: str, name: str, total: int) -> npt.NDArray[np.generic]:
+    """`data` as `total` values (read-only: a view of the message's bytes), native byte order."""
+    values = _array(data, dtype, name)
+    if len(values) != total:
+        raise MalformedAggregate(f"{name} has {len(values)} values for {total} ranks")
+    native = values.astype(values.dtype.newbyteorder("="), copy=False)
+    native.flags.writeable = False
+    return native
+
+
+def _floats(data: bytes, name: str, total: int) -> Floats:
+    """`data` (<f8) as `total` float64s: a read-only view of the message's bytes on a little-endian host."""
+    values = _array(data, "<f8", name)
+    if len(values) != total:
+        raise MalformedAggregate(f"{name} has {len(values)} values for {total} ranks")
+    floats: Floats = values.astype(np.float64, copy=False)
+    floats.flags.writeable = False
+    return floats
+
+
+def _groups(groups: Sequence[shard_pb2.PackedDigests], total: int, name: str) -> tuple[DigestRanks, ...]:
+    out = []
+    for group in groups:
+        positions = _array(group.positions, "<u4", name).astype(np.int64)
+        if len(positions) and int(positions.max()) >= total:
+            raise MalformedAggregate(f"{name}: position {int(positions.max())} is past the {total} ranks")
+        positions.flags.writeable = False
+        out.append(DigestRanks(group.digest, positions))
+    return tuple(out)
+
+
+def _split(groups: tuple[DigestRanks, ...], ends: Ints, starts: Ints, bounds: list[tuple[int, int]], *,
+           keep_whole: bool) -> list[tuple[DigestRanks, ...]]:
+    """Each part's digest groups (positions its own), as step_aggregate.to_input makes them of the
+    part's message: ordered by their first position (as the agents and shards pack them)."""
+    parts = len(bounds)
+    if not groups:
+        return [()] * parts
+    if len(groups) == 1 and len(groups[0].positions) == int(ends[-1]) and keep_whole:
+        whole = groups[0].positions
+        if bool((whole == np.arange(len(whole))).all()):  # the usual step: one digest, every rank, in order
+            digest = groups[0].digest
+            shared: dict[int, tuple[DigestRanks, ...]] = {}  # (one tuple per part size: inputs are read-only)
+            return [shared.get(b - a) or shared.setdefault(b - a, (DigestRanks(digest, _positions(b - a)),))
+                    for a, b in bounds]
+    sizes = [len(g.positions) for g in groups]
+    positions = np.concatenate([g.positions for g in groups])
+    group_of = np.repeat(np.arange(len(groups)), sizes)
+    part_of = np.searchsorted(ends, positions, side="right")
+    local = positions - starts[part_of]
+    order = np.lexsort((group_of, part_of))  # by part, then group; each group's positions in their order
+    part_sorted, group_sorted, local_sorted = part_of[order], group_of[order], local[order]
+    keys = part_sorted * len(groups) + group_sorted
+    cuts = np.flatnonzero(np.diff(keys)) + 1
+    out: list[list[tuple[int, DigestRanks]]] = [[] for _ in range(parts)]
+    for chunk_start, chunk_end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)]):
+        part = int(part_sorted[chunk_start])
+        mine = local_sorted[chunk_start:chunk_end].copy()
+        mine.flags.writeable = False
+        out[part].append((int(mine.min()), DigestRanks(groups[int(group_sorted[chunk_start])].digest, mine)))
+    return [tuple(group for _, group in sorted(each, key=lambda first_group: first_group[0])) for each in out]
