@@ -44,8 +44,11 @@ def to_input(node_id: str, message: agent_pb2.StepAggregate) -> StepAggregate:
     # One array per field, each made from the container's list (numpy reads a list several times
     # faster than a protobuf container; at 12,500 aggregates per step these calls are the cost).
     # (one flat list, then rows: numpy reads a flat list about twice as fast as a nested one)
-    ints = np.array([*ranks, *(tokens or _zeros(count)), *(replica_groups or _none(count))],
-                    dtype=np.int64).reshape(3, count)
+    try:
+        ints = np.array([*ranks, *(tokens or _zeros(count)), *(replica_groups or _none(count))],
+                        dtype=np.int64).reshape(3, count)
+    except OverflowError:  # only tokens (uint64) can pass int64's range; ranks and groups are uint32
+        raise MalformedAggregate(f"tokens has a value over {np.iinfo(np.int64).max}") from None
     floats = np.array([*step_s, *compute_s, *loss, *(norms or _nans(count))], dtype=np.float64).reshape(4, count)
     if replica_groups:
         ints[2][ints[2] == NO_REPLICA_GROUP] = -1
