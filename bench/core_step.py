@@ -29,12 +29,13 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ftsup.common import step_fold_pack, step_pack
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import NodeRole
-from ftsup.supervisor.core.inputs import AgentHello, Input, Tick
+from ftsup.supervisor.core.inputs import AgentHello, Input, StepAggregate, Tick
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core
 from ftsup.supervisor.server import step_fold
@@ -106,19 +107,21 @@ def _folded(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now:
     messages = [(node, step_pack.pack(reports)) for node, reports in wire]
     started = time.process_time()
     parts = [to_input(node, message) for node, message in messages]
-    events = 0
-    for start in range(0, len(parts), RUN_MAX):
-        run = parts[start:start + RUN_MAX]
-        stepped = core.step_aggregates(run, now) if len(run) > 1 else None
-        if stepped is None:
-            events += _feed(core, list(run), now)
-            continue
-        if len(stepped.refusals) < len(run) or any(refusal is not None for refusal in stepped.refusals):
-            raise RuntimeError("a part of the step was refused")
-        if stepped.ready.events:
-            events += len(stepped.ready.events)
-            core.advance(stepped.ready, core.records(stepped.ready.events, now))
+    events = sum(_decide_fold(core, parts[start:start + RUN_MAX], now) for start in range(0, len(parts), RUN_MAX))
     return time.process_time() - started, events
+
+
+def _decide_fold(core: Core, parts: Sequence[StepAggregate], now: float, folded: StepAggregate | None = None) -> int:
+    """One fold decided as the runtime decides it (parts one by one when the core declines);
+    returns the events it appended. Every part must be admitted: the bench's steps are valid."""
+    stepped = core.step_aggregates(parts, now, folded) if len(parts) > 1 else None
+    if stepped is None:
+        return _feed(core, list(parts), now)
+    if len(stepped.refusals) < len(parts) or any(refusal is not None for refusal in stepped.refusals):
+        raise RuntimeError("a part of the step was refused")
+    if stepped.ready.events:
+        core.advance(stepped.ready, core.records(stepped.ready.events, now))
+    return len(stepped.ready.events)
 
 
 def _packed(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
@@ -136,15 +139,7 @@ def _packed(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now:
     events = 0
     for node_ids, fold in folds:
         parts, folded = step_fold.to_input(node_ids, fold)
-        stepped = core.step_aggregates(parts, now, folded) if len(parts) > 1 else None
-        if stepped is None:
-            events += _feed(core, list(parts), now)
-            continue
-        if len(stepped.refusals) < len(parts) or any(refusal is not None for refusal in stepped.refusals):
-            raise RuntimeError("a part of the step was refused")
-        if stepped.ready.events:
-            events += len(stepped.ready.events)
-            core.advance(stepped.ready, core.records(stepped.ready.events, now))
+        events += _decide_fold(core, parts, now, folded)
     return time.process_time() - started, events
 
 
