@@ -38,6 +38,7 @@ from ftsup.agent.progress import ProgressTracker
 from ftsup.agent.restore import RestoreBook
 from ftsup.agent.sdc_check import SdcChecker
 from ftsup.agent.snapshots import SnapshotStore
+from ftsup.agent.streams import add_peer_service, add_trainer_link
 from ftsup.agent.trainer_api import TrainerLinkService
 from ftsup.agent.warm_pool import WarmPoolRunner
 from ftsup.agent.watchers import follow_file, follow_kmsg, gpu_index_by_pci, watch_hangs, watch_xids
@@ -45,7 +46,7 @@ from ftsup.common import logs, tls
 from ftsup.common.health_service import serve_health
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.common.sdnotify import Notifier, pet_watchdog
-from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
+from ftsup.v1 import agent_pb2, peer_pb2
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -103,7 +104,7 @@ async def run_agent(config: AgentConfig) -> int:
     # Peer authorization: each directive says who may store and fetch which ranks here.
     authority = PeerAuthority(config.node_id, lambda: max((p.last_step for p in progress.ranks.values()), default=0))
     peer_server = grpc.aio.server(options=MESSAGE_OPTIONS)
-    peer_pb2_grpc.add_AgentPeerServicer_to_server(
+    add_peer_service(
         PeerService(config.node_id, store, reports, log.bind(part="peer"), authority, is_tls=files is not None,
                     logs=LogTailer(config.node_id, config.workdir, launcher.is_writing)),
         peer_server)
@@ -123,7 +124,7 @@ async def run_agent(config: AgentConfig) -> int:
     trainer_service = TrainerLinkService(
         config.node_id, launcher, store, restores, peers, reports, log.bind(part="trainer_link"), progress
     )
-    peer_pb2_grpc.add_TrainerLinkServicer_to_server(trainer_service, trainer_server)
+    add_trainer_link(trainer_service, trainer_server)
     await peer_server.start()
     await start_private_unix_server(trainer_server, config.socket_path)
     log.info("agent_listening", peer_port=peer_port, trainer_link=config.trainer_link_address)

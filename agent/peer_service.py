@@ -76,8 +76,7 @@ class PeerService(peer_pb2_grpc.AgentPeerServicer):
         incoming: Incoming | None = None
         try:
             async with asyncio.timeout(self._header_timeout_s):
-                first = opening_chunk(await context.read())
-            header = first.header
+                first, header = opening_chunk(await context.read())
             if denial := self._authority.store_denial(caller or header.owner_node_id, header):
                 await self._deny(context, "store", denial, header)
             incoming = self._store.receive(ident_of(header), header.size_bytes)

@@ -22,11 +22,12 @@ import grpc
 from ftsup.agent.grpc_options import MESSAGE_OPTIONS
 from ftsup.agent.snapshots import Blob, Incoming, SnapshotId, SnapshotStore, physical_memory_bytes
 from ftsup.agent.streams import header_of, ident_of, opening_chunk, receive, send
-from ftsup.common import tls
+from ftsup.common import chunk_wire, tls
 from ftsup.common.backoff import Backoff
+from ftsup.common.chunk_wire import Chunk
 from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, stream_deadline_s
 from ftsup.common.deadline import within
-from ftsup.v1 import peer_pb2, peer_pb2_grpc
+from ftsup.v1 import peer_pb2
 
 FETCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0, deadline_s=30.0)
 T = TypeVar("T")
@@ -60,6 +61,17 @@ class SnapshotMissing(LookupError):
     """The peer answered that it does not hold the requested snapshot; not retried."""
 
 
+_PEER = "/" + peer_pb2.DESCRIPTOR.services_by_name["AgentPeer"].full_name
+
+
+class _SnapshotCalls:
+    """AgentPeer's snapshot methods on one channel, through the chunk codec (common/chunk_wire.py)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.StoreSnapshot = chunk_wire.stream_unary(channel, f"{_PEER}/StoreSnapshot", peer_pb2.StoreSnapshotResponse)
+        self.FetchSnapshot = chunk_wire.unary_stream(channel, f"{_PEER}/FetchSnapshot", peer_pb2.FetchSnapshotRequest)
+
+
 class PeerClient:
     def __init__(self, rng: random.Random | None = None, credentials: grpc.ChannelCredentials | None = None,
                  *, chunk_bytes: int = CHUNK_BYTES, options: list[tuple[str, int]] | None = None,
@@ -71,7 +83,7 @@ class PeerClient:
         self._chunk_bytes = chunk_bytes
         self._options = options if options is not None else MESSAGE_OPTIONS
 
-    def _stub(self, address: str, node_id: str) -> peer_pb2_grpc.AgentPeerAsyncStub:
+    def _stub(self, address: str, node_id: str) -> _SnapshotCalls:
         channel = self._channels.get((address, node_id))
         if channel is None:
             if self._credentials is not None:
@@ -82,7 +94,7 @@ class PeerClient:
             else:  # plaintext (loopback tests, --insecure): nothing to pin
                 channel = grpc.aio.insecure_channel(address, options=self._options)
             self._channels[(address, node_id)] = channel
-        return peer_pb2_grpc.AgentPeerStub(channel)
+        return _SnapshotCalls(channel)
 
     async def store(self, address: str, ident: SnapshotId, size_bytes: int, pieces: Pieces,
                     backoff: Backoff = STORE_BACKOFF, *, node_id: str = "") -> str:
@@ -95,7 +107,7 @@ class PeerClient:
         """
         header = header_of(ident, size_bytes)
 
-        async def attempt(stub: peer_pb2_grpc.AgentPeerAsyncStub) -> peer_pb2.StoreSnapshotResponse:
+        async def attempt(stub: _SnapshotCalls) -> peer_pb2.StoreSnapshotResponse:
             call = stub.StoreSnapshot(None, timeout=stream_deadline_s(size_bytes))  # None: written below
             try:
                 try:
@@ -103,7 +115,7 @@ class PeerClient:
                     # the snapshot on (ACCEPTED). A refusal (too big, no room) ends the call before
                     # any data is written, so its status arrives intact: a refusal written into
                     # mid-stream can surface as a bare INTERNAL, which would be retried.
-                    await call.write(peer_pb2.SnapshotChunk(header=header))
+                    await call.write(Chunk(header))
                     if (ACCEPTED, "1") not in tuple(await call.initial_metadata() or ()):
                         return await call  # raises the refusal's own status
                     await send(call.write, header, pieces(), header_sent=True)
@@ -131,11 +143,10 @@ class PeerClient:
         """
         request = peer_pb2.FetchSnapshotRequest(rank=rank, step=step, generation=generation, node_id=self._node_id)
 
-        async def attempt(stub: peer_pb2_grpc.AgentPeerAsyncStub) -> Blob:
+        async def attempt(stub: _SnapshotCalls) -> Blob:
             call = stub.FetchSnapshot(request)
             try:
-                first = opening_chunk(await within(call.read(), HEADER_TIMEOUT_S))
-                header = first.header
+                first, header = opening_chunk(await within(call.read(), HEADER_TIMEOUT_S))
                 if (header.rank, header.step) != (rank, step):
                     raise PeerUnavailable(f"{address} answered rank {header.rank} step {header.step} "
                                           f"for rank {rank} step {step}")
@@ -155,11 +166,11 @@ class PeerClient:
             return store.receive(ident, size_bytes)
         if size_bytes == 0:
             raise InvalidSnapshot(f"{ident.describe()}: empty payload")
-        return Incoming(ident, Assembly(ident.describe(), size_bytes, physical_memory_bytes()))
+        return Incoming(ident, Assembly(ident.describe(), size_bytes, physical_memory_bytes(), hash_later=True))
 
     async def _retry(
         self, address: str, node_id: str, backoff: Backoff,
-        call: Callable[[peer_pb2_grpc.AgentPeerAsyncStub], Awaitable[T]],
+        call: Callable[[_SnapshotCalls], Awaitable[T]],
     ) -> T:
         """Retries UNAVAILABLE-like failures with jittered backoff until the policy's deadline."""
         waited_s = 0.0

@@ -9,7 +9,10 @@ one lazily committed buffer of that size (common/chunks.py: RAM follows the byte
 and only a complete payload whose SHA-256 matches
 becomes visible to `get`; a stream that fails or is abandoned is discarded whole. Whatever is in
 the store can therefore be handed out unchecked. Followers (the buddy forwarder) read an incoming
-snapshot while it lands. No proto imports: the services convert with agent/codec.py.
+snapshot while it lands. The SHA-256 of an arriving snapshot is computed on a worker thread while
+the bytes land (`Incoming.hashed`), so the event loop only copies them in and forwards them; it is
+still checked over every byte before the snapshot is held. No proto imports: the services convert
+with agent/codec.py.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import hashlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ftsup.agent.core.retention import KEEP_STEPS_PER_RANK, keys_to_drop
@@ -32,6 +36,18 @@ __all__ = ["Blob", "Incoming", "InvalidSnapshot", "SnapshotId", "SnapshotMemoryF
 # held: a job's state keeps its size from step to step (optimizer moments fill in after the first
 # step, within this factor), so a header far beyond it is a bug or an attack, refused at once.
 SIZE_GROWTH_LIMIT = 4
+# Hashing lanes: each arriving snapshot hashes on at most one of these threads at a time, once this
+# much arrived unhashed (smaller remainders are hashed by `finish`, on the loop: a few ms at most).
+HASH_THREADS = min(8, os.cpu_count() or 1)
+HASH_OFFLOAD_BYTES = 1024 * 1024
+_hash_pool: ThreadPoolExecutor | None = None
+
+
+def _hash_executor() -> ThreadPoolExecutor:
+    global _hash_pool
+    if _hash_pool is None:
+        _hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="ftsup-sha256")
+    return _hash_pool
 
 
 class SnapshotMemoryFull(Exception):
@@ -100,6 +116,7 @@ class Incoming:
         self._assembly = assembly
         self._on_end = on_end
         self._waiters: list[asyncio.Future[None]] = []
+        self._hashing: asyncio.Future[None] | None = None  # the worker thread's hash_received, while it runs
         self.blob: Blob | None = None
         self.error: InvalidSnapshot | None = None
 
@@ -115,7 +132,7 @@ class Incoming:
     def is_ended(self) -> bool:
         return self.blob is not None or self.error is not None
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | bytearray | memoryview) -> None:
         """The next slice; an InvalidSnapshot (too many bytes) discards the snapshot and is raised."""
         try:
             self._assembly.add(data)
@@ -123,10 +140,49 @@ class Incoming:
             self.discard(exc)
             raise
         self._wake()
+        self._hash_in_background(HASH_OFFLOAD_BYTES)
+
+    async def hashed(self) -> None:
+        """Until every byte received so far is hashed (by the worker; a small rest is left to
+        `finish`). Call before `finish`, so that finishing never waits on the event loop."""
+        while not self.is_ended:
+            job = self._hashing
+            if job is None:
+                if not self._hash_in_background(HASH_OFFLOAD_BYTES):
+                    return
+            elif job.done():  # its done-callback may not have run yet
+                self._hashing = None
+                job.result()
+            else:
+                await asyncio.shield(job)
+
+    def _hash_in_background(self, at_least: int) -> bool:
+        """Starts the worker on the unhashed bytes when none runs and at least `at_least` wait;
+        returns whether a worker is hashing now."""
+        if self._hashing is not None:
+            return True
+        assembly = self._assembly
+        if self.is_ended or assembly.received_bytes - assembly.hashed_bytes < max(at_least, 1):
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a synchronous caller): finish hashes it all
+            return False
+        self._hashing = loop.run_in_executor(_hash_executor(), assembly.hash_received)
+        self._hashing.add_done_callback(self._hashed_some)
+        return True
+
+    def _hashed_some(self, done: asyncio.Future[None]) -> None:
+        if self._hashing is not done:
+            return  # `hashed` saw it end first
+        self._hashing = None
+        if not done.cancelled() and done.exception() is None:
+            self._hash_in_background(HASH_OFFLOAD_BYTES)  # what landed meanwhile
 
     def finish(self, sha256_hex: str) -> Blob:
         """Verifies size and SHA-256 and hands the snapshot over (to the store, when it came from one);
-        an InvalidSnapshot discards it and is raised."""
+        an InvalidSnapshot discards it and is raised. Hashes any bytes the worker has not (await
+        `hashed` first to keep that off the event loop)."""
         try:
             payload = self._assembly.finish(sha256_hex)
         except InvalidSnapshot as exc:
@@ -148,6 +204,7 @@ class Incoming:
         if self.is_ended:
             return
         self.error = error
+        self._assembly.abandon()  # a worker still hashing stops at its next slice
         self._end()
 
     async def follow(self, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[tuple[memoryview, str]]:
@@ -256,7 +313,7 @@ class SnapshotStore:
                 f"{ident.describe()}: declared size {size_bytes} bytes is over {SIZE_GROWTH_LIMIT}x the largest "
                 f"snapshot of rank {ident.rank} held here ({largest} bytes): a rank's state does not grow so fast"
             )
-        assembly = Assembly(ident.describe(), size_bytes, self.cap_bytes)
+        assembly = Assembly(ident.describe(), size_bytes, self.cap_bytes, hash_later=True)
         in_use = self.bytes_held + self.bytes_incoming
         budget = self._budget((ident.rank, size_bytes))
         if in_use + size_bytes > budget.limit_bytes:

@@ -6,20 +6,36 @@ they arrive) and is kept only when it ended properly - one header first, the clo
 last, nothing after it, exactly the declared bytes; anything else raises an `InvalidSnapshot`
 (the store has already discarded the partial bytes). Outgoing streams are sliced from a held
 blob or from a snapshot still arriving (`Incoming.follow`), one chunk in flight at a time.
+Chunks are encoded and decoded by common/chunk_wire.py (no protobuf copies of the payload): the
+servers register their snapshot methods with `add_peer_service` / `add_trainer_link`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from ftsup.agent.snapshots import Blob, Incoming, SnapshotId
-from ftsup.common.chunks import CHUNK_BYTES, InvalidSnapshot, spans
-from ftsup.v1 import peer_pb2
+import grpc
 
-# context.read / call.read: a SnapshotChunk, or grpc.aio.EOF once the stream ended. A stream is read
-# while what arrives is a chunk (isinstance narrows it; grpc-stubs 1.53 does not declare EOF).
+from ftsup.agent.snapshots import Blob, Incoming, SnapshotId
+from ftsup.common import chunk_wire
+from ftsup.common.chunk_wire import Chunk, as_chunk
+from ftsup.common.chunks import CHUNK_BYTES, InvalidSnapshot, spans
+from ftsup.v1 import peer_pb2, peer_pb2_grpc
+
+# context.read / call.read: a Chunk (a SnapshotChunk from a server registered with the generated
+# codec), or grpc.aio.EOF once the stream ended. A stream is read while what arrives is a chunk.
 Read = Callable[[], Awaitable[object]]
-Write = Callable[[peer_pb2.SnapshotChunk], Awaitable[None]]
+Write = Callable[[Chunk], Awaitable[None]]
+
+
+def add_peer_service(servicer: peer_pb2_grpc.AgentPeerServicer, server: grpc.aio.Server) -> None:
+    """AgentPeer on `server`, its snapshot streams with the chunk codec (common/chunk_wire.py)."""
+    chunk_wire.add_servicer(peer_pb2_grpc.add_AgentPeerServicer_to_server, servicer, server)
+
+
+def add_trainer_link(servicer: peer_pb2_grpc.TrainerLinkServicer, server: grpc.aio.Server) -> None:
+    """TrainerLink on `server`, its snapshot streams with the chunk codec (common/chunk_wire.py)."""
+    chunk_wire.add_servicer(peer_pb2_grpc.add_TrainerLinkServicer_to_server, servicer, server)
 
 
 def header_of(ident: SnapshotId, size_bytes: int) -> peer_pb2.SnapshotHeader:
@@ -32,37 +48,40 @@ def ident_of(header: peer_pb2.SnapshotHeader, owner_node_id: str = "") -> Snapsh
     return SnapshotId(header.generation, header.rank, header.step, header.owner_node_id or owner_node_id)
 
 
-def opening_chunk(first: object) -> peer_pb2.SnapshotChunk:
-    """A stream's first message, checked to be a chunk carrying the header; InvalidSnapshot when
-    the stream is empty (EOF) or its first chunk has no header."""
-    if not isinstance(first, peer_pb2.SnapshotChunk):
+def opening_chunk(first: object) -> tuple[Chunk, peer_pb2.SnapshotHeader]:
+    """A stream's first message, checked to be a chunk carrying the header, and that header;
+    InvalidSnapshot when the stream is empty (EOF) or its first chunk has no header."""
+    chunk = as_chunk(first)
+    if chunk is None:
         raise InvalidSnapshot("snapshot stream ended before its first chunk")
-    if not first.HasField("header"):
+    if chunk.header is None:
         raise InvalidSnapshot("snapshot stream's first chunk carries no header")
-    return first
+    return chunk, chunk.header
 
 
-async def receive(first: peer_pb2.SnapshotChunk, read: Read, incoming: Incoming) -> Blob:
+async def receive(first: Chunk, read: Read, incoming: Incoming) -> Blob:
     """Feeds `first` and the messages `read` returns into `incoming` until the stream ends.
 
     Returns the verified blob (in the store when `incoming` came from one). Raises InvalidSnapshot
     for a truncated, oversized or repeated-header stream, data after the SHA-256, a size or hash
     mismatch; `incoming` is discarded then, and also when the read fails or is cancelled.
     """
-    message: object = first
+    chunk: Chunk | None = first
     sha256 = ""
     try:
-        while isinstance(message, peer_pb2.SnapshotChunk):  # until EOF
+        while chunk is not None:  # until EOF
             if sha256:
                 raise InvalidSnapshot(f"{incoming.ident.describe()}: a chunk arrived after the one carrying the sha256")
-            if message is not first and message.HasField("header"):
+            if chunk is not first and chunk.header is not None:
                 raise InvalidSnapshot(f"{incoming.ident.describe()}: a second header in the stream")
-            if message.data:
-                incoming.add(message.data)
-            sha256 = message.sha256
-            message = await read()
+            for part in chunk_wire.parts(chunk):
+                if part:
+                    incoming.add(part)
+            sha256 = chunk.sha256
+            chunk = as_chunk(await read())
         if not sha256:
             raise incoming.truncated()
+        await incoming.hashed()  # the hashing lane (off the event loop) caught up with the bytes
         return incoming.finish(sha256)
     except InvalidSnapshot as exc:
         incoming.discard(exc)
@@ -87,11 +106,9 @@ async def send(write: Write, header: peer_pb2.SnapshotHeader, pieces: AsyncItera
     `header_sent`: the header went out alone already (a handshake); only the pieces follow."""
     is_first = not header_sent
     async for piece, sha256 in pieces:
-        message = peer_pb2.SnapshotChunk(data=bytes(piece), sha256=sha256)  # protobuf takes bytes only
-        if is_first:
-            message.header.CopyFrom(header)
-            is_first = False
-        await write(message)
+        # A view of the payload: the codec copies it once, into the message's wire bytes.
+        await write(Chunk(header if is_first else None, piece, sha256))
+        is_first = False
 
 
 async def send_blob(write: Write, blob: Blob, chunk_bytes: int = CHUNK_BYTES) -> None:

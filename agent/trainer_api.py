@@ -166,8 +166,7 @@ class TrainerLinkService(peer_pb2_grpc.TrainerLinkServicer):
 
     async def PutSnapshot(self, request_iterator: Any, context: Context) -> peer_pb2.LinkAck:
         try:
-            first = opening_chunk(await context.read())
-            header = first.header
+            first, header = opening_chunk(await context.read())
         except InvalidSnapshot as exc:
             self._log.warning("trainer_snapshot_rejected", error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -8,7 +8,11 @@ when a slice lands on it, so a header alone costs no RAM) and hashes each as it 
 side makes a second pass over the payload or a second copy of it. The rule it enforces: a payload is handed out
 only once exactly the declared bytes arrived and their SHA-256 matches; anything else raises an
 `InvalidSnapshot` naming what was wrong, and the caller drops the buffer (nothing half-received is
-ever visible). Pure (hashlib only): the trainer, both agent services and the peer client use it.
+ever visible). An `Assembly` made with `hash_later` leaves the hashing to `hash_received`, which a
+worker thread runs while more bytes land (hashlib lets go of the GIL on large buffers), so a
+receiver's event loop only copies; `finish` hashes whatever is left first, so no byte is ever
+skipped. `cut_parts` slices a payload kept in several buffers (trainer/snapshot.py's raw format)
+without joining them. Pure (hashlib only): the trainer, both agent services and the peer client use it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import mmap
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 CHUNK_BYTES = 4 * 1024 * 1024  # per message: well under the endpoints' limit, big enough to amortise a call
+HASH_SLICE_BYTES = 16 * 1024 * 1024  # hash_received's step: how soon an abandoned assembly's hashing stops
 STREAM_BASE_S = 60.0  # a stream's deadline: this much, plus its size at the slowest rate we still call working
 STREAM_MIN_BYTES_PER_S = 8 * 1024 * 1024
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -73,6 +79,28 @@ def cut(payload: bytes | bytearray | memoryview, chunk_bytes: int = CHUNK_BYTES)
         yield piece, digest.hexdigest() if index == len(bounds) - 1 else ""
 
 
+def cut_parts(parts: Sequence[bytes | bytearray | memoryview],
+              chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[memoryview, ...]]:
+    """The payload that `parts` make back to back, as `spans` cuts it: per chunk the views (no
+    copy) of the parts it covers, in order; empty parts are left out (an empty payload is one chunk
+    of no views)."""
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
+    total = sum(len(v) for v in views)
+    index, offset = 0, 0  # the next byte: views[index][offset]
+    for start, end in spans(total, chunk_bytes):
+        pieces: list[memoryview] = []
+        wanted = end - start
+        while wanted:
+            view = views[index]
+            take = min(wanted, len(view) - offset)
+            pieces.append(view[offset:offset + take])
+            wanted -= take
+            offset += take
+            if offset == len(view):
+                index, offset = index + 1, 0
+        yield tuple(pieces)
+
+
 def check_sha256(what: str, claimed: str) -> str:
     """The claimed hex digest, lower-cased; HashMismatch unless it is 64 hex digits."""
     lowered = claimed.lower()
@@ -102,7 +130,7 @@ class Assembly:
     of the bytes already received.
     """
 
-    def __init__(self, what: str, size_bytes: int, max_bytes: int) -> None:
+    def __init__(self, what: str, size_bytes: int, max_bytes: int, *, hash_later: bool = False) -> None:
         if size_bytes < 0:
             raise SizeMismatch(f"{what}: declared size {size_bytes} is negative")
         if size_bytes > max_bytes:
@@ -110,9 +138,13 @@ class Assembly:
         self.what = what
         self.size_bytes = size_bytes
         self.received_bytes = 0
+        self.hashed_bytes = 0  # [0, hashed_bytes) went into the digest, in order
         self._buffer = lazy_buffer(size_bytes)
         self._view = memoryview(self._buffer)
         self._digest = hashlib.sha256()
+        self._hash_later = hash_later  # add() leaves the hashing to hash_received (a worker thread)
+        self._hashing = threading.Lock()  # one hash_received at a time: the digest sees the bytes in order
+        self._abandoned = False
         self._done = False
 
     @property
@@ -130,8 +162,26 @@ class Assembly:
                 f"({end} bytes so far)"
             )
         self._view[self.received_bytes:end] = data
-        self._digest.update(data)
+        if not self._hash_later:
+            with self._hashing:
+                self._digest.update(data)
+                self.hashed_bytes = end
         self.received_bytes = end
+
+    def hash_received(self) -> None:
+        """Hashes the bytes received and not hashed yet, in order; safe from any thread while the
+        receiver adds more (only bytes already received are read, and they never change). Stops
+        early once `abandon` was called."""
+        with self._hashing:
+            end = self.received_bytes
+            while self.hashed_bytes < end and not self._abandoned:
+                stop = min(end, self.hashed_bytes + HASH_SLICE_BYTES)
+                self._digest.update(self._view[self.hashed_bytes:stop])
+                self.hashed_bytes = stop
+
+    def abandon(self) -> None:
+        """The payload will not be finished: a `hash_received` under way stops at its next slice."""
+        self._abandoned = True
 
     def truncated(self) -> TruncatedStream:
         """The error for a stream that ended before its last chunk (cleanly or by the sender's death)."""
@@ -158,6 +208,11 @@ class Assembly:
                 f"{self.what}: stream closed after {self.received_bytes} of the declared {self.size_bytes} bytes"
             )
         claimed = check_sha256(self.what, sha256_hex)
+        if self._abandoned:
+            raise InvalidSnapshot(f"{self.what}: the stream was abandoned")
+        self.hash_received()  # whatever the worker has not hashed yet (all of it without one)
+        if self.hashed_bytes != self.size_bytes:
+            raise InvalidSnapshot(f"{self.what}: {self.hashed_bytes} of {self.size_bytes} bytes hashed")
         actual = self._digest.hexdigest()
         if actual != claimed:
             raise HashMismatch(f"{self.what}: sha256 mismatch (claimed {claimed}, payload has {actual})")

@@ -1,21 +1,36 @@
 """The trainer's gRPC link to its node's agent (service TrainerLink in peer.proto).
 
 Owns the channel, its message-size limits and per-call deadlines, the snapshot chunk streams in
-both directions (common/chunks.py: ~4 MiB slices, the payload's SHA-256 computed while it is
-sliced and checked while it lands, never in a second pass), and translates every gRPC failure
+both directions (common/chunks.py: ~4 MiB slices; common/chunk_wire.py: each slice copied once,
+into its message), and translates every gRPC failure
 into `AgentLinkError` naming the agent address and the call, so a training script never sees raw
 grpc exceptions. Blocking calls only; `session.py` decides what runs in the background.
+An outgoing snapshot's SHA-256 is computed by a second thread while the chunks go out (hashlib lets
+go of the GIL), and carried by the last chunk; an incoming one is checked while it lands.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import grpc
 
-from ftsup.common.chunks import CHUNK_BYTES, Assembly, InvalidSnapshot, cut, stream_deadline_s
+from ftsup.common import chunk_wire
+from ftsup.common.chunk_wire import Buffer, Chunk, as_chunk
+from ftsup.common.chunks import (
+    CHUNK_BYTES,
+    HASH_SLICE_BYTES,
+    Assembly,
+    InvalidSnapshot,
+    cut_parts,
+    spans,
+    stream_deadline_s,
+)
 from ftsup.v1 import agent_pb2, peer_pb2, peer_pb2_grpc
 
 # Snapshots travel in chunks, so no message comes near this (the agent's endpoints use the same).
@@ -70,6 +85,9 @@ class AgentClient:
             ],
         )
         self._stub = peer_pb2_grpc.TrainerLinkStub(self._channel)
+        # The snapshot streams, through the chunk codec (the other calls keep the generated stub's).
+        self._put_snapshot = chunk_wire.stream_unary(self._channel, f"{_LINK}/PutSnapshot", peer_pb2.LinkAck)
+        self._get_restore = chunk_wire.unary_stream(self._channel, f"{_LINK}/GetRestore", peer_pb2.GetRestoreRequest)
 
     def get_restore(self, rank: int, generation: int) -> HeldSnapshot | None:
         """The rank's snapshot (None: start fresh), verified as it streams in.
@@ -78,7 +96,7 @@ class AgentClient:
         (truncated, oversized, a size or hash mismatch).
         """
         request = peer_pb2.GetRestoreRequest(rank=rank, generation=generation)
-        messages = self._stub.GetRestore(request, timeout=RESTORE_DEADLINE_S, wait_for_ready=True)
+        messages = self._get_restore(request, timeout=RESTORE_DEADLINE_S, wait_for_ready=True)
         try:
             return _assemble(messages)
         except grpc.RpcError as exc:
@@ -100,25 +118,31 @@ class AgentClient:
     def put_snapshot(self, header: peer_pb2.SnapshotHeader, payload: bytes | memoryview) -> str:
         """Streams `payload` (the snapshot `header` names; its size is filled in) to the agent and
         returns its hex SHA-256, once the agent and its buddy hold it."""
-        view = memoryview(payload).cast("B")
+        return self.put_snapshot_parts(header, (payload,))
+
+    def put_snapshot_parts(self, header: peer_pb2.SnapshotHeader, parts: Sequence[Buffer]) -> str:
+        """`put_snapshot` of the payload `parts` make back to back, never joined: each chunk's
+        slices are copied once, into its message. The parts must not change until this returns."""
+        views = [memoryview(part).cast("B") for part in parts]
+        size = sum(len(view) for view in views)
         opening = peer_pb2.SnapshotHeader()
         opening.CopyFrom(header)
-        opening.size_bytes = len(view)
-        sent: list[str] = []
+        opening.size_bytes = size
+        last = len(spans(size, self._chunk_bytes)) - 1
+        stop = threading.Event()
+        digest = _hash_in_background(views, stop)
 
-        def chunks() -> Iterator[peer_pb2.SnapshotChunk]:
-            # Pulled by gRPC one message at a time: one ~4 MiB copy of the payload exists at once.
-            for index, (piece, sha256) in enumerate(cut(view, self._chunk_bytes)):
-                message = peer_pb2.SnapshotChunk(data=bytes(piece), sha256=sha256)
-                if index == 0:
-                    message.header.CopyFrom(opening)
-                if sha256:
-                    sent.append(sha256)
-                yield message
+        def chunks() -> Iterator[Chunk]:
+            # Pulled by gRPC one message at a time: one ~4 MiB message of the payload exists at once.
+            for index, pieces in enumerate(cut_parts(views, self._chunk_bytes)):
+                yield Chunk(opening if index == 0 else None, pieces, digest.result() if index == last else "")
 
-        deadline_s = stream_deadline_s(len(view)) + SNAPSHOT_EXTRA_S
-        self._call("PutSnapshot", self._stub.PutSnapshot, chunks(), deadline_s)
-        return sent[-1]
+        deadline_s = stream_deadline_s(size) + SNAPSHOT_EXTRA_S
+        try:
+            self._call("PutSnapshot", self._put_snapshot, chunks(), deadline_s)
+        finally:
+            stop.set()  # a failed call: the hashing thread stops at its next slice
+        return digest.result()
 
     def report_liveness(self, report: peer_pb2.LivenessReport) -> None:
         self._call("ReportLiveness", self._stub.ReportLiveness, report, REPORT_DEADLINE_S)
@@ -155,25 +179,53 @@ class AgentClient:
         return AgentLinkError(self.address, method, code, detail or "")
 
 
-def _assemble(messages: Iterable[peer_pb2.SnapshotChunk]) -> HeldSnapshot | None:
+_LINK = "/" + peer_pb2.DESCRIPTOR.services_by_name["TrainerLink"].full_name
+
+
+def _hash_in_background(views: Sequence[memoryview], stop: threading.Event) -> Future[str]:
+    """The hex SHA-256 of the payload `views` make, computed on a thread of its own; the thread
+    gives up (the future fails) once `stop` is set."""
+    result: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            digest = hashlib.sha256()
+            for view in views:
+                for start in range(0, len(view), HASH_SLICE_BYTES):
+                    if stop.is_set():
+                        raise RuntimeError("the snapshot stream ended before its payload was hashed")
+                    digest.update(view[start:start + HASH_SLICE_BYTES])
+            result.set_result(digest.hexdigest())
+        except BaseException as exc:
+            result.set_exception(exc)
+
+    threading.Thread(target=run, name="ftsup-snapshot-sha256", daemon=True).start()
+    return result
+
+
+def _assemble(messages: Iterable[object]) -> HeldSnapshot | None:
     """A GetRestore stream put back together; None when it carries no chunk at all (start fresh)."""
     assembly: Assembly | None = None
     header = peer_pb2.SnapshotHeader()
     sha256 = ""
     for message in messages:
+        chunk = as_chunk(message)
+        if chunk is None:
+            raise InvalidSnapshot(f"restore stream carried a {type(message).__name__}, not a snapshot chunk")
         if assembly is None:
-            if not message.HasField("header"):
+            if chunk.header is None:
                 raise InvalidSnapshot("restore stream's first chunk carries no header")
-            header = message.header
+            header = chunk.header
             what = f"snapshot of rank {header.rank} step {header.step} (generation {header.generation})"
             # Bounded by this machine's RAM: a declared size beyond it is refused before allocating.
             assembly = Assembly(what, header.size_bytes, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        elif message.HasField("header"):
+        elif chunk.header is not None:
             raise InvalidSnapshot(f"{assembly.what}: a second header in the stream")
         if sha256:
             raise InvalidSnapshot(f"{assembly.what}: a chunk arrived after the one carrying the sha256")
-        assembly.add(message.data)
-        sha256 = message.sha256
+        for part in chunk_wire.parts(chunk):
+            assembly.add(part)
+        sha256 = chunk.sha256
     if assembly is None:
         return None
     if not sha256:

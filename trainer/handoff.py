@@ -2,7 +2,8 @@
 
 Owns the background half of `Session.snapshot`: one worker thread copies the state into reused
 host buffers (on GPU a device-to-host copy on a side stream), encodes it and streams it to the
-agent, which answers once it and the rank's buddy hold it. Rules it enforces: at most one
+agent, which answers once it and the rank's buddy hold it (the payload in snapshot.py's raw
+container, streamed from the host buffers themselves). Rules it enforces: at most one
 snapshot is in flight (a new one waits for the previous, and the wait is counted); the state a
 snapshot copies is not changed under it: `optimizer.step()` waits (a step pre-hook) until the
 copy has landed, the only place a training loop mutates parameters and optimizer state (code
@@ -28,7 +29,12 @@ from ftsup.v1 import peer_pb2
 
 
 class SnapshotSink(Protocol):
-    """Where a snapshot's bytes go: the agent link (`AgentClient.put_snapshot`) or a stand-in."""
+    """Where a snapshot's bytes go: the agent link (`AgentClient.put_snapshot`) or a stand-in.
+
+    A sink that also has `put_snapshot_parts(header, parts)` is given the payload as the buffers
+    `snapshot.serialize_parts` returns, never joined (the agent link streams them as they lie);
+    any other gets them joined into one `bytes`.
+    """
 
     def put_snapshot(self, header: peer_pb2.SnapshotHeader, payload: bytes | memoryview) -> str: ...
 
@@ -161,11 +167,17 @@ class Handoff:
         self._hand_off(step, captured, started)
 
     def _hand_off(self, step: int, captured: Any, started: float) -> None:
-        payload = snap.serialize(captured)
+        # The raw container: a small skeleton, then views of the host buffers (no copy here).
+        parts = snap.serialize_parts(captured)
+        size = sum(memoryview(part).nbytes for part in parts)
         # Streamed in chunks, hashed as they go out; returns once the agent and its buddy hold it.
-        self._sink.put_snapshot(self._header(step), payload)
+        put_parts = getattr(self._sink, "put_snapshot_parts", None)
+        if put_parts is not None:
+            put_parts(self._header(step), parts)
+        else:
+            self._sink.put_snapshot(self._header(step), b"".join(parts))
         self.stats.last_held_s = time.monotonic() - started
-        self.stats.last_payload_bytes = len(payload)
+        self.stats.last_payload_bytes = size
         self.stats.handed_off += 1
 
 

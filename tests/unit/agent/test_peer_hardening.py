@@ -22,6 +22,7 @@ from ftsup.agent.peer_auth import MAX_STEP_LEAD, PeerAuthority
 from ftsup.agent.peer_service import PeerService
 from ftsup.agent.peers import ACCEPTED, PeerClient, PeerIdentityUnknown, PeerUnavailable
 from ftsup.agent.snapshots import Blob, SnapshotStore
+from ftsup.agent.streams import add_peer_service
 from ftsup.common import tls
 from ftsup.common.backoff import Backoff
 from ftsup.harness.certs import main as certs_main
@@ -62,7 +63,7 @@ class Peer:
         self.service = PeerService("b", self.store, self.reports, LOG, self.authority, is_tls=files is not None,
                                    chunk_bytes=CHUNK, **service_options)
         self.server = grpc.aio.server(options=message_options(LIMIT))
-        peer_pb2_grpc.add_AgentPeerServicer_to_server(self.service, self.server)
+        add_peer_service(self.service, self.server)  # as the agent registers it: the chunk codec
         if files is None:
             self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         else:

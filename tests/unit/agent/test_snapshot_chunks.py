@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,7 @@ from ftsup.common.chunks import (
     SizeMismatch,
     TruncatedStream,
     cut,
+    cut_parts,
     spans,
     stream_deadline_s,
 )
@@ -126,3 +128,49 @@ def test_followers_see_only_bytes_that_arrived():
 def test_stream_deadlines_grow_with_the_size():
     assert stream_deadline_s(0) == 60.0
     assert 110 < stream_deadline_s(500_000_000) < 130
+
+
+@given(parts=st.lists(st.binary(max_size=40), max_size=6), chunk_bytes=st.integers(min_value=1, max_value=32))
+def test_a_payload_kept_in_parts_is_cut_as_the_joined_payload_would_be(parts, chunk_bytes):
+    joined = b"".join(parts)
+    cut_up = list(cut_parts(parts, chunk_bytes))
+    assert [b"".join(pieces) for pieces in cut_up] == [bytes(piece) for piece, _sha in cut(joined, chunk_bytes)]
+    assert all(len(piece) for pieces in cut_up for piece in pieces)  # no empty slices go out
+
+
+def test_cut_parts_slices_are_views_not_copies():
+    first, second = bytearray(b"a" * 6), bytearray(b"b" * 6)
+    pieces = next(cut_parts([first, second], CHUNK))
+    first[0], second[0] = ord("x"), ord("y")
+    assert [bytes(p) for p in pieces] == [b"xaaaaa", b"yb"]
+
+
+def test_hashing_later_on_another_thread_gives_the_same_verdicts():
+    payload = bytes(range(256)) * 100
+    sha = hashlib.sha256(payload).hexdigest()
+    assembly = Assembly("snapshot", len(payload), LIMIT, hash_later=True)
+    assembly.add(payload[:10_000])
+    assert assembly.hashed_bytes == 0  # add() only copies
+    worker = threading.Thread(target=assembly.hash_received)
+    worker.start()
+    assembly.add(payload[10_000:])  # lands while the worker hashes what came before
+    worker.join()
+    assert assembly.hashed_bytes in (10_000, len(payload))
+    assert assembly.finish(sha) == payload  # finish hashes whatever the worker left
+    assert assembly.hashed_bytes == len(payload)
+
+    corrupt = Assembly("snapshot", len(payload), LIMIT, hash_later=True)
+    corrupt.add(payload[:-1] + b"!")
+    corrupt.hash_received()
+    with pytest.raises(HashMismatch, match="sha256 mismatch"):
+        corrupt.finish(sha)
+
+
+def test_an_abandoned_assembly_stops_hashing_and_is_never_finished():
+    assembly = Assembly("snapshot", 3, LIMIT, hash_later=True)
+    assembly.add(b"abc")
+    assembly.abandon()
+    assembly.hash_received()
+    assert assembly.hashed_bytes == 0
+    with pytest.raises(InvalidSnapshot, match="abandoned"):
+        assembly.finish(hashlib.sha256(b"abc").hexdigest())

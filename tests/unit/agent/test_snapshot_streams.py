@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -24,9 +25,10 @@ import structlog
 from ftsup.agent.grpc_options import message_options
 from ftsup.agent.peer_auth import PeerAuthority
 from ftsup.agent.peer_service import PeerService
-from ftsup.agent.peers import PeerClient, SnapshotMissing
+from ftsup.agent.peers import PeerClient, PeerUnavailable, SnapshotMissing
 from ftsup.agent.restore import RestoreBook, RestoreSource
 from ftsup.agent.snapshots import SnapshotId, SnapshotStore
+from ftsup.agent.streams import add_peer_service, add_trainer_link
 from ftsup.agent.trainer_api import TrainerLinkService
 from ftsup.common.chunks import InvalidSnapshot, TruncatedStream
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError, HeldSnapshot, _assemble
@@ -70,12 +72,13 @@ class Node:
         self.address = ""
 
     async def start(self) -> Node:
-        peer_pb2_grpc.add_AgentPeerServicer_to_server(
-            PeerService(self.node_id, self.store, self.reports, LOG, self.authority, chunk_bytes=CHUNK), self.server)
+        # As the agent registers them: their snapshot streams through the chunk codec.
+        add_peer_service(PeerService(self.node_id, self.store, self.reports, LOG, self.authority, chunk_bytes=CHUNK),
+                         self.server)
         launcher = SimpleNamespace(run=self.run, mark_attached=lambda generation, rank: None)
         link = TrainerLinkService(self.node_id, launcher, self.store, self.restores,
                                   self.peers, self.reports, LOG, chunk_bytes=CHUNK)
-        peer_pb2_grpc.add_TrainerLinkServicer_to_server(link, self.server)
+        add_trainer_link(link, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         await self.server.start()
         return self
@@ -371,3 +374,77 @@ def test_the_trainer_refuses_a_malformed_restore_stream(messages, reason):
 
 def test_the_trainer_reads_an_empty_restore_stream_as_a_fresh_start():
     assert _assemble(iter([])) is None
+
+
+def flipped(payload: bytes, at: int) -> bytes:
+    return payload[:at] + bytes([payload[at] ^ 0x01]) + payload[at + 1:]
+
+
+async def test_one_flipped_byte_is_refused_at_the_agent_and_its_buddy_keeps_nothing(pair):
+    # The right size and the sha256 of the intact payload: only hashing every byte that arrived
+    # (on the agent's hashing thread, not its event loop) can tell.
+    a, b = pair
+    corrupt = flipped(PAYLOAD, SIZE // 2)
+    messages = [chunk(corrupt[s:s + CHUNK], head=header() if s == 0 else None) for s in range(0, SIZE, CHUNK)]
+    messages[-1].sha256 = SHA
+    refused = await put_raw(a, messages)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha256 mismatch" in refused.details()
+    await until(lambda: a.holds_nothing() and b.holds_nothing(), "both agents to discard the snapshot")
+    assert a.reports.holdings() == [] and b.reports.holdings() == []
+
+
+async def test_one_flipped_byte_forwarded_to_the_buddy_is_refused_there(pair):
+    # The buddy hop checks on its own: an agent that forwarded a corrupt copy with the intact sha256
+    # (bad memory, say) gets INVALID_ARGUMENT, and the buddy holds nothing.
+    a, b = pair
+    corrupt = flipped(PAYLOAD, SIZE - 1)
+
+    async def pieces():
+        for start in range(0, SIZE, CHUNK):
+            end = min(start + CHUNK, SIZE)
+            yield memoryview(corrupt)[start:end], SHA if end == SIZE else ""
+
+    with pytest.raises(PeerUnavailable, match="refused: INVALID_ARGUMENT .*sha256 mismatch"):
+        await a.peers.store(b.address, SnapshotId(1, 0, 5, "a"), SIZE, pieces, node_id="b")
+    assert b.holds_nothing() and b.reports.holdings() == []
+
+
+async def test_an_arriving_snapshot_is_hashed_off_the_event_loop_and_checked_whole():
+    store = SnapshotStore()
+    incoming = store.receive(SnapshotId(1, 0, 5, "a"), SIZE)
+    threads: set[str] = set()
+    hash_received = incoming._assembly.hash_received
+
+    def spy() -> None:
+        threads.add(threading.current_thread().name)
+        hash_received()
+
+    incoming._assembly.hash_received = spy
+    for start in range(0, SIZE, 256 * 1024):
+        incoming.add(PAYLOAD[start:start + 256 * 1024])
+        await asyncio.sleep(0)
+    await incoming.hashed()
+    assert threads and all(name.startswith("ftsup-sha256") for name in threads)
+    assert incoming.finish(SHA).payload == PAYLOAD and store.get(0, 5) is not None
+
+
+async def test_a_snapshot_discarded_while_its_bytes_are_hashed_returns_its_reservation():
+    store = SnapshotStore()
+    incoming = store.receive(SnapshotId(1, 0, 5, "a"), SIZE)
+    incoming.add(PAYLOAD[:SIZE - 1])  # over the offload threshold: a worker starts hashing
+    assert incoming._hashing is not None
+    incoming.truncated()  # the sender went away
+    assert store.bytes_incoming == 0 and store.get(0, 5) is None
+    await incoming.hashed()  # nothing left to wait for: it ended
+    with pytest.raises(InvalidSnapshot):
+        incoming.finish(SHA)
+
+
+async def test_a_payload_in_parts_reaches_both_agents_as_the_joined_payload(pair):
+    a, b = pair
+    parts = [PAYLOAD[:5], b"", memoryview(PAYLOAD)[5:CHUNK + 7], PAYLOAD[CHUNK + 7:]]
+    sha = await asyncio.to_thread(client(a).put_snapshot_parts, header(), parts)
+    assert sha == SHA
+    for node in (a, b):
+        held = node.store.get(0, 5)
+        assert held is not None and bytes(held.payload) == PAYLOAD and held.sha256 == SHA
