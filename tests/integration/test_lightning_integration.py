@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ftsup.harness.cluster import ClusterSpec, LocalCluster
+from ftsup.harness.cluster import ClusterSpec, LocalCluster, wait_until
 from ftsup.v1 import events_pb2, operator_pb2
 from tests.support.offline_ranks import run_offline
 
@@ -25,8 +25,11 @@ def argv(delay_s: float) -> list[str]:
             "--step-delay-s", str(delay_s)]
 
 
+FINAL = re.compile(r"final loss ([0-9.]+) digest ([0-9a-f]+)")
+
+
 def final(text: str) -> tuple[float, str]:
-    match = re.search(r"final loss ([0-9.]+) digest ([0-9a-f]+)", text)
+    match = FINAL.search(text)
     assert match, text[-2000:]
     return float(match.group(1)), match.group(2)
 
@@ -57,7 +60,11 @@ def test_a_lightning_job_survives_a_node_kill_and_ends_as_the_uninterrupted_run(
         nodes = tmp_path / "cluster" / "nodes"
         spare = (nodes / "spare-1" / f"rank-1.gen-{replacement.generation}.log").read_text()
         assert "GLOBAL_RANK: 1" in spare  # the spare is node 2 of 2, not a second rank 0
-        rank0 = (nodes / "node-1" / f"rank-0.gen-{replacement.generation}.log").read_text()
+        log0 = nodes / "node-1" / f"rank-0.gen-{replacement.generation}.log"
+        # The job completes once every rank reported its finish; the rank prints its final line
+        # after that report, so it may still be writing (seen once in a fresh-clone run).
+        wait_until(lambda: FINAL.search(log0.read_text()), 60, "rank 0's final line")
+        rank0 = log0.read_text()
         assert f"resumed step {replacement.restore_step} from its agent" in rank0
         loss, digest = final(rank0)
         assert status.step == STEPS
