@@ -308,8 +308,9 @@ def _is_valid_gang(state: ClusterState, event: GenerationStarted, generation: Ge
     if any(map(attrgetter("is_quarantined"), records)) or any(map(attrgetter("is_drained"), records)):
         return False
     ranks = list(chain.from_iterable(map(attrgetter("ranks"), members)))
-    world = list(range(event.world_size))
-    return sorted(ranks) == world
+    # The count first: `world_size` is the event's to state (a forged or corrupt record may say
+    # 2**31), so 0..world-1 is only built once it is known to be as long as the ranks held.
+    return len(ranks) == event.world_size and sorted(ranks) == list(range(len(ranks)))
 
 
 def _reject_gang(state: ClusterState, event: GenerationStarted) -> None:
@@ -326,7 +327,7 @@ def _reject_gang(state: ClusterState, event: GenerationStarted) -> None:
             raise InvalidEvent(f"node {member.node_id!r} appears twice in generation {event.generation}")
         seen_nodes.add(member.node_id)
         seen_ranks.extend(member.ranks)
-    if sorted(seen_ranks) != list(range(event.world_size)):
+    if len(seen_ranks) != event.world_size or sorted(seen_ranks) != list(range(len(seen_ranks))):
         # Invariant: every rank of the world is held by exactly one node.
         raise InvalidEvent(
             f"generation {event.generation} ranks {sorted(seen_ranks)} are not exactly 0..{event.world_size - 1}"

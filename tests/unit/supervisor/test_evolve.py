@@ -43,6 +43,16 @@ def test_two_nodes_cannot_hold_the_same_rank():
         evolve(BASE, started(1, {"a": (0, 1), "b": (1, 2)}))
 
 
+def test_a_world_size_past_the_ranks_held_is_refused_before_its_world_is_built():
+    """world_size is the record's to state: a forged or corrupt one (hypothesis drew 2**31 for
+    test_properties' arbitrary events, and the check's list(range(world_size)) grew the test
+    process to 22 GB until the kernel killed it) is refused by its count, no list of its size built."""
+    for layout in ({}, {"a": (0, 1)}, {"a": (0,), "b": (1,)}):
+        event = dataclasses.replace(started(1, layout), world_size=2**62)  # (the old check: MemoryError)
+        with pytest.raises(InvalidEvent, match=r"are not exactly 0\.\.4611686018427387903"):
+            evolve(BASE, event)
+
+
 def test_a_node_in_force_cannot_be_quarantined():
     state = evolve(BASE, started(1, {"a": (0,), "b": (1,)}))
     with pytest.raises(InvalidEvent, match="end the generation before quarantining"):
