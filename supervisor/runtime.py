@@ -571,10 +571,11 @@ class Runtime:
         targets = [n for n in (self.state.nodes if node_ids is None else dict.fromkeys(node_ids))
                    if n in self._node_stream and n in self.state.nodes]
         computed = directives_for(self.state, self.config.job, targets, self.core.waiting_reason)
+        encoder = codec.DirectiveEncoder()
         for node_id, directive in zip(targets, computed):
             if self._sent.get(node_id) == directive:
                 continue
-            if self._send(node_id, agent_pb2.SupervisorMessage(directive=codec.directive_to_proto(directive))):
+            if self._send(node_id, agent_pb2.SupervisorMessage(directive=encoder.encode(directive))):
                 self._sent[node_id] = directive
 
     def _send(self, node_id: str, message: agent_pb2.SupervisorMessage) -> bool:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ftsup.supervisor.core.config import JobSpec
-from ftsup.supervisor.core.events import RankRestore, RestoreKind
+from ftsup.supervisor.core.events import RankAssignment, RankRestore, RestoreKind
 from ftsup.supervisor.core.state import ClusterState, Generation
 
 
@@ -127,8 +127,10 @@ def peer_grants(state: ClusterState) -> Mapping[str, tuple[PeerGrant, ...]]:
             if buddy and buddy != member.node_id:
                 stores.setdefault(buddy, {}).setdefault(member.node_id, set()).update(member.ranks)
         for restore in generation.restores:
+            if restore.kind is not RestoreKind.PEER_SNAPSHOT:  # (most of 100k ranks: no lookup)
+                continue
             restorer = generation.node_of_rank(restore.rank)
-            if restore.kind is RestoreKind.PEER_SNAPSHOT and restorer and restorer != restore.source_node_id:
+            if restorer and restorer != restore.source_node_id:
                 rank = restore.rank if restore.source_rank is None else restore.source_rank
                 fetches.setdefault(restore.source_node_id, {}).setdefault(restorer, set()).add(rank)
     for check in state.sdc_checks:
@@ -145,35 +147,78 @@ def peer_grants(state: ClusterState) -> Mapping[str, tuple[PeerGrant, ...]]:
     }
 
 
+@dataclass(slots=True)
+class _Shared:
+    """What every node's directive of one push has in common, worked out once per push.
+
+    A 100k-GPU generation start directs 12,500 nodes in one go on the leader's loop; building
+    each directive's environment, grants and restores' addresses per node was most of the ~1 s
+    stall that `directives_for` added there (issue 14). Nothing here is kept past the push.
+    """
+
+    state: ClusterState
+    job: JobSpec
+    waiting_reason: str
+    retain: int
+    grants: Mapping[str, tuple[PeerGrant, ...]]
+    restores_by_rank: Mapping[int, list[RankRestore]] | None
+    job_env: tuple[EnvVar, ...]
+    run_env: tuple[EnvVar, ...]  # job_env + the elastic env: a RUN directive's env less a checkpoint pin
+    checkpoint_steps: tuple[int, ...]
+    max_restarts: int
+    addresses: dict[str, str]
+
+    @classmethod
+    def of(cls, state: ClusterState, job: JobSpec, waiting_reason: str, by_rank: bool) -> _Shared:
+        generation = state.generation
+        restores_by_rank: dict[int, list[RankRestore]] | None = None
+        if generation is not None and by_rank:
+            restores_by_rank = {}
+            for restore in generation.restores:
+                restores_by_rank.setdefault(restore.rank, []).append(restore)
+        job_env = tuple(EnvVar(k, v) for k, v in job.env)
+        return cls(
+            state=state, job=job, waiting_reason=waiting_reason,
+            retain=state.snapshot.step if state.snapshot is not None else 0,
+            grants=peer_grants(state), restores_by_rank=restores_by_rank, job_env=job_env,
+            run_env=job_env + _elastic_env(job, generation) if generation is not None else job_env,
+            checkpoint_steps=_requested_steps(state, generation) if generation is not None else (),
+            max_restarts=-1 if job.max_restarts is None else job.max_restarts,
+            addresses={},
+        )
+
+    def address(self, node_id: str) -> str:
+        held = self.addresses.get(node_id)
+        if held is None:
+            held = self.addresses[node_id] = _address(self.state, node_id)
+        return held
+
+
 def directives_for(state: ClusterState, job: JobSpec, node_ids: list[str], waiting_reason: str) -> list[Directive]:
     """`directive_for` of many nodes in linear time: a generation's restores are grouped by rank
-    once instead of scanned per node (100k ranks x 12.5k nodes would take minutes)."""
-    generation = state.generation
-    grants = peer_grants(state)
-    if generation is None or len(node_ids) < 8:
-        return [directive_for(state, job, n, waiting_reason, grants=grants) for n in node_ids]
-    by_rank: dict[int, list[RankRestore]] = {}
-    for restore in generation.restores:
-        by_rank.setdefault(restore.rank, []).append(restore)
-    return [directive_for(state, job, n, waiting_reason, by_rank, grants=grants) for n in node_ids]
+    once instead of scanned per node (100k ranks x 12.5k nodes would take minutes), and what
+    every directive shares is built once (`_Shared`)."""
+    shared = _Shared.of(state, job, waiting_reason, by_rank=len(node_ids) >= 8)
+    return [_directive(shared, n) for n in node_ids]
 
 
-def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reason: str,
-                  restores_by_rank: Mapping[int, list[RankRestore]] | None = None, *,
-                  grants: Mapping[str, tuple[PeerGrant, ...]] | None = None) -> Directive:
-    """`grants`: `peer_grants(state)`, computed once for many nodes (computed here when None)."""
+def directive_for(state: ClusterState, job: JobSpec, node_id: str, waiting_reason: str) -> Directive:
+    """What `node_id` should be doing now (one node; many at once: `directives_for`)."""
+    return _directive(_Shared.of(state, job, waiting_reason, by_rank=False), node_id)
+
+
+def _directive(shared: _Shared, node_id: str) -> Directive:
+    state = shared.state
     generation = state.generation
-    retain = state.snapshot.step if state.snapshot is not None else 0
-    checks = _sdc_orders(state, job, node_id) if state.sdc_checks else ()
-    mine = (grants if grants is not None else peer_grants(state)).get(node_id, ())
+    checks = _sdc_orders(state, shared.job, node_id) if state.sdc_checks else ()
+    mine = shared.grants.get(node_id, ())
     if generation is not None:
         member = generation.member(node_id)
         if member is not None:
-            run = _run(state, job, generation, node_id, retain, restores_by_rank)
-            return replace(run, sdc_checks=checks, peer_grants=mine)
+            return _run(shared, generation, member, checks, mine)
     number = generation.number if generation else state.last_generation
-    cause, reason = _standby(state, node_id, waiting_reason)
-    return Directive(generation=number, action=Action.STANDBY, retain_from_step=retain, reason=reason,
+    cause, reason = _standby(state, node_id, shared.waiting_reason)
+    return Directive(generation=number, action=Action.STANDBY, retain_from_step=shared.retain, reason=reason,
                      sdc_checks=checks, peer_grants=mine, standby_cause=cause)
 
 
@@ -191,26 +236,23 @@ def _sdc_orders(state: ClusterState, job: JobSpec, node_id: str) -> tuple[SdcChe
     )
 
 
-def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str, retain: int,
-         restores_by_rank: Mapping[int, list[RankRestore]] | None) -> Directive:
-    member = generation.member(node_id)
-    assert member is not None
+def _run(shared: _Shared, generation: Generation, member: RankAssignment, checks: tuple[SdcCheckOrder, ...],
+         grants: tuple[PeerGrant, ...]) -> Directive:
+    state, job = shared.state, shared.job
     buddy = state.node(member.buddy_node_id) if member.buddy_node_id else None
+    by_rank = shared.restores_by_rank
     mine = (
-        [r for rank in member.ranks for r in restores_by_rank.get(rank, ())]
-        if restores_by_rank is not None
+        [r for rank in member.ranks for r in by_rank.get(rank, ())]
+        if by_rank is not None
         else [r for r in generation.restores if r.rank in member.ranks]
     )
+    address = shared.address
     restores = tuple(
-        RestoreFrom(
-            rank=r.rank,
-            kind=r.kind,
-            source_node_id=r.source_node_id,
-            source_address=_address(state, r.source_node_id),
-            source_rank=r.source_rank,
-        )
+        RestoreFrom(r.rank, r.kind, r.source_node_id, address(r.source_node_id) if r.source_node_id else "",
+                    r.source_rank)
         for r in mine
     )
+    pin = _checkpoint_env(state, generation, restores)
     return Directive(
         generation=generation.number,
         action=Action.RUN,
@@ -219,22 +261,24 @@ def _run(state: ClusterState, job: JobSpec, generation: Generation, node_id: str
         master_addr=generation.master_addr,
         master_port=generation.master_port,
         argv=job.argv,
-        env=tuple(EnvVar(k, v) for k, v in job.env) + _checkpoint_env(state, generation, restores)
-        + _elastic_env(job, generation),
+        # (the pin goes between the job's env and the elastic env, where it always went)
+        env=shared.run_env if not pin else shared.job_env + pin + _elastic_env(job, generation),
         restore_step=generation.restore_step,
         restores=restores,
         buddy_node_id=member.buddy_node_id,
         buddy_address=buddy.peer_address if buddy else "",
         # The restore step is the committed one, so it is kept until a newer step commits.
-        retain_from_step=retain,
+        retain_from_step=shared.retain,
         reason=f"generation {generation.number}",
-        checkpoint_steps=_requested_steps(state, generation),
+        checkpoint_steps=shared.checkpoint_steps,
+        sdc_checks=checks,
         cwd=job.cwd,
         stop_grace_s=job.sigterm_grace_s,
         # Failures before this generation started: it is the count-th restart.
         restart_count=state.failures,
-        max_restarts=-1 if job.max_restarts is None else job.max_restarts,
+        max_restarts=shared.max_restarts,
         job_name=job.name,
+        peer_grants=grants,
     )
 
 

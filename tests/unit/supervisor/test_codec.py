@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 
 from ftsup.supervisor import codec
 from ftsup.supervisor.core import events as ev
-from ftsup.supervisor.core.directives import Action, Directive, EnvVar, RestoreFrom, SdcCheckOrder, SdcSnapshotSource
+from ftsup.supervisor.core.directives import (
+    Action,
+    Directive,
+    EnvVar,
+    PeerGrant,
+    RestoreFrom,
+    SdcCheckOrder,
+    SdcSnapshotSource,
+    StandbyCause,
+)
 from ftsup.v1 import events_pb2
 from tests.support.strategies import STRATEGIES, finite, text, u32, u64
 
@@ -29,20 +38,41 @@ def test_records_round_trip_through_bytes(event, seq, term, when):
     assert codec.record_from_proto(events_pb2.Record.FromString(wire)) == record
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.builds(
+directives = st.builds(
     Directive, u64, st.sampled_from(Action), st.lists(u32, max_size=3).map(tuple), u32, text, u32,
     st.lists(text, max_size=3).map(tuple), st.lists(st.builds(EnvVar, text, text), max_size=2).map(tuple),
-    st.none() | u64, st.lists(st.builds(RestoreFrom, u32, st.sampled_from(ev.RestoreKind), text, text), max_size=2).map(tuple),
+    st.none() | u64, st.lists(st.builds(RestoreFrom, u32, st.sampled_from(ev.RestoreKind), text, text,
+                                        st.none() | u32), max_size=2).map(tuple),
     text, text, u64, text, st.lists(u64, max_size=3).map(tuple),
     st.lists(st.builds(
         SdcCheckOrder, text, u64, u64, u32, u32, st.lists(u32, max_size=3).map(tuple),
         st.lists(st.builds(SdcSnapshotSource, text, text), max_size=2).map(tuple),
         st.lists(text, max_size=2).map(tuple), st.lists(st.builds(EnvVar, text, text), max_size=2).map(tuple),
     ), max_size=2).map(tuple),
-))
+    peer_grants=st.lists(st.builds(PeerGrant, text, st.lists(u32, max_size=3).map(tuple),
+                                   st.lists(u32, max_size=3).map(tuple)), max_size=2).map(tuple),
+    standby_cause=st.sampled_from(StandbyCause),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(directives)
 def test_directives_round_trip(directive):
     assert codec.directive_from_proto(codec.directive_to_proto(directive)) == directive
+
+
+@settings(max_examples=100, deadline=None)
+@given(directives, st.lists(st.tuples(directives, st.sets(st.sampled_from([f.name for f in dataclasses.fields(Directive)]))),
+                            max_size=6))
+def test_a_push_encoded_against_templates_equals_each_directive_encoded_alone(base, others):
+    """Each directive takes some fields from `base` (the same objects, as a push shares them) and
+    the rest from another directive: every field kind differs from its template in some example
+    (to or from empty, None, another enum), and the actions mix."""
+    push = [base] + [dataclasses.replace(base, **{name: getattr(other, name) for name in names})
+                     for other, names in others]
+    encoder = codec.DirectiveEncoder()
+    for directive in push:
+        assert encoder.encode(directive) == codec.directive_to_proto(directive)
 
 
 def test_an_event_from_a_newer_writer_is_a_clear_error():
