@@ -21,6 +21,7 @@ Kept apart from evolve.py so the object-store work (issue 6) grows here, not in 
 from __future__ import annotations
 
 import math
+from itertools import filterfalse, islice
 
 from ftsup.common.checkpoint_ids import checkpoint_id_for, is_due
 from ftsup.supervisor.core import frozen, sdc_checks, taint
@@ -300,7 +301,10 @@ def on_tick(state: ClusterState, soft: SoftState, now: float, config: CoreConfig
     if pending is not None and seen is not None and seen[0] == pending.checkpoint_id:
         waited = now - max(seen[1], soft.started_at_s)
         if waited >= timing.timeout_s and not pending.is_complete:
-            missing = sorted(set(range(pending.shards)) - set(pending.written))
+            # The first 17 missing ranks, found lazily: `shards` is the record's to state (a forged or
+            # corrupt CheckpointStarted may say 2**31), so no set of its size is built (issue 16).
+            written = set(pending.written)
+            missing = list(islice(filterfalse(written.__contains__, range(pending.shards)), 17))
             shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
             return [CheckpointAborted(pending.checkpoint_id,
                                       f"timed out after {waited:.0f}s (--checkpoint-timeout-s {timing.timeout_s:g}):"

@@ -4,6 +4,10 @@ attempt whose shards never all come. Pure: milliseconds."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
+from collections.abc import Iterator
+
 from ftsup.supervisor import codec
 from ftsup.supervisor.core import admission
 from ftsup.supervisor.core import checkpoints as cp
@@ -152,6 +156,34 @@ def test_an_attempt_whose_shards_never_all_come_times_out_naming_the_missing_ran
     from ftsup.supervisor.core.events import CheckpointShardWritten
     complete = evolve_all(state, [CheckpointShardWritten("step-0000000010-g1", r, "k", "a" * 64, 1) for r in (0, 1)])
     assert cp.on_tick(complete, soft, 500.0, config) == []
+
+
+def test_a_timed_out_attempt_of_an_absurd_shard_count_names_its_first_missing_ranks_without_listing_them_all():
+    """`shards` is the record's to state: a forged or corrupt one (2**62) is timed out like any
+    other, naming the first 16 missing ranks; the old set(range(shards)) raised MemoryError."""
+    from ftsup.supervisor.core.events import CheckpointShardWritten
+    state = evolve_all(_state(), [CheckpointStarted("step-0000000010-g1", 1, 10, 2**62, LOC),
+                                  CheckpointShardWritten("step-0000000010-g1", 0, "k", "a" * 64, 1)])
+    soft = _soft(now=0.0)
+    cp.note_clocks(soft, state, now=100.0)
+    with _memory_capped(512 << 20):  # (a regression fails with MemoryError, not by filling the machine)
+        aborted = cp.on_tick(state, soft, 131.0, _config(timeout_s=30.0))
+    assert len(aborted) == 1 and isinstance(aborted[0], CheckpointAborted)
+    assert f"1 of {2**62} shards written; missing ranks {', '.join(map(str, range(1, 17)))}, ..." in aborted[0].reason
+
+
+@contextlib.contextmanager
+def _memory_capped(extra_bytes: int) -> Iterator[None]:
+    """This process may take at most `extra_bytes` more private memory meanwhile (RLIMIT_DATA)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    with open("/proc/self/status") as status:
+        used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+    cap = used + extra_bytes if hard == resource.RLIM_INFINITY else min(used + extra_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 def test_a_new_leader_counts_the_timeout_from_its_own_start():
