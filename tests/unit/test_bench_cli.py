@@ -94,3 +94,9 @@ def test_step_metrics_bench_exposes_the_baselines_figures(capsys):
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["same_figures"] is True and run["ranks"] == 240
     assert run["arrays"]["median_cpu_s_per_step"] > 0 and run["per_value"]["median_cpu_s_per_step"] > 0
+
+
+def test_directive_push_bench_encodes_as_the_baseline_does(capsys):
+    assert cli.main(["bench", "directive-push", "--json", "--nodes", "12", "--repeats", "2"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["same_messages"] is True and run["ranks"] == 96 and run["push_s"] > 0
