@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import attrgetter
 from types import MappingProxyType
+from typing import Any
 
 from ftsup.supervisor.core.detector_memo import DetectorMemo
 from ftsup.supervisor.core.events import (
@@ -138,6 +139,9 @@ class Generation:
     # Its lookups, built on first use (not logged, not compared; frozen.replace may carry it over
     # to a copy, which `index` checks is of the same members).
     _index: list[MemberIndex] = field(default_factory=list, init=False, compare=False, repr=False)
+    # What the directives derive from members and restores (core/directives.py), built on first
+    # use in the same way: a push to a few nodes must not walk a 100,000-rank generation again.
+    _directing: list[Any] = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def is_running(self) -> bool:
