@@ -122,24 +122,37 @@ def lazy_buffer(size_bytes: int) -> mmap.mmap | bytearray:
     return mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
+def check_declared_size(what: str, size_bytes: int, max_bytes: int) -> None:
+    """SizeMismatch for a negative declared size, OversizedStream for one over `max_bytes`: checked
+    before a buffer is allocated (or a reused one taken) for it."""
+    if size_bytes < 0:
+        raise SizeMismatch(f"{what}: declared size {size_bytes} is negative")
+    if size_bytes > max_bytes:
+        raise OversizedStream(f"{what}: declared size {size_bytes} bytes is over the limit of {max_bytes} bytes")
+
+
 class Assembly:
     """One payload being received: slices land in a buffer of the declared size, hashed on arrival.
 
     `what` names the snapshot in every error. `max_bytes` bounds the declared size (checked before
-    anything is allocated). Not thread-safe; one receiver writes, followers read `view(start, end)`
-    of the bytes already received.
+    anything is allocated). `buffer`, when given, is a mapping of exactly the declared size to
+    receive into instead of a fresh one (the snapshot store reuses a dropped snapshot's: its pages
+    are resident already, so the copy in takes no page faults). It still holds the old bytes: only
+    [0, received_bytes) is ever read (`view`, the hashing), and `finish` wants every declared byte
+    received and hashed, so none of them can reach a payload. Not thread-safe; one receiver
+    writes, followers read `view(start, end)` of the bytes already received.
     """
 
-    def __init__(self, what: str, size_bytes: int, max_bytes: int, *, hash_later: bool = False) -> None:
-        if size_bytes < 0:
-            raise SizeMismatch(f"{what}: declared size {size_bytes} is negative")
-        if size_bytes > max_bytes:
-            raise OversizedStream(f"{what}: declared size {size_bytes} bytes is over the limit of {max_bytes} bytes")
+    def __init__(self, what: str, size_bytes: int, max_bytes: int, *, hash_later: bool = False,
+                 buffer: mmap.mmap | None = None) -> None:
+        check_declared_size(what, size_bytes, max_bytes)
+        if buffer is not None and len(buffer) != size_bytes:
+            raise ValueError(f"{what}: a buffer of {len(buffer)} bytes for a payload of {size_bytes}")
         self.what = what
         self.size_bytes = size_bytes
         self.received_bytes = 0
         self.hashed_bytes = 0  # [0, hashed_bytes) went into the digest, in order
-        self._buffer = lazy_buffer(size_bytes)
+        self._buffer = lazy_buffer(size_bytes) if buffer is None else buffer
         self._view = memoryview(self._buffer)
         self._digest = hashlib.sha256()
         self._hash_later = hash_later  # add() leaves the hashing to hash_received (a worker thread)
