@@ -126,6 +126,10 @@ def _agent_crash(chaos: Chaos) -> Break:
     # trainers are left running here (systemd's KillMode=mixed would SIGKILL them first).
     time.sleep(AGENT_RESTART_S)
     chaos.cluster.start_agent("node-2", "active")
+    # The expectation reads the new incarnation's registration from the log: wait for it, since
+    # the job's remaining steps can end before the restarted agent is up (a loaded machine: the
+    # job completed 0.1 s before it registered, and the records read at completion missed it).
+    chaos.wait_record("node_registered", at, lambda r: r.node_id == "node-2")
     return Break(at, step, "node-2", f"SIGKILL of the agent process only, restarted {AGENT_RESTART_S:g}s later")
 
 
