@@ -47,6 +47,11 @@ class AgentCollector(Collector):
         yield _gauge("ftsup_agent_snapshots", "Snapshots held in RAM", node, len(self._store))
         yield _gauge("ftsup_agent_snapshot_incoming_bytes", "Snapshot bytes reserved by streams still arriving",
                      node, self._store.bytes_incoming)
+        yield _gauge("ftsup_agent_snapshot_spare_bytes",
+                     "Receive buffers of dropped snapshots kept for the next ones (within the limit)",
+                     node, self._store.bytes_spare)
+        yield _gauge("ftsup_agent_snapshot_buffers_reused", "Snapshots received into a kept buffer (since start)",
+                     node, self._store.buffers_reused)
         budget = self._store.budget
         yield _gauge("ftsup_agent_snapshot_memory_limit_bytes", "Limit on snapshot bytes held plus arriving",
                      node, budget.limit_bytes)

@@ -37,6 +37,9 @@ async def test_a_scrape_shows_snapshots_held_trainers_and_rank_progress():
     assert status == "HTTP/1.1 200 OK"
     node = 'node="n1"'
     assert sample(body, "ftsup_agent_snapshot_bytes", node) == 1000
+    # (a blob put, not received: no receive buffer of the store's own to keep or reuse)
+    assert sample(body, "ftsup_agent_snapshot_spare_bytes", node) == 0
+    assert sample(body, "ftsup_agent_snapshot_buffers_reused", node) == 0
     assert sample(body, "ftsup_agent_trainers_alive", node) == 1
     assert sample(body, "ftsup_agent_ranks_assigned", node) == 2
     assert sample(body, "ftsup_agent_rank_last_step", 'node="n1",rank="0"') == 7
