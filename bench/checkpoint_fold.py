@@ -21,6 +21,7 @@ import json
 import time
 from typing import Any
 
+from ftsup.bench.arguments import int_list
 from ftsup.supervisor.core import checkpoints, frozen
 from ftsup.supervisor.core.events import CheckpointShardWritten, CheckpointStarted
 from ftsup.supervisor.core.evolve import evolve
@@ -100,7 +101,8 @@ def run(sizes: list[int], baseline_max: int) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup bench checkpoint-fold", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", default="1000,10000,100000", help="comma-separated checkpoint sizes (ranks)")
+    p.add_argument("--ranks", type=int_list(1, 10_000_000), default="1000,10000,100000",
+                   help="comma-separated checkpoint sizes (ranks)")
     p.add_argument("--baseline-max", type=int, default=20_000,
                    help="largest size the quadratic tuple baseline runs at (larger sizes are projected)")
     p.add_argument("--json", action="store_true", help="(the output is always one JSON object)")
@@ -109,13 +111,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        sizes = [int(part) for part in args.ranks.split(",") if part.strip()]
-    except ValueError:
-        parser().error(f"--ranks: {args.ranks!r} is not a comma-separated list of integers")
-    if not sizes or min(sizes) < 1:
-        parser().error("--ranks: give at least one size, each >= 1")
-    print(json.dumps(run(sizes, args.baseline_max)))
+    print(json.dumps(run(args.ranks, args.baseline_max)))
     return 0
 
 

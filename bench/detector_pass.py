@@ -26,6 +26,7 @@ import time
 from types import MappingProxyType
 from typing import Any
 
+from ftsup.bench.arguments import int_list
 from ftsup.supervisor.core import frozen
 from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.config import DetectorConfig
@@ -85,7 +86,7 @@ def run_one(nodes: int, interval_s: float, seconds: float) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup bench detector-pass", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", default="1250,12500", help="comma-separated fleet sizes")
+    p.add_argument("--nodes", type=int_list(2, 100_000), default="1250,12500", help="comma-separated fleet sizes")
     p.add_argument("--interval-s", default="5,1", help="comma-separated heartbeat intervals")
     p.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of Ticks per run")
     p.add_argument("--json", action="store_true", help="(the output is always one JSON object)")
@@ -95,15 +96,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        sizes = [int(part) for part in args.nodes.split(",") if part.strip()]
         intervals = [float(part) for part in args.interval_s.split(",") if part.strip()]
     except ValueError as exc:
-        parser().error(f"--nodes/--interval-s: {exc}")
-    if not sizes or min(sizes) < 2 or max(sizes) > 100_000:
-        parser().error("--nodes: sizes within [2, 100000]")
+        parser().error(f"--interval-s: {exc}")
     if not intervals or any(not 0.1 <= i <= 60 for i in intervals) or not 1 <= args.seconds <= 3600:
         parser().error("--interval-s within [0.1, 60]; --seconds within [1, 3600]")
-    runs = [run_one(n, i, args.seconds) for n in sizes for i in intervals]
+    runs = [run_one(n, i, args.seconds) for n in args.nodes for i in intervals]
     print(json.dumps({"bench": "detector_pass", "tick_s": TICK_S,
                       "baseline": "the same Ticks judged with an empty memo (a pass over every node), same run",
                       "runs": runs}))

@@ -26,6 +26,7 @@ import statistics
 import time
 from typing import Any
 
+from ftsup.bench.arguments import int_list
 from ftsup.bench.core_step import _core
 from ftsup.supervisor import codec
 from ftsup.supervisor.core.directives import directives_for
@@ -83,7 +84,7 @@ def run_size(nodes: int, ranks_per_node: int, repeats: int) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup bench directive-push", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", default="1250,12500", help="comma-separated fleet sizes")
+    p.add_argument("--nodes", type=int_list(1, 100_000), default="1250,12500", help="comma-separated fleet sizes")
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5, help="pushes timed per size (medians reported)")
     p.add_argument("--json", action="store_true", help="(the output is always one JSON object)")
@@ -92,15 +93,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        sizes = [int(part) for part in args.nodes.split(",") if part.strip()]
-    except ValueError as exc:
-        parser().error(f"--nodes: {exc}")
-    if not sizes or min(sizes) < 1 or max(sizes) > 100_000:
-        parser().error("--nodes: sizes within [1, 100000]")
     if not 1 <= args.ranks_per_node <= 64 or not 1 <= args.repeats <= 100:
         parser().error("--ranks-per-node within [1, 64]; --repeats within [1, 100]")
-    runs = [run_size(n, args.ranks_per_node, args.repeats) for n in sizes]
+    runs = [run_size(n, args.ranks_per_node, args.repeats) for n in args.nodes]
     print(json.dumps({"bench": "directive_push",
                       "baseline": "each directive encoded alone (codec.directive_to_proto), same run, alternating;"
                                   " a one-node push with the generation's plan worked out again",

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 
+from ftsup.bench.arguments import int_list
 from ftsup.supervisor.core.inputs import DigestRanks, StepAggregate
 from ftsup.supervisor.metrics import STEP_BUCKETS, SupervisorMetrics
 
@@ -112,7 +113,7 @@ def _count(families: Any) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup bench step-metrics", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", default="1250,12500", help="comma-separated node counts")
+    p.add_argument("--nodes", type=int_list(1, 100_000), default="1250,12500", help="comma-separated node counts")
     p.add_argument("--ranks-per-node", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=7)
@@ -122,13 +123,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
-    except ValueError:
-        parser().error(f"--nodes: {args.nodes!r} is not a comma-separated list of integers")
-    if not sizes or min(sizes) < 1 or max(sizes) > 100_000 or not 1 <= args.ranks_per_node <= 64 or args.steps < 1:
-        parser().error("--nodes within [1, 100000], --ranks-per-node within [1, 64], --steps >= 1")
-    runs = [run_size(n, args.ranks_per_node, args.steps, args.seed) for n in sizes]
+    if not 1 <= args.ranks_per_node <= 64 or args.steps < 1:
+        parser().error("--ranks-per-node within [1, 64], --steps >= 1")
+    runs = [run_size(n, args.ranks_per_node, args.steps, args.seed) for n in args.nodes]
     print(json.dumps({"bench": "step_metrics", "runs": runs,
                       "baseline": "per_value: Histogram.observe per value and an object per rank (the old way),"
                                   " same run"}))
