@@ -7,8 +7,11 @@ of all its ranks, as a real agent sends to a supervisor that takes aggregates, a
 snapshot, as a real agent reports after every snapshot, in one SnapshotHoldings per node per
 step where the Welcome says the supervisor takes them; the buddy's copies, which a real buddy
 reports too, are not simulated, so no step commits and the leader sees half the holdings a real
-fleet sends) and reads everything the supervisor sends. Heartbeats ask for a HeartbeatAck, so the latency of every one
-is measured here: from handing it to gRPC to reading its ack. One node can be silenced — it stops
+fleet sends) and reads everything the supervisor sends. A real agent asks for no HeartbeatAck;
+one heartbeat in `--ack-every` does here (and a session's first), at a random phase per node, so
+the latency of a sample of them is measured: from handing it to gRPC to reading its ack. With
+`--ack-every 1` every heartbeat is acked (the bench before 2026-11-28), which costs the shards and
+this generator an ack message per heartbeat that no real fleet sends. One node can be silenced — it stops
 sending but keeps its stream open and keeps reading (a hung host, not a crash). A node whose
 stream ends (its link shard was killed) dials its next shard as a real agent does: the replicas
 that hold agents, less the ones it could not reach, by rendezvous hashing, naming the lost one in
@@ -74,6 +77,7 @@ class SimNode:
 @dataclass(slots=True)
 class Counters:
     sent: int = 0
+    asked: int = 0  # heartbeats that asked for an ack
     acked: int = 0
     step_reports: int = 0  # step aggregates (one per node per step)
     snapshot_reports: int = 0  # holdings reported (one per rank a node owns per step)
@@ -187,6 +191,7 @@ class Fleet:
     async def measure(self, window_s: float, silence: str | None, silence_at_s: float) -> dict[str, object]:
         c = self.counters
         c.latencies_ms, c.after_ms, c.sent, c.acked, c.step_reports, c.late_beats = [], [], 0, 0, 0, 0
+        c.asked = 0
         c.snapshot_reports = 0
         c.snapshot_messages = 0
         c.is_measuring, c.is_after = True, False
@@ -204,7 +209,7 @@ class Fleet:
         c.is_measuring = False
         wall = time.monotonic() - wall0
         return {"kind": "result", "latencies_ms": c.latencies_ms, "after_ms": c.after_ms, "sent": c.sent,
-                "acked": c.acked,
+                "asked": c.asked, "acked": c.acked,
                 "step_reports": c.step_reports, "snapshot_reports": c.snapshot_reports,
                 "snapshot_messages": c.snapshot_messages, "late_beats": c.late_beats,
                 "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
@@ -269,6 +274,8 @@ class Fleet:
         phase_s = self.rng.uniform(0.0, node.interval_s)
         epoch_s = self.args.step_epoch_s or self.started_wall_s
         spread_s = self.rng.uniform(0.0, STEP_SPREAD_S)  # this node's lag behind each step's boundary
+        ack_every = max(1, self.args.ack_every)
+        ack_phase = self.rng.randrange(ack_every)
         while not self.stopping.is_set():
             if node.is_silenced:
                 await self.stopping.wait()  # hung: the stream stays open, nothing more is sent
@@ -278,10 +285,14 @@ class Fleet:
                 seq += 1
                 if now - next_beat > 0.1 * node.interval_s:
                     c.late_beats += 1
-                node.sent_at[seq] = now
+                # (a session's first asks too: a moved node's "heard again" is its first ack)
+                want_ack = seq == 1 or seq % ack_every == ack_phase
+                if want_ack:
+                    node.sent_at[seq] = now
+                    c.asked += 1
                 node.last_beat_wall_s = time.time()
                 await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
-                    seq=seq, running_generation=node.generation if node.ranks else 0, want_ack=True)))
+                    seq=seq, running_generation=node.generation if node.ranks else 0, want_ack=want_ack)))
                 c.sent += 1
                 next_beat = max(next_beat + node.interval_s, now) if seq > 1 else now + phase_s
             step_s = self.args.step_s
@@ -381,6 +392,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection (at most the server's per-connection cap)")
     p.add_argument("--connect-concurrency", type=int, default=200, help="Hellos not yet welcomed at once")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ack-every", type=int, default=1,
+                   help="one heartbeat in N asks for an ack (and a session's first); real agents ask none")
     return p
 
 
