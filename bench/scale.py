@@ -210,7 +210,6 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
     module = "ftsup.supervisor"
     if profile:
         module = "ftsup.bench._profiled_supervisor"
-        env["FTSUP_PROFILE_OUT"] = str(workdir / "supervisor.prof")
     dead_after_s = interval_s * args.heartbeat_misses
     window_s = max(args.duration_s, dead_after_s + interval_s + 4.0)
     silence_at_s = window_s - (dead_after_s + interval_s + 2.0)
@@ -234,8 +233,10 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             argv += (["--etcd", etcd.endpoints, "--etcd-prefix", "/bench-scale"] if etcd is not None
                      else ["--data-dir", str(workdir / "log")])
             name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
+            # (each replica profiles into a file of its own: the leader's and every shard's are read)
+            its_env = {**env, "FTSUP_PROFILE_OUT": str(_profile_path(workdir, listen))} if profile else env
             with open(workdir / name, "wb") as sup_log:
-                supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=env,
+                supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=its_env,
                                                        start_new_session=True)
             orphan_guard.watch(supervisors[listen])
         supervisor = supervisors[addresses[0]]
@@ -307,7 +308,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
         wall0 = time.monotonic()
         if profile:
-            os.kill(supervisor.pid, signal.SIGUSR1)
+            for process in supervisors.values():
+                os.kill(process.pid, signal.SIGUSR1)
         for proc in procs:
             proc.send({"cmd": "measure", "window_s": window_s, "silence": target if proc is owner else None,
                        "silence_at_s": silence_at_s})
@@ -317,7 +319,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         cpu_s = cpu_by[address]
         holders = agent_holders(addresses, address) if replicas > 1 else {address}
         if profile:
-            os.kill(supervisor.pid, signal.SIGUSR2)
+            for process in supervisors.values():
+                os.kill(process.pid, signal.SIGUSR2)
         rss_mb = _rss_mb(supervisor.pid)
         last_beat = next(r["last_beat_wall_s"] for r in results if r["silenced"])
         dead_at = _wait_optional(lambda: watch.first("node_declared_dead", target), dead_after_s + 10)
@@ -386,7 +389,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             out["shard_kill"] = _kill_a_shard(supervisors, address, holders, nodes, procs, watch, dead_after_s,
                                               interval_s)
         if profile:
-            out["profile_top"] = _profile_top(workdir / "supervisor.prof")
+            out["profile_top"] = _profile_top(_profile_path(workdir, address))
+            if replicas > 1:
+                out["shard_profile_top"] = {a: _profile_top(_profile_path(workdir, a)) for a in supervisors if a != address}
         _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
                   f" cpu {out['supervisor_cpu_fraction']}, detect {out['detect_s']} s")
         return out
@@ -459,6 +464,10 @@ def _wait_optional(check: Callable[[], T | None], timeout_s: float) -> T | None:
     while (value := check()) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     return value
+
+
+def _profile_path(workdir: pathlib.Path, listen: str) -> pathlib.Path:
+    return workdir / f"supervisor-{listen.replace(':', '_')}.prof"
 
 
 def _profile_top(path: pathlib.Path, limit: int = 15) -> list[dict[str, Any]]:
