@@ -96,8 +96,11 @@ class ReplicaMembers:
         finally:
             await self._stop_keeper()
             if lease_id:
+                # Leaving is the last thing a replica does, so its revoke may take a whole TTL: a
+                # loaded etcd (650 ms applies under two busy loops) missed the refresh deadline
+                # here, and the key stayed for its TTL, the other replicas counting us meanwhile.
                 with contextlib.suppress(Exception):
-                    await within(self._client.revoke_lease(lease_id), self._timeout_s)
+                    await within(self._client.revoke_lease(lease_id), max(self._timeout_s, float(self._ttl_s)))
 
     def _start_keeper(self, lease_id: int, granted_at: float) -> None:
         """Hands the refreshes of `lease_id` (granted or refreshed at `granted_at`) to a thread."""
@@ -128,7 +131,12 @@ class ReplicaMembers:
                 if reply is not None and int(reply.TTL) > 0:
                     return lease_id, now + self._ttl_s / 3
             lease = await within(self._client.lease(self._ttl_s), self._timeout_s)
-            await within(self._client.put(self._key, b"", lease=lease.id), self._timeout_s)
+            try:
+                await within(self._client.put(self._key, b"", lease=lease.id), self._timeout_s)
+            except BaseException:  # (cancelled too: the put may have landed, and run() never saw this lease)
+                with contextlib.suppress(Exception):
+                    await within(self._client.revoke_lease(lease.id), max(self._timeout_s, float(self._ttl_s)))
+                raise
             return lease.id, now + self._ttl_s / 3
         except (aetcd.exceptions.ClientError, TimeoutError) as exc:
             log.info("replica membership refresh failed; retrying", error=repr(exc))

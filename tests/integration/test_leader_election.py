@@ -182,11 +182,17 @@ async def test_a_follower_shards_membership_key_outlives_a_loop_stall_only_with_
             assert time.monotonic() < deadline, "the membership key was never put"
             await asyncio.sleep(0.05)
         time.sleep(STALL_S)  # noqa: ASYNC251 (the point: the loop runs nothing for two lease lifetimes)
+        # The lease's remaining life as etcd's leader computes it, read first: negative (or -1,
+        # revoked) once it expired, whether or not etcd's lessor has revoked it yet. A loaded etcd
+        # revokes late: the key itself was still there 4.5 s into a stall under two busy loops.
+        remaining_s = (await asyncio.wait_for(clients[1].get_lease_info(before.lease, keys=False), 5)).TTL
         after = await asyncio.wait_for(clients[1].get(key), 5)  # (before run() goes round again)
         if in_a_thread:
             assert after is not None and after.create_revision == before.create_revision
+            assert remaining_s > 0, f"the thread kept the lease alive: {remaining_s} s left"
         else:
-            assert after is None or after.create_revision != before.create_revision, "the loop's refresh cannot outlive a stall"
+            assert remaining_s <= 0 or after is None or after.create_revision != before.create_revision, (
+                f"the loop's refresh cannot outlive a stall: {remaining_s} s left")
     finally:
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
