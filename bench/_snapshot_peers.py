@@ -142,16 +142,25 @@ def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Op
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-    # With async staging the stager is created once and reused, as the DCP docs recommend (its
-    # staging buffers are kept between saves); pinned and shared memory need an accelerator.
+    # With async staging the stager is created once and reused where torch allows, as the DCP docs
+    # recommend (its staging buffers are kept between saves); pinned and shared memory need an
+    # accelerator.
     on_gpu = next(model.parameters()).is_cuda
-    stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
-                                          use_async_staging=True, use_non_blocking_copy=on_gpu)) if async_staging else None
+    options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=True,
+                             use_non_blocking_copy=on_gpu)
+    stagers: list[DefaultStager] = []
+
+    def stager_for_save() -> DefaultStager | None:
+        if not async_staging:
+            return None
+        if not stagers or not _still_usable(stagers[-1]):
+            stagers.append(DefaultStager(options))
+        return stagers[-1]
 
     def save(step: int) -> tuple[Callable[[], None], Callable[[], float]]:
         writer = dcp.FileSystemWriter(str(directory / f"step-{step}"))  # sync_files=True: fsync'd
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        response = dcp.async_save(state, storage_writer=writer, no_dist=True, async_stager=stager)
+        response = dcp.async_save(state, storage_writer=writer, no_dist=True, async_stager=stager_for_save())
         if isinstance(response, AsyncSaveResponse):  # staging in the background
             return response.staging_completion.result, stored_when_done(response.upload_completion)
         return (lambda: None), stored_when_done(response)
@@ -159,8 +168,20 @@ def run_dcp(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Op
     try:
         return time_saves(save, model, optimizer, width, saves)
     finally:
-        if stager is not None:
+        for stager in stagers:
             stager.close()
+
+
+def _still_usable(stager: Any) -> bool:
+    """Whether a DefaultStager can stage again: torch 2.11's cannot.
+
+    torch 2.11's `DefaultStager._stage` closes its inner StateDictStager after every stage (to
+    break a reference cycle), which empties its copy table: a second save through the same stager
+    fails `KeyError: <class 'type'>` (seen on two GPU hosts). It keeps nothing between saves there,
+    so a new stager per save costs DCP nothing; torch 2.13 keeps the stager and its buffers.
+    """
+    inner = getattr(stager, "_state_dict_stager", None)
+    return bool(getattr(inner, "_deepcopy_dispatch", True))
 
 
 def run_dlrover(directory: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer, width: int,

@@ -95,3 +95,4 @@ def test_s3torchconnector_missing_everywhere_is_named_with_each_python_tried():
     python, version, why_not = checkpoint.s3tc_python(pathlib.Path(sys.executable))
     assert python is None and version == ""
     assert why_not.startswith("not installed") and "No module named 's3torchconnector'" in why_not
+
