@@ -1,8 +1,11 @@
-"""Argument types the benches share: sizes given as one comma-separated flag (`--nodes 1250,12500`)."""
+"""What the benches' command lines share: sizes given as one comma-separated flag (`--nodes
+1250,12500`) and the work directory each run makes under `--dir`."""
 
 from __future__ import annotations
 
 import argparse
+import pathlib
+import tempfile
 from collections.abc import Callable
 
 
@@ -20,3 +23,11 @@ def int_list(low: int, high: int) -> Callable[[str], list[int]]:
         return values
 
     return parse
+
+
+def run_directory(prefix: str, parent: str | pathlib.Path | None) -> pathlib.Path:
+    """A fresh directory for one run under `--dir` (the system's temp dir without one), `--dir`
+    made first if it does not exist: a long bench should not die on a path the user meant to create."""
+    if parent is not None:
+        pathlib.Path(parent).mkdir(parents=True, exist_ok=True)
+    return pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=parent))

@@ -25,11 +25,11 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from ftsup.bench import arguments
 from ftsup.harness import orphan_guard
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.support.s3_server import S3Server
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-ckpt-", dir=args.dir))
+    work = arguments.run_directory("ftsup-bench-ckpt-", args.dir)
     server = None
     try:
         if args.endpoint is None:

@@ -29,13 +29,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftsup.bench import arguments
 from ftsup.harness import orphan_guard
 
 TOOLS = ("plain", "torchrun", "torchft", "nvrx", "nvrx-inprocess", "dlrover", "ftsup-run", "ftsup")
@@ -685,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     versions = {**_versions(), **{f"peers_{k}": v for k, v in check_peers(args).items()}}
 
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-peers-", dir=args.dir))
+    workdir = arguments.run_directory("ftsup-bench-peers-", args.dir)
     load_before = os.getloadavg()
     errors: dict[str, str] = {}
     cleans: dict[str, list[dict[str, Any]]] = {}

@@ -24,12 +24,12 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftsup.bench import arguments
 from ftsup.harness import orphan_guard
 from ftsup.harness.cluster import ClusterError, ClusterSpec, LocalCluster, free_port
 from ftsup.harness.demo import Failure, measure_failure, trainer_argv
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     # included): the runs are stopped after the last regain, never left to finish.
     args.steps = triggers[-1] + 1000 * args.kill_gap
 
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-recovery-", dir=args.dir))
+    workdir = arguments.run_directory("ftsup-bench-recovery-", args.dir)
     try:
         ours = run_ftsup(args, workdir / "ftsup", triggers)
         # The baseline is killed at the steps the ftsup kills happened (they wait for a spare).
