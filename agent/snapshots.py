@@ -369,8 +369,8 @@ class SnapshotStore:
     def _ended(self, buffer: mmap.mmap, incoming: Incoming, blob: Blob | None) -> None:
         self.bytes_incoming -= incoming.size_bytes
         if blob is None:  # discarded: what arrived is never read again, the buffer can take the next one
-            if incoming.ident.rank not in self._spares:  # (a raised error's traceback may hold the
-                self._keep_spare(incoming.ident.rank, buffer)  # Assembly's view until a gc: older first)
+            if incoming.ident.rank not in self._spares:  # (a follower's slice may still view this
+                self._keep_spare(incoming.ident.rank, buffer)  # one: a spare kept already goes first)
             return
         self._buffers[id(blob)] = buffer
         self._put_verified(blob)

@@ -166,6 +166,8 @@ class Assembly:
 
     def add(self, data: bytes | bytearray | memoryview) -> None:
         """Appends the next slice; OversizedStream when it runs past the declared size."""
+        if self._abandoned:
+            raise InvalidSnapshot(f"{self.what}: {len(data)} bytes arrived after the payload was abandoned")
         if self._done:
             raise OversizedStream(f"{self.what}: {len(data)} bytes arrived after the end of the stream")
         end = self.received_bytes + len(data)
@@ -191,10 +193,34 @@ class Assembly:
                 stop = min(end, self.hashed_bytes + HASH_SLICE_BYTES)
                 self._digest.update(self._view[self.hashed_bytes:stop])
                 self.hashed_bytes = stop
+        if self._abandoned:  # abandoned while this ran, which left the buffer to this thread
+            self._let_go_if_idle()
 
     def abandon(self) -> None:
-        """The payload will not be finished: a `hash_received` under way stops at its next slice."""
+        """The payload will not be finished: a `hash_received` under way stops at its next slice,
+        and the buffer is let go at once (by that worker when one runs), not when this object dies.
+
+        Letting go releases this Assembly's view of the buffer, the export that keeps a mapping
+        from being resized: a store may then take it for the next snapshot at once. Otherwise it
+        waits for the Assembly to be freed, and a raised error's traceback holding its receiver's
+        frame makes that a cycle, freed only at a full garbage collection, RAM uncounted meanwhile.
+        A slice someone still reads (a follower's) keeps its own export: the buffer stays unusable
+        until that slice is released, so nobody ever sees its bytes change.
+        """
         self._abandoned = True
+        self._let_go_if_idle()
+
+    def _let_go_if_idle(self) -> None:
+        """Releases the view unless a `hash_received` holds it now: that one checks again once it
+        is out (the flag is set first, so whoever holds the lock last lets go)."""
+        if not self._hashing.acquire(blocking=False):
+            return
+        try:
+            self._view.release()
+        except BufferError:  # exported by the view itself (not by a slice): it goes with this object
+            pass
+        finally:
+            self._hashing.release()
 
     def truncated(self) -> TruncatedStream:
         """The error for a stream that ended before its last chunk (cleanly or by the sender's death)."""
@@ -204,7 +230,10 @@ class Assembly:
         )
 
     def view(self, start: int, end: int) -> memoryview:
-        """Read-only view of received bytes [start, end); never beyond what arrived."""
+        """Read-only view of received bytes [start, end); never beyond what arrived (nor any once
+        the payload was abandoned: InvalidSnapshot)."""
+        if self._abandoned:
+            raise InvalidSnapshot(f"{self.what}: the payload was abandoned")
         if not 0 <= start <= end <= self.received_bytes:
             raise ValueError(f"{self.what}: bytes [{start}, {end}) are not received yet ({self.received_bytes})")
         return self._view[start:end].toreadonly()

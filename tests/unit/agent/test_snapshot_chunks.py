@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import mmap
 import threading
 
 import pytest
@@ -174,3 +175,46 @@ def test_an_abandoned_assembly_stops_hashing_and_is_never_finished():
     assert assembly.hashed_bytes == 0
     with pytest.raises(InvalidSnapshot, match="abandoned"):
         assembly.finish(hashlib.sha256(b"abc").hexdigest())
+
+
+def test_an_abandoned_assembly_lets_its_buffer_go_at_once_and_takes_no_more_bytes():
+    buffer = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    assembly = Assembly("snapshot", 4096, LIMIT, hash_later=True, buffer=buffer)
+    assembly.add(b"x" * 100)
+    with pytest.raises(BufferError):
+        buffer.resize(2048)  # viewed: nobody may reuse it
+    assembly.abandon()
+    buffer.resize(2048)  # the assembly still lives, and the buffer is free for the next snapshot
+    with pytest.raises(InvalidSnapshot, match="abandoned"):
+        assembly.add(b"y")
+    with pytest.raises(InvalidSnapshot, match="abandoned"):
+        assembly.view(0, 10)
+
+
+def test_a_slice_still_read_keeps_an_abandoned_buffer_from_reuse():
+    buffer = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    assembly = Assembly("snapshot", 4096, LIMIT, hash_later=True, buffer=buffer)
+    assembly.add(b"abc" * 10)
+    follower = assembly.view(0, 30)  # a follower forwarding what arrived
+    assembly.abandon()
+    with pytest.raises(BufferError):
+        buffer.resize(2048)
+    assert bytes(follower[:3]) == b"abc"  # unchanged under its reader
+    follower.release()
+    buffer.resize(2048)
+
+
+def test_an_assembly_abandoned_while_its_worker_hashes_is_let_go_by_the_worker():
+    buffer = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    assembly = Assembly("snapshot", 1 << 20, LIMIT, hash_later=True, buffer=buffer)
+    assembly.add(bytes(1 << 20))
+    assembly._hashing.acquire()  # a worker in the middle of hash_received
+    worker = threading.Thread(target=assembly.hash_received)
+    worker.start()
+    assembly.abandon()  # cannot release the view under the worker: leaves it to the worker
+    with pytest.raises(BufferError):
+        buffer.resize(4096)
+    assembly._hashing.release()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    buffer.resize(4096)
