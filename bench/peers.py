@@ -678,7 +678,11 @@ def check_peers(args: argparse.Namespace) -> dict[str, str]:
 def _versions() -> dict[str, str]:
     import importlib.metadata as m
 
-    return {"torch": m.version("torch"), "ftsup": m.version("ftsup")}
+    try:
+        ours = m.version("ftsup")
+    except m.PackageNotFoundError:  # run from a checkout on PYTHONPATH (a GPU host's link farm)
+        ours = "not installed (a checkout on PYTHONPATH)"
+    return {"torch": m.version("torch"), "ftsup": ours}
 
 
 def main(argv: list[str] | None = None) -> int:
