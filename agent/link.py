@@ -279,10 +279,17 @@ class Reports:
             self._ready.clear()
 
     async def wait(self, timeout_s: float) -> None:
+        """Until a report is queued, `wake` is called, or `timeout_s` passes."""
         try:
             await within(self._ready.wait(), timeout_s)
         except TimeoutError:
             pass
+        if not len(self._outbox):  # (a wake with nothing queued is spent)
+            self._ready.clear()
+
+    def wake(self) -> None:
+        """Ends a `wait` now (the writer has something other than a report to send)."""
+        self._ready.set()
 
 
 def fold_holdings(messages: list[agent_pb2.AgentMessage]) -> list[agent_pb2.AgentMessage]:
@@ -363,6 +370,7 @@ class SupervisorLink:
                 agent_version=AGENT_VERSION,
                 failure_domain=c.failure_domain,
                 unreachable_replicas=self._unreachable,
+                resyncs_on_welcome=True,
             )
         )
 
@@ -461,6 +469,9 @@ class SupervisorLink:
         next_beat = loop.time()
         is_resynced = False
         while True:
+            if state.resync_wanted:  # another Welcome on this stream: a new leader behind our shard
+                state.resync_wanted = False
+                is_resynced = False
             now = loop.time()
             interval_s = state.interval_s or self._config.heartbeat_interval_s
             if now >= next_beat:
@@ -506,9 +517,16 @@ class SupervisorLink:
                 return
             kind = message.WhichOneof("kind")
             if kind == "welcome":
+                w = message.welcome
+                if state.welcome_seen.is_set():
+                    # Our link shard kept this stream across a leader change and replayed our Hello:
+                    # the new leader's soft state is empty, so it gets the resync a new stream would.
+                    state.resync_wanted = True
+                    self._reports.wake()
+                    log.info("welcomed_again", term=w.term, previous_term=state.term)
+                state.term = w.term
                 state.welcomed = state.is_session = True
                 self._unreachable = []
-                w = message.welcome
                 state.folds_steps = w.takes_step_aggregates
                 state.folds_holdings = w.takes_snapshot_holdings
                 state.welcome_seen.set()
@@ -556,10 +574,13 @@ async def _handshake_within(channel: grpc.aio.Channel, limit_s: float) -> None:
 
 
 class _SessionState:
-    __slots__ = ("folds_holdings", "folds_steps", "interval_s", "is_session", "welcome_seen", "welcomed")
+    __slots__ = ("folds_holdings", "folds_steps", "interval_s", "is_session", "resync_wanted", "term",
+                 "welcome_seen", "welcomed")
 
     def __init__(self) -> None:
         self.welcomed = False
+        self.term = 0  # the last Welcome's term
+        self.resync_wanted = False  # another Welcome came on this stream: send the resync again
         self.folds_steps = False  # the Welcome said the supervisor takes StepAggregates
         self.folds_holdings = False  # ... and SnapshotHoldings
         self.welcome_seen = asyncio.Event()  # this session's Welcome came (the resync waits for it)

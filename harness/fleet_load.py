@@ -244,7 +244,9 @@ class Fleet:
                 await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
                     node_id=node.node_id, incarnation=node.incarnation, role=events_pb2.NODE_ROLE_ACTIVE,
                     host="10.0.0.1", peer_port=7071, gpus=8, agent_version="sim", failure_domain="",
-                    unreachable_replicas=node.unreachable)))
+                    unreachable_replicas=node.unreachable,
+                    # (a second Welcome is handled as the first: holdings go every step anyway)
+                    resyncs_on_welcome=True)))
                 reader = asyncio.create_task(self.read(node, call))
                 tasks.append(reader)
                 welcomed = asyncio.create_task(node.welcomed.wait())

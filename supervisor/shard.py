@@ -11,9 +11,14 @@ a shard forwards exactly as if the agent had sent it; node ids come from the age
 the agent service checked against the agent's certificate before handing the stream here.
 
 Liveness soft state kept here (last heard, stream open) is what an operator of the shard sees; the
-verdicts stay on the leader. When the relay breaks (the leader died or stepped down) the shard ends
-every agent stream it holds: the agents reconnect, and their Hellos and resync reports rebuild the
-new leader's soft state, exactly as without shards. When the live replicas change, a node whose
+verdicts stay on the leader. When the relay breaks (the leader died or stepped down) the shard
+keeps the streams of agents that resync on a second Welcome (Hello.resyncs_on_welcome) and, once a
+relay to the next leader is up, replays their Hellos to it ahead of anything else: the new leader
+welcomes each through the same stream and the agent sends its resync reports, which rebuild the new
+leader's soft state with no reconnect (at 12,500 nodes, no storm of TLS handshakes and Hellos
+through backoff). Older agents' streams are ended, as are all of them when this replica is the one
+that now leads (it holds its agents through the agent service, not a relay) or when no relay comes
+up within KEEP_WITHOUT_LEADER_S: those agents reconnect. When the live replicas change, a node whose
 shard is now another replica is told so (NotLeader with its shard) and its stream ended as a move,
 which the leader does not take for a death signal.
 """
@@ -62,6 +67,9 @@ SHARD_KEEPALIVE_S = 0.2
 UP_LINGER_S = 0.005
 # How often a relay looks whether etcd names another leader (a dict read; the watch keeps it fresh).
 LEADER_WATCH_S = 0.1
+# Agent streams are kept across a leader change for this long at most while no relay is up (an
+# election takes a lease's TTL, a few seconds); past it they are ended and the agents redial.
+KEEP_WITHOUT_LEADER_S = 30.0
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
 
@@ -78,6 +86,7 @@ class ShardSession:
     last_heard_s: float
     is_moved: bool = False  # ended here to move the node to another shard (not a death signal)
     messages: TokenBucket = field(default_factory=lambda: TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, 0.0))
+    hello: agent_pb2.AgentMessage | None = None  # replayed to a new leader, when the agent resyncs on a Welcome
 
 
 class LinkShard:
@@ -108,6 +117,8 @@ class LinkShard:
         self.leader_address = ""
         self.relay_up = asyncio.Event()
         self.has_relayed = False  # a relay came up once: this replica can hold its share (membership)
+        self._kept_since: float | None = None  # streams kept across a leader change since then (no relay)
+        self.kept_across_leaders = 0  # sessions replayed to a new leader instead of ended (a counter)
 
     # -- routing -----------------------------------------------------------------------------
     def home_of(self, node_id: str, unreachable: Iterable[str] = ()) -> str:
@@ -126,7 +137,8 @@ class LinkShard:
             yield _retry_later("this replica holds no relay to a leader yet (a leader is being elected)")
             return
         now = self._clock()
-        session = ShardSession(next(self._ids), node_id, incarnation, StreamOutbox(), now, now)
+        session = ShardSession(next(self._ids), node_id, incarnation, StreamOutbox(), now, now,
+                               hello=hello if hello.hello.resyncs_on_welcome else None)
         session.messages = TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, now)
         replaced = self._node_session.get(node_id)
         self._sessions[session.session] = session
@@ -244,6 +256,52 @@ class LinkShard:
         self._node_session.clear()
         self._up.clear()
         self._heard.clear()
+        self._kept_since = None
+
+    def keep_for_the_next_leader(self, why: str) -> int:
+        """The relay is gone: ends the streams of agents that cannot resync on a second Welcome and
+        keeps the others for the next leader (`_replay_hellos`). What was queued for the old leader
+        and never sent goes (a report in transit at a failover was lost before too; the resync
+        carries what matters). Returns how many streams are kept."""
+        ended = [session for session in self._sessions.values() if session.hello is None]
+        for session in ended:
+            session.outbox.close()
+            del self._sessions[session.session]
+            if self._node_session.get(session.node_id) == session.session:
+                del self._node_session[session.node_id]
+        self._up.clear()
+        self._heard.clear()
+        if self._sessions and self._kept_since is None:
+            self._kept_since = self._clock()
+        if self._sessions or ended:
+            log.warning("relay to the leader lost: keeping agent streams for the next leader",
+                        kept=len(self._sessions), ended=len(ended), why=why)
+        return len(self._sessions)
+
+    def _drop_kept_unless_relayable(self, leader: str) -> None:
+        """Ends the kept streams once they cannot be relayed: this replica leads now (its agents
+        come through the agent service), or no relay came up within KEEP_WITHOUT_LEADER_S."""
+        if self._kept_since is None or self.relay_up.is_set():
+            return
+        if leader == self.address:
+            self.drop_all("this replica leads now: its agents reconnect to it directly")
+        elif self._clock() - self._kept_since > KEEP_WITHOUT_LEADER_S:
+            self.drop_all(f"no relay to a leader for {KEEP_WITHOUT_LEADER_S:g}s")
+
+    def _replay_hellos(self) -> int:
+        """Puts every kept session's Hello ahead of what its agent sent since (one loop turn: no
+        message of a session can reach the new leader before its Hello). Returns how many."""
+        self._kept_since = None
+        kept = [forwarded(s.session, s.node_id, s.incarnation, s.hello) for s in self._sessions.values()
+                if s.hello is not None and not s.outbox.is_closed]
+        if not kept:
+            return 0
+        self._up.put_first(kept)
+        self._up_ready.set()
+        self.kept_across_leaders += len(kept)
+        log.info("replaying kept agents' Hellos to the new leader", sessions=len(kept), leader=self.leader_address,
+                 term=self.term)
+        return len(kept)
 
     # -- the relay to the leader ----------------------------------------------------------------
     async def relay_forever(self, leader_address: Callable[[], str], rng: random.Random | None = None) -> None:
@@ -253,6 +311,7 @@ class LinkShard:
         try:
             while True:
                 address = leader_address()
+                self._drop_kept_unless_relayable(address)
                 if address and address != self.address:
                     try:
                         await self._relay(address, leader_address)
@@ -267,13 +326,15 @@ class LinkShard:
                 await asyncio.sleep(RELAY_BACKOFF.delay_s(attempt, rng))
         finally:
             self._lost()
+            if self._sessions:
+                self.drop_all("this replica stops relaying")
 
     def _lost(self) -> None:
         was_up = self.relay_up.is_set()
         self.relay_up.clear()
         self.term = 0
-        if was_up or self._sessions:
-            self.drop_all("the relay to the leader ended")
+        if was_up:
+            self.keep_for_the_next_leader("the relay to the leader ended")
 
     async def _relay(self, address: str, leader_address: Callable[[], str] = lambda: "") -> None:
         channel = (grpc.aio.secure_channel(address, channel_credentials(self._tls),
@@ -290,8 +351,8 @@ class LinkShard:
             self.summarises = first.takes_liveness_summaries
             self.folds_holdings = first.takes_snapshot_holdings
             self.packs_steps = first.takes_step_folds
-            self._up.clear()
             self._heard.clear()
+            self._replay_hellos()  # (only kept sessions' messages can be queued: none opens without a relay)
             self.relay_up.set()
             self.has_relayed = True
             log.info("relaying to the leader", leader=address, term=self.term)

@@ -73,6 +73,15 @@ class UpQueue:
         self._items.append(item)
         return True
 
+    def put_first(self, items: list[shard_pb2.Forwarded]) -> None:
+        """Queues `items` ahead of everything queued, in their order, past the capacity if need be
+        (a kept session's Hello replayed to a new leader: the queue held only what its agents sent
+        while no relay was up, which must follow it)."""
+        if not items:
+            return
+        self._items[:0] = items
+        self._heartbeat_at = {session: at + len(items) for session, at in self._heartbeat_at.items()}
+
     def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
              folds_holdings: bool = False, packs_steps: bool = False) -> list[shard_pb2.Forwarded]:
         """Up to `max_items` items and about `max_bytes` (always at least one item), oldest first,

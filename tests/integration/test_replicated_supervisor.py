@@ -1,20 +1,25 @@
 """Three supervisor replicas on a real 3-member etcd cluster, real agents, real gloo training.
 
 Killing the leading supervisor mid-run: a follower takes over within seconds, at a higher term,
-agents reconnect to it, and training never stops: the job completes in its first generation.
+and training never stops: the job completes in its first generation. The agents held by the
+follower that goes on following keep their streams: it replays their Hellos to the new leader,
+which welcomes them through the same stream (no reconnect); the new leader's own share reconnects.
 The standard health service tells a load balancer which replica takes agents: the leader only.
 """
 
 from __future__ import annotations
 
+import datetime
 import pathlib
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ftsup.common.shard_map import agent_holders, shard_of
 from ftsup.harness.cluster import ClusterSpec, LocalCluster
 from ftsup.harness.demo import trainer_argv
 from ftsup.v1 import operator_pb2
@@ -24,11 +29,26 @@ from tests.support.log_context import json_lines, supervisor_problems
 pytestmark = pytest.mark.integration
 
 
+def _events(log_path: pathlib.Path) -> list[tuple[float, dict]]:
+    """(unix time, record) of each line of an agent's JSON log."""
+    out = []
+    for _, record in json_lines(log_path):
+        at = datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
+        out.append((at, record))
+    return out
+
+
+def _last(log_path: pathlib.Path, event: str) -> dict:
+    """The newest record of `event` with its time as "at"; {} when there is none."""
+    found = [{**record, "at": at} for at, record in _events(log_path) if record["event"] == event]
+    return found[-1] if found else {}
+
+
 def test_killing_the_leading_supervisor_neither_stops_training_nor_loses_an_event(
     tmp_path: pathlib.Path, etcd: EtcdCluster, etcd_prefix: str
 ) -> None:
     spec = ClusterSpec(
-        nodes=3, spares=1, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, 80, seed=5),
+        nodes=3, spares=3, ranks_per_node=1, trainer_argv=trainer_argv(sys.executable, 80, seed=5),
         supervisors=3, etcd_endpoints=tuple(etcd.endpoints.split(",")), etcd_prefix=etcd_prefix,
         warm_trainers=1,
     )
@@ -36,13 +56,27 @@ def test_killing_the_leading_supervisor_neither_stops_training_nor_loses_an_even
         cluster.start()
         cluster.wait_for(lambda: cluster.status().step >= 5, 180, "step 5")
         first = cluster.wait_for(cluster.leader, 30, "a leader")
+        logs = {node_id: node.log_path for node_id, node in cluster.agents.items()}
+        homes = {node_id: shard_of(node_id, agent_holders(cluster.addresses, first.address)) for node_id in logs}
+        cluster.wait_for(lambda: all(_last(logs[n], "welcomed").get("supervisor") == homes[n] for n in logs), 60,
+                         f"each agent on its shard {homes}")
         before = [r.seq for r in cluster.events()]
+        killed_at = time.time()
         cluster.kill_supervisor(first.address)
         second = cluster.wait_for(
             lambda: (leader := cluster.leader()) is not None and leader.address != first.address and leader,
             30, "a new leader",
         )
         assert second.term > first.term
+        # The follower that goes on following keeps its agents: welcomed again on the same stream.
+        kept = sorted(n for n, home in homes.items() if home not in (first.address, second.address))
+        cluster.wait_for(lambda: all(_last(logs[n], "welcomed_again").get("at", 0) > killed_at for n in kept), 30,
+                         f"agents {kept} welcomed by the new leader through their kept streams")
+        for node_id in kept:
+            ended = [r for at, r in _events(logs[node_id]) if at > killed_at
+                     and r["event"] in ("stream_closed_by_supervisor", "stream_error", "redirected")]
+            assert not ended, f"{node_id}'s stream was kept: {ended}"
+        print(f"\nkept {len(kept)} of {len(logs)} agents' streams across the leader change (placement {homes})")
         status = cluster.wait_for(
             lambda: (s := cluster.status()).phase == operator_pb2.JOB_PHASE_COMPLETED and s, 240, "completion"
         )

@@ -126,6 +126,7 @@ class Hello(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
     UNREACHABLE_REPLICAS_FIELD_NUMBER: _builtins.int
+    RESYNCS_ON_WELCOME_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """random per agent process start; a reconnect keeps it"""
@@ -138,6 +139,12 @@ class Hello(_message.Message):
     agent_version: _builtins.str
     failure_domain: _builtins.str
     """e.g. the rack: spares from another domain are preferred"""
+    resyncs_on_welcome: _builtins.bool
+    """The agent sends its state reports again (snapshots held, its once-only facts) whenever another
+    Welcome comes on an open stream. A link shard keeps such an agent's stream across a leader
+    change and replays its Hello to the new leader, whose Welcome then asks for that resync; an
+    older agent's stream is ended instead, and it reconnects.
+    """
     @_builtins.property
     def unreachable_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Link shards (issue 14): replicas this agent could not reach since its last session. The replica
@@ -157,10 +164,11 @@ class Hello(_message.Message):
         agent_version: _builtins.str = ...,
         failure_domain: _builtins.str = ...,
         unreachable_replicas: _abc.Iterable[_builtins.str] | None = ...,
+        resyncs_on_welcome: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "role", b"role", "unreachable_replicas", b"unreachable_replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "resyncs_on_welcome", b"resyncs_on_welcome", "role", b"role", "unreachable_replicas", b"unreachable_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -80,3 +80,66 @@ async def test_the_resync_waits_for_the_welcome_and_folds_only_when_told(tmp_pat
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await server.stop(0)
+
+
+class _TwoLeaders(agent_pb2_grpc.SupervisorServicer):
+    """One stream, two Welcomes: what an agent sees when its link shard keeps its stream across a
+    leader change and the new leader welcomes the replayed Hello."""
+
+    def __init__(self) -> None:
+        self.received: list[agent_pb2.AgentMessage] = []
+        self.second = asyncio.Event()  # the test says when the new leader's Welcome goes
+        self.streams = 0
+
+    async def Connect(self, request_iterator, context):
+        self.streams += 1
+
+        async def read() -> None:
+            async for message in request_iterator:
+                self.received.append(message)
+
+        reader = asyncio.create_task(read())
+        yield agent_pb2.SupervisorMessage(welcome=agent_pb2.Welcome(node_id="n0", heartbeat_interval_s=30, term=1))
+        await self.second.wait()
+        yield agent_pb2.SupervisorMessage(welcome=agent_pb2.Welcome(node_id="n0", heartbeat_interval_s=30, term=2))
+        await reader
+
+
+async def test_a_second_welcome_on_the_same_stream_brings_the_resync_again_at_once(tmp_path: pathlib.Path):
+    fake = _TwoLeaders()
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_SupervisorServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    config = AgentConfig(node_id="n0", supervisors=(f"127.0.0.1:{port}",), role="active", host="127.0.0.1",
+                         peer_port=9000, workdir=tmp_path, heartbeat_interval_s=30, gpus=8, log_json=None,
+                         log_level="warning")
+    reports = Reports()
+    reports.send(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(generation=1, rank=0)), sticky=True)
+    link = SupervisorLink(config, incarnation=1, peer_port=9000, reports=reports, on_directive=lambda d: None,
+                          running_generation=lambda: 1, log=structlog.get_logger(), rng=random.Random(0),
+                          resync=lambda: [held(0, 7)])
+
+    def resyncs() -> int:
+        return sum(m.WhichOneof("kind") == "snapshot_report" for m in fake.received)
+
+    async def until(what: str, predicate) -> None:
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while not predicate():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(link.run())
+    try:
+        await until("the first resync", lambda: resyncs() == 1)
+        assert fake.received[0].hello.resyncs_on_welcome, "the Hello says a shard may keep this stream"
+        exits = sum(m.WhichOneof("kind") == "trainer_exit" for m in fake.received)
+        fake.second.set()
+        # Heartbeats are 30 s apart: the resync must not wait for the next one.
+        await until("the resync after the second Welcome", lambda: resyncs() == 2)
+        assert sum(m.WhichOneof("kind") == "trainer_exit" for m in fake.received) == exits + 1, "sticky facts too"
+        assert fake.streams == 1, "no reconnect"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(0)

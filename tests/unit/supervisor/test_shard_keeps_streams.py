@@ -1,0 +1,128 @@
+"""A link shard keeps its agents' streams across a leader change (issue 14): the relay to the old
+leader ends, the shard keeps the streams of agents that resync on a second Welcome and replays
+their Hellos to the next leader, which welcomes them through the same stream; an older agent's
+stream is ended (it reconnects, as before); the kept streams are ended when this replica is the
+one that now leads, or when no relay comes up in time. Real gRPC in process: two leader runtimes
+with their relay services, and a follower whose agent service hands its agents to the shard."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from ftsup.common.shard_map import shard_of
+from ftsup.supervisor import shard as shard_module
+from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.runtime import Runtime
+from ftsup.supervisor.server.agent_service import AgentService
+from ftsup.supervisor.server.relay_service import RelayService
+from ftsup.supervisor.shard import LinkShard
+from ftsup.supervisor.shard_queue import UpQueue, forwarded
+from ftsup.v1 import agent_pb2, agent_pb2_grpc, shard_pb2_grpc
+from tests.support.builders import config
+from tests.unit.supervisor.test_link_shard import beat, hello_message, kinds, read_until, until, xid
+
+
+def test_replayed_hellos_go_ahead_of_what_was_queued_and_a_queued_heartbeat_still_folds():
+    queue = UpQueue()
+    queue.push(forwarded(1, "n1", 1, beat(1)))
+    queue.push(forwarded(1, "n1", 1, xid(79)))
+    queue.put_first([forwarded(1, "n1", 1, hello_message("n1")), forwarded(2, "n2", 1, hello_message("n2"))])
+    queue.push(forwarded(1, "n1", 1, beat(2)))  # folds into its queued heartbeat, now two places later
+    assert kinds(queue.take()) == [(1, "hello"), (2, "hello"), (1, "hb2"), (1, "xid_event")]
+
+
+class Replicas:
+    def __init__(self, first: str, second: str, follower: str, runtimes: list[Runtime], shard: LinkShard,
+                 leads: list[str], servers: list[grpc.aio.Server]) -> None:
+        self.first, self.second, self.follower = first, second, follower
+        self.runtimes, self.shard, self.leads, self.servers = runtimes, shard, leads, servers
+
+    def node(self, index: int) -> str:
+        """The index-th node id homed on the follower's shard."""
+        homed = (f"n{i}" for i in range(1000) if shard_of(f"n{i}", (self.first, self.follower)) == self.follower)
+        return next(n for i, n in enumerate(homed) if i == index)
+
+
+@contextlib.asynccontextmanager
+async def replicas() -> AsyncIterator[Replicas]:
+    runtimes = [Runtime(config(nodes=2), MemoryLog(), tick_s=0.05) for _ in range(2)]
+    follower_runtime = Runtime(config(nodes=2), MemoryLog(), tick_s=0.05)
+    follower_runtime.become_follower()
+    servers = [grpc.aio.server() for _ in range(3)]
+    first, second, follower = (f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}" for server in servers)
+    for server, runtime in zip(servers, runtimes, strict=False):
+        shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime), server)
+    shard = LinkShard(follower, lambda: (first, follower))
+    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(follower_runtime, shard=shard), servers[2])
+    for server in servers:
+        await server.start()
+    leads = [first]
+    tasks = [*(asyncio.create_task(runtime.run()) for runtime in runtimes),
+             asyncio.create_task(shard.relay_forever(lambda: leads[0]))]
+    try:
+        await until(shard.relay_up.is_set, "the shard's relay to the first leader")
+        yield Replicas(first, second, follower, runtimes, shard, leads, servers)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for server in servers:
+            await server.stop(0)
+
+
+async def connect(channel: grpc.aio.Channel, node: str, resyncs: bool) -> grpc.aio.StreamStreamCall:
+    call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+    hello = hello_message(node)
+    hello.hello.resyncs_on_welcome = resyncs
+    await call.write(hello)
+    await read_until(call, "welcome")
+    return call
+
+
+async def ends(call: grpc.aio.StreamStreamCall) -> None:
+    while (message := await asyncio.wait_for(call.read(), 5.0)) is not grpc.aio.EOF:
+        assert message.WhichOneof("kind") != "welcome", "welcomed again instead of ended"
+
+
+async def test_a_resyncing_agents_stream_is_kept_and_welcomed_by_the_next_leader_an_older_agents_ended():
+    async with replicas() as r, grpc.aio.insecure_channel(r.follower) as channel:
+        kept_node, old_node = r.node(0), r.node(1)
+        kept = await connect(channel, kept_node, resyncs=True)
+        old = await connect(channel, old_node, resyncs=False)
+        assert kept_node in r.runtimes[0].state.nodes and kept_node not in r.runtimes[1].state.nodes
+        r.leads[0] = r.second  # etcd names another leader: the relay to the first moves on
+        await ends(old)  # an agent that would not resync reconnects, as before
+        again = await read_until(kept, "welcome")  # the same stream, the new leader's Welcome
+        assert again.welcome.node_id == kept_node
+        new_leader = r.runtimes[1]
+        assert new_leader.soft.nodes[kept_node].stream_id is not None
+        assert r.shard.kept_across_leaders == 1 and r.shard.leader_address == r.second
+        await kept.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=7, want_ack=True)))
+        ack = await read_until(kept, "heartbeat_ack")  # admitted by the new leader, through the shard
+        assert ack.heartbeat_ack.seq == 7
+        kept.cancel()
+
+
+async def test_kept_streams_end_when_this_replica_is_the_one_that_now_leads():
+    async with replicas() as r, grpc.aio.insecure_channel(r.follower) as channel:
+        kept = await connect(channel, r.node(0), resyncs=True)
+        r.leads[0] = r.follower  # this replica won: its agents come to it directly
+        await ends(kept)
+        assert r.shard.sessions() == [] and r.shard.kept_across_leaders == 0
+
+
+async def test_kept_streams_end_when_no_leader_relays_them_in_time(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(shard_module, "KEEP_WITHOUT_LEADER_S", 0.3)
+    async with replicas() as r, grpc.aio.insecure_channel(r.follower) as channel:
+        kept = await connect(channel, r.node(0), resyncs=True)
+        r.leads[0] = ""  # the leader dies and no other is elected
+        await r.servers[0].stop(0)
+        await until(lambda: not r.shard.relay_up.is_set(), "the relay to end")
+        assert len(r.shard.sessions()) == 1, "kept while an election may still name a leader"
+        await ends(kept)
+        assert r.shard.sessions() == []
