@@ -218,7 +218,13 @@ class LinkShard:
 
     def rehome(self) -> int:
         """Moves the nodes whose shard is now another replica (the live set changed): each is told
-        its shard and its stream ends as a move. Returns how many moved."""
+        its shard and its stream ends as a move. Returns how many moved.
+
+        Not while no relay is up: the streams kept for the next leader stay where they are until
+        it is known (a home worked out meanwhile would count the coming leader as a shard and move
+        nodes to it, and back once it leads); the next change, or the periodic pass, moves them."""
+        if not self.relay_up.is_set():
+            return 0
         moved = 0
         for session in list(self._sessions.values()):
             home = self.home_of(session.node_id)

@@ -126,3 +126,20 @@ async def test_kept_streams_end_when_no_leader_relays_them_in_time(monkeypatch: 
         assert len(r.shard.sessions()) == 1, "kept while an election may still name a leader"
         await ends(kept)
         assert r.shard.sessions() == []
+
+
+async def test_no_kept_stream_is_moved_before_the_next_leader_is_known():
+    async with replicas() as r, grpc.aio.insecure_channel(r.follower) as channel:
+        node = next(f"n{i}" for i in range(1000) if shard_of(f"n{i}", (r.first, r.follower)) == r.follower
+                    and shard_of(f"n{i}", (r.second, r.follower)) == r.second)
+        kept = await connect(channel, node, resyncs=True)
+        r.leads[0] = ""  # the leader dies; no other is elected yet
+        await r.servers[0].stop(0)
+        await until(lambda: not r.shard.relay_up.is_set(), "the relay to end")
+        r.shard._live = lambda: (r.second, r.follower)  # its membership expired: the live set changed
+        assert r.shard.rehome() == 0 and len(r.shard.sessions()) == 1, "held for the next leader"
+        r.leads[0] = r.second
+        await read_until(kept, "welcome")
+        assert r.shard.rehome() == 1, "moved once a leader is known (here none excludes the second)"
+        told = await read_until(kept, "not_leader")
+        assert told.not_leader.shard_address == r.second
