@@ -260,7 +260,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                          "--first", str(first),
                          "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
                          "--step-epoch-s", str(step_epoch_s), "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1),
-                         "--ack-every", str(args.ack_every),
+                         "--ack-every", str(args.ack_every), *(["--old-agents"] if args.old_agents else []),
                          "--leader", address, *(["--snapshot-reports"] if args.snapshot_reports else [])]
             with open(workdir / f"load-{index}.log", "wb") as load_log:
                 load = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -388,6 +388,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         if getattr(args, "kill_shard", False) and replicas > 1 and not profile:
             out["shard_kill"] = _kill_a_shard(supervisors, address, holders, nodes, procs, watch, dead_after_s,
                                               interval_s)
+        if getattr(args, "kill_leader", False) and replicas > 1 and not profile:
+            out["leader_kill"] = _kill_the_leader(supervisors, address, procs, dead_after_s, interval_s)
         if profile:
             out["profile_top"] = _profile_top(_profile_path(workdir, address))
             if replicas > 1:
@@ -448,6 +450,50 @@ def _kill_a_shard(supervisors: dict[str, subprocess.Popen[bytes]], leader: str, 
     _progress(f"shard {victim} killed: {len(heard)}/{moved} of its nodes heard again elsewhere within"
               f" {result['heard_again_max_s']} s; {result['deaths_after_kill']} deaths,"
               f" {result['suspects_after_kill']} suspects after the kill")
+    return result
+
+
+def _kill_the_leader(supervisors: dict[str, subprocess.Popen[bytes]], leader: str, procs: list[LoadProcess],
+                     dead_after_s: float, interval_s: float) -> dict[str, Any]:
+    """SIGKILLs the leader (issue 14, part 10): a follower is elected, the followers' relays move to
+    it and replay their agents' Hellos through the streams they kept (or, with --old-agents, end
+    them: every node redials). Reports when the new leader was elected, when each node was welcomed
+    by it (seconds after the kill: p50, max), how many redialled, and the verdicts after the kill
+    (from the new leader's log; the goal: none)."""
+    killed_at = time.time()
+    os.kill(supervisors[leader].pid, signal.SIGKILL)
+    survivors = [a for a in supervisors if a != leader]
+    successor = _wait(lambda: _leader(survivors), 60, "a new leader", supervisors[survivors[0]], poll_s=0.05)
+    elected_s = time.time() - killed_at
+    timeout_s = 4 * dead_after_s + 60.0
+    for proc in procs:
+        proc.send({"cmd": "rewelcome", "killed_at": killed_at, "timeout_s": timeout_s})
+    replies = [proc.read(time.monotonic() + timeout_s + 60) for proc in procs]
+    welcomed = sorted(t for r in replies for t in r["welcomed_s"])
+    watch = EventWatch(successor, 1)  # (the whole log: the kill's verdicts are told by their time)
+    try:
+        settle_until = time.monotonic() + dead_after_s + interval_s
+        while time.monotonic() < settle_until:
+            time.sleep(0.2)  # (waiting out a window in which nothing must happen)
+        after = [(kind, node) for kind, node, at in list(watch.verdicts) if at >= killed_at]
+    finally:
+        watch.close()
+    result = {
+        "killed": leader,
+        "new_leader": successor,
+        "elected_s": round(elected_s, 3),
+        "nodes": sum(r["nodes"] for r in replies),
+        "welcomed_again": len(welcomed),
+        "welcomed_p50_s": welcomed[len(welcomed) // 2] if welcomed else None,
+        "welcomed_max_s": welcomed[-1] if welcomed else None,
+        "redialled": sum(r["redialled"] for r in replies),
+        "deaths_after_kill": sum(1 for kind, _ in after if kind == "node_declared_dead"),
+        "suspects_after_kill": sum(1 for kind, _ in after if kind == "node_suspected"),
+        "verdict_nodes": sorted({node for _, node in after})[:10],
+    }
+    _progress(f"leader {leader} killed: {successor} elected after {result['elected_s']} s; {len(welcomed)}/"
+              f"{result['nodes']} nodes welcomed by it within {result['welcomed_max_s']} s, {result['redialled']}"
+              f" redialled; {result['deaths_after_kill']} deaths, {result['suspects_after_kill']} suspects")
     return result
 
 
@@ -515,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-shard", action="store_true",
                         help="with --replicas above 1: after the window, SIGKILL the follower holding the most nodes"
                              " and report when each of its nodes was heard again elsewhere, and any verdict")
+    parser.add_argument("--kill-leader", action="store_true",
+                        help="with --replicas above 1: after the window, SIGKILL the leader and report when the new"
+                             " one welcomed each node (through kept streams), how many redialled, and any verdict")
+    parser.add_argument("--old-agents", action="store_true",
+                        help="the simulated agents do not resync on a second Welcome (agents before 2026-11-28):"
+                             " a shard ends their streams at a leader change (the baseline of --kill-leader)")
     parser.add_argument("--profile", action="store_true",
                         help="also run the full fleet at the last interval under cProfile and report the top functions")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,
@@ -524,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=pathlib.Path, default=None, metavar="FILE",
                         help="with --plot: draw a saved result instead of running the benchmark")
     args = parser.parse_args(argv)
+    if args.kill_shard and args.kill_leader:
+        parser.error("--kill-shard and --kill-leader: one kill per run")
     target = None
     if args.plot:
         try:

@@ -23,6 +23,8 @@ Driven by `bench/scale.py` over stdin/stdout, one JSON object per line:
   out {"kind": "result", "latencies_ms": [...], "sent": n, "acked": n, "cpu_s": s, ...}
   in  {"cmd": "rehome", "killed": address, "killed_at": unix time, "timeout_s": t}
   out {"kind": "rehome", "moved": n, "heard_again": n, "heard_again_s": [...]}  (once all are, or at t)
+  in  {"cmd": "rewelcome", "killed_at": unix time, "timeout_s": t}       (the leader was SIGKILLed)
+  out {"kind": "rewelcome", "nodes": n, "welcomed": n, "welcomed_s": [...], "redialled": n}
   in  {"cmd": "stop"}
 """
 
@@ -72,6 +74,7 @@ class SimNode:
     redirect: str = ""  # a NotLeader's shard: dialled next
     lost_at_wall_s: float | None = None  # when its last stream ended (unix time)
     heard_again_wall_s: float | None = None  # its first heartbeat ack after that
+    welcomed_wall_s: float | None = None  # its latest Welcome (unix time): a new leader's, after a leader change
 
 
 @dataclass(slots=True)
@@ -172,6 +175,25 @@ class Fleet:
                 emit(await self.measure(command["window_s"], command.get("silence"), command.get("silence_at_s", 0.0)))
             if command["cmd"] == "rehome":
                 emit(await self.rehome(command["killed"], command["killed_at"], command["timeout_s"]))
+            if command["cmd"] == "rewelcome":
+                emit(await self.rewelcome(command["killed_at"], command["timeout_s"]))
+
+    async def rewelcome(self, killed_at: float, timeout_s: float) -> dict[str, object]:
+        """Once every node was welcomed after `killed_at` (the leader's SIGKILL: the new leader
+        took it, through a kept stream or a new one), or after `timeout_s`: when each was, and how
+        many had their stream ended meanwhile (and redialled)."""
+        nodes = [n for n in self.nodes if not n.is_silenced]
+        deadline = time.monotonic() + timeout_s
+        while True:  # (polled: the nodes' clocks are read, not awaited)
+            if time.monotonic() >= deadline or all(
+                    n.welcomed_wall_s is not None and n.welcomed_wall_s > killed_at for n in nodes):
+                break
+            await asyncio.sleep(0.05)
+        welcomed = [round(n.welcomed_wall_s - killed_at, 3) for n in nodes
+                    if n.welcomed_wall_s is not None and n.welcomed_wall_s > killed_at]
+        redialled = sum(1 for n in nodes if n.lost_at_wall_s is not None and n.lost_at_wall_s > killed_at)
+        return {"kind": "rewelcome", "nodes": len(nodes), "welcomed": len(welcomed), "welcomed_s": welcomed,
+                "redialled": redialled}
 
     async def rehome(self, killed: str, killed_at: float, timeout_s: float) -> dict[str, object]:
         """Once every node that was on `killed` (SIGKILLed at `killed_at`) is heard again
@@ -246,7 +268,7 @@ class Fleet:
                     host="10.0.0.1", peer_port=7071, gpus=8, agent_version="sim", failure_domain="",
                     unreachable_replicas=node.unreachable,
                     # (a second Welcome is handled as the first: holdings go every step anyway)
-                    resyncs_on_welcome=True)))
+                    resyncs_on_welcome=not self.args.old_agents)))
                 reader = asyncio.create_task(self.read(node, call))
                 tasks.append(reader)
                 welcomed = asyncio.create_task(node.welcomed.wait())
@@ -350,6 +372,7 @@ class Fleet:
                 if message.welcome.heartbeat_interval_s > 0:
                     node.interval_s = message.welcome.heartbeat_interval_s
                 node.takes_holdings = message.welcome.takes_snapshot_holdings
+                node.welcomed_wall_s = time.time()
                 node.welcomed.set()
             elif kind == "directive":
                 c.directives += 1
@@ -389,6 +412,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-reports", action="store_true",
                    help="per step, the node's holding of each rank it owns (its RAM snapshot): one SnapshotHoldings"
                         " per node where the supervisor takes them, else one SnapshotReport per rank")
+    p.add_argument("--old-agents", action="store_true",
+                   help="the nodes do not resync on a second Welcome (agents before 2026-11-28): a shard ends"
+                        " their streams at a leader change instead of keeping them")
     p.add_argument("--leader", default="", help="the leading replica's address: it holds no agents from 3 replicas"
                    " (common/shard_map.agent_holders), so nodes dial a follower's link shard")
     p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection (at most the server's per-connection cap)")

@@ -67,3 +67,18 @@ def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(c
     assert kill["heard_again"] == kill["moved"], kill
     assert kill["deaths_after_kill"] == 0, kill
     assert "shard_kill" not in single
+
+
+def test_a_leader_kill_under_the_scale_bench_keeps_the_followers_streams(capsys):
+    """Three replicas, the leader SIGKILLed after the window: the new leader welcomes every node,
+    the nodes of the follower that goes on following through their kept streams (only the new
+    leader's own former share redials), and nobody is judged."""
+    assert cli.main(["bench", "scale", "--json", "--nodes", "90", "--intervals", "1", "--duration-s", "6",
+                     "--step-s", "2", "--sweep", "", "--replicas", "3", "--kill-leader"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs_by_replicas"]["3"]["1"]
+    assert "error" not in run, run.get("error")
+    kill = run["leader_kill"]
+    assert kill["new_leader"] != kill["killed"] and kill["nodes"] >= 89
+    assert kill["welcomed_again"] == kill["nodes"], kill
+    assert kill["redialled"] < kill["nodes"], f"the other follower's nodes kept their streams: {kill}"
+    assert kill["deaths_after_kill"] == 0, kill
