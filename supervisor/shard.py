@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -70,6 +71,10 @@ LEADER_WATCH_S = 0.1
 # Agent streams are kept across a leader change for this long at most while no relay is up (an
 # election takes a lease's TTL, a few seconds); past it they are ended and the agents redial.
 KEEP_WITHOUT_LEADER_S = 30.0
+# A kept stream's Hello is replayed only if its agent was heard within this many of its heartbeat
+# intervals: a replayed Hello vouches for the agent, and one that went silent (a hung process whose
+# connection lives on) must not be re-admitted, or un-quarantined, by the next leader on our word.
+REPLAY_HEARD_WITHIN_INTERVALS = 2.0
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
 
@@ -87,6 +92,7 @@ class ShardSession:
     is_moved: bool = False  # ended here to move the node to another shard (not a death signal)
     messages: TokenBucket = field(default_factory=lambda: TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, 0.0))
     hello: agent_pb2.AgentMessage | None = None  # replayed to a new leader, when the agent resyncs on a Welcome
+    interval_s: float = 1.0  # the heartbeat interval its last Welcome set (the agent's default before one)
 
 
 class LinkShard:
@@ -271,10 +277,7 @@ class LinkShard:
         carries what matters). Returns how many streams are kept."""
         ended = [session for session in self._sessions.values() if session.hello is None]
         for session in ended:
-            session.outbox.close()
-            del self._sessions[session.session]
-            if self._node_session.get(session.node_id) == session.session:
-                del self._node_session[session.node_id]
+            self._forget(session)
         self._up.clear()
         self._heard.clear()
         if self._sessions and self._kept_since is None:
@@ -283,6 +286,13 @@ class LinkShard:
             log.warning("relay to the leader lost: keeping agent streams for the next leader",
                         kept=len(self._sessions), ended=len(ended), why=why)
         return len(self._sessions)
+
+    def _forget(self, session: ShardSession) -> None:
+        """Ends `session`'s stream and forgets it here without telling any leader (none relays it)."""
+        session.outbox.close()
+        del self._sessions[session.session]
+        if self._node_session.get(session.node_id) == session.session:
+            del self._node_session[session.node_id]
 
     def _drop_kept_unless_relayable(self, leader: str) -> None:
         """Ends the kept streams once they cannot be relayed: this replica leads now (its agents
@@ -298,8 +308,20 @@ class LinkShard:
         """Puts every kept session's Hello ahead of what its agent sent since (one loop turn: no
         message of a session can reach the new leader before its Hello). Returns how many."""
         self._kept_since = None
-        kept = [forwarded(s.session, s.node_id, s.incarnation, s.hello) for s in self._sessions.values()
-                if s.hello is not None and not s.outbox.is_closed]
+        now = self._clock()
+        kept, silent = [], []
+        for session in self._sessions.values():
+            if session.hello is None or session.outbox.is_closed:
+                continue
+            if now - session.last_heard_s <= REPLAY_HEARD_WITHIN_INTERVALS * session.interval_s:
+                kept.append(forwarded(session.session, session.node_id, session.incarnation, session.hello))
+            else:
+                silent.append(session)
+        for session in silent:  # (forgotten before the relay is up: the new leader never hears of them)
+            self._forget(session)
+        if silent:
+            log.warning("not vouching for silent agents to the new leader: their streams end",
+                        nodes=len(silent), example=silent[0].node_id)
         if not kept:
             return 0
         self._up.put_first(kept)
@@ -446,6 +468,9 @@ class LinkShard:
             if item.HasField("message"):
                 if item.message.WhichOneof("kind") == "welcome":
                     session.last_heard_s = self._clock()
+                    interval_s = item.message.welcome.heartbeat_interval_s
+                    if math.isfinite(interval_s) and interval_s > 0:
+                        session.interval_s = interval_s
                 session.outbox.put(item.message)
             if item.close:
                 session.outbox.close()

@@ -84,6 +84,25 @@ async def connect(channel: grpc.aio.Channel, node: str, resyncs: bool) -> grpc.a
     return call
 
 
+@contextlib.asynccontextmanager
+async def beating(call: grpc.aio.StreamStreamCall) -> AsyncIterator[None]:
+    """The agent heartbeats every 0.2 s meanwhile (a live agent: the shard vouches only for those)."""
+    async def beat() -> None:
+        seq = 100
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            while True:
+                seq += 1
+                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=seq)))
+                await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def ends(call: grpc.aio.StreamStreamCall) -> None:
     while (message := await asyncio.wait_for(call.read(), 5.0)) is not grpc.aio.EOF:
         assert message.WhichOneof("kind") != "welcome", "welcomed again instead of ended"
@@ -95,9 +114,10 @@ async def test_a_resyncing_agents_stream_is_kept_and_welcomed_by_the_next_leader
         kept = await connect(channel, kept_node, resyncs=True)
         old = await connect(channel, old_node, resyncs=False)
         assert kept_node in r.runtimes[0].state.nodes and kept_node not in r.runtimes[1].state.nodes
-        r.leads[0] = r.second  # etcd names another leader: the relay to the first moves on
-        await ends(old)  # an agent that would not resync reconnects, as before
-        again = await read_until(kept, "welcome")  # the same stream, the new leader's Welcome
+        async with beating(kept):
+            r.leads[0] = r.second  # etcd names another leader: the relay to the first moves on
+            await ends(old)  # an agent that would not resync reconnects, as before
+            again = await read_until(kept, "welcome")  # the same stream, the new leader's Welcome
         assert again.welcome.node_id == kept_node
         new_leader = r.runtimes[1]
         assert new_leader.soft.nodes[kept_node].stream_id is not None
@@ -138,8 +158,27 @@ async def test_no_kept_stream_is_moved_before_the_next_leader_is_known():
         await until(lambda: not r.shard.relay_up.is_set(), "the relay to end")
         r.shard._live = lambda: (r.second, r.follower)  # its membership expired: the live set changed
         assert r.shard.rehome() == 0 and len(r.shard.sessions()) == 1, "held for the next leader"
-        r.leads[0] = r.second
-        await read_until(kept, "welcome")
+        async with beating(kept):
+            r.leads[0] = r.second
+            await read_until(kept, "welcome")
         assert r.shard.rehome() == 1, "moved once a leader is known (here none excludes the second)"
         told = await read_until(kept, "not_leader")
         assert told.not_leader.shard_address == r.second
+
+
+async def test_a_kept_agent_that_went_silent_is_not_vouched_for_to_the_next_leader():
+    """A hung agent whose connection lives on: replaying its Hello would have the next leader admit
+    it again (a dead one even un-quarantined), on the shard's word alone."""
+    async with replicas() as r, grpc.aio.insecure_channel(r.follower) as channel:
+        silent_node, live_node = r.node(0), r.node(1)
+        silent = await connect(channel, silent_node, resyncs=True)
+        live = await connect(channel, live_node, resyncs=True)
+        by_node = {s.node_id: s for s in r.shard.sessions()}
+        by_node[silent_node].last_heard_s -= 3 * by_node[silent_node].interval_s  # silent for 3 intervals
+        async with beating(live):
+            r.leads[0] = r.second
+            await read_until(live, "welcome")
+            await ends(silent)
+        assert silent_node not in r.runtimes[1].state.nodes and live_node in r.runtimes[1].state.nodes
+        assert r.shard.kept_across_leaders == 1
+        live.cancel()
