@@ -123,6 +123,9 @@ async def test_a_second_welcome_on_the_same_stream_brings_the_resync_again_at_on
     def resyncs() -> int:
         return sum(m.WhichOneof("kind") == "snapshot_report" for m in fake.received)
 
+    def exits() -> int:
+        return sum(m.WhichOneof("kind") == "trainer_exit" for m in fake.received)
+
     async def until(what: str, predicate) -> None:
         deadline = asyncio.get_running_loop().time() + 5.0
         while not predicate():
@@ -131,13 +134,12 @@ async def test_a_second_welcome_on_the_same_stream_brings_the_resync_again_at_on
 
     task = asyncio.create_task(link.run())
     try:
-        await until("the first resync", lambda: resyncs() == 1)
+        # The first session: the resync (a holding, then the sticky fact) and the queued report.
+        await until("the first resync and the queued report", lambda: resyncs() == 1 and exits() == 2)
         assert fake.received[0].hello.resyncs_on_welcome, "the Hello says a shard may keep this stream"
-        exits = sum(m.WhichOneof("kind") == "trainer_exit" for m in fake.received)
         fake.second.set()
         # Heartbeats are 30 s apart: the resync must not wait for the next one.
-        await until("the resync after the second Welcome", lambda: resyncs() == 2)
-        assert sum(m.WhichOneof("kind") == "trainer_exit" for m in fake.received) == exits + 1, "sticky facts too"
+        await until("the resync after the second Welcome, sticky facts too", lambda: resyncs() == 2 and exits() == 3)
         assert fake.streams == 1, "no reconnect"
     finally:
         task.cancel()
