@@ -430,22 +430,13 @@ def _kill_a_shard(supervisors: dict[str, subprocess.Popen[bytes]], leader: str, 
         proc.send({"cmd": "rehome", "killed": victim, "killed_at": killed_at, "timeout_s": timeout_s})
     replies = [proc.read(time.monotonic() + timeout_s + 60) for proc in procs]
     heard = sorted(t for r in replies for t in r["heard_again_s"])
-    # Verdicts come from the leader's detector: give it one allowance of silence past the last move.
-    settle_until = time.monotonic() + dead_after_s + interval_s
-    while time.monotonic() < settle_until:
-        time.sleep(0.2)  # (waiting out a window in which nothing must happen)
-    after = [(kind, node) for kind, node, at in list(watch.verdicts) if at >= killed_at]
     moved = sum(r["moved"] for r in replies)
     result = {
         "killed": victim,
         "nodes_on_it": homes.count(victim),
         "moved": moved,
         "heard_again": len(heard),
-        "heard_again_p50_s": heard[len(heard) // 2] if heard else None,
-        "heard_again_max_s": heard[-1] if heard else None,
-        "deaths_after_kill": sum(1 for kind, _ in after if kind == "node_declared_dead"),
-        "suspects_after_kill": sum(1 for kind, _ in after if kind == "node_suspected"),
-        "verdict_nodes": sorted({node for _, node in after})[:10],
+        **_after_a_kill("heard_again", heard, watch, killed_at, dead_after_s + interval_s),
     }
     _progress(f"shard {victim} killed: {len(heard)}/{moved} of its nodes heard again elsewhere within"
               f" {result['heard_again_max_s']} s; {result['deaths_after_kill']} deaths,"
@@ -472,10 +463,7 @@ def _kill_the_leader(supervisors: dict[str, subprocess.Popen[bytes]], leader: st
     welcomed = sorted(t for r in replies for t in r["welcomed_s"])
     watch = EventWatch(successor, 1)  # (the whole log: the kill's verdicts are told by their time)
     try:
-        settle_until = time.monotonic() + dead_after_s + interval_s
-        while time.monotonic() < settle_until:
-            time.sleep(0.2)  # (waiting out a window in which nothing must happen)
-        after = [(kind, node) for kind, node, at in list(watch.verdicts) if at >= killed_at]
+        figures = _after_a_kill("welcomed", welcomed, watch, killed_at, dead_after_s + interval_s)
     finally:
         watch.close()
     result = {
@@ -484,17 +472,31 @@ def _kill_the_leader(supervisors: dict[str, subprocess.Popen[bytes]], leader: st
         "elected_s": round(elected_s, 3),
         "nodes": sum(r["nodes"] for r in replies),
         "welcomed_again": len(welcomed),
-        "welcomed_p50_s": welcomed[len(welcomed) // 2] if welcomed else None,
-        "welcomed_max_s": welcomed[-1] if welcomed else None,
         "redialled": sum(r["redialled"] for r in replies),
-        "deaths_after_kill": sum(1 for kind, _ in after if kind == "node_declared_dead"),
-        "suspects_after_kill": sum(1 for kind, _ in after if kind == "node_suspected"),
-        "verdict_nodes": sorted({node for _, node in after})[:10],
+        **figures,
     }
     _progress(f"leader {leader} killed: {successor} elected after {result['elected_s']} s; {len(welcomed)}/"
               f"{result['nodes']} nodes welcomed by it within {result['welcomed_max_s']} s, {result['redialled']}"
               f" redialled; {result['deaths_after_kill']} deaths, {result['suspects_after_kill']} suspects")
     return result
+
+
+def _after_a_kill(what: str, seconds: list[float], watch: EventWatch, killed_at: float,
+                  settle_s: float) -> dict[str, Any]:
+    """A kill's figures: the p50 and max of `seconds` (sorted; when each node was `what` after the
+    kill), and the verdicts after it, read once the detector had `settle_s` (one allowance of
+    silence past the last node back) to judge anyone it would."""
+    settle_until = time.monotonic() + settle_s
+    while time.monotonic() < settle_until:
+        time.sleep(0.2)  # (waiting out a window in which nothing must happen)
+    after = [(kind, node) for kind, node, at in list(watch.verdicts) if at >= killed_at]
+    return {
+        f"{what}_p50_s": seconds[len(seconds) // 2] if seconds else None,
+        f"{what}_max_s": seconds[-1] if seconds else None,
+        "deaths_after_kill": sum(1 for kind, _ in after if kind == "node_declared_dead"),
+        "suspects_after_kill": sum(1 for kind, _ in after if kind == "node_suspected"),
+        "verdict_nodes": sorted({node for _, node in after})[:10],
+    }
 
 
 def _firsts(procs: list[LoadProcess]) -> list[int]:
