@@ -295,8 +295,9 @@ class LinkShard:
             del self._node_session[session.node_id]
 
     def _drop_kept_unless_relayable(self, leader: str) -> None:
-        """Ends the kept streams once they cannot be relayed: this replica leads now (its agents
-        come through the agent service), or no relay came up within KEEP_WITHOUT_LEADER_S."""
+        """Ends the kept streams once they cannot be relayed: this replica is named the leader (its
+        agents come through the agent service; a replica that wins stops this loop, whose end
+        drops them too), or no relay came up within KEEP_WITHOUT_LEADER_S."""
         if self._kept_since is None or self.relay_up.is_set():
             return
         if leader == self.address:
