@@ -24,6 +24,7 @@ import grpc
 import torch
 
 from ftsup.checkpoint.supervised import CheckpointEnv
+from ftsup.common import rendezvous_store
 from ftsup.trainer import generation_watch, liveness, restore
 from ftsup.trainer import state as state_module
 from ftsup.trainer.agent_client import AgentClient, AgentLinkError
@@ -368,6 +369,8 @@ class Session:
             return False
         env = {e.name: e.value for e in answer.env}
         os.environ.update(env)
+        rendezvous_store.prestart()  # the new rank 0 listens before the others dial; they wait for it
+        rendezvous_store.await_host()
         self.launch = LaunchEnv.from_mapping(os.environ)
         fresh = CheckpointEnv.from_mapping(os.environ)
         self.checkpoints = dataclasses.replace(fresh, read_timeout_s=self.checkpoints.read_timeout_s,

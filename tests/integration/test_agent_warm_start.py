@@ -54,3 +54,71 @@ def test_only_this_interpreter_running_a_module_or_script_is_warmable():
     assert not is_warmable(["/usr/bin/env", "python", "train.py"])
     assert not is_warmable(["/bin/sh", "-c", "python train.py"])
     assert not is_warmable([sys.executable])
+
+
+RANK0_SCRIPT = """
+import os, pathlib, sys
+import torch, torch.distributed as dist
+go = pathlib.Path(os.environ["GO"])
+while not go.exists():  # the test dials the store meanwhile: it must already listen
+    pass
+dist.init_process_group("gloo")  # rank 0's own store: the multi-tenant one started at the launch
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+pathlib.Path(os.environ["OUT"]).write_text(str(t.item()))
+dist.destroy_process_group()
+"""
+
+RANK1 = """
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+assert t.item() == 3.0, t
+dist.destroy_process_group()
+"""
+
+
+def test_a_warm_rank_0_listens_for_the_other_ranks_before_its_script_calls_init(tmp_path: pathlib.Path):
+    """Rank 0's rendezvous store starts at the launch (common/rendezvous_store.py), so the other
+    ranks' first dial finds it and nobody sits in torch's connect back-off; the script's own
+    init_process_group then uses that store (a second server on the port would fail to bind)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from ftsup.harness.cluster import free_port, wait_until
+
+    script, out, go = tmp_path / "rank0.py", tmp_path / "out.txt", tmp_path / "go"
+    script.write_text(RANK0_SCRIPT)
+    port = free_port()
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "OUT": str(out), "GO": str(go), "PATH": os.environ["PATH"], "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    warm = subprocess.Popen([sys.executable, "-m", "ftsup.agent.warm_start"], stdin=subprocess.PIPE, cwd=tmp_path)
+    rank1 = None
+    try:
+        assert warm.stdin is not None
+        warm.stdin.write(json.dumps({"argv": [sys.executable, str(script)], "env": env,
+                                     "log_path": str(tmp_path / "rank0.log")}).encode() + b"\n")
+        warm.stdin.close()
+
+        def dial() -> bool:
+            try:
+                probe = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=1), wait_for_workers=False)
+            except Exception:
+                return False
+            probe.set("probe", "seen")  # a real round trip to the server, not just a connect
+            return True
+
+        wait_until(dial, 60, "rank 0's store to listen while its script waits")
+        rank1 = subprocess.Popen([sys.executable, "-c", RANK1], env={**env, "RANK": "1"})
+        go.write_text("")
+        assert rank1.wait(timeout=120) == 0
+        assert warm.wait(timeout=120) == 0, (tmp_path / "rank0.log").read_text()
+        assert out.read_text() == "3.0"
+    finally:
+        for process in (warm, rank1):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
