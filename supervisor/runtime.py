@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
 log = logs.get("supervisor.runtime")
 
 Outbox = StreamOutbox
+
+# A closed stream's grace ends in a Tick scheduled for it (Runtime._tick_when_grace_ends): closes
+# within one bucket share it; the slack puts it past the core's `>= grace` comparison.
+GRACE_WAKE_S = 0.02
+GRACE_WAKE_SLACK_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +138,7 @@ class Runtime:
         # Hello marks it heard). Ties keep arrival order (the sequence number).
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Pending]] = asyncio.PriorityQueue()
         self._arrivals = itertools.count()
+        self._grace_wakes: set[int] = set()  # GRACE_WAKE_S buckets with a Tick pending (close_stream)
         self._stream_slots = asyncio.Semaphore(stream_input_capacity)
         self._stream_capacity = stream_input_capacity
         self._stream_ids = itertools.count(1)
@@ -221,6 +228,29 @@ class Runtime:
         self._outboxes.pop(stream_id, None)
         if node_id is not None:
             self.post(StreamClosed(node_id=node_id, incarnation=incarnation, stream_id=stream_id))
+            self._tick_when_grace_ends()
+
+    def _tick_when_grace_ends(self) -> None:
+        """A closed stream's node is declared dead by the first Tick after its reconnect grace;
+        waiting for the periodic one added up to --tick-s (0.1 s) to every node-loss recovery
+        (~1 s in all). A Tick is scheduled just past the grace instead, one per GRACE_WAKE_S
+        bucket, so a rack's streams closing together schedule a handful, not one per node."""
+        due = self._clock() + self.config.detector.reconnect_grace_s
+        bucket = math.ceil(due / GRACE_WAKE_S)
+        if bucket in self._grace_wakes:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous test): the periodic tick decides
+            return
+        self._grace_wakes.add(bucket)
+
+        def wake() -> None:
+            self._grace_wakes.discard(bucket)
+            if self.is_leader:
+                self.post(Tick())
+
+        loop.call_later(bucket * GRACE_WAKE_S - self._clock() + GRACE_WAKE_SLACK_S, wake)
 
     def wall_now(self) -> float:
         """Wall-clock seconds, as stamped on appended records (injectable for tests)."""

@@ -88,3 +88,40 @@ async def test_a_new_leaders_first_record_is_leader_elected_even_when_the_log_re
         assert [r.event for r in records].count(records[0].event) == 1, "announced once"
     finally:
         loop.cancel()
+
+
+async def test_a_closed_streams_node_is_declared_dead_when_its_grace_ends_not_at_the_next_periodic_tick():
+    """Every node-loss recovery waited for the periodic tick after the grace (up to --tick-s);
+    the runtime schedules a Tick for the grace's end instead. With the periodic tick an hour
+    away, only that Tick can end it."""
+    import dataclasses
+    import time
+
+    from ftsup.supervisor.core.events import NodeDeclaredDead
+
+    cfg = config(nodes=2, ranks_per_node=1)
+    cfg = dataclasses.replace(cfg, detector=dataclasses.replace(cfg.detector, reconnect_grace_s=0.2))
+    log = MemoryLog()
+    runtime = Runtime(cfg, log, tick_s=3600)
+    loop = asyncio.create_task(runtime.run())
+    try:
+        streams = {node: runtime.open_stream(StreamOutbox()) for node in ("n1", "n2")}
+        for node, stream_id in streams.items():
+            assert (await runtime.submit(hello(node, stream_id=stream_id))).refusal is None
+        closed_at = time.monotonic()
+        runtime.close_stream(streams["n2"], "n2", 1)
+        runtime.close_stream(streams["n1"], "n1", 1)  # the same bucket: one Tick for both
+        assert len(runtime._grace_wakes) == 1
+
+        async def dead() -> set[str]:
+            while True:
+                found = {r.event.node_id for r in log.read(1) if isinstance(r.event, NodeDeclaredDead)}
+                if found == {"n1", "n2"}:
+                    return found
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(dead(), timeout=30)
+        assert time.monotonic() - closed_at >= 0.2, "not before the grace"
+        assert not runtime._grace_wakes
+    finally:
+        loop.cancel()
