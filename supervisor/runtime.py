@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ftsup.common import logs
-from ftsup.supervisor import codec
+from ftsup.supervisor import agent_probe, codec
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.directives import Directive, directives_for
 from ftsup.supervisor.core.events import Record
 from ftsup.supervisor.core.inputs import (
+    AgentGone,
     AgentHello,
     HeardFrom,
     Heartbeat,
@@ -139,6 +140,7 @@ class Runtime:
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Pending]] = asyncio.PriorityQueue()
         self._arrivals = itertools.count()
         self._grace_wakes: set[int] = set()  # GRACE_WAKE_S buckets with a Tick pending (close_stream)
+        self.probes = agent_probe.AgentProbes()  # is a closed stream's agent gone? (close_stream)
         self._stream_slots = asyncio.Semaphore(stream_input_capacity)
         self._stream_capacity = stream_input_capacity
         self._stream_ids = itertools.count(1)
@@ -229,6 +231,30 @@ class Runtime:
         if node_id is not None:
             self.post(StreamClosed(node_id=node_id, incarnation=incarnation, stream_id=stream_id))
             self._tick_when_grace_ends()
+            self._probe_agent(node_id, incarnation, stream_id)
+
+    def _probe_agent(self, node_id: str, incarnation: int, stream_id: int) -> None:
+        """After a close: one connect to the node's peer port (supervisor/agent_probe.py); refused,
+        the node's agent is gone and the detector need not wait out the grace (AgentGone)."""
+        node = self.state.nodes.get(node_id)
+        if not self.is_leader or node is None or node.peer_port <= 0:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous test): the grace decides
+            return
+
+        def gone(detail: str) -> None:
+            if self.is_leader:
+                self.post(AgentGone(node_id, incarnation, stream_id, detail))
+
+        self.probes.after_close(node_id, (node.host, node.peer_port), self.config.detector.reconnect_grace_s, gone)
+
+    def _peer_address_while_open(self, node_id: str) -> tuple[str, int] | None:
+        node, soft = self.state.nodes.get(node_id), self.soft.nodes.get(node_id)
+        if node is None or soft is None or soft.stream_id is None or node.peer_port <= 0:
+            return None
+        return node.host, node.peer_port
 
     def _tick_when_grace_ends(self) -> None:
         """A closed stream's node is declared dead by the first Tick after its reconnect grace;
@@ -322,6 +348,7 @@ class Runtime:
                 _reply(pending, await self._handle_guarded(pending.inp, pending.at_s))
         finally:
             ticker.cancel()
+            self.probes.cancel()
 
     async def _handle_guarded(self, inp: Input, at_s: float | None) -> Outcome:
         try:
@@ -462,6 +489,7 @@ class Runtime:
                 if late_s > threshold_s:
                     log.warning("supervisor stalled; not counting it as node silence", stalled_s=round(late_s, 3))
                 self.post(Tick(stalled_s=late_s if late_s > threshold_s else 0.0))
+                self.probes.calibrate(self._peer_address_while_open)
 
     async def _handle(self, inp: Input, arrived_s: float | None = None) -> Outcome:
         if not self.is_leader:
@@ -506,6 +534,8 @@ class Runtime:
 
     async def _enact(self, ready: Ready, hellos: list[AgentHello]) -> Outcome:
         """Appends a step's events, folds them, welcomes the Hellos and pushes directives."""
+        for hello in hellos:
+            self.probes.admitted(hello.node_id)
         records: list[Record] = []
         if ready.events:
             try:

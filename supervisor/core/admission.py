@@ -17,6 +17,7 @@ from ftsup.common.node_id import node_id_problem
 from ftsup.supervisor.core import checkpoints
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.inputs import (
+    AgentGone,
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
@@ -68,7 +69,7 @@ def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig
     match inp:
         case AgentHello():
             return _check_hello(soft, inp, config)
-        case Tick() | StreamClosed():
+        case Tick() | StreamClosed() | AgentGone():
             return None
         case LeadershipAcquired():
             return None if inp.term > 0 else f"term {inp.term} is not a term: terms start at 1"

@@ -44,6 +44,7 @@ from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.emission import Emission
 from ftsup.supervisor.core.events import Event, GenerationEnded, LeaderElected
 from ftsup.supervisor.core.inputs import (
+    AgentGone,
     AgentHello,
     CheckpointCommitResult,
     CheckpointShardReport,
@@ -98,6 +99,8 @@ def decide(state: ClusterState, soft: SoftState, inp: Input, now: float, config:
             out.extend(generations.on_trainer_exit(state, soft, inp))
         case Tick():
             _on_tick(soft, now, config, out)
+        case AgentGone():
+            liveness.on_tick(soft, now, config, out)  # the verdict it enables, now rather than at a Tick
         case XidReport():
             faults.on_xid(state, soft, inp, now, config, out)
         case TrainerHung():

@@ -377,6 +377,20 @@ class StreamClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentGone:
+    """After `stream_id` closed, the node's peer port refused a TCP connection: nothing listens
+    there, so the agent process is gone (a killed or crashed node's kernel answers at once), and
+    it cannot be back within the reconnect grace (an agent starts in seconds). The runtime probes
+    (supervisor/agent_probe.py); the detector then declares the node dead without waiting out the
+    grace. Stale for a stream that is no longer the node's last closed one."""
+
+    node_id: str
+    incarnation: int
+    stream_id: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class LeadershipAcquired:
     """This replica won the election for `term`: its first decision is to say so in the log."""
 
@@ -449,6 +463,7 @@ Input = (
     | TrainerHung
     | OperatorRequest
     | StreamClosed
+    | AgentGone
     | Tick
     | LeadershipAcquired
     | CheckpointShardReport

@@ -18,6 +18,7 @@ import numpy as np
 from ftsup.supervisor.core import checkpoints, open_steps
 from ftsup.supervisor.core.events import SdcRankDigests
 from ftsup.supervisor.core.inputs import (
+    AgentGone,
     AgentHello,
     HeardFrom,
     Heartbeat,
@@ -103,6 +104,13 @@ def observe(
             if node is not None and node.stream_id == inp.stream_id:
                 node.stream_id = None
                 node.disconnected_at_s = now
+                node.closed_stream_id = inp.stream_id
+                soft.detector_memo.changed()
+        case AgentGone():
+            node = soft.nodes.get(inp.node_id)
+            if (node is not None and node.stream_id is None and node.closed_stream_id == inp.stream_id
+                    and node.incarnation == inp.incarnation):
+                node.agent_gone = inp.detail or "its agent is gone"
                 soft.detector_memo.changed()
         case Heartbeat():
             _heard(soft, inp.node_id, now)

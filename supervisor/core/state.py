@@ -285,6 +285,8 @@ class NodeSoft:
     stream_id: int | None  # the open stream, None when disconnected
     incarnation: int
     disconnected_at_s: float | None = None
+    closed_stream_id: int | None = None  # the stream whose closing set disconnected_at_s
+    agent_gone: str = ""  # why its agent is known gone since that close (AgentGone); "" unknown
     snapshot_memory: SnapshotMemoryReport | None = None  # as its agent reported it in this session
     # The link shard whose liveness summaries last named this node ("": none; heard directly).
     # Its silence is the shard's, not the node's, while the shard is quiet (policies/failure.py).

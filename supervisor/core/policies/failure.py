@@ -1,7 +1,8 @@
 """Failure detector: which nodes to suspect, clear or declare dead, from soft state and `now`.
 
 A closed stream is the fastest signal: the node is suspected at once and declared dead when it
-has not reconnected within `reconnect_grace_s`. Silence on an open stream (a hung or partitioned
+has not reconnected within `reconnect_grace_s`, or at once when its agent is known gone (its
+peer port refused a connection after the close: `AgentGone`). Silence on an open stream (a hung or partitioned
 node) is caught by heartbeats: suspect after 1.5 intervals, dead after `heartbeat_misses`.
 A fresh supervisor grants every node one full timeout of grace before any verdict.
 
@@ -129,6 +130,9 @@ def _judge_unconnected(
                            QuarantineCause.DEAD_NEVER_HEARD)
         return None
     closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
+    if info.agent_gone:  # nothing listens where its agent did: it cannot reconnect within the grace
+        return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS}: {info.agent_gone}", silent_for,
+                       QuarantineCause.DEAD_STREAM_LOSS)
     if now - closed_at >= config.reconnect_grace_s:
         return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS} within {config.reconnect_grace_s:g}s", silent_for,
                        QuarantineCause.DEAD_STREAM_LOSS)

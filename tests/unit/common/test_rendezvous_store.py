@@ -28,8 +28,10 @@ def test_anything_else_leaves_the_store_to_torch(change):
 def test_a_port_it_cannot_take_is_left_to_the_script_without_raising(capsys):
     import socket
 
+    from ftsup.harness.cluster import free_port
+
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.0.0.1", free_port()))
         taken.listen()
         env = {**RANK0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(taken.getsockname()[1])}
         assert not rendezvous_store.prestart(env)
@@ -39,8 +41,10 @@ def test_a_port_it_cannot_take_is_left_to_the_script_without_raising(capsys):
 def _listener():
     import socket
 
+    from ftsup.harness.cluster import free_port
+
     server = socket.socket()
-    server.bind(("127.0.0.1", 0))
+    server.bind(("127.0.0.1", free_port()))  # reserved for this session: bound, not yet listening
     return server
 
 

@@ -95,8 +95,10 @@ async def test_a_closed_streams_node_is_declared_dead_when_its_grace_ends_not_at
     the runtime schedules a Tick for the grace's end instead. With the periodic tick an hour
     away, only that Tick can end it."""
     import dataclasses
+    import socket
     import time
 
+    from ftsup.harness.cluster import free_port
     from ftsup.supervisor.core.events import NodeDeclaredDead
 
     cfg = config(nodes=2, ranks_per_node=1)
@@ -104,10 +106,14 @@ async def test_a_closed_streams_node_is_declared_dead_when_its_grace_ends_not_at
     log = MemoryLog()
     runtime = Runtime(cfg, log, tick_s=3600)
     loop = asyncio.create_task(runtime.run())
+    listening = socket.socket()  # the agents' peer port still answers: only the grace ends them
+    listening.bind(("127.0.0.1", free_port()))
+    listening.listen()
     try:
         streams = {node: runtime.open_stream(StreamOutbox()) for node in ("n1", "n2")}
         for node, stream_id in streams.items():
-            assert (await runtime.submit(hello(node, stream_id=stream_id))).refusal is None
+            hello_ = hello(node, stream_id=stream_id, port=listening.getsockname()[1])
+            assert (await runtime.submit(hello_)).refusal is None
         closed_at = time.monotonic()
         runtime.close_stream(streams["n2"], "n2", 1)
         runtime.close_stream(streams["n1"], "n1", 1)  # the same bucket: one Tick for both
@@ -125,3 +131,4 @@ async def test_a_closed_streams_node_is_declared_dead_when_its_grace_ends_not_at
         assert not runtime._grace_wakes
     finally:
         loop.cancel()
+        listening.close()

@@ -1,0 +1,131 @@
+"""Is a node's agent gone? One TCP connect to its peer port, after its stream closed.
+
+A closed stream is suspected at once but declared dead only after the reconnect grace (0.4 s
+by default), which covers a stream that broke while its agent lives (a network blip, a shard's
+restart): that agent redials within the grace. When the agent process itself is gone nothing
+can reconnect within the grace (an agent takes seconds to start), and the grace is ~40 % of a
+warm recovery (docs/peers.md, run G2). The agent's peer service listens for as long as the agent
+lives, so a refused connect to it (the node's kernel answering RST: nothing listens) says the
+process is gone; the detector then declares the node dead at once (`AgentGone`). Anything else
+(accepted, a timeout: a machine without power or a partition answers nothing, an unreachable
+route) says nothing, and the grace decides as before. The connect carries no bytes: a TLS peer
+server sees a connection closed before its handshake.
+
+A refusal is trusted only from a node whose peer port this supervisor has seen accept a
+connection while its stream was open ("calibrated"): a firewall that rejects the supervisors'
+connections to the peer ports (an iptables REJECT answers as a closed port does) would otherwise
+turn every closed stream into an immediate death. Nodes are calibrated after their Hello is
+admitted, CALIBRATE_PER_TICK per tick (a 12,500-node fleet in ~20 s at 0.1 s ticks); until then,
+and for a node whose port did not answer, the grace decides.
+
+Bounded: one probe per node at a time, at most MAX_PROBES in flight (the rest wait out the
+grace, or their calibration the next tick), each within its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ftsup.common import logs
+from ftsup.common.deadline import within
+
+MAX_PROBES = 256
+CALIBRATE_PER_TICK = 64
+CALIBRATE_TIMEOUT_S = 1.0
+
+log = logs.get("supervisor.agent_probe")
+
+
+async def refused(host: str, port: int, timeout_s: float) -> str:
+    """Why the agent at host:port is known gone ("" when that is not known) after one connect."""
+    try:
+        _, writer = await within(asyncio.open_connection(host, port), timeout_s)
+    except TimeoutError:
+        return ""  # no answer (no power, a partition): the grace decides
+    except OSError as exc:
+        if isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED:
+            return f"its agent's peer port {host}:{port} refuses connections (the agent process is gone)"
+        return ""  # unreachable, or no answer: the grace decides
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return ""
+
+
+class AgentProbes:
+    """The runtime's probes: calibration after admission, the verdict probe after a close."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[str, asyncio.Task[None]] = {}  # node -> its one probe
+        self._calibrated: set[str] = set()  # peer port seen accepting while its stream was open
+        self._waiting: deque[str] = deque()  # admitted, not yet calibrated
+        self._queued: set[str] = set()
+
+    def admitted(self, node_id: str) -> None:
+        """A Hello was admitted (its peer port may be new): calibrate it again."""
+        self._calibrated.discard(node_id)
+        if node_id not in self._queued:
+            self._queued.add(node_id)
+            self._waiting.append(node_id)
+
+    def is_calibrated(self, node_id: str) -> bool:
+        return node_id in self._calibrated
+
+    def calibrate(self, address_of: Callable[[str], tuple[str, int] | None]) -> None:
+        """Starts up to CALIBRATE_PER_TICK calibrations; `address_of` gives a node's peer address
+        while its stream is open (None: skip it; it is queued again at its next Hello)."""
+        started = 0
+        while self._waiting and started < CALIBRATE_PER_TICK and len(self._in_flight) < MAX_PROBES:
+            node_id = self._waiting.popleft()
+            self._queued.discard(node_id)
+            address = address_of(node_id)
+            if address is None or node_id in self._in_flight:
+                continue
+            started += 1
+            self._start(node_id, self._calibration(node_id, *address))
+
+    def after_close(self, node_id: str, address: tuple[str, int], timeout_s: float,
+                    gone: Callable[[str], None]) -> None:
+        """A calibrated node's stream closed: probe once; `gone(detail)` when its port refuses."""
+        if node_id not in self._calibrated or node_id in self._in_flight or len(self._in_flight) >= MAX_PROBES:
+            return
+        self._start(node_id, self._verdict(*address, timeout_s, gone))
+
+    def cancel(self) -> None:
+        for task in list(self._in_flight.values()):
+            task.cancel()
+
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def _start(self, node_id: str, work: Coroutine[Any, Any, None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            finally:
+                self._in_flight.pop(node_id, None)
+
+        self._in_flight[node_id] = asyncio.get_running_loop().create_task(run(), name=f"agent-probe-{node_id}")
+
+    async def _calibration(self, node_id: str, host: str, port: int) -> None:
+        try:
+            _, writer = await within(asyncio.open_connection(host, port), CALIBRATE_TIMEOUT_S)
+        except OSError as exc:  # TimeoutError included
+            log.info("agent probe: this supervisor cannot reach the node's peer port; its closed streams"
+                     " wait out the reconnect grace", node_id=node_id, address=f"{host}:{port}", error=repr(exc))
+            return
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        self._calibrated.add(node_id)
+
+    @staticmethod
+    async def _verdict(host: str, port: int, timeout_s: float, gone: Callable[[str], None]) -> None:
+        detail = await refused(host, port, timeout_s)
+        if detail:
+            gone(detail)

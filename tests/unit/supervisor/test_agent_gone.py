@@ -1,0 +1,118 @@
+"""A closed stream whose agent is known gone (its peer port refused a connect: AgentGone) is a
+death at once, not after the reconnect grace; a stale or contradicted report decides nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from ftsup.harness.cluster import free_port
+from ftsup.supervisor import agent_probe
+from ftsup.supervisor.core.events import GenerationEnded, NodeDeclaredDead, QuarantineCause
+from ftsup.supervisor.core.inputs import AgentGone, StreamClosed
+from tests.support.builders import NOW, hello
+from tests.unit.supervisor.test_decide import running_cluster
+
+GONE = "its agent's peer port 127.0.0.1:9000 refuses connections (the agent process is gone)"
+
+
+def listening_socket() -> socket.socket:
+    """A port that answers, as a live agent's peer service does."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", free_port()))
+    sock.listen()
+    return sock
+
+
+def test_a_closed_stream_whose_agent_is_gone_is_dead_at_once_with_the_reason():
+    sim = running_cluster()
+    assert sim.state.generation is not None
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 1.0)
+    events = sim.events(AgentGone("n3", 1, 3, GONE), at=NOW + 1.01)  # well inside the 1 s grace
+    dead = [e for e in events if isinstance(e, NodeDeclaredDead)]
+    assert [d.node_id for d in dead] == ["n3"]
+    assert dead[0].cause is QuarantineCause.DEAD_STREAM_LOSS and GONE in dead[0].reason
+    assert dead[0].reason.startswith("stream closed and not reopened")  # the codec's cause prefix
+    assert any(isinstance(e, GenerationEnded) for e in events)
+
+
+def test_a_report_for_another_stream_or_incarnation_or_an_open_stream_decides_nothing():
+    sim = running_cluster()
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 1.0)
+
+    def deaths(at: float, report: AgentGone) -> list[str]:
+        return [e.node_id for e in sim.events(report, at=at) if isinstance(e, NodeDeclaredDead)]
+
+    assert deaths(NOW + 1.01, AgentGone("n3", 1, 99, GONE)) == [], "not the stream that closed"
+    assert deaths(NOW + 1.02, AgentGone("n3", 2, 3, GONE)) == [], "another incarnation's"
+    sim.events(hello("n3", stream_id=33), at=NOW + 1.1)  # it reconnected: the probe raced that
+    assert deaths(NOW + 1.2, AgentGone("n3", 1, 3, GONE)) == []
+    assert sim.soft.nodes["n3"].agent_gone == ""
+    assert deaths(NOW + 1.3, AgentGone("n2", 1, 2, GONE)) == [], "n2's stream never closed"
+
+
+async def test_the_probe_tells_refused_from_listening():
+    listening = listening_socket()
+    try:
+        assert await agent_probe.refused("127.0.0.1", listening.getsockname()[1], 5.0) == ""
+        # A reserved port nobody listens on: the kernel refuses connects, as a dead agent's port.
+        assert "refuses connections" in await agent_probe.refused("127.0.0.1", free_port(), 5.0)
+    finally:
+        listening.close()
+
+
+async def test_a_probe_that_fails_otherwise_says_nothing_within_its_deadline():
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await agent_probe.refused("no-such-host.invalid", 9, 2.0) == ""  # does not resolve (RFC 6761)
+    assert loop.time() - started < 10
+
+
+async def test_the_runtime_declares_a_gone_agents_node_dead_before_the_grace_once_its_port_was_seen_open():
+    """With a 30 s grace and the periodic tick an hour away, only the probe can end a node promptly.
+    n1's agent still listens after its close: the grace decides. n2's listened at calibration and
+    is gone at the close: dead at once. n3's port refused the supervisor from the start (a
+    firewall's REJECT answers like a dead agent): never trusted, the grace decides."""
+    import dataclasses
+
+    from ftsup.supervisor.eventlog.memory import MemoryLog
+    from ftsup.supervisor.outbox import StreamOutbox
+    from ftsup.supervisor.runtime import Runtime
+    from tests.support.builders import config
+
+    cfg = config(nodes=3, ranks_per_node=1)
+    cfg = dataclasses.replace(cfg, detector=dataclasses.replace(cfg.detector, reconnect_grace_s=30.0))
+    alive, dying = listening_socket(), listening_socket()
+    log = MemoryLog()
+    runtime = Runtime(cfg, log, tick_s=3600)
+    loop = asyncio.create_task(runtime.run())
+    try:
+        ports = {"n1": alive.getsockname()[1], "n2": dying.getsockname()[1], "n3": free_port()}
+        streams = {node: runtime.open_stream(StreamOutbox()) for node in ports}
+        for node, stream_id in streams.items():
+            assert (await runtime.submit(hello(node, stream_id=stream_id, port=ports[node]))).refusal is None
+        runtime.probes.calibrate(runtime._peer_address_while_open)  # what the ticks do
+
+        async def settled() -> None:
+            while runtime.probes.in_flight():
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(settled(), timeout=20)
+        assert [n for n in ports if runtime.probes.is_calibrated(n)] == ["n1", "n2"]
+        dying.close()  # the node dies: its agent's port with it
+        for node, stream_id in streams.items():
+            runtime.close_stream(stream_id, node, 1)
+
+        async def dead() -> list[NodeDeclaredDead]:
+            while True:
+                found = [r.event for r in log.read(1) if isinstance(r.event, NodeDeclaredDead)]
+                if found and not runtime.probes.in_flight():
+                    return found
+                await asyncio.sleep(0.01)
+
+        found = await asyncio.wait_for(dead(), timeout=20)
+        assert [d.node_id for d in found] == ["n2"] and "refuses connections" in found[0].reason
+    finally:
+        loop.cancel()
+        alive.close()
+        dying.close()
