@@ -116,3 +116,20 @@ async def test_the_runtime_declares_a_gone_agents_node_dead_before_the_grace_onc
         loop.cancel()
         alive.close()
         dying.close()
+
+
+async def test_a_port_that_still_accepts_just_after_the_close_is_tried_again_within_the_window():
+    """A SIGKILLed agent's stream can be seen closed a moment before the kernel closes its
+    listener; the probe tries again and finds it gone. A live agent's port is never called gone."""
+    loop = asyncio.get_running_loop()
+    dying, alive = listening_socket(), listening_socket()
+    loop.call_later(0.12, dying.close)
+    found: list[str] = []
+    try:
+        await agent_probe.AgentProbes._verdict("n2", "127.0.0.1", dying.getsockname()[1], 0.4, found.append)
+        assert len(found) == 1 and "refuses connections" in found[0]
+        await agent_probe.AgentProbes._verdict("n1", "127.0.0.1", alive.getsockname()[1], 0.4, found.append)
+        assert len(found) == 1, "a port that keeps accepting is no verdict"
+    finally:
+        dying.close()
+        alive.close()
