@@ -38,7 +38,7 @@ OPT_OUT = "FTSUP_PRESTART_STORE"
 WAIT_ENV = "FTSUP_STORE_WAIT_S"
 DEFAULT_WAIT_S = 2.0
 POLL_S = 0.01
-_held: list[object] = []  # the stores started in this process: alive as long as it is
+_held: list[object] = []  # the store this process started for its current generation
 
 
 def _applies(env: Mapping[str, str]) -> bool:
@@ -98,5 +98,8 @@ def prestart(env: Mapping[str, str] | None = None) -> bool:
         print(f"ftsup: rank 0's rendezvous store not started early ({exc!r}); the script's init will start it",
               file=sys.stderr, flush=True)
         return False
-    _held.append(store)
+    # Only this generation's: a rank 0 that rejoins in-process must not keep an earlier
+    # generation's server (and its keys) alive, where a later generation reusing that port
+    # would find it instead of a fresh one.
+    _held[:] = [store]
     return True

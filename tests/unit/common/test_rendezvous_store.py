@@ -84,3 +84,17 @@ def test_the_wait_ends_at_its_cap_and_rank_0_never_waits():
 def test_the_wait_cap_is_read_with_bounds(value, cap):
     env = {} if value is None else {"FTSUP_STORE_WAIT_S": value}
     assert rendezvous_store.wait_cap_s(env) == cap
+
+
+def test_a_rank_0_that_rejoins_keeps_only_its_new_generations_store():
+    """An earlier generation's server (its keys) must not outlive the generation in this process."""
+    import weakref
+
+    from ftsup.harness.cluster import free_port
+
+    env = {**RANK0, "MASTER_ADDR": "127.0.0.1"}
+    assert rendezvous_store.prestart({**env, "MASTER_PORT": str(free_port())})
+    first = weakref.ref(rendezvous_store._held[0])
+    assert rendezvous_store.prestart({**env, "MASTER_PORT": str(free_port())})
+    assert len(rendezvous_store._held) == 1 and first() is None
+    rendezvous_store._held.clear()
