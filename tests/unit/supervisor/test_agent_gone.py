@@ -133,3 +133,45 @@ async def test_a_port_that_still_accepts_just_after_the_close_is_tried_again_wit
     finally:
         dying.close()
         alive.close()
+
+
+async def test_a_node_is_calibrated_even_when_a_tick_comes_while_its_hello_is_being_appended():
+    """The ticks run beside the loop: one that calibrated while a Hello's append was awaited found
+    no record of the node and dropped it for good (its losses then waited out the grace)."""
+    from ftsup.supervisor.eventlog.memory import MemoryLog
+    from ftsup.supervisor.outbox import StreamOutbox
+    from ftsup.supervisor.runtime import Runtime
+    from tests.support.builders import config
+
+    class GatedLog(MemoryLog):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.gate = asyncio.Event(), asyncio.Event()
+
+        async def append(self, events, **kwargs):  # type: ignore[no-untyped-def,override]
+            self.entered.set()
+            await self.gate.wait()
+            return await super().append(events, **kwargs)
+
+    log = GatedLog()
+    runtime = Runtime(config(nodes=2, ranks_per_node=1), log, tick_s=3600)
+    loop = asyncio.create_task(runtime.run())
+    alive = listening_socket()
+    try:
+        submitted = asyncio.ensure_future(
+            runtime.submit(hello("n1", stream_id=runtime.open_stream(StreamOutbox()), port=alive.getsockname()[1])))
+        await asyncio.wait_for(log.entered.wait(), timeout=20)
+        runtime.probes.calibrate(runtime._peer_address_while_open)  # a tick during the append
+        log.gate.set()
+        assert (await asyncio.wait_for(submitted, timeout=20)).refusal is None
+        runtime.probes.calibrate(runtime._peer_address_while_open)  # the next tick
+
+        async def settled() -> None:
+            while runtime.probes.in_flight():
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(settled(), timeout=20)
+        assert runtime.probes.is_calibrated("n1")
+    finally:
+        loop.cancel()
+        alive.close()
