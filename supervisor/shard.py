@@ -272,13 +272,14 @@ class LinkShard:
 
     def keep_for_the_next_leader(self, why: str) -> int:
         """The relay is gone: ends the streams of agents that cannot resync on a second Welcome and
-        keeps the others for the next leader (`_replay_hellos`). What was queued for the old leader
-        and never sent goes (a report in transit at a failover was lost before too; the resync
-        carries what matters). Returns how many streams are kept."""
+        keeps the others for the next leader (`_replay_hellos`). What the kept agents sent that was
+        queued for the old leader and not yet taken stays queued, behind their replayed Hellos
+        (a step report or an Xid queued at a failover was dropped before); what was taken and in
+        transit is lost with the relay. Returns how many streams are kept."""
         ended = [session for session in self._sessions.values() if session.hello is None]
         for session in ended:
             self._forget(session)
-        self._up.clear()
+        self._up.keep_sessions(set(self._sessions))
         self._heard.clear()
         if self._sessions and self._kept_since is None:
             self._kept_since = self._clock()

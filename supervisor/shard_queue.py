@@ -114,6 +114,18 @@ class UpQueue:
         self._items.clear()
         self._heartbeat_at.clear()
 
+    def keep_sessions(self, sessions: set[int]) -> int:
+        """Drops every queued item but those of `sessions` (their order kept; a "closed" notice
+        is never among them: a kept session is open). Returns how many stay."""
+        kept = [item for item in self._items
+                if item is not None and item.session in sessions and item.WhichOneof("kind") != "closed"]
+        self._items = list(kept)
+        self._heartbeat_at = {}
+        for at, item in enumerate(kept):
+            if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat":
+                self._heartbeat_at[item.session] = at
+        return len(kept)
+
 
 # Summaries whose heartbeat acks wait for the leader's admission at most; past it the oldest are
 # forgotten (their acks never sent: only the fleet bench asks for acks, and counts them missing).

@@ -182,3 +182,32 @@ async def test_a_kept_agent_that_went_silent_is_not_vouched_for_to_the_next_lead
         assert silent_node not in r.runtimes[1].state.nodes and live_node in r.runtimes[1].state.nodes
         assert r.shard.kept_across_leaders == 1
         live.cancel()
+
+
+def test_what_a_kept_agent_sent_that_was_queued_for_the_old_leader_follows_its_replayed_hello():
+    """Queued and not yet taken when the relay ended: a kept agent's step report or Xid is sent to
+    the next leader behind its Hello (it was dropped before); an ended agent's items are dropped."""
+    import time
+
+    from ftsup.supervisor.outbox import StreamOutbox
+    from ftsup.supervisor.shard import ShardSession
+
+    shard = LinkShard("127.0.0.1:1", lambda: ("127.0.0.1:1",))
+    now = time.monotonic()
+    shard._sessions[1] = ShardSession(1, "n1", 1, StreamOutbox(), now, now, hello=hello_message("n1"))
+    shard._sessions[2] = ShardSession(2, "n2", 1, StreamOutbox(), now, now)  # an older agent: ended
+    for item in (forwarded(1, "n1", 1, xid(79)), forwarded(2, "n2", 1, xid(48)), forwarded(1, "n1", 1, beat(3))):
+        shard._up.push(item)
+    assert shard.keep_for_the_next_leader("test") == 1
+    assert shard._replay_hellos() == 1
+    assert kinds(shard._up.take()) == [(1, "hello"), (1, "xid_event"), (1, "hb3")]
+
+
+def test_an_up_queue_keeps_only_the_named_sessions_and_still_folds_their_heartbeats():
+    queue = UpQueue()
+    queue.push(forwarded(1, "n1", 1, beat(1)))
+    queue.push(forwarded(2, "n2", 1, xid(79)))
+    queue.push(forwarded(1, "n1", 1, xid(48)))
+    assert queue.keep_sessions({1}) == 2
+    queue.push(forwarded(1, "n1", 1, beat(2)))  # folds into the kept heartbeat, at its new place
+    assert kinds(queue.take()) == [(1, "hb2"), (1, "xid_event")]
