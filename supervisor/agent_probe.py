@@ -63,7 +63,8 @@ async def refused(host: str, port: int, timeout_s: float) -> str:
 class AgentProbes:
     """The runtime's probes: calibration after admission, the verdict probe after a close."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: Callable[[], int | None] = lambda: None) -> None:
+        self._generation = generation  # the generation in force, for log lines (every node line names it)
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # node -> its one probe
         self._calibrated: set[str] = set()  # peer port seen accepting while its stream was open
         self._waiting: deque[str] = deque()  # admitted, not yet calibrated
@@ -96,10 +97,10 @@ class AgentProbes:
                     gone: Callable[[str], None]) -> None:
         """A calibrated node's stream closed: probe once; `gone(detail)` when its port refuses."""
         if node_id not in self._calibrated or node_id in self._in_flight or len(self._in_flight) >= MAX_PROBES:
-            log.info("agent probe: not probing a closed stream's node", node_id=node_id,
+            log.info("agent probe: not probing a closed stream's node", node_id=node_id, generation=self._generation(),
                      why="not calibrated" if node_id not in self._calibrated else "a probe in flight or too many")
             return
-        self._start(node_id, self._verdict(node_id, *address, timeout_s, gone))
+        self._start(node_id, self._verdict(node_id, *address, timeout_s, gone, self._generation))
 
     def cancel(self) -> None:
         for task in list(self._in_flight.values()):
@@ -123,7 +124,8 @@ class AgentProbes:
         except OSError as exc:  # TimeoutError included
             # (debug: a fleet behind a firewall would log one line per node)
             log.debug("agent probe: this supervisor cannot reach the node's peer port; its closed streams"
-                      " wait out the reconnect grace", node_id=node_id, address=f"{host}:{port}", error=repr(exc))
+                      " wait out the reconnect grace", node_id=node_id, address=f"{host}:{port}", error=repr(exc),
+                      generation=self._generation())
             return
         writer.close()
         with contextlib.suppress(OSError):
@@ -131,7 +133,8 @@ class AgentProbes:
         self._calibrated.add(node_id)
 
     @staticmethod
-    async def _verdict(node_id: str, host: str, port: int, timeout_s: float, gone: Callable[[str], None]) -> None:
+    async def _verdict(node_id: str, host: str, port: int, timeout_s: float, gone: Callable[[str], None],
+                       generation: Callable[[], int | None] = lambda: None) -> None:
         """Connects, and while the port still accepts, again every VERDICT_RETRY_S for up to
         VERDICT_WINDOW_S within the grace: a SIGKILLed node's stream can be seen closed before its last thread has
         exited and the kernel has closed the listener (accepted in 2 of 4 kills on a loaded
@@ -147,6 +150,6 @@ class AgentProbes:
                 break
             await asyncio.sleep(VERDICT_RETRY_S)
         log.info("agent probe after a closed stream", node_id=node_id, address=f"{host}:{port}",
-                 agent_gone=bool(detail), tries=tries)
+                 agent_gone=bool(detail), tries=tries, generation=generation())
         if detail:
             gone(detail)

@@ -140,7 +140,7 @@ class Runtime:
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Pending]] = asyncio.PriorityQueue()
         self._arrivals = itertools.count()
         self._grace_wakes: set[int] = set()  # GRACE_WAKE_S buckets with a Tick pending (close_stream)
-        self.probes = agent_probe.AgentProbes()  # is a closed stream's agent gone? (close_stream)
+        self.probes = agent_probe.AgentProbes(lambda: self.generation_in_force)  # a closed stream's agent gone?
         self._stream_slots = asyncio.Semaphore(stream_input_capacity)
         self._stream_capacity = stream_input_capacity
         self._stream_ids = itertools.count(1)
