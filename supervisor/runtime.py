@@ -33,6 +33,7 @@ from ftsup.supervisor.core.inputs import (
     Tick,
 )
 from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
+from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core, Ready, Refusal
@@ -48,7 +49,7 @@ log = logs.get("supervisor.runtime")
 
 Outbox = StreamOutbox
 
-# A closed stream's grace ends in a Tick scheduled for it (Runtime._tick_when_grace_ends): closes
+# A closed stream's grace ends in a Tick scheduled for it (Runtime._tick_after): closes
 # within one bucket share it; the slack puts it past the core's `>= grace` comparison.
 GRACE_WAKE_S = 0.02
 GRACE_WAKE_SLACK_S = 0.002
@@ -230,25 +231,28 @@ class Runtime:
         self._outboxes.pop(stream_id, None)
         if node_id is not None:
             self.post(StreamClosed(node_id=node_id, incarnation=incarnation, stream_id=stream_id))
-            self._tick_when_grace_ends()
-            self._probe_agent(node_id, incarnation, stream_id)
+            self._tick_after(self.config.detector.reconnect_grace_s)
+            if self._probe_agent(node_id, incarnation, stream_id):
+                self._tick_after(failure.AGENT_GONE_SETTLE_S)  # when a gone agent's node is declared dead
 
-    def _probe_agent(self, node_id: str, incarnation: int, stream_id: int) -> None:
+    def _probe_agent(self, node_id: str, incarnation: int, stream_id: int) -> bool:
         """After a close: one connect to the node's peer port (supervisor/agent_probe.py); refused,
-        the node's agent is gone and the detector need not wait out the grace (AgentGone)."""
+        the node's agent is gone and the detector need not wait out the grace (AgentGone). True
+        when a probe may be under way."""
         node = self.state.nodes.get(node_id)
-        if not self.is_leader or node is None or node.peer_port <= 0:
-            return
+        if not self.is_leader or node is None or node.peer_port <= 0 or not self.probes.is_calibrated(node_id):
+            return False
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous test): the grace decides
-            return
+            return False
 
         def gone(detail: str) -> None:
             if self.is_leader:
                 self.post(AgentGone(node_id, incarnation, stream_id, detail))
 
         self.probes.after_close(node_id, (node.host, node.peer_port), self.config.detector.reconnect_grace_s, gone)
+        return True
 
     def _peer_address_while_open(self, node_id: str) -> tuple[str, int] | None:
         node, soft = self.state.nodes.get(node_id), self.soft.nodes.get(node_id)
@@ -256,12 +260,13 @@ class Runtime:
             return None
         return node.host, node.peer_port
 
-    def _tick_when_grace_ends(self) -> None:
-        """A closed stream's node is declared dead by the first Tick after its reconnect grace;
-        waiting for the periodic one added up to --tick-s (0.1 s) to every node-loss recovery
-        (~1 s in all). A Tick is scheduled just past the grace instead, one per GRACE_WAKE_S
-        bucket, so a rack's streams closing together schedule a handful, not one per node."""
-        due = self._clock() + self.config.detector.reconnect_grace_s
+    def _tick_after(self, delay_s: float) -> None:
+        """A closed stream's node is declared dead by the first Tick after its reconnect grace (or
+        after AGENT_GONE_SETTLE_S when its agent is found gone); waiting for the periodic one added
+        up to --tick-s (0.1 s) to every node-loss recovery. A Tick is scheduled just past it
+        instead, one per GRACE_WAKE_S bucket, so a rack's streams closing together schedule a
+        handful, not one per node."""
+        due = self._clock() + delay_s
         bucket = math.ceil(due / GRACE_WAKE_S)
         if bucket in self._grace_wakes:
             return

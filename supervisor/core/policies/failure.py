@@ -35,6 +35,11 @@ QUIET_SHARD_AFTER_S = 0.5
 # before is then still owed a whole one); a hung shard's nodes are not kept alive for long.
 SHARD_QUIET_LIMIT = 2
 _SILENT = QuarantineCause.DEAD_SILENT
+# A node whose agent is known gone (AgentGone) is declared dead this long after its stream closed,
+# not at once: nodes failing together (a job-wide kill, two nodes lost "at once") then close their
+# streams inside one window, are suspected in the same pass, and are replaced by one restart, as
+# the grace batched them (a test that killed a node and its buddy back to back saw two restarts).
+AGENT_GONE_SETTLE_S = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,8 @@ def _judge_unconnected(
                            QuarantineCause.DEAD_NEVER_HEARD)
         return None
     closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
-    if info.agent_gone:  # nothing listens where its agent did: it cannot reconnect within the grace
+    if info.agent_gone and now - closed_at >= min(AGENT_GONE_SETTLE_S, config.reconnect_grace_s):
+        # nothing listens where its agent did: it cannot reconnect within the grace
         return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS}: {info.agent_gone}", silent_for,
                        QuarantineCause.DEAD_STREAM_LOSS)
     if now - closed_at >= config.reconnect_grace_s:

@@ -11,7 +11,7 @@ from ftsup.supervisor import agent_probe
 from ftsup.supervisor.core.events import GenerationEnded, NodeDeclaredDead, QuarantineCause
 from ftsup.supervisor.core.inputs import AgentGone, StreamClosed
 from tests.support.builders import NOW, hello
-from tests.unit.supervisor.test_decide import running_cluster
+from tests.unit.supervisor.test_decide import alive, running_cluster
 
 GONE = "its agent's peer port 127.0.0.1:9000 refuses connections (the agent process is gone)"
 
@@ -24,16 +24,47 @@ def listening_socket() -> socket.socket:
     return sock
 
 
-def test_a_closed_stream_whose_agent_is_gone_is_dead_at_once_with_the_reason():
+def test_a_closed_stream_whose_agent_is_gone_is_dead_after_the_settle_not_the_grace_with_the_reason():
+    from ftsup.supervisor.core.events import NodeSuspected
+    from ftsup.supervisor.core.inputs import Tick
+    from ftsup.supervisor.core.policies.failure import AGENT_GONE_SETTLE_S
+
     sim = running_cluster()
     assert sim.state.generation is not None
     sim.events(StreamClosed("n3", 1, 3), at=NOW + 1.0)
-    events = sim.events(AgentGone("n3", 1, 3, GONE), at=NOW + 1.01)  # well inside the 1 s grace
+    first = sim.events(AgentGone("n3", 1, 3, GONE), at=NOW + 1.01)  # well inside the 1 s grace
+    assert [type(e) for e in first] == [NodeSuspected], "suspected at once, dead after the settle"
+    events = sim.events(Tick(), at=NOW + 1.0 + AGENT_GONE_SETTLE_S + 0.001)
     dead = [e for e in events if isinstance(e, NodeDeclaredDead)]
     assert [d.node_id for d in dead] == ["n3"]
     assert dead[0].cause is QuarantineCause.DEAD_STREAM_LOSS and GONE in dead[0].reason
     assert dead[0].reason.startswith("stream closed and not reopened")  # the codec's cause prefix
     assert any(isinstance(e, GenerationEnded) for e in events)
+
+
+def test_two_nodes_whose_agents_are_gone_a_moment_apart_end_in_one_restart():
+    """A node and its buddy killed back to back: the second's stream closes inside the first's
+    settle, so it is suspected when the first dies and no generation is planned until its verdict."""
+    from ftsup.supervisor.core.events import GenerationStarted
+    from ftsup.supervisor.core.inputs import Tick
+    from ftsup.supervisor.core.policies.failure import AGENT_GONE_SETTLE_S
+
+    sim = running_cluster(spares=2)
+    generation = sim.state.generation
+    assert generation is not None
+    base = NOW + 4.0  # past the spares' grace after start (3 s)
+    alive(sim, base)
+    started: list[GenerationStarted] = []
+    sim.events(StreamClosed("n2", 1, 2), at=base)
+    sim.events(AgentGone("n2", 1, 2, GONE), at=base + 0.005)
+    sim.events(StreamClosed("n3", 1, 3), at=base + 0.05)
+    sim.events(AgentGone("n3", 1, 3, GONE), at=base + 0.055)
+    for after in (0.001 + AGENT_GONE_SETTLE_S, 0.051 + AGENT_GONE_SETTLE_S):
+        alive(sim, base + after, silent=("n2", "n3"))
+        started += [e for e in sim.events(Tick(), at=base + after) if isinstance(e, GenerationStarted)]
+    assert len(started) == 1, started
+    members = {m.node_id for m in started[0].members}
+    assert "n2" not in members and "n3" not in members
 
 
 def test_a_report_for_another_stream_or_incarnation_or_an_open_stream_decides_nothing():
