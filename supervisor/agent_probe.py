@@ -6,7 +6,8 @@ restart): that agent redials within the grace. When the agent process itself is 
 can reconnect within the grace (an agent takes seconds to start), and the grace is ~40 % of a
 warm recovery (docs/peers.md, run G2). The agent's peer service listens for as long as the agent
 lives, so a refused connect to it (the node's kernel answering RST: nothing listens) says the
-process is gone; the detector then declares the node dead at once (`AgentGone`). Anything else
+process is gone; the detector then declares the node dead without the grace (`AgentGone`;
+AGENT_GONE_SETTLE_S after the close, so nodes failing together are one restart). Anything else
 (accepted, a timeout: a machine without power or a partition answers nothing, an unreachable
 route) says nothing, and the grace decides as before. The connect carries no bytes: a TLS peer
 server sees a connection closed before its handshake.
