@@ -1,9 +1,10 @@
 """Failure detector: which nodes to suspect, clear or declare dead, from soft state and `now`.
 
 A closed stream is the fastest signal: the node is suspected at once and declared dead when it
-has not reconnected within `reconnect_grace_s`, or at once when its agent is known gone (its
-peer port refused a connection after the close: `AgentGone`). Silence on an open stream (a hung or partitioned
-node) is caught by heartbeats: suspect after 1.5 intervals, dead after `heartbeat_misses`.
+has not reconnected within `reconnect_grace_s`, or AGENT_GONE_SETTLE_S after the close when
+its agent is known gone (its peer port refused a connection after the close: `AgentGone`).
+Silence on an open stream (a hung or partitioned node) is caught by heartbeats: suspect after
+1.5 intervals, dead after `heartbeat_misses`.
 A fresh supervisor grants every node one full timeout of grace before any verdict.
 
 A node a link shard relays is heard through the shard's liveness summaries. A shard that keeps
