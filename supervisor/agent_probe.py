@@ -95,13 +95,15 @@ class AgentProbes:
             self._start(node_id, self._calibration(node_id, *address))
 
     def after_close(self, node_id: str, address: tuple[str, int], timeout_s: float,
-                    gone: Callable[[str], None]) -> None:
-        """A calibrated node's stream closed: probe once; `gone(detail)` when its port refuses."""
+                    gone: Callable[[str], None]) -> bool:
+        """A node's stream closed: probe once if it is calibrated; `gone(detail)` when its port
+        refuses. False when no probe was started (the reconnect grace decides)."""
         if node_id not in self._calibrated or node_id in self._in_flight or len(self._in_flight) >= MAX_PROBES:
             log.info("agent probe: not probing a closed stream's node", node_id=node_id, generation=self._generation(),
                      why="not calibrated" if node_id not in self._calibrated else "a probe in flight or too many")
-            return
+            return False
         self._start(node_id, self._verdict(node_id, *address, timeout_s, gone, self._generation))
+        return True
 
     def cancel(self) -> None:
         for task in list(self._in_flight.values()):

@@ -240,7 +240,7 @@ class Runtime:
         the node's agent is gone and the detector need not wait out the grace (AgentGone). True
         when a probe may be under way."""
         node = self.state.nodes.get(node_id)
-        if not self.is_leader or node is None or node.peer_port <= 0 or not self.probes.is_calibrated(node_id):
+        if not self.is_leader or node is None or node.peer_port <= 0:
             return False
         try:
             asyncio.get_running_loop()
@@ -251,8 +251,8 @@ class Runtime:
             if self.is_leader:
                 self.post(AgentGone(node_id, incarnation, stream_id, detail))
 
-        self.probes.after_close(node_id, (node.host, node.peer_port), self.config.detector.reconnect_grace_s, gone)
-        return True
+        return self.probes.after_close(node_id, (node.host, node.peer_port), self.config.detector.reconnect_grace_s,
+                                       gone)
 
     def _peer_address_while_open(self, node_id: str) -> tuple[str, int] | None:
         node, soft = self.state.nodes.get(node_id), self.soft.nodes.get(node_id)
