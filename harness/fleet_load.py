@@ -110,6 +110,7 @@ class Fleet:
         self.calls: list[StreamCall] = []
         self.connect_gate = asyncio.Semaphore(args.connect_concurrency)
         self.addresses = [a for a in args.address.split(",") if a]
+        self.peer_port = 0  # (run: the simulated agents' shared peer port)
 
     def home(self, node: SimNode) -> str:
         """The replica `node` dials: its shard (as a real agent does first: common/shard_map.py),
@@ -139,6 +140,10 @@ class Fleet:
 
     async def run(self) -> None:
         started = time.monotonic()
+        # The simulated agents' peer service: a port that accepts, as a live agent's does, so the
+        # supervisors' probes calibrate on it (supervisor/agent_probe.py) as they would on a fleet.
+        peer_service = await asyncio.start_server(_hang_up, "127.0.0.1", 0)
+        self.peer_port = peer_service.sockets[0].getsockname()[1]
         # Each shard's nodes share that replica's channels: placed in order, so they fill them.
         tasks = [asyncio.create_task(self.node_loop(n)) for n in sorted(self.nodes, key=self.home)]
         await self.report_connecting(started)
@@ -149,6 +154,7 @@ class Fleet:
         await asyncio.gather(*tasks, return_exceptions=True)
         for channel in self.channels:
             await channel.close(None)
+        peer_service.close()
 
     async def report_connecting(self, started: float) -> None:
         while True:
@@ -265,7 +271,7 @@ class Fleet:
             async with self.connect_gate:
                 await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
                     node_id=node.node_id, incarnation=node.incarnation, role=events_pb2.NODE_ROLE_ACTIVE,
-                    host="10.0.0.1", peer_port=7071, gpus=8, agent_version="sim", failure_domain="",
+                    host="127.0.0.1", peer_port=self.peer_port, gpus=8, agent_version="sim", failure_domain="",
                     unreachable_replicas=node.unreachable,
                     # (a second Welcome is handled as the first: holdings go every step anyway)
                     resyncs_on_welcome=not self.args.old_agents)))
@@ -423,6 +429,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ack-every", type=int, default=1,
                    help="one heartbeat in N asks for an ack (and a session's first); real agents ask none")
     return p
+
+
+async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A probe's connection to a simulated agent's peer port: nothing to say."""
+    writer.close()
 
 
 def main(argv: list[str] | None = None) -> int:

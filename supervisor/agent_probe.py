@@ -20,6 +20,12 @@ admitted, CALIBRATE_PER_TICK per tick: a 12,500-node fleet in ~80 s at 0.1 s tic
 ~160 connects/s (a few percent of the leader's core) rather than a burst while the fleet
 registers. Until then, and for a node whose port did not answer, the grace decides.
 
+With link shards (issue 14) each shard probes the agents whose streams it holds: it calibrates
+them after their Welcome, probes after a close and forwards a refusal to the leader
+(Forwarded.agent_gone), which decides it as its own probe's. The leader probes only its own share
+(and the nodes of a shard too old to say it probes), so calibrating a 12,500-node fleet costs the
+leader nothing and each shard its share.
+
 Bounded: one probe per node at a time, at most MAX_PROBES in flight (the rest wait out the
 grace, or their calibration the next tick), each within its deadline.
 """
@@ -111,6 +117,10 @@ class AgentProbes:
 
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    def pending(self) -> int:
+        """Nodes admitted and not yet tried for calibration."""
+        return len(self._waiting)
 
     def _start(self, node_id: str, work: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:

@@ -28,6 +28,9 @@ class StreamOutbox:
         self._ready = asyncio.Event()
         self.is_closed = False
         self.close_reason = ""  # set when the supervisor ends the stream for a limit (not a plain close)
+        # The node's link shard probes its agent (supervisor/agent_probe.py) and reports it gone:
+        # this supervisor then never connects to that node's peer port itself.
+        self.probed_by_shard = False
 
     def put(self, message: agent_pb2.SupervisorMessage) -> bool:
         """Queues `message`; False (and the stream is closed as overflowed) when the queue is full."""

@@ -228,12 +228,20 @@ class Runtime:
         return stream_id
 
     def close_stream(self, stream_id: int, node_id: str | None, incarnation: int) -> None:
-        self._outboxes.pop(stream_id, None)
+        outbox = self._outboxes.pop(stream_id, None)
         if node_id is not None:
             self.post(StreamClosed(node_id=node_id, incarnation=incarnation, stream_id=stream_id))
             self._tick_after(self.config.detector.reconnect_grace_s)
-            if self._probe_agent(node_id, incarnation, stream_id):
+            probed_by_shard = outbox is not None and outbox.probed_by_shard  # (its report: agent_gone)
+            if not probed_by_shard and self._probe_agent(node_id, incarnation, stream_id):
                 self._tick_after(failure.AGENT_GONE_SETTLE_S)  # when a gone agent's node is declared dead
+
+    def agent_gone(self, node_id: str, incarnation: int, stream_id: int, detail: str) -> None:
+        """A link shard found the agent of a node whose stream it held gone after the stream
+        closed (its own probe: Forwarded.agent_gone); decided as the leader's own probe's."""
+        if self.is_leader:
+            self.post(AgentGone(node_id, incarnation, stream_id, detail))
+            self._tick_after(failure.AGENT_GONE_SETTLE_S)
 
     def _probe_agent(self, node_id: str, incarnation: int, stream_id: int) -> bool:
         """After a close: one connect to the node's peer port (supervisor/agent_probe.py); refused,
@@ -258,6 +266,9 @@ class Runtime:
         node, soft = self.state.nodes.get(node_id), self.soft.nodes.get(node_id)
         if node is None or soft is None or soft.stream_id is None or node.peer_port <= 0:
             return None
+        outbox = self._outboxes.get(soft.stream_id)
+        if outbox is not None and outbox.probed_by_shard:
+            return None  # (its shard calibrates it)
         return node.host, node.peer_port
 
     def _tick_after(self, delay_s: float) -> None:

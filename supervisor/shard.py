@@ -42,6 +42,7 @@ from ftsup.common.backoff import Backoff
 from ftsup.common.deadline import within
 from ftsup.common.shard_map import agent_holders, home_of, shard_of
 from ftsup.common.tls import TlsFiles, channel_credentials, expect_supervisor
+from ftsup.supervisor.agent_probe import VERDICT_WINDOW_S, AgentProbes
 from ftsup.supervisor.core.token_bucket import TokenBucket
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.shard_queue import MAX_BATCH_ITEMS, HeardSince, UpQueue, forwarded
@@ -75,6 +76,9 @@ KEEP_WITHOUT_LEADER_S = 30.0
 # intervals: a replayed Hello vouches for the agent, and one that went silent (a hung process whose
 # connection lives on) must not be re-admitted, or un-quarantined, by the next leader on our word.
 REPLAY_HEARD_WITHIN_INTERVALS = 2.0
+# Agents' peer ports calibrated this often (agent_probe.CALIBRATE_PER_TICK each time), as the
+# leader does for its own share on its Tick: ~160 connects a second while a fleet registers.
+CALIBRATE_EVERY_S = 0.1
 MESSAGES_PER_S = 2_000.0  # per agent stream, as the leader's own limit (agent_service.StreamLimits)
 MESSAGE_BURST = 20_000.0
 
@@ -93,6 +97,7 @@ class ShardSession:
     messages: TokenBucket = field(default_factory=lambda: TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, 0.0))
     hello: agent_pb2.AgentMessage | None = None  # replayed to a new leader, when the agent resyncs on a Welcome
     interval_s: float = 1.0  # the heartbeat interval its last Welcome set (the agent's default before one)
+    peer: tuple[str, int] | None = None  # its agent's peer service (the Hello's), probed after a close
 
 
 class LinkShard:
@@ -116,6 +121,11 @@ class LinkShard:
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
         self.folds_holdings = False  # the leader takes SnapshotHoldings (else snapshot reports go one by one)
         self.packs_steps = False  # the leader takes ShardStepFolds (else each node's aggregate goes alone)
+        # The leader takes agent_gone reports: this shard probes its own agents' peer ports
+        # (supervisor/agent_probe.py) and the leader none of them (else the leader probes them).
+        self.probes_agents = False
+        self.offers_probes = True  # says so to the leader (False: as a shard before 2026-11-28, for tests)
+        self.probes = AgentProbes(generation)
         self._sessions: dict[int, ShardSession] = {}
         self._node_session: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -144,7 +154,9 @@ class LinkShard:
             return
         now = self._clock()
         session = ShardSession(next(self._ids), node_id, incarnation, StreamOutbox(), now, now,
-                               hello=hello if hello.hello.resyncs_on_welcome else None)
+                               hello=hello if hello.hello.resyncs_on_welcome else None,
+                               peer=(hello.hello.host, hello.hello.peer_port) if 0 < hello.hello.peer_port < 65536
+                               else None)
         session.messages = TokenBucket.full(MESSAGES_PER_S, MESSAGE_BURST, now)
         replaced = self._node_session.get(node_id)
         self._sessions[session.session] = session
@@ -221,6 +233,28 @@ class LinkShard:
                 self._up.clear()
                 self.relay_up.clear()
             self._up_ready.set()
+            if self.probes_agents and not session.is_moved and session.peer is not None:
+                self._probe_after_close(session, session.peer)
+
+    def _probe_after_close(self, session: ShardSession, peer: tuple[str, int]) -> None:
+        """Probes a closed session's agent (if this shard calibrated it) and tells the leader when it
+        is gone, within the same relay: a report for an older relay's session would name nothing."""
+        term = self.term
+
+        def gone(detail: str) -> None:
+            if self.relay_up.is_set() and self.term == term:
+                if self._up.push(forwarded(session.session, session.node_id, session.incarnation, gone=detail)):
+                    self._up_ready.set()
+
+        self.probes.after_close(session.node_id, peer, VERDICT_WINDOW_S, gone)
+
+    def _peer_while_open(self, node_id: str) -> tuple[str, int] | None:
+        """A node's agent's peer address while its stream is open here (calibration's)."""
+        number = self._node_session.get(node_id)
+        session = self._sessions.get(number) if number is not None else None
+        if session is None or session.outbox.is_closed:
+            return None
+        return session.peer
 
     def rehome(self) -> int:
         """Moves the nodes whose shard is now another replica (the live set changed): each is told
@@ -356,6 +390,7 @@ class LinkShard:
                 await asyncio.sleep(RELAY_BACKOFF.delay_s(attempt, rng))
         finally:
             self._lost()
+            self.probes.cancel()
             if self._sessions:
                 self.drop_all("this replica stops relaying")
 
@@ -373,7 +408,8 @@ class LinkShard:
         try:
             stub: Any = shard_pb2_grpc.LinkShardStub(channel)  # (the stubs' types miss the streaming form)
             call = stub.Relay()
-            await call.write(shard_pb2.ShardBatch(replica=self.address, keeps_alive=True))
+            await call.write(shard_pb2.ShardBatch(replica=self.address, keeps_alive=True,
+                                                  probes_agents=self.offers_probes))
             first = await call.read()
             if not isinstance(first, shard_pb2.LeaderBatch):  # EOF: the leader said nothing
                 return
@@ -381,6 +417,7 @@ class LinkShard:
             self.summarises = first.takes_liveness_summaries
             self.folds_holdings = first.takes_snapshot_holdings
             self.packs_steps = first.takes_step_folds
+            self.probes_agents = first.takes_agent_gone and self.offers_probes
             self._heard.clear()
             self._replay_hellos()  # (only kept sessions' messages can be queued: none opens without a relay)
             self.relay_up.set()
@@ -390,6 +427,8 @@ class LinkShard:
                      asyncio.create_task(_until_another_leads(address, leader_address))]
             if self.summarises:
                 tasks.append(asyncio.create_task(self._summarise(stub)))
+            if self.probes_agents:
+                tasks.append(asyncio.create_task(self._calibrate()))
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -402,6 +441,12 @@ class LinkShard:
                 call.cancel()
         finally:
             await channel.close(None)
+
+    async def _calibrate(self) -> None:
+        """Calibrates the welcomed agents' peer ports, a few each CALIBRATE_EVERY_S (agent_probe)."""
+        while True:
+            self.probes.calibrate(self._peer_while_open)
+            await asyncio.sleep(CALIBRATE_EVERY_S)
 
     async def _read_leader(self, call: Any) -> None:
         """Delivers what the leader sends its nodes; returns at the stream's end or another term."""
@@ -470,6 +515,8 @@ class LinkShard:
             if item.HasField("message"):
                 if item.message.WhichOneof("kind") == "welcome":
                     session.last_heard_s = self._clock()
+                    if self.probes_agents and session.peer is not None:
+                        self.probes.admitted(session.node_id)  # (calibrated again: its port may be new)
                     interval_s = item.message.welcome.heartbeat_interval_s
                     if math.isfinite(interval_s) and interval_s > 0:
                         session.interval_s = interval_s

@@ -183,10 +183,15 @@ class HeardSince:
 
 
 def forwarded(session: int, node_id: str, incarnation: int,
-              message: agent_pb2.AgentMessage | None = None, *, moved: bool | None = None) -> shard_pb2.Forwarded:
-    """One item: an agent's message, or (moved set) the end of its session."""
+              message: agent_pb2.AgentMessage | None = None, *, moved: bool | None = None,
+              gone: str | None = None) -> shard_pb2.Forwarded:
+    """One item: an agent's message, (gone set) its agent found gone after its session ended, or
+    (moved set) the end of its session."""
     if message is not None:
         return shard_pb2.Forwarded(session=session, node_id=node_id, incarnation=incarnation, message=message)
+    if gone is not None:
+        return shard_pb2.Forwarded(session=session, node_id=node_id, incarnation=incarnation,
+                                   agent_gone=shard_pb2.ShardAgentGone(detail=gone))
     return shard_pb2.Forwarded(session=session, node_id=node_id, incarnation=incarnation,
                                closed=shard_pb2.ShardSessionEnd(moved=bool(moved)))
 

@@ -78,10 +78,11 @@ class RelayDown:
 class RelayRoute(StreamOutbox):
     """One relayed node's outbox as the runtime sees it: what is put goes into the relay."""
 
-    def __init__(self, down: RelayDown, session: int) -> None:
+    def __init__(self, down: RelayDown, session: int, *, probed_by_shard: bool = False) -> None:
         super().__init__(capacity=1)
         self._down = down
         self.session = session
+        self.probed_by_shard = probed_by_shard
 
     def put(self, message: agent_pb2.SupervisorMessage) -> bool:
         if self.is_closed:
@@ -110,6 +111,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         self._sessions: dict[str, dict[int, _Relayed]] = {}  # shard replica -> its relay's sessions
         # replica -> its relay's sessions, for relays whose shard keeps alive (ShardBatch.keeps_alive)
         self._keeping_alive: dict[str, dict[int, _Relayed]] = {}
+        # replica -> its relay's sessions closed lately (not moves), for relays whose shard probes
+        # its agents (ShardBatch.probes_agents): what a later agent_gone report names
+        self._closed: dict[str, collections.OrderedDict[int, _Relayed]] = {}
 
     async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
         if self._is_tls:
@@ -137,12 +141,15 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         self._sessions[replica] = sessions
         if first is not None and first.keeps_alive:
             self._keeping_alive[replica] = sessions
+        closed: collections.OrderedDict[int, _Relayed] = collections.OrderedDict()
+        if first is not None and first.probes_agents:
+            self._closed[replica] = closed
         log.info("link shard relaying", replica=replica, term=term)
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
                                                 first.items if first is not None else ()))
         try:
             yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True,
-                                        takes_step_folds=True)
+                                        takes_step_folds=True, takes_agent_gone=True)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not len(down):
                     with contextlib.suppress(TimeoutError):
@@ -162,6 +169,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                 del self._sessions[replica]
             if self._keeping_alive.get(replica) is sessions:
                 del self._keeping_alive[replica]
+            if self._closed.get(replica) is closed:
+                del self._closed[replica]
             log.warning("link shard relay ended", replica=replica, nodes=len(sessions), term=term,
                         overflowed=down.overflowed)
 
@@ -319,6 +328,17 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                 # A move is no death signal (the node reconnects to its new shard at once).
                 node = None if item.closed.moved else relayed.node_id
                 runtime.close_stream(relayed.stream_id, node, relayed.incarnation)
+                closed = self._closed.get(replica)
+                if node is not None and closed is not None and relayed.route.probed_by_shard:
+                    closed[item.session] = relayed
+                    if len(closed) > CLOSED_KEPT:
+                        closed.popitem(last=False)
+            return
+        if kind == "agent_gone":
+            closed = self._closed.get(replica)
+            gone = closed.pop(item.session, None) if closed is not None else None
+            if gone is not None:
+                runtime.agent_gone(gone.node_id, gone.incarnation, gone.stream_id, item.agent_gone.detail)
             return
         if kind == "step_fold":
             await self._submit_fold(item.step_fold, sessions)
@@ -336,7 +356,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                   replica: str = "") -> None:
         runtime = self._runtime
         hello = item.message.hello
-        route = RelayRoute(down, item.session)
+        route = RelayRoute(down, item.session, probed_by_shard=replica in self._closed)
         if hello.node_id != item.node_id or hello.incarnation != item.incarnation:
             route.put(_refusal("the shard's session does not match its Hello", "hello", ends_stream=True))
             route.close()
@@ -376,6 +396,10 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         reply.add_done_callback(answered)
 
 
+# Closed sessions a relay remembers for its shard's agent_gone reports (which follow a close by
+# a connect's round trip, or up to agent_probe.VERDICT_WINDOW_S): the oldest are forgotten first,
+# and a report about a forgotten one decides nothing (the reconnect grace does).
+CLOSED_KEPT = 8_192
 # Messages of one relay batch handed to the loop as one run at most (a slot of the loop's
 # stream-input capacity each; see runtime.InputRun).
 RUN_MAX = 512

@@ -38,6 +38,7 @@ class Forwarded(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     CLOSED_FIELD_NUMBER: _builtins.int
     STEP_FOLD_FIELD_NUMBER: _builtins.int
+    AGENT_GONE_FIELD_NUMBER: _builtins.int
     session: _builtins.int
     node_id: _builtins.str
     """the Hello's node id, checked against the agent's certificate by the shard"""
@@ -57,6 +58,14 @@ class Forwarded(_message.Message):
         (LeaderBatch.takes_step_folds).
         """
 
+    @_builtins.property
+    def agent_gone(self) -> Global___ShardAgentGone:
+        """After `closed` (not a move): the shard connected to the node's peer port and was refused, so
+        the agent process is gone (supervisor/agent_probe.py). Sent only by a shard that probes
+        (ShardBatch.probes_agents) to a leader that takes them (LeaderBatch.takes_agent_gone), and
+        only for a node whose port this shard saw accept while its stream was open.
+        """
+
     def __init__(
         self,
         *,
@@ -66,16 +75,37 @@ class Forwarded(_message.Message):
         message: _agent_pb2.AgentMessage | None = ...,
         closed: Global___ShardSessionEnd | None = ...,
         step_fold: Global___ShardStepFold | None = ...,
+        agent_gone: Global___ShardAgentGone | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "kind", b"kind", "message", b"message", "step_fold", b"step_fold"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_gone", b"agent_gone", "closed", b"closed", "kind", b"kind", "message", b"message", "step_fold", b"step_fold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["closed", b"closed", "incarnation", b"incarnation", "kind", b"kind", "message", b"message", "node_id", b"node_id", "session", b"session", "step_fold", b"step_fold"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_gone", b"agent_gone", "closed", b"closed", "incarnation", b"incarnation", "kind", b"kind", "message", b"message", "node_id", b"node_id", "session", b"session", "step_fold", b"step_fold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["message", "closed", "step_fold"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["message", "closed", "step_fold", "agent_gone"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___Forwarded: _TypeAlias = Forwarded  # noqa: Y015
+
+@_typing.final
+class ShardAgentGone(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DETAIL_FIELD_NUMBER: _builtins.int
+    detail: _builtins.str
+    """what the probe saw, for the death's reason"""
+    def __init__(
+        self,
+        *,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardAgentGone: _TypeAlias = ShardAgentGone  # noqa: Y015
 
 @_typing.final
 class ShardStepFold(_message.Message):
@@ -216,11 +246,17 @@ class ShardBatch(_message.Message):
     REPLICA_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
     KEEPS_ALIVE_FIELD_NUMBER: _builtins.int
+    PROBES_AGENTS_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     """the shard's advertised address (first batch), for logs and routing"""
     keeps_alive: _builtins.bool
     """(first batch) this shard's liveness stream sends a summary, empty if need be, at least every
     0.2 s: while it is quiet for longer, the leader counts its nodes' silence as the shard's
+    """
+    probes_agents: _builtins.bool
+    """(first batch) this shard probes its agents' peer ports: it calibrates each after its Welcome
+    and reports a refused port after a close (Forwarded.agent_gone) when the leader takes them; the
+    leader then opens no connection to this shard's nodes itself.
     """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Forwarded]: ...
@@ -230,10 +266,11 @@ class ShardBatch(_message.Message):
         replica: _builtins.str = ...,
         items: _abc.Iterable[Global___Forwarded] | None = ...,
         keeps_alive: _builtins.bool = ...,
+        probes_agents: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "keeps_alive", b"keeps_alive", "replica", b"replica"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "keeps_alive", b"keeps_alive", "probes_agents", b"probes_agents", "replica", b"replica"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -279,6 +316,7 @@ class LeaderBatch(_message.Message):
     TAKES_LIVENESS_SUMMARIES_FIELD_NUMBER: _builtins.int
     TAKES_SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
     TAKES_STEP_FOLDS_FIELD_NUMBER: _builtins.int
+    TAKES_AGENT_GONE_FIELD_NUMBER: _builtins.int
     term: _builtins.int
     """the leader's term: a shard drops its sessions when it changes"""
     takes_liveness_summaries: _builtins.bool
@@ -293,6 +331,10 @@ class LeaderBatch(_message.Message):
     """Set on the first batch of a relay by a leader that takes ShardStepFold items: the shard packs
     its sessions' back-to-back StepAggregates of one step into one; to an older leader it forwards each.
     """
+    takes_agent_gone: _builtins.bool
+    """Set on the first batch of a relay by a leader that takes Forwarded.agent_gone: the shard probes
+    its own agents (ShardBatch.probes_agents); to an older leader it probes nothing (that leader does).
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Addressed]: ...
     def __init__(
@@ -303,10 +345,11 @@ class LeaderBatch(_message.Message):
         takes_liveness_summaries: _builtins.bool = ...,
         takes_snapshot_holdings: _builtins.bool = ...,
         takes_step_folds: _builtins.bool = ...,
+        takes_agent_gone: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "takes_step_folds", b"takes_step_folds", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_agent_gone", b"takes_agent_gone", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "takes_step_folds", b"takes_step_folds", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import pathlib
+import socket
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -19,6 +21,8 @@ from ftsup.common import tls
 from ftsup.common.shard_map import home_of, shard_of
 from ftsup.harness.certs import main as certs_main
 from ftsup.harness.chaos.proxy import PartitionProxy
+from ftsup.harness.cluster import free_port
+from ftsup.supervisor.core.events import NodeDeclaredDead
 from ftsup.supervisor.core.inputs import Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.outbox import StreamOutbox
@@ -276,9 +280,10 @@ async def until(predicate: Callable[[], object], what: str, timeout_s: float = 5
         await asyncio.sleep(0.01)
 
 
-def hello_message(node_id: str, incarnation: int = 1) -> agent_pb2.AgentMessage:
+def hello_message(node_id: str, incarnation: int = 1, peer_port: int = 9000) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(hello=agent_pb2.Hello(
-        node_id=node_id, incarnation=incarnation, host="127.0.0.1", peer_port=9000, role=events_pb2.NODE_ROLE_ACTIVE))
+        node_id=node_id, incarnation=incarnation, host="127.0.0.1", peer_port=peer_port,
+        role=events_pb2.NODE_ROLE_ACTIVE))
 
 
 class Pair:
@@ -292,8 +297,12 @@ class Pair:
 
 
 @contextlib.asynccontextmanager
-async def pair(ranks_per_node: int = 1, relay_type: type[RelayService] = RelayService) -> AsyncIterator[Pair]:
-    runtime = Runtime(config(nodes=1, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=0.05)
+async def pair(ranks_per_node: int = 1, relay_type: type[RelayService] = RelayService,
+               reconnect_grace_s: float | None = None) -> AsyncIterator[Pair]:
+    cfg = config(nodes=1, ranks_per_node=ranks_per_node)
+    if reconnect_grace_s is not None:
+        cfg = dataclasses.replace(cfg, detector=dataclasses.replace(cfg.detector, reconnect_grace_s=reconnect_grace_s))
+    runtime = Runtime(cfg, MemoryLog(), tick_s=0.05)
     follower_runtime = Runtime(config(nodes=1, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=0.05)
     follower_runtime.become_follower()
     servers = [grpc.aio.server(), grpc.aio.server()]
@@ -365,6 +374,73 @@ async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_close
             call.cancel()
         await until(lambda: p.runtime.soft.nodes[node].stream_id is None, "the leader to see the stream close")
         assert p.runtime.soft.nodes[node].disconnected_at_s is not None, "an agent's closed stream: suspect now"
+
+
+async def test_a_shard_probes_its_own_nodes_agents_and_the_leader_none_of_them():
+    """The shard calibrates its node's peer port (the leader never connects to it) and, once the
+    agent is gone, reports it: with a 30 s grace only that report ends the node promptly. Without
+    the shard's probe (or with the leader still probing relayed nodes) this times out."""
+    agent_port = socket.socket()
+    agent_port.bind(("127.0.0.1", free_port()))
+    agent_port.listen()
+    try:
+        async with pair(reconnect_grace_s=30.0) as p:
+            await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+            assert p.shard.probes_agents, "this leader takes agent_gone reports"
+            node = homed_on(p.follower, (p.leader, p.follower))
+            async with grpc.aio.insecure_channel(p.follower) as channel:
+                call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+                await call.write(hello_message(node, peer_port=agent_port.getsockname()[1]))
+                await read_until(call, "welcome")
+                await until(lambda: p.shard.probes.is_calibrated(node), "the shard to calibrate its node's port")
+                await until(lambda: not p.runtime.probes.pending(), "the leader's calibration queue to drain")
+                assert not p.runtime.probes.is_calibrated(node) and not p.runtime.probes.in_flight()
+                agent_port.close()  # the node dies: its agent's port with it
+                call.cancel()
+
+            def dead() -> list[NodeDeclaredDead]:
+                return [r.event for r in p.runtime.event_log.read(1) if isinstance(r.event, NodeDeclaredDead)]
+
+            await until(dead, "the leader to declare the node dead on its shard's report", timeout_s=10.0)
+            assert [d.node_id for d in dead()] == [node] and "refuses connections" in dead()[0].reason
+    finally:
+        agent_port.close()
+
+
+async def test_the_leader_probes_the_nodes_of_a_shard_that_does_not_probe_them():
+    """A shard from before shard-side probes (or one that does not offer them): the leader
+    calibrates its nodes itself, as it did, so a gone agent is still found."""
+    agent_port = socket.socket()
+    agent_port.bind(("127.0.0.1", free_port()))
+    agent_port.listen()
+    try:
+        async with pair(reconnect_grace_s=30.0) as p:
+            p.shard.offers_probes = False  # (before its relay's first batch)
+            await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+            assert not p.shard.probes_agents
+            node = homed_on(p.follower, (p.leader, p.follower))
+            async with grpc.aio.insecure_channel(p.follower) as channel:
+                call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+                await call.write(hello_message(node, peer_port=agent_port.getsockname()[1]))
+                await read_until(call, "welcome")
+                await until(lambda: p.runtime.probes.is_calibrated(node), "the leader to calibrate the node's port")
+                assert not p.shard.probes.is_calibrated(node)
+                call.cancel()
+    finally:
+        agent_port.close()
+
+
+async def test_an_agent_gone_report_for_a_session_the_leader_does_not_know_decides_nothing():
+    async with pair(reconnect_grace_s=30.0) as p, welcomed_on_the_follower(p) as (node, call):
+        session = p.shard._node_session[node]
+        p.shard._up.push(forwarded(session + 1000, node, 1, gone="forged: never closed"))
+        p.shard._up.push(forwarded(session, node, 1, gone="not closed yet"))
+        p.shard._up_ready.set()
+        # A relayed message queued behind the reports: its refusal comes once they were read.
+        await call.write(agent_pb2.AgentMessage(trainer_exit=agent_pb2.TrainerExit(generation=99, rank=0)))
+        await read_until(call, "refusal")
+        assert p.runtime.soft.nodes[node].stream_id is not None and not p.runtime.soft.nodes[node].agent_gone
+        call.cancel()
 
 
 async def test_a_shard_with_nothing_heard_keeps_alive_and_the_leader_knows_its_nodes_by_it():
