@@ -98,6 +98,8 @@ class ShardSession:
     hello: agent_pb2.AgentMessage | None = None  # replayed to a new leader, when the agent resyncs on a Welcome
     interval_s: float = 1.0  # the heartbeat interval its last Welcome set (the agent's default before one)
     peer: tuple[str, int] | None = None  # its agent's peer service (the Hello's), probed after a close
+    calibrating: bool = False  # its peer port was queued for calibration (once a session: a kept
+    # stream's second Welcome, from the next leader, names the same port)
 
 
 class LinkShard:
@@ -515,7 +517,8 @@ class LinkShard:
             if item.HasField("message"):
                 if item.message.WhichOneof("kind") == "welcome":
                     session.last_heard_s = self._clock()
-                    if self.probes_agents and session.peer is not None:
+                    if self.probes_agents and session.peer is not None and not session.calibrating:
+                        session.calibrating = True
                         self.probes.admitted(session.node_id)  # (calibrated again: its port may be new)
                     interval_s = item.message.welcome.heartbeat_interval_s
                     if math.isfinite(interval_s) and interval_s > 0:

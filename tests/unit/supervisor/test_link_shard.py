@@ -430,6 +430,20 @@ async def test_the_leader_probes_the_nodes_of_a_shard_that_does_not_probe_them()
         agent_port.close()
 
 
+def test_a_session_is_queued_for_calibration_once_not_again_at_the_next_leaders_welcome():
+    shard = LinkShard("r1:1", lambda: ("r1:1",))
+    shard.probes_agents = True
+    shard._sessions[1] = ShardSession(1, "n1", 1, StreamOutbox(), 0.0, 0.0, peer=("127.0.0.1", 9000))
+    shard._node_session["n1"] = 1
+    welcome = shard_pb2.Addressed(session=1, message=agent_pb2.SupervisorMessage(
+        welcome=agent_pb2.Welcome(node_id="n1", heartbeat_interval_s=1.0)))
+    shard._deliver(shard_pb2.LeaderBatch(items=[welcome]))
+    assert shard.probes.pending() == 1
+    shard.probes.calibrate(lambda node: None)  # (tried: nothing listens in this test)
+    shard._deliver(shard_pb2.LeaderBatch(items=[welcome]))  # a kept stream welcomed by the next leader
+    assert shard.probes.pending() == 0
+
+
 async def test_an_agent_gone_report_for_a_session_the_leader_does_not_know_decides_nothing():
     async with pair(reconnect_grace_s=30.0) as p, welcomed_on_the_follower(p) as (node, call):
         session = p.shard._node_session[node]
