@@ -2,7 +2,8 @@
 
 Seconds from the signal to the supervisor's NodeDeclaredDead record, at the default 1 s
 heartbeat. Baseline in the same run: the same supervisor with the stream-close signal ignored
-(heartbeats only, 3 misses), which is how keep-alive based detectors such as TorchElastic's
+(heartbeats only, 3 misses: a 600 s reconnect grace and no agent probe, whose refused connect
+would otherwise end a killed node 0.15 s after its close), which is how keep-alive based detectors such as TorchElastic's
 rendezvous work. Prints one JSON object.
 """
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     trials = 1 if args.quick else args.trials
     defaults = ClusterSpec(nodes=1, spares=0, ranks_per_node=1, trainer_argv=IDLE_TRAINER, job_name="detect")
     baseline = ClusterSpec(nodes=1, spares=0, ranks_per_node=1, trainer_argv=IDLE_TRAINER, job_name="detect",
-                           heartbeat_misses=3, reconnect_grace_s=600.0)
+                           heartbeat_misses=3, reconnect_grace_s=600.0, supervisor_args=("--no-agent-probe",))
     with tempfile.TemporaryDirectory(prefix="ftsup-bench-detect-") as tmp:
         ours = run_series(pathlib.Path(tmp) / "ftsup", defaults, {"kill": trials, "stop": trials}, args.seed)
         theirs = run_series(pathlib.Path(tmp) / "baseline", baseline, {"kill": max(1, trials // 2)}, args.seed)

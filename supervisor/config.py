@@ -222,6 +222,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--heartbeat-misses", type=int, default=2, help="dead after this many silent intervals")
     p.add_argument("--reconnect-grace-s", type=float, default=0.4, help="dead when a closed stream stays closed this long")
+    p.add_argument("--agent-probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="after a node's stream closes, connect once to its agent's peer port; refused, the"
+                        " node is dead 0.15 s after the close instead of after --reconnect-grace-s (trusted"
+                        " only for ports seen accepting while the stream was open)")
     p.add_argument("--failover-grace-s", type=float, default=3.0,
                    help="a new leader waits this much longer than one heartbeat timeout before judging nodes")
     p.add_argument("--exit-settle-s", type=float, default=3.0,
@@ -315,6 +319,7 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             heartbeat_misses=args.heartbeat_misses,
             reconnect_grace_s=args.reconnect_grace_s,
             failover_grace_s=args.failover_grace_s,
+            agent_probe=args.agent_probe,
         )
         if not 0.01 <= args.tick_s <= 5:
             raise ValueError(f"--tick-s must be within [0.01, 5], got {args.tick_s}")

@@ -248,7 +248,7 @@ class Runtime:
         the node's agent is gone and the detector need not wait out the grace (AgentGone). True
         when a probe may be under way."""
         node = self.state.nodes.get(node_id)
-        if not self.is_leader or node is None or node.peer_port <= 0:
+        if not self.is_leader or node is None or node.peer_port <= 0 or not self.config.detector.agent_probe:
             return False
         try:
             asyncio.get_running_loop()
@@ -265,6 +265,8 @@ class Runtime:
     def _peer_address_while_open(self, node_id: str) -> tuple[str, int] | None:
         node, soft = self.state.nodes.get(node_id), self.soft.nodes.get(node_id)
         if node is None or soft is None or soft.stream_id is None or node.peer_port <= 0:
+            return None
+        if not self.config.detector.agent_probe:
             return None
         outbox = self._outboxes.get(soft.stream_id)
         if outbox is not None and outbox.probed_by_shard:

@@ -128,6 +128,11 @@ class DetectorConfig:
     # learn the old leader is gone (its lease expires), then find the new one through NotLeader
     # answers and their reconnect backoff (at most 1 s between tries).
     failover_grace_s: float = 3.0
+    # After a close, connect once to the node's peer port: refused, its agent is gone and the node
+    # is dead without waiting out the grace (supervisor/agent_probe.py). Off: the grace alone
+    # decides, and no supervisor opens a connection to a node (a policy that forbids it, or a
+    # heartbeat-only baseline such as `ftsup bench detection`'s).
+    agent_probe: bool = True
 
     def __post_init__(self) -> None:
         _positive("heartbeat_interval_s", self.heartbeat_interval_s, 60.0)

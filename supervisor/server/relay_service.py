@@ -149,7 +149,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                                                 first.items if first is not None else ()))
         try:
             yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True,
-                                        takes_step_folds=True, takes_agent_gone=True)
+                                        takes_step_folds=True,
+                                        takes_agent_gone=runtime.config.detector.agent_probe)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not len(down):
                     with contextlib.suppress(TimeoutError):

@@ -136,7 +136,7 @@ def _judge_unconnected(
                            QuarantineCause.DEAD_NEVER_HEARD)
         return None
     closed_at = max(info.disconnected_at_s or soft.started_at_s, soft.started_at_s)
-    if info.agent_gone and now - closed_at >= min(AGENT_GONE_SETTLE_S, config.reconnect_grace_s):
+    if info.agent_gone and config.agent_probe and now - closed_at >= min(AGENT_GONE_SETTLE_S, config.reconnect_grace_s):
         # nothing listens where its agent did: it cannot reconnect within the grace
         return Verdict(node_id, Liveness.DEAD, f"{STREAM_LOSS}: {info.agent_gone}", silent_for,
                        QuarantineCause.DEAD_STREAM_LOSS)

@@ -82,6 +82,53 @@ def test_a_report_for_another_stream_or_incarnation_or_an_open_stream_decides_no
     assert deaths(NOW + 1.3, AgentGone("n2", 1, 2, GONE)) == [], "n2's stream never closed"
 
 
+def test_with_the_probe_off_a_report_of_a_gone_agent_waits_out_the_grace():
+    """--no-agent-probe: the grace alone decides, whatever AgentGone says (a heartbeat-only
+    baseline must not be ended by it)."""
+    import dataclasses
+
+    from ftsup.supervisor.core.inputs import Tick
+    from tests.support.builders import Sim, config
+
+    cfg = config()
+    cfg = dataclasses.replace(cfg, detector=dataclasses.replace(cfg.detector, agent_probe=False))
+    sim = Sim(cfg)
+    for i in (1, 2, 3):
+        sim.events(hello(f"n{i}", stream_id=i))
+    sim.events(hello("s1", spare=True, stream_id=10))
+    sim.events(StreamClosed("n3", 1, 3), at=NOW + 1.0)
+    sim.events(AgentGone("n3", 1, 3, GONE), at=NOW + 1.01)
+    assert not [e for e in sim.events(Tick(), at=NOW + 1.3) if isinstance(e, NodeDeclaredDead)]
+    grace_end = NOW + 1.0 + cfg.detector.reconnect_grace_s + 0.01
+    assert [e.node_id for e in sim.events(Tick(), at=grace_end) if isinstance(e, NodeDeclaredDead)] == ["n3"]
+
+
+async def test_with_the_probe_off_the_runtime_connects_to_no_node():
+    import dataclasses
+
+    from ftsup.supervisor.eventlog.memory import MemoryLog
+    from ftsup.supervisor.outbox import StreamOutbox
+    from ftsup.supervisor.runtime import Runtime
+    from tests.support.builders import config
+
+    cfg = config(nodes=1, ranks_per_node=1)
+    cfg = dataclasses.replace(cfg, detector=dataclasses.replace(cfg.detector, agent_probe=False))
+    port = listening_socket()
+    runtime = Runtime(cfg, MemoryLog(), tick_s=3600)
+    loop = asyncio.create_task(runtime.run())
+    try:
+        stream_id = runtime.open_stream(StreamOutbox())
+        assert (await runtime.submit(hello("n1", stream_id=stream_id, port=port.getsockname()[1]))).refusal is None
+        runtime.probes.calibrate(runtime._peer_address_while_open)  # what the ticks do
+        assert not runtime.probes.in_flight() and not runtime.probes.is_calibrated("n1")
+        port.close()
+        runtime.close_stream(stream_id, "n1", 1)
+        assert not runtime.probes.in_flight()
+    finally:
+        loop.cancel()
+        port.close()
+
+
 async def test_the_probe_tells_refused_from_listening():
     listening = listening_socket()
     try:
