@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import pathlib
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 import pytest
@@ -341,13 +341,13 @@ async def read_until(call: grpc.aio.StreamStreamCall, kind: str) -> agent_pb2.Su
 
 
 @contextlib.asynccontextmanager
-async def welcomed_on_the_follower(p: Pair) -> AsyncIterator[tuple[str, grpc.aio.StreamStreamCall]]:
+async def welcomed_on_the_follower(p: Pair, peer_port: int = 9000) -> AsyncIterator[tuple[str, grpc.aio.StreamStreamCall]]:
     """An agent's stream to the follower, for a node homed there, once the leader welcomed it."""
     await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
     node = homed_on(p.follower, (p.leader, p.follower))
     async with grpc.aio.insecure_channel(p.follower) as channel:
         call = agent_pb2_grpc.SupervisorStub(channel).Connect()
-        await call.write(hello_message(node))
+        await call.write(hello_message(node, peer_port=peer_port))
         await read_until(call, "welcome")
         yield node, call
 
@@ -376,58 +376,50 @@ async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_close
         assert p.runtime.soft.nodes[node].disconnected_at_s is not None, "an agent's closed stream: suspect now"
 
 
+@contextlib.contextmanager
+def agent_peer_port() -> Iterator[socket.socket]:
+    """A listening socket, as a live agent's peer service, until closed or the block ends."""
+    listening = socket.socket()
+    try:
+        listening.bind(("127.0.0.1", free_port()))
+        listening.listen()
+        yield listening
+    finally:
+        listening.close()
+
+
 async def test_a_shard_probes_its_own_nodes_agents_and_the_leader_none_of_them():
     """The shard calibrates its node's peer port (the leader never connects to it) and, once the
     agent is gone, reports it: with a 30 s grace only that report ends the node promptly. Without
     the shard's probe (or with the leader still probing relayed nodes) this times out."""
-    agent_port = socket.socket()
-    agent_port.bind(("127.0.0.1", free_port()))
-    agent_port.listen()
-    try:
-        async with pair(reconnect_grace_s=30.0) as p:
-            await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
-            assert p.shard.probes_agents, "this leader takes agent_gone reports"
-            node = homed_on(p.follower, (p.leader, p.follower))
-            async with grpc.aio.insecure_channel(p.follower) as channel:
-                call = agent_pb2_grpc.SupervisorStub(channel).Connect()
-                await call.write(hello_message(node, peer_port=agent_port.getsockname()[1]))
-                await read_until(call, "welcome")
+    async with pair(reconnect_grace_s=30.0) as p:
+        with agent_peer_port() as port:
+            async with welcomed_on_the_follower(p, peer_port=port.getsockname()[1]) as (node, call):
+                assert p.shard.probes_agents, "this leader takes agent_gone reports"
                 await until(lambda: p.shard.probes.is_calibrated(node), "the shard to calibrate its node's port")
                 await until(lambda: not p.runtime.probes.pending(), "the leader's calibration queue to drain")
                 assert not p.runtime.probes.is_calibrated(node) and not p.runtime.probes.in_flight()
-                agent_port.close()  # the node dies: its agent's port with it
+                port.close()  # the node dies: its agent's port, then its stream
                 call.cancel()
 
-            def dead() -> list[NodeDeclaredDead]:
-                return [r.event for r in p.runtime.event_log.read(1) if isinstance(r.event, NodeDeclaredDead)]
+        def dead() -> list[NodeDeclaredDead]:
+            return [r.event for r in p.runtime.event_log.read(1) if isinstance(r.event, NodeDeclaredDead)]
 
-            await until(dead, "the leader to declare the node dead on its shard's report", timeout_s=10.0)
-            assert [d.node_id for d in dead()] == [node] and "refuses connections" in dead()[0].reason
-    finally:
-        agent_port.close()
+        await until(dead, "the leader to declare the node dead on its shard's report", timeout_s=10.0)
+        assert [d.node_id for d in dead()] == [node] and "refuses connections" in dead()[0].reason
 
 
 async def test_the_leader_probes_the_nodes_of_a_shard_that_does_not_probe_them():
     """A shard from before shard-side probes (or one that does not offer them): the leader
     calibrates its nodes itself, as it did, so a gone agent is still found."""
-    agent_port = socket.socket()
-    agent_port.bind(("127.0.0.1", free_port()))
-    agent_port.listen()
-    try:
-        async with pair(reconnect_grace_s=30.0) as p:
-            p.shard.offers_probes = False  # (before its relay's first batch)
-            await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
-            assert not p.shard.probes_agents
-            node = homed_on(p.follower, (p.leader, p.follower))
-            async with grpc.aio.insecure_channel(p.follower) as channel:
-                call = agent_pb2_grpc.SupervisorStub(channel).Connect()
-                await call.write(hello_message(node, peer_port=agent_port.getsockname()[1]))
-                await read_until(call, "welcome")
+    async with pair(reconnect_grace_s=30.0) as p:
+        p.shard.offers_probes = False  # (before its relay's first batch)
+        with agent_peer_port() as port:
+            async with welcomed_on_the_follower(p, peer_port=port.getsockname()[1]) as (node, call):
+                assert not p.shard.probes_agents
                 await until(lambda: p.runtime.probes.is_calibrated(node), "the leader to calibrate the node's port")
                 assert not p.shard.probes.is_calibrated(node)
                 call.cancel()
-    finally:
-        agent_port.close()
 
 
 def test_a_session_is_queued_for_calibration_once_not_again_at_the_next_leaders_welcome():
