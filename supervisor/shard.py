@@ -235,8 +235,8 @@ class LinkShard:
                 self._up.clear()
                 self.relay_up.clear()
             self._up_ready.set()
-            if self.probes_agents and not session.is_moved and session.peer is not None:
-                self._probe_after_close(session, session.peer)
+            if self.probes_agents and not session.is_moved and session.calibrating and session.peer is not None:
+                self._probe_after_close(session, session.peer)  # (a welcomed session's: queued for calibration)
 
     def _probe_after_close(self, session: ShardSession, peer: tuple[str, int]) -> None:
         """Probes a closed session's agent (if this shard calibrated it) and tells the leader when it

@@ -142,7 +142,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         if first is not None and first.keeps_alive:
             self._keeping_alive[replica] = sessions
         closed: collections.OrderedDict[int, _Relayed] = collections.OrderedDict()
-        if first is not None and first.probes_agents:
+        if first is not None and first.probes_agents and runtime.config.detector.agent_probe:
             self._closed[replica] = closed
         log.info("link shard relaying", replica=replica, term=term)
         reader = asyncio.create_task(self._read(request_iterator, down, sessions, replica,
