@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import itertools
 import math
 import time
@@ -237,8 +238,8 @@ class Runtime:
                 self._tick_after(failure.AGENT_GONE_SETTLE_S)  # when a gone agent's node is declared dead
 
     def agent_gone(self, node_id: str, incarnation: int, stream_id: int, detail: str) -> None:
-        """A link shard found the agent of a node whose stream it held gone after the stream
-        closed (its own probe: Forwarded.agent_gone); decided as the leader's own probe's."""
+        """A node's agent was found gone after its stream closed: by this replica's probe, or by
+        the link shard that held the stream (Forwarded.agent_gone)."""
         if self.is_leader:
             self.post(AgentGone(node_id, incarnation, stream_id, detail))
             self._tick_after(failure.AGENT_GONE_SETTLE_S)
@@ -255,10 +256,7 @@ class Runtime:
         except RuntimeError:  # no loop (a synchronous test): the grace decides
             return False
 
-        def gone(detail: str) -> None:
-            if self.is_leader:
-                self.post(AgentGone(node_id, incarnation, stream_id, detail))
-
+        gone = functools.partial(self.agent_gone, node_id, incarnation, stream_id)  # (as a shard's report)
         return self.probes.after_close(node_id, (node.host, node.peer_port), self.config.detector.reconnect_grace_s,
                                        gone)
 
