@@ -5,7 +5,8 @@
 #
 # Uses `python3` (or $PYTHON) with a CUDA build of torch. If ftsup is not installed there, it is
 # put on PYTHONPATH from this checkout (a link farm of the `ftsup.` layout), and wheels in .whl/
-# (the daemons' dependencies for that python) are installed into a scratch target first. Writes,
+# (the daemons' dependencies for that python, and torchdata for the FSDP2 test's ranks) are
+# installed into a scratch target first; env.txt names any module still missing. Writes,
 # one file per step: env.txt, pytest.txt (tests/integration/test_cuda_paths.py),
 # digest_throughput.json, nccl_one_gpu_two_ranks.txt, bench_snapshot_cuda.json (+ .log).
 # Each step has its own time limit; a failing step is recorded and the next one still runs.
@@ -45,6 +46,15 @@ step() {  # step NAME SECONDS COMMAND...: runs it, records its exit status
 "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
     "$py" -c 'import ftsup.trainer.session, grpc, google.protobuf; print("ftsup importable; grpc", grpc.__version__,
 "protobuf", google.protobuf.__version__)'
+    "$py" -c 'import importlib
+def absent(name):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return True
+    return False
+missing = [m for m in ("grpc", "google.protobuf", "structlog", "aetcd", "boto3", "torchdata") if absent(m)]
+print("missing modules (bring them as wheels in .whl/):", ", ".join(missing) if missing else "none")'
     nproc; free -g | head -2
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"
