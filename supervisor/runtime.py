@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ftsup.common import logs
 from ftsup.supervisor import agent_probe, codec
@@ -29,6 +29,7 @@ from ftsup.supervisor.core.inputs import (
     Heartbeat,
     Input,
     LeadershipAcquired,
+    SnapshotHoldings,
     StepAggregate,
     StreamClosed,
     Tick,
@@ -377,15 +378,16 @@ class Runtime:
     async def _handle_run(self, run: InputRun, at_s: float | None) -> list[Outcome]:
         """A run's inputs, each decided alone and in order, except that back-to-back step
         aggregates of one step from distinct nodes (a shard's nodes reporting a step) are decided
-        as one fold (Core.step_aggregates: what they decide one by one, issue 14). A heartbeat
-        met among them is handled when met: it only marks its node heard as of the run's arrival,
-        which every aggregate of the run marks too, so its place among them changes nothing."""
+        as one fold (Core.step_aggregates: what they decide one by one, issue 14), and so are
+        back-to-back SnapshotHoldings of one step from distinct nodes (Core.step_holdings). A
+        heartbeat met among them is handled when met: it only marks its node heard as of the run's
+        arrival, which every part of the run marks too, so its place among them changes nothing."""
         if run.folded is not None:  # (a shard's packed fold: each node once, checked by the relay)
             parts = [inp for inp in run.inputs if isinstance(inp, StepAggregate)]
             if len(parts) == len(run.inputs) > 1:
                 return await self._handle_fold(parts, at_s, run.folded)
         outcomes: list[Outcome | None] = [None] * len(run.inputs)
-        fold: list[StepAggregate] = []  # the open fold's aggregates...
+        fold: list[StepAggregate | SnapshotHoldings] = []  # the open fold's parts (all of one type)...
         at: list[int] = []  # ...and their positions in the run
         named: set[str] = set()  # ...and their nodes
 
@@ -393,15 +395,19 @@ class Runtime:
             if len(fold) == 1:
                 outcomes[at[0]] = await self._handle_guarded(fold[0], at_s)
             elif fold:
-                for position, outcome in zip(at, await self._handle_fold(fold, at_s)):
+                decided = (await self._handle_fold(cast(list[StepAggregate], fold), at_s)
+                           if isinstance(fold[0], StepAggregate)
+                           else await self._handle_holdings(cast(list[SnapshotHoldings], fold), at_s))
+                for position, outcome in zip(at, decided):
                     outcomes[position] = outcome
             fold.clear()
             at.clear()
             named.clear()
 
         for position, inp in enumerate(run.inputs):
-            if isinstance(inp, StepAggregate) and not inp.segments:
-                if fold and ((inp.generation, inp.step) != (fold[0].generation, fold[0].step)
+            if (isinstance(inp, StepAggregate) and not inp.segments) or isinstance(inp, SnapshotHoldings):
+                if fold and (type(inp) is not type(fold[0])
+                             or (inp.generation, inp.step) != (fold[0].generation, fold[0].step)
                              or inp.node_id in named):
                     await close_fold()
                 fold.append(inp)
@@ -414,6 +420,26 @@ class Runtime:
                 outcomes[position] = await self._handle_guarded(inp, at_s)
         await close_fold()
         return [outcome if outcome is not None else Outcome() for outcome in outcomes]
+
+    async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None) -> list[Outcome]:
+        """Several nodes' holdings of one step decided as one (Core.step_holdings): each part's
+        refusal its own, one append for the rest; the parts after the one that commits the step
+        are handled alone after it. Declined by the core, each part is handled alone."""
+        if not self.is_leader:
+            return [self._not_leader() for _ in parts]
+        now = self._clock() if at_s is None else at_s
+        try:
+            stepped = self.core.step_holdings(parts, now)
+            if stepped is None:
+                return [await self._handle_guarded(part, at_s) for part in parts]
+            for part, refusal in zip(parts, stepped.refusals):
+                self._count(part, refusal)
+            enacted = await self._enact(stepped.ready, [])
+        except Exception as exc:  # a bug must not take the control plane down
+            log.exception("holdings fold handling failed", parts=len(parts), generation=self.generation_in_force)
+            return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(parts)
+        outcomes = [enacted if refusal is None else _refused(refusal) for refusal in stepped.refusals]
+        return outcomes + [await self._handle_guarded(part, at_s) for part in parts[len(stepped.refusals):]]
 
     async def _handle_fold(self, parts: list[StepAggregate], at_s: float | None,
                            folded: StepAggregate | None = None) -> list[Outcome]:

@@ -13,8 +13,9 @@ one: supervisor/server/step_aggregate.py), so the leader admits one message per 
 instead of one per rank. A run of them ends at any other message of that session (its order kept).
 A session's SnapshotReports of one step fold the same way into one SnapshotHoldings, when the
 leader says it takes them. And, when the leader takes them, the aggregates of one step that several
-sessions' messages bring back to back are packed into one ShardStepFold (common/step_fold_pack.py),
-so the leader handles one message per shard per step instead of one per node.
+sessions' messages bring in one batch are packed into one ShardStepFold (common/step_fold_pack.py),
+each session's order kept, so the leader handles one message per shard per step instead of one per
+node.
 """
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ MAX_BATCH_ITEMS = 4_096
 MAX_BATCH_BYTES = 2 * 1024 * 1024
 
 
+# What a relay may hold back for a step's burst (`lingers`): the messages of a training step
+# (reports, aggregates, holdings) and heartbeats. Anything else (a Hello, a stream's end, an agent
+# found gone, an Xid, a hang, an exit) goes at the next write.
+LINGERING_KINDS = frozenset({"heartbeat", "step_report", "step_aggregate", "snapshot_report", "snapshot_holdings"})
+
+
+def lingers(item: shard_pb2.Forwarded) -> bool:
+    """Whether `item` may wait a few ms more for the rest of a step's burst."""
+    return item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") in LINGERING_KINDS
+
+
 class UpQueue:
     """Forwarded items in arrival order, a session's queued heartbeats folded into its newest."""
 
@@ -49,6 +61,7 @@ class UpQueue:
         self.reports_folded = 0  # step reports sent inside another's aggregate (a counter)
         self.holdings_folded = 0  # snapshot reports sent inside another's SnapshotHoldings (a counter)
         self.aggregates_packed = 0  # step aggregates sent inside a ShardStepFold, less one per fold (a counter)
+        self.urgent = False  # something queued must not linger (see `lingers`)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -70,6 +83,8 @@ class UpQueue:
             return False
         if item.WhichOneof("kind") == "closed":
             self._heartbeat_at.pop(item.session, None)  # a later heartbeat of it would be stale
+        if not self.urgent and not lingers(item):
+            self.urgent = True
         self._items.append(item)
         return True
 
@@ -81,6 +96,7 @@ class UpQueue:
             return
         self._items[:0] = items
         self._heartbeat_at = {session: at + len(items) for session, at in self._heartbeat_at.items()}
+        self.urgent = self.urgent or not all(map(lingers, items))
 
     def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
              folds_holdings: bool = False, packs_steps: bool = False) -> list[shard_pb2.Forwarded]:
@@ -96,6 +112,7 @@ class UpQueue:
             count += 1
         head, rest = self._items[:count], self._items[count:]
         self._items = rest
+        self.urgent = bool(rest) and not all(item is None or lingers(item) for item in rest)
         self._heartbeat_at = {s: i - len(head) for s, i in self._heartbeat_at.items() if i >= len(head)}
         present = [item for item in head if item is not None]
         taken = fold_step_reports(present)
@@ -113,6 +130,7 @@ class UpQueue:
     def clear(self) -> None:
         self._items.clear()
         self._heartbeat_at.clear()
+        self.urgent = False
 
     def keep_sessions(self, sessions: set[int]) -> int:
         """Drops every queued item but those of `sessions` (their order kept; a "closed" notice
@@ -121,6 +139,7 @@ class UpQueue:
                 if item is not None and item.session in sessions and item.WhichOneof("kind") != "closed"]
         self._items = list(kept)
         self._heartbeat_at = {}
+        self.urgent = not all(map(lingers, kept))
         for at, item in enumerate(kept):
             if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat":
                 self._heartbeat_at[item.session] = at
@@ -217,14 +236,20 @@ MAX_PACKED = MAX_BATCH_ITEMS
 
 
 def pack_step_aggregates(items: list[shard_pb2.Forwarded], max_parts: int = MAX_PACKED) -> list[shard_pb2.Forwarded]:
-    """`items` with each run of consecutive StepAggregates of one generation and step, of distinct
-    sessions, each well-formed (step_fold_pack.packable), replaced by one ShardStepFold item at
-    the run's place. Nothing moves past anything else, so every session's messages keep their
-    order; a run of one stays as it is, as does any other item (a malformed aggregate included)."""
+    """`items` with the StepAggregates of one generation and step, of distinct sessions, each
+    well-formed (step_fold_pack.packable), gathered into one ShardStepFold item at the place of the
+    first, as long as no other item of an aggregate's own session lies between that place and the
+    aggregate: every session's messages keep their order, and other sessions' items met on the way
+    (a node's snapshot holdings between two nodes' aggregates, as when each node sends both at the
+    end of a step) move behind the fold instead of cutting it. Across sessions the order was never
+    the nodes' (each node's stream is its own, and a fleet's are spread over shards). A pack of one
+    stays as it is, as does any other item (a malformed aggregate included)."""
     out: list[shard_pb2.Forwarded] = []
     run: list[shard_pb2.Forwarded] = []
+    behind: list[shard_pb2.Forwarded] = []  # other items met while the run is open: after the fold
     key: tuple[int, int] | None = None
     sessions: set[int] = set()
+    blocked: set[int] = set()  # sessions with an item behind: their next aggregate may not move ahead
 
     def close() -> None:
         if len(run) > 1:
@@ -232,18 +257,24 @@ def pack_step_aggregates(items: list[shard_pb2.Forwarded], max_parts: int = MAX_
                 [(item.session, item.message.step_aggregate) for item in run])))
         else:
             out.extend(run)
+        out.extend(behind)
         run.clear()
+        behind.clear()
         sessions.clear()
+        blocked.clear()
 
     for item in items:
         aggregate = (item.message.step_aggregate if item.WhichOneof("kind") == "message"
                      and item.message.WhichOneof("kind") == "step_aggregate" else None)
         if aggregate is None or not step_fold_pack.packable(aggregate):
-            close()
-            out.append(item)
+            if run:
+                behind.append(item)
+                blocked.add(item.session)
+            else:
+                out.append(item)
             continue
         this = (aggregate.generation, aggregate.step)
-        if run and (this != key or item.session in sessions or len(run) >= max_parts):
+        if run and (this != key or item.session in sessions or item.session in blocked or len(run) >= max_parts):
             close()
         key = this
         run.append(item)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
 from ftsup.supervisor.core.events import Event, NodeRole
-from ftsup.supervisor.core.inputs import AgentHello, Input, StepAggregate
+from ftsup.supervisor.core.inputs import AgentHello, Input, SnapshotHoldings, StepAggregate
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import Core, Ready
 from tests.support.evidence import seq_problems
@@ -87,6 +87,20 @@ class Sim:
         if at is not None:
             self.now = at
         stepped = self.core.step_aggregates(parts, self.now, folded)
+        if stepped is None:
+            return None
+        events = self._persist(stepped.ready)
+        answers: list[list[Event] | str] = [events if r is None else r.reason for r in stepped.refusals]
+        return answers + [self.feed(part) for part in parts[len(stepped.refusals):]]
+
+    def feed_holdings(self, parts: Sequence[SnapshotHoldings], *, at: float | None = None
+                      ) -> list[list[Event] | str] | None:
+        """Several nodes' SnapshotHoldings of one step decided as one (Core.step_holdings): per
+        part the refusal reason or the events the fold decided, the parts after the fold's end fed
+        alone, as the runtime does. None: the core would not fold them (the caller feeds each)."""
+        if at is not None:
+            self.now = at
+        stepped = self.core.step_holdings(parts, self.now)
         if stepped is None:
             return None
         events = self._persist(stepped.ready)

@@ -10,7 +10,16 @@ import asyncio
 import pytest
 
 from ftsup.common import step_pack
-from ftsup.supervisor.core.inputs import HeardFrom, Heartbeat, StepAggregate, StepReport, Tick
+from ftsup.supervisor.core.events import SnapshotCommitted
+from ftsup.supervisor.core.inputs import (
+    HeardFrom,
+    Heartbeat,
+    SnapshotHoldings,
+    SnapshotReport,
+    StepAggregate,
+    StepReport,
+    Tick,
+)
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.metrics import SupervisorMetrics
 from ftsup.supervisor.outbox import StreamOutbox
@@ -21,8 +30,9 @@ from ftsup.v1 import agent_pb2, shard_pb2
 from tests.support.builders import config, hello
 
 
-async def _registered(nodes: int, capacity: int = 50_000, ranks_per_node: int = 1) -> Runtime:
-    runtime = Runtime(config(nodes=nodes, ranks_per_node=ranks_per_node), MemoryLog(), tick_s=3600,
+async def _registered(nodes: int, capacity: int = 50_000, ranks_per_node: int = 1,
+                      log: MemoryLog | None = None) -> Runtime:
+    runtime = Runtime(config(nodes=nodes, ranks_per_node=ranks_per_node), log or MemoryLog(), tick_s=3600,
                       wall_clock=lambda: 0.0, stream_input_capacity=capacity)
     for i in range(nodes):
         assert (await runtime._handle(hello(f"n{i}", stream_id=runtime.open_stream(StreamOutbox())))).refusal is None
@@ -79,6 +89,47 @@ async def test_a_runs_step_aggregates_of_one_step_are_decided_as_one_fold_with_t
     progress = runtime.soft.progress
     assert progress is not None and progress.max_step == 2 and progress.step_reports == 3 + 3
     assert 1 not in progress.sdc_clear_steps, "n2's refused part left step 1 incomplete: no vote"
+    assert runtime._stream_slots._value == 50_000, "every slot given back"
+
+
+async def test_a_runs_holdings_of_one_step_are_decided_as_one_fold_and_the_commit_is_appended_once():
+    """Nodes' SnapshotHoldings of one step back to back (a heartbeat among them) are one fold, each
+    refusal on its own part; the fold ends at the part that completes the step, and the parts
+    after it are decided alone, after the commit."""
+    log = MemoryLog()
+    runtime = await _registered(4, log=log)
+    folds: list[int] = []
+    step_holdings = runtime.core.step_holdings
+
+    def counted(parts, now):  # (the core's own fold, counted)
+        folds.append(len(parts))
+        return step_holdings(parts, now)
+
+    runtime.core.step_holdings = counted  # type: ignore[method-assign]
+    generation = runtime.state.generation
+    assert generation is not None
+    loop = asyncio.create_task(runtime.run())
+
+    def held(node: str, step: int = 1) -> SnapshotHoldings:
+        ranks = [m.ranks[0] for m in generation.members if node in (m.node_id, m.buddy_node_id)]
+        return SnapshotHoldings(node, 1, step, tuple(SnapshotReport(node, 1, r, step, (node,), 10, f"s{r}")
+                                                     for r in sorted(ranks)))
+
+    try:
+        steps = [StepAggregate.of_reports([StepReport(f"n{i}", 1, i, 1, 0.5, 0.4, 2.0, "d")]) for i in range(4)]
+        await asyncio.wait_for(await runtime.submit_run_from_stream(steps), 5.0)
+        stranger = SnapshotHoldings("ghost", 1, 1, (SnapshotReport("ghost", 1, 0, 1, ("ghost",), 10, "s0"),))
+        run = [held("n0"), Heartbeat("n3", 1, 1), stranger, held("n1"), held("n2"), held("n3"), held("n0")]
+        outcomes = await asyncio.wait_for(await runtime.submit_run_from_stream(run), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert [o.refusal is None for o in outcomes] == [True, True, False, True, True, True, True]
+    assert "ghost" in (outcomes[2].refusal or "")
+    assert folds == [5], "n0..n3 and the stranger in one fold; n0's second holdings (its node again) alone"
+    snapshot = runtime.state.snapshot
+    assert snapshot is not None and snapshot.step == 1
+    assert sum(isinstance(r.event, SnapshotCommitted) for r in log.read()) == 1
     assert runtime._stream_slots._value == 50_000, "every slot given back"
 
 

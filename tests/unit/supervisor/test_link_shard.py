@@ -30,7 +30,7 @@ from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
-from ftsup.supervisor.shard import LinkShard, ShardSession
+from ftsup.supervisor.shard import UP_BURST_S, UP_LINGER_S, LinkShard, ShardSession, keeps_lingering
 from ftsup.supervisor.shard_members import parse_members
 from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, HeardSince, UpQueue, fold_step_reports, forwarded
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, shard_pb2, shard_pb2_grpc
@@ -110,6 +110,38 @@ def test_a_full_queue_refuses_instead_of_growing_but_still_folds_a_queued_sessio
     assert len(queue) == 2
     with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
         UpQueue(capacity=0)
+
+
+def test_the_queue_is_urgent_exactly_while_it_holds_something_that_must_not_wait_for_a_burst():
+    queue = UpQueue()
+    assert queue.push(forwarded(1, "a", 1, report(0))) and queue.push(forwarded(2, "b", 1, beat(1)))
+    assert not queue.urgent, "a step's reports and heartbeats may wait for the rest of the step"
+    queue.push(forwarded(3, "c", 1, xid(79)))
+    assert queue.urgent
+    assert kinds(queue.take(2)) == [(1, "step_report"), (2, "hb1")]
+    assert queue.urgent, "the Xid is still queued"
+    queue.take()
+    assert not queue.urgent and len(queue) == 0
+    queue.push(forwarded(4, "d", 1, moved=False))  # a stream's end: the leader's death signal
+    queue.push(forwarded(1, "a", 1, report(1)))
+    assert queue.urgent
+    assert kinds(queue.take(1)) == [(4, "closed")] and not queue.urgent, "only a step's report is left"
+    queue.clear()
+    queue.push(forwarded(1, "a", 1, report(2)))
+    queue.put_first([forwarded(5, "e", 1, agent_pb2.AgentMessage(hello=agent_pb2.Hello(node_id="e")))])
+    assert queue.urgent, "a replayed Hello goes at once"
+    assert queue.keep_sessions({1}) == 1 and not queue.urgent
+    queue.push(forwarded(6, "f", 1, xid(48)))
+    queue.clear()
+    assert not queue.urgent
+
+
+def test_a_relay_holds_a_batch_open_only_while_a_steps_burst_keeps_arriving():
+    assert keeps_lingering(10, 25, UP_LINGER_S, urgent=False), "the burst goes on: wait for more of it"
+    assert not keeps_lingering(25, 25, UP_LINGER_S, urgent=False), "nothing came in the last linger"
+    assert not keeps_lingering(10, 25, UP_LINGER_S, urgent=True), "a Hello or a stream's end is queued"
+    assert keeps_lingering(10, 25, UP_BURST_S - UP_LINGER_S, urgent=False)
+    assert not keeps_lingering(10, 25, UP_BURST_S - UP_LINGER_S / 2, urgent=False), "at most UP_BURST_S"
 
 
 def report(rank: int, step: int = 5, generation: int = 1, digest: str = "d") -> agent_pb2.AgentMessage:

@@ -6,7 +6,12 @@ and the same soft state; and a message with any entry the sender may not hold is
 One difference, on the safe side: a holder that contradicts its own earlier holding of a rank (other
 bytes) in the same message after the entry that completed the step blocks that commit, where one by
 one the commit came first (the last test). The property's generator never has a holder change its
-bytes, so it holds exactly."""
+bytes, so it holds exactly.
+
+Several nodes' SnapshotHoldings of one step, back to back in a shard's batch, are decided as one
+(Core.step_holdings, what the runtime does with a run of them): the same log, state, soft state and
+refusals as each fed alone, with no exception (the fold ends at the part after which the step
+commits)."""
 
 from __future__ import annotations
 
@@ -84,7 +89,12 @@ def _messages(sim: Sim, step: int, rng: random.Random) -> list[list[SnapshotRepo
     return [m for m in messages if m]
 
 
-def _run(script: list[tuple[int, int, int | None]], aggregated: bool) -> Sim:
+def _run(script: list[tuple[int, int, int | None]], aggregated: bool, folded: bool = False,
+         strays: bool = False) -> Sim:
+    """`aggregated`: each message as one SnapshotHoldings, else its reports one by one; `folded`
+    (with `aggregated`): back-to-back holdings of one step from distinct nodes decided as one, cut
+    into runs at random as a shard's batches happen to; `strays`: now and then a message the
+    leader refuses whole (a rank its sender may not hold, a node that never said Hello)."""
     sim = _started()
     now = NOW + 1.0
     late: list[list[SnapshotReport]] = []
@@ -103,7 +113,11 @@ def _run(script: list[tuple[int, int, int | None]], aggregated: bool) -> Sim:
             late, messages = messages[-1:], [*late, *messages[:-1]]
         else:
             messages, late = [*late, *messages], []
-        for message in messages:
+        if strays:
+            messages = _with_strays(sim, messages, rng)
+        if folded:
+            _feed_folded(sim, messages, rng, now)
+        for message in () if folded else messages:
             if not aggregated:
                 for report in message:
                     sim.feed(report, at=now)
@@ -115,6 +129,39 @@ def _run(script: list[tuple[int, int, int | None]], aggregated: bool) -> Sim:
         for report in _step_reports(sim, step):
             sim.feed(report, at=now)
     return sim
+
+
+def _with_strays(sim: Sim, messages: list[list[SnapshotReport]], rng: random.Random) -> list[list[SnapshotReport]]:
+    out = list(messages)
+    for _ in range(rng.randrange(3)):
+        model = rng.choice(messages)[0]
+        if rng.random() < 0.5:
+            foreign = next(r for r in range(WORLD) if model.node_id not in _holders(sim, r))
+            stray = [dataclasses.replace(model, rank=foreign)]
+        else:
+            stray = [dataclasses.replace(model, node_id="stranger")]
+        out.insert(rng.randrange(len(out) + 1), stray)
+    return out
+
+
+def _feed_folded(sim: Sim, messages: list[list[SnapshotReport]], rng: random.Random, now: float) -> None:
+    """The messages as the runtime meets them in a shard's runs: back-to-back holdings of one step
+    from distinct nodes decided as one fold (Sim.feed_holdings), anything else alone."""
+    holdings = [SnapshotHoldings(m[0].node_id, m[0].generation, m[0].step, tuple(m)) for m in messages]
+    run: list[SnapshotHoldings] = []
+
+    def close() -> None:
+        if len(run) < 2 or sim.feed_holdings(run, at=now) is None:
+            for part in run:
+                sim.feed(part, at=now)
+        run.clear()
+
+    for part in holdings:
+        if run and ((part.generation, part.step) != (run[0].generation, run[0].step)
+                    or part.node_id in {p.node_id for p in run} or rng.random() < 0.15):
+            close()
+        run.append(part)
+    close()
 
 
 steps = st.lists(
@@ -133,6 +180,57 @@ def _same(one_by_one: Sim, aggregated: Sim) -> None:
 @given(steps)
 def test_holdings_decide_what_their_reports_decide_one_by_one(script):
     _same(_run(script, aggregated=False), _run(script, aggregated=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps)
+def test_several_nodes_holdings_decided_as_one_decide_what_they_decide_one_by_one(script):
+    _same(_run(script, aggregated=True, strays=True), _run(script, aggregated=True, folded=True, strays=True))
+
+
+def test_a_fold_of_holdings_ends_at_the_part_that_commits_and_the_rest_come_after_the_commit():
+    sim = _started()
+    for report in _step_reports(sim, 1):
+        sim.feed(report, at=NOW + 1)
+    parts = [_full_holdings(sim, f"n{i}", 1) for i in range(NODES)]
+    stray = dataclasses.replace(parts[0], node_id="stranger", reports=tuple(
+        dataclasses.replace(r, node_id="stranger") for r in parts[0].reports))
+    answers = sim.feed_holdings([stray, *parts, _full_holdings(sim, "n0", 2)], at=NOW + 1)
+    assert answers is None, "holdings of two steps are not one fold"
+    answers = sim.feed_holdings([stray, *parts], at=NOW + 1)
+    assert answers is not None
+    assert isinstance(answers[0], str) and "has not said Hello" in answers[0]
+    assert answers[-1] == [SnapshotCommitted(1, 1)], "the last node's holdings complete the step"
+    assert all(a == answers[-1] for a in answers[1:]), "every admitted part answers the fold's decision"
+    assert [e for e in sim.log if isinstance(e, SnapshotCommitted)] == [SnapshotCommitted(1, 1)]
+    again = sim.feed_holdings([_full_holdings(sim, "n1", 1), _full_holdings(sim, "n2", 1)], at=NOW + 1)
+    assert again == [[], []], "after the commit its step's holdings decide nothing"
+    assert sim.soft.progress is not None and not sim.soft.progress.holdings
+
+
+def test_a_holder_contradicting_itself_after_the_commit_in_the_same_fold_leaves_the_commit_as_one_by_one():
+    # n0's holdings of rank 6 complete step 1; n1, later in the same fold, names other bytes for a
+    # rank it held. One by one the step commits first; so it does in the fold, which ends there.
+    def run(folded: bool) -> Sim:
+        sim = _started()
+        for report in _step_reports(sim, 1):
+            sim.feed(report, at=NOW + 1)
+        for node in ("n1", "n2", "n3"):
+            sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
+        held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
+        sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+        n1 = _full_holdings(sim, "n1", 1)
+        parts = [SnapshotHoldings("n0", 1, 1, (held[6],)),
+                 dataclasses.replace(n1, reports=(dataclasses.replace(n1.reports[0], sha256="other"),))]
+        if folded:
+            assert sim.feed_holdings(parts, at=NOW + 1) is not None
+        for part in () if folded else parts:
+            sim.feed(part, at=NOW + 1)
+        return sim
+
+    one_by_one, folded = run(False), run(True)
+    _same(one_by_one, folded)
+    assert [e for e in folded.log if isinstance(e, SnapshotCommitted)] == [SnapshotCommitted(1, 1)]
 
 
 def test_steps_commit_and_a_drain_hands_over_through_holdings_as_through_reports():

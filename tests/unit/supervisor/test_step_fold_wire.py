@@ -178,7 +178,15 @@ def _expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
     return out
 
 
-def test_the_shard_packs_only_consecutive_aggregates_of_one_step_of_distinct_sessions():
+def _per_session(items: list[shard_pb2.Forwarded]) -> dict[int, list[tuple[int, str, object]]]:
+    """Each session's messages in their order (what packing must keep; across sessions it may move)."""
+    out: dict[int, list[tuple[int, str, object]]] = {}
+    for entry in _expand(items):
+        out.setdefault(entry[0], []).append(entry)
+    return out
+
+
+def test_the_shard_packs_aggregates_of_one_step_of_distinct_sessions_past_other_sessions_items():
     malformed = _aggregate(5, (6,))
     malformed.step_aggregate.loss.append(1.0)  # (two losses for one rank: the leader refuses it to its node)
     items = [
@@ -190,19 +198,35 @@ def test_the_shard_packs_only_consecutive_aggregates_of_one_step_of_distinct_ses
         forwarded(4, "d", 1, _aggregate(5, (6, 7))),   # 4-5 packed; d again starts another
         forwarded(6, "f", 1, _aggregate(5, (10, 11))),  # d-f packed
         forwarded(7, "g", 1, agent_pb2.AgentMessage(xid_event=agent_pb2.XidEvent(code=13))),
-        forwarded(8, "h", 1, _aggregate(5, (12, 13))),
-        forwarded(9, "i", 1, malformed),              # malformed: alone, and it ends the run before it
+        forwarded(8, "h", 1, _aggregate(5, (12, 13))),  # d, f and h packed, g's Xid behind them
+        forwarded(9, "i", 1, malformed),              # malformed: alone, behind the fold
         forwarded(10, "j", 1, _aggregate(5, (14, 15), generation=2)),
         forwarded(11, "k", 1, _aggregate(5, (16, 17))),  # another generation: each alone
         forwarded(11, "k", 1),                         # (the end of k's session)
     ]
     packed = pack_step_aggregates(items)
     shape = [list(i.step_fold.sessions) if i.WhichOneof("kind") == "step_fold" else i.session for i in packed]
-    assert shape == [[1, 2], 3, [4, 5], [4, 6], 7, 8, 9, 10, 11, 11]
+    assert shape == [[1, 2], 3, [4, 5], [4, 6, 8], 7, 9, 10, 11, 11]
     assert packed[-4].message == malformed
-    assert _expand(packed) == _expand(items)
+    assert _per_session(packed) == _per_session(items)
     assert pack_step_aggregates(items[:1]) == items[:1]
     assert [len(i.step_fold.sessions) for i in pack_step_aggregates(items[3:5] + items[6:7], max_parts=2)] == [2, 0]
+
+
+def test_a_step_whose_nodes_each_send_their_aggregate_and_holdings_goes_up_as_one_fold_and_the_holdings():
+    holdings = agent_pb2.AgentMessage(snapshot_holdings=agent_pb2.SnapshotHoldings())
+    items = []
+    for session in range(1, 5):
+        items += [forwarded(session, f"n{session}", 1, _aggregate(5, (2 * session, 2 * session + 1))),
+                  forwarded(session, f"n{session}", 1, holdings)]
+    packed = pack_step_aggregates(items)
+    assert [list(i.step_fold.sessions) if i.WhichOneof("kind") == "step_fold" else i.session for i in packed] == \
+        [[1, 2, 3, 4], 1, 2, 3, 4]
+    assert _per_session(packed) == _per_session(items)
+    again = [*items[:2], forwarded(1, "n1", 1, _aggregate(5, (2, 3))), *items[2:]]  # n1's again, after its holdings
+    shape = [list(i.step_fold.sessions) if i.WhichOneof("kind") == "step_fold" else i.session
+             for i in pack_step_aggregates(again)]
+    assert shape == [1, 1, [1, 2, 3, 4], 2, 3, 4], "n1's second aggregate may not move ahead of its holdings"
 
 
 MESSAGES = st.lists(st.tuples(st.integers(1, 4), st.sampled_from(["agg5", "agg5", "agg6", "xid", "agg5-gen2"])),
@@ -221,7 +245,8 @@ def test_packing_keeps_every_message_and_each_sessions_order(script):
                                  generation=2 if what.endswith("gen2") else 1)
         items.append(forwarded(session, f"n{session}", 1, message))
     packed = pack_step_aggregates(items)
-    assert _expand(packed) == _expand(items)  # the same messages in the same order, so per session too
+    assert _per_session(packed) == _per_session(items)  # every message once, each session's in its order
+    assert sorted(map(repr, _expand(packed))) == sorted(map(repr, _expand(items)))
     for item in packed:
         if item.WhichOneof("kind") == "step_fold":
             assert len(set(item.step_fold.sessions)) == len(item.step_fold.sessions) > 1
