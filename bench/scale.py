@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
@@ -153,6 +154,25 @@ def _wait(check: Callable[[], T | None], timeout_s: float, what: str, supervisor
         time.sleep(poll_s)
 
 
+FOLD_SERIES = ("ftsup_step_folds_total", "ftsup_step_aggregates_folded_total")
+
+
+def _fold_counts(metrics_address: str) -> tuple[float, float] | None:
+    """The replica's (step folds, aggregates decided inside them) from its /metrics, None if it
+    does not answer: how many of a step's per-node aggregates the leader decided per fold."""
+    try:
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    values = dict.fromkeys(FOLD_SERIES, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return values[FOLD_SERIES[0]], values[FOLD_SERIES[1]]
+
+
 def _status(address: str) -> operator_pb2.GetStatusResponse | None:
     try:
         with grpc.insecure_channel(address) as channel:
@@ -206,6 +226,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
     job = {"name": "scale", "nodes": nodes, "ranks_per_node": args.ranks_per_node, "argv": ["true"]}
     (workdir / "job.json").write_text(json.dumps(job))
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+    metrics_at = {address: f"127.0.0.1:{free_port()}" for address in addresses}
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
     module = "ftsup.supervisor"
     if profile:
@@ -229,7 +250,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         for index, listen in enumerate(addresses):
             argv = [sys.executable, "-m", module, "--listen", listen, "--job", str(workdir / "job.json"),
                     "--heartbeat-interval-s", str(interval_s), "--heartbeat-misses", str(args.heartbeat_misses),
-                    "--log-json"]
+                    "--log-json", "--metrics-listen", metrics_at[listen]]
             argv += (["--etcd", etcd.endpoints, "--etcd-prefix", "/bench-scale"] if etcd is not None
                      else ["--data-dir", str(workdir / "log")])
             name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
@@ -306,6 +327,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         target = f"sim-{nodes // 2:06d}"
         owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
+        folds0 = _fold_counts(metrics_at[address])
         wall0 = time.monotonic()
         if profile:
             for process in supervisors.values():
@@ -315,6 +337,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                        "silence_at_s": silence_at_s})
         results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
+        folds1 = _fold_counts(metrics_at[address])
         wall_s = time.monotonic() - wall0
         cpu_s = cpu_by[address]
         holders = agent_holders(addresses, address) if replicas > 1 else {address}
@@ -348,6 +371,10 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "snapshot_reports_per_s": round(sum(r.get("snapshot_reports", 0) for r in results) / wall_s, 1),
             # the messages that carried them: one SnapshotHoldings per node-step to a supervisor that takes them
             "snapshot_messages_per_s": round(sum(r.get("snapshot_messages", 0) for r in results) / wall_s, 1),
+            # The leader's folds in the window: each decides several nodes' aggregates of a step as one
+            "leader_step_folds": (None if folds0 is None or folds1 is None else {
+                "folds": int(folds1[0] - folds0[0]), "aggregates": int(folds1[1] - folds0[1]),
+                "aggregates_per_fold": round((folds1[1] - folds0[1]) / max(folds1[0] - folds0[0], 1), 1)}),
             "late_heartbeats": sum(r["late_beats"] for r in results),
             "latency_p50_ms": _percentile(latencies, 0.50),
             "latency_p99_ms": _percentile(latencies, 0.99),

@@ -58,6 +58,9 @@ def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(c
         assert run["heartbeats_acked"] >= 0.9 * run["heartbeats_asked_ack"]
     assert single["replicas"] == 1 and single["shard_cpu_fractions"] == {}
     assert sharded["replicas"] == 3 and len(sharded["shard_cpu_fractions"]) == 2
+    folds = sharded["leader_step_folds"]
+    assert folds is not None and folds["folds"] > 0, "the shards' nodes' step aggregates reached the leader in folds"
+    assert folds["aggregates_per_fold"] > 1
     assert all(cpu > 0 for cpu in sharded["shard_cpu_fractions"].values()), "the shards carried their nodes"
     # A follower SIGKILLed after the window: its nodes dial their next shard and are heard again
     # there, and nobody is judged.
