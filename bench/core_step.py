@@ -203,6 +203,36 @@ def _ratio(result: dict[str, Any], slower: str, faster: str) -> float:
     return round(result[slower]["median_cpu_s_per_step"] / max(result[faster]["median_cpu_s_per_step"], 1e-9), 2)
 
 
+def fold_sizes(nodes: int, ranks_per_node: int, sizes: Sequence[int], steps: int, seed: int) -> dict[str, Any]:
+    """The packed path at each fold size (nodes' aggregates per ShardStepFold, as a link shard's
+    batches happen to carry them), each size on a core of its own, steps alternating between the
+    sizes so that all see the same machine: the leader's CPU per node-step against a fold's size."""
+    cores = {size: _core(nodes, ranks_per_node) for size in sizes}
+    cpu: dict[int, list[float]] = {size: [] for size in sizes}
+    rng = random.Random(seed)
+    now = 2.0
+    for step in range(1, steps + 2):  # step 1 is the warm-up
+        wire = _wire_step(cores[sizes[0]], step, rng)
+        messages = [(node, step_pack.pack(reports)) for node, reports in wire]
+        now += 1.0
+        for size, core in cores.items():
+            folds = [([node for node, _ in messages[start:start + size]],
+                      step_fold_pack.pack([(i, m) for i, (_, m) in enumerate(messages[start:start + size], start=1)]))
+                     for start in range(0, len(messages), size)]
+            started = time.process_time()
+            for node_ids, fold in folds:
+                parts, folded = step_fold.to_input(node_ids, fold)
+                _decide_fold(core, parts, now, folded)
+            if step > 1:
+                cpu[size].append(time.process_time() - started)
+    first = cores[sizes[0]]
+    return {"nodes": nodes, "ranks_per_node": ranks_per_node, "steps_measured": steps,
+            "same_decisions": all(_same(first, core) for core in cores.values()),
+            "by_fold_size": {str(size): {"median_cpu_s_per_step": round(statistics.median(cpu[size]), 4),
+                                         "median_cpu_us_per_node": round(statistics.median(cpu[size]) / nodes * 1e6, 1)}
+                             for size in sizes}}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftsup bench core-step", description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="1250,12500", help="comma-separated node counts")
@@ -210,6 +240,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5, help="steps measured per size (the median is over them)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-baseline", action="store_true", help="skip the per-rank baseline")
+    p.add_argument("--fold-sizes", default="", metavar="N,N,...",
+                   help="instead: the packed path at each fold size (aggregates per ShardStepFold), e.g. 8,50,4096")
     p.add_argument("--json", action="store_true", help="(the output is always one JSON object)")
     return p
 
@@ -224,7 +256,21 @@ def main(argv: list[str] | None = None) -> int:
         print("ftsup bench core-step: --nodes (comma-separated), --ranks-per-node and --steps must be positive",
               file=sys.stderr)
         return 2
+    try:
+        folds = [int(n) for n in args.fold_sizes.split(",") if n]
+    except ValueError:
+        folds = [0]
+    if folds and min(folds) < 1:
+        print("ftsup bench core-step: --fold-sizes must be positive integers, comma-separated", file=sys.stderr)
+        return 2
     runs = []
+    if folds:
+        for nodes in sizes:
+            print(f"core-step: {nodes} nodes x {args.ranks_per_node} ranks, folds of {folds} ...", file=sys.stderr)
+            runs.append(fold_sizes(nodes, args.ranks_per_node, folds, args.steps, args.seed))
+        print(json.dumps({"bench": "core_step_fold_sizes", "runs": runs,
+                          "load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count()}))
+        return 0
     for nodes in sizes:
         print(f"core-step: {nodes} nodes x {args.ranks_per_node} ranks ...", file=sys.stderr)
         runs.append(run_size(nodes, args.ranks_per_node, args.steps, args.seed, not args.no_baseline))

@@ -161,7 +161,7 @@ def _fold_counts(metrics_address: str) -> tuple[float, float] | None:
     """The replica's (step folds, aggregates decided inside them) from its /metrics, None if it
     does not answer: how many of a step's per-node aggregates the leader decided per fold."""
     try:
-        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=30) as response:
             text = response.read().decode()
     except OSError:
         return None
@@ -326,8 +326,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         watch = EventWatch(address, (_status(address) or status).head_seq + 1)
         target = f"sim-{nodes // 2:06d}"
         owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
+        folds0 = _fold_counts(metrics_at[address])  # (before the window: a scrape costs the leader CPU)
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
-        folds0 = _fold_counts(metrics_at[address])
         wall0 = time.monotonic()
         if profile:
             for process in supervisors.values():
@@ -337,7 +337,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                        "silence_at_s": silence_at_s})
         results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
-        folds1 = _fold_counts(metrics_at[address])
+        folds1 = _fold_counts(metrics_at[address])  # (after the window's CPU was read)
         wall_s = time.monotonic() - wall0
         cpu_s = cpu_by[address]
         holders = agent_holders(addresses, address) if replicas > 1 else {address}

@@ -473,6 +473,8 @@ class LinkShard:
             while len(self._up):
                 await call.write(shard_pb2.ShardBatch(items=self._up.take(
                     MAX_BATCH_ITEMS, folds_holdings=self.folds_holdings, packs_steps=self.packs_steps)))
+                if len(self._up) and not self._up.urgent:
+                    await self._linger()  # (what came during the write: a step's burst goes on, gather it)
             if not self.relay_up.is_set():
                 await call.done_writing()
                 return

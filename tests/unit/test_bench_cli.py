@@ -66,6 +66,14 @@ def test_core_step_bench_runs_by_its_hyphenated_name_and_both_paths_decide_the_s
             assert set(run[path]["core_fraction_at_step_s"]) == {"2", "10"}
 
 
+def test_core_step_bench_by_fold_size_decides_the_same_at_every_size(capsys):
+    assert cli.main(["bench", "core-step", "--json", "--nodes", "12", "--steps", "2", "--fold-sizes", "1,5,12"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["same_decisions"] is True and set(run["by_fold_size"]) == {"1", "5", "12"}
+    assert all(size["median_cpu_s_per_step"] > 0 for size in run["by_fold_size"].values())
+    assert cli.main(["bench", "core-step", "--fold-sizes", "0"]) == 2
+
+
 def test_checkpoint_fold_bench_counts_every_shard_both_ways_and_projects_past_the_baselines_cap(capsys):
     assert cli.main(["bench", "checkpoint-fold", "--json", "--ranks", "50,200", "--baseline-max", "50"]) == 0
     result = json.loads(capsys.readouterr().out)
