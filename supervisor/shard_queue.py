@@ -61,10 +61,15 @@ class UpQueue:
         self.reports_folded = 0  # step reports sent inside another's aggregate (a counter)
         self.holdings_folded = 0  # snapshot reports sent inside another's SnapshotHoldings (a counter)
         self.aggregates_packed = 0  # step aggregates sent inside a ShardStepFold, less one per fold (a counter)
-        self.urgent = False  # something queued must not linger (see `lingers`)
+        self._urgent = 0  # queued items that must not linger (see `lingers`)
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def urgent(self) -> bool:
+        """Whether something queued must not wait for the rest of a step's burst (`lingers`)."""
+        return self._urgent > 0
 
     def push(self, item: shard_pb2.Forwarded) -> bool:
         """Queues `item`; False when the queue is full (the caller ends that agent's stream)."""
@@ -83,8 +88,8 @@ class UpQueue:
             return False
         if item.WhichOneof("kind") == "closed":
             self._heartbeat_at.pop(item.session, None)  # a later heartbeat of it would be stale
-        if not self.urgent and not lingers(item):
-            self.urgent = True
+        if not lingers(item):
+            self._urgent += 1
         self._items.append(item)
         return True
 
@@ -96,7 +101,7 @@ class UpQueue:
             return
         self._items[:0] = items
         self._heartbeat_at = {session: at + len(items) for session, at in self._heartbeat_at.items()}
-        self.urgent = self.urgent or not all(map(lingers, items))
+        self._urgent += sum(not lingers(item) for item in items)
 
     def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
              folds_holdings: bool = False, packs_steps: bool = False) -> list[shard_pb2.Forwarded]:
@@ -112,7 +117,7 @@ class UpQueue:
             count += 1
         head, rest = self._items[:count], self._items[count:]
         self._items = rest
-        self.urgent = bool(rest) and not all(item is None or lingers(item) for item in rest)
+        self._urgent -= sum(not lingers(item) for item in head if item is not None)
         self._heartbeat_at = {s: i - len(head) for s, i in self._heartbeat_at.items() if i >= len(head)}
         present = [item for item in head if item is not None]
         taken = fold_step_reports(present)
@@ -130,7 +135,7 @@ class UpQueue:
     def clear(self) -> None:
         self._items.clear()
         self._heartbeat_at.clear()
-        self.urgent = False
+        self._urgent = 0
 
     def keep_sessions(self, sessions: set[int]) -> int:
         """Drops every queued item but those of `sessions` (their order kept; a "closed" notice
@@ -139,7 +144,7 @@ class UpQueue:
                 if item is not None and item.session in sessions and item.WhichOneof("kind") != "closed"]
         self._items = list(kept)
         self._heartbeat_at = {}
-        self.urgent = not all(map(lingers, kept))
+        self._urgent = sum(not lingers(item) for item in kept)
         for at, item in enumerate(kept):
             if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat":
                 self._heartbeat_at[item.session] = at

@@ -32,7 +32,7 @@ from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
 from ftsup.supervisor.shard import UP_BURST_S, UP_LINGER_S, LinkShard, ShardSession, keeps_lingering
 from ftsup.supervisor.shard_members import parse_members
-from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, HeardSince, UpQueue, fold_step_reports, forwarded
+from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, HeardSince, UpQueue, fold_step_reports, forwarded, lingers
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2, shard_pb2, shard_pb2_grpc
 from tests.support.builders import config
 
@@ -134,6 +134,31 @@ def test_the_queue_is_urgent_exactly_while_it_holds_something_that_must_not_wait
     queue.push(forwarded(6, "f", 1, xid(48)))
     queue.clear()
     assert not queue.urgent
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["report", "beat", "xid", "closed", "first", "take", "keep", "clear"]),
+                          st.integers(1, 4), st.integers(1, 3)), max_size=40))
+def test_the_queues_urgency_is_what_it_holds_whatever_came_and_went(script):
+    queue = UpQueue()
+    for what, session, n in script:
+        if what == "report":
+            queue.push(forwarded(session, "a", 1, report(n)))
+        elif what == "beat":
+            queue.push(forwarded(session, "a", 1, beat(n)))
+        elif what == "xid":
+            queue.push(forwarded(session, "a", 1, xid(n)))
+        elif what == "closed":
+            queue.push(forwarded(session, "a", 1, moved=False))
+        elif what == "first":
+            queue.put_first([forwarded(session, "a", 1, xid(n) if n == 1 else report(n))])
+        elif what == "take":
+            queue.take(n)
+        elif what == "keep":
+            queue.keep_sessions({session})
+        else:
+            queue.clear()
+        assert queue.urgent == any(not lingers(item) for item in queue._items if item is not None)
 
 
 def test_a_relay_holds_a_batch_open_only_while_a_steps_burst_keeps_arriving():
