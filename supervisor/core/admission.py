@@ -201,9 +201,8 @@ def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
     if current is None or current.number != report.generation:
         now_gen = current.number if current else "none"
         return f"stale generation {report.generation} (the generation in force is {now_gen})"
-    owner = current.node_of_rank(report.rank)
-    member = current.member(owner) if owner is not None else None
-    if member is None or report.node_id not in (member.node_id, member.buddy_node_id):
+    holders = current.index.may_hold().get(report.rank)
+    if holders is None or report.node_id not in holders:
         return f"node {report.node_id!r} is neither the owner nor the buddy of rank {report.rank}"
     if len(report.sha256) > MAX_DIGEST:  # kept per rank and step in soft state: bounded
         return f"sha256 of {len(report.sha256)} characters is longer than {MAX_DIGEST}"

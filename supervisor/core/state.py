@@ -82,13 +82,14 @@ class MemberIndex:
     and kept by the generation that owns it: no module-level memo. A linear scan per StepReport
     costs 12.5k comparisons at 100k GPUs; the maps are built in C-level passes."""
 
-    __slots__ = ("members", "_by_node", "_by_rank", "_holders")
+    __slots__ = ("members", "_by_node", "_by_rank", "_holders", "_may_hold")
 
     def __init__(self, members: tuple[RankAssignment, ...]) -> None:
         self.members = members
         self._by_node: dict[str, RankAssignment] | None = None
         self._by_rank: dict[int, str] | None = None
         self._holders: tuple[tuple[list[int], list[str], list[str]] | None] | None = None
+        self._may_hold: dict[int, tuple[str, str]] | None = None
 
     def by_node(self) -> Mapping[str, RankAssignment]:
         """node -> its assignment; a node listed twice keeps its first (as a scan would find)."""
@@ -108,6 +109,15 @@ class MemberIndex:
             owners = list(chain.from_iterable(map(repeat, node_ids, map(len, ranks))))
             self._by_rank = dict(zip(reversed(list(chain.from_iterable(ranks))), reversed(owners)))
         return self._by_rank
+
+    def may_hold(self) -> Mapping[int, tuple[str, str]]:
+        """rank -> (its node, that node's buddy): who may hold the rank's snapshot, the question
+        admission asks of every holding (each node's 8 ranks twice a step at 12,500 nodes), in one
+        lookup instead of a rank's node and then that node's assignment."""
+        if self._may_hold is None:
+            by_node = self.by_node()
+            self._may_hold = {rank: (node, by_node[node].buddy_node_id) for rank, node in self.by_rank().items()}
+        return self._may_hold
 
     def holder_lists(self) -> tuple[list[int], list[str], list[str]] | None:
         """Per rank, in order: the rank, its node and its node's buddy (the two copies a commit
