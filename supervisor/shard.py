@@ -68,12 +68,13 @@ SHARD_KEEPALIVE_S = 0.2
 # items). Heartbeats do not wait: they travel on the liveness stream.
 UP_LINGER_S = 0.005
 # While a step's burst keeps coming (the queue grew during the last linger and holds only a step's
-# messages: UpQueue.urgent), the batch is held open in such lingers up to this long. A shard of
-# 3,000-4,000 nodes reads a step's reports over a few hundred ms; 5 ms batches carried ~15-25
-# aggregates each, and the leader's CPU per node-step falls steeply with a fold's size (12,500
-# nodes x 8 ranks, in process: 49 us per node at 15 per fold, 29 at 50, 23 at 200, 18 at 4,096).
-# A step's decisions (vote, stragglers, checkpoint start) come up to this much later; a Hello, a
-# stream's end or a fault report ends the wait at once.
+# messages: UpQueue.urgent), the batch is held open in such lingers up to this long, and what
+# arrives while a batch is written is gathered the same way. A shard of 3,000-4,000 nodes reads a
+# step's reports over a few hundred ms; one 5 ms linger gave the leader folds of 8-11 aggregates
+# at 6,000 nodes, and its CPU per node-step falls steeply with a fold's size (`ftsup bench
+# core-step --fold-sizes`, 12,500 nodes x 8 ranks: 64 us per node at 8 a fold, 26 at 50, 19 at
+# 200, 17.5 at 4,096). A step's decisions (vote, stragglers, checkpoint start) come up to this
+# much later; a Hello, a stream's end or a fault report ends the wait at once.
 UP_BURST_S = 0.05
 # How often a relay looks whether etcd names another leader (a dict read; the watch keeps it fresh).
 LEADER_WATCH_S = 0.1
