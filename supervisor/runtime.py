@@ -38,7 +38,7 @@ from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
 from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
-from ftsup.supervisor.core.step import Core, Ready, Refusal
+from ftsup.supervisor.core.step import BatchReady, Core, Ready, Refusal
 from ftsup.supervisor.core.views import NodeView, StatusView, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import StreamOutbox
@@ -422,46 +422,39 @@ class Runtime:
         return [outcome if outcome is not None else Outcome() for outcome in outcomes]
 
     async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None) -> list[Outcome]:
-        """Several nodes' holdings of one step decided as one (Core.step_holdings): each part's
-        refusal its own, one append for the rest; the parts after the one that commits the step
-        are handled alone after it. Declined by the core, each part is handled alone."""
-        if not self.is_leader:
-            return [self._not_leader() for _ in parts]
-        now = self._clock() if at_s is None else at_s
-        try:
-            stepped = self.core.step_holdings(parts, now)
-            if stepped is None:
-                return [await self._handle_guarded(part, at_s) for part in parts]
-            for part, refusal in zip(parts, stepped.refusals):
-                self._count(part, refusal)
-            enacted = await self._enact(stepped.ready, [])
-        except Exception as exc:  # a bug must not take the control plane down
-            log.exception("holdings fold handling failed", parts=len(parts), generation=self.generation_in_force)
-            return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(parts)
-        outcomes = [enacted if refusal is None else _refused(refusal) for refusal in stepped.refusals]
-        return outcomes + [await self._handle_guarded(part, at_s) for part in parts[len(stepped.refusals):]]
+        """Several nodes' holdings of one step decided as one (Core.step_holdings); the parts after
+        the one that commits the step are handled alone after it."""
+        return await self._handle_together(parts, at_s, lambda now: self.core.step_holdings(parts, now), "holdings")
 
     async def _handle_fold(self, parts: list[StepAggregate], at_s: float | None,
                            folded: StepAggregate | None = None) -> list[Outcome]:
-        """Several nodes' aggregates of one step decided as one: each part's refusal its own, one
-        append for the rest; refused parts after the last admitted one are handled alone after
-        it. Declined by the core (a rank of them already reported in the step:
-        Core.step_aggregates), each part is handled alone."""
+        """Several nodes' aggregates of one step decided as one (Core.step_aggregates, which
+        declines when a rank of them was already reported in the step); refused parts after the
+        last admitted one are handled alone after it."""
+        def stepped(now: float) -> BatchReady | None:
+            return (self.core.step_aggregates(parts, now) if folded is None
+                    else self.core.step_aggregates(parts, now, folded))
+        return await self._handle_together(parts, at_s, stepped, "step")
+
+    async def _handle_together(self, parts: Sequence[Input], at_s: float | None,
+                               step_together: Callable[[float], BatchReady | None], kind: str) -> list[Outcome]:
+        """Parts the core decides as one input (`step_together`): each part's refusal its own, one
+        append for the rest; the parts past the Ready's (`len(refusals)`) are handled alone after
+        it. Declined by the core (None), each part is handled alone."""
         if not self.is_leader:
             return [self._not_leader() for _ in parts]
         now = self._clock() if at_s is None else at_s
         try:
-            stepped = (self.core.step_aggregates(parts, now) if folded is None
-                       else self.core.step_aggregates(parts, now, folded))
+            stepped = step_together(now)
             if stepped is None:
                 return [await self._handle_guarded(part, at_s) for part in parts]
             for part, refusal in zip(parts, stepped.refusals):
                 self._count(part, refusal)
-            if self.metrics is not None:
+            if self.metrics is not None and kind == "step":
                 self.metrics.on_fold(len(stepped.refusals))
             enacted = await self._enact(stepped.ready, [])
         except Exception as exc:  # a bug must not take the control plane down
-            log.exception("step fold handling failed", parts=len(parts), generation=self.generation_in_force)
+            log.exception(f"{kind} fold handling failed", parts=len(parts), generation=self.generation_in_force)
             return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(parts)
         outcomes = [enacted if refusal is None else _refused(refusal) for refusal in stepped.refusals]
         return outcomes + [await self._handle_guarded(part, at_s) for part in parts[len(stepped.refusals):]]

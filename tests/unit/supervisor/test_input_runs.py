@@ -41,6 +41,19 @@ async def _registered(nodes: int, capacity: int = 50_000, ranks_per_node: int = 
     return runtime
 
 
+def _count_folds(runtime: Runtime, method: str) -> list[int]:
+    """The sizes of the folds the core is asked to decide through `method` (its own, counted)."""
+    folds: list[int] = []
+    decide_together = getattr(runtime.core, method)
+
+    def counted(parts, now, *rest):
+        folds.append(len(parts))
+        return decide_together(parts, now, *rest)
+
+    setattr(runtime.core, method, counted)
+    return folds
+
+
 async def test_a_runs_inputs_are_decided_in_order_each_with_its_own_outcome():
     runtime = await _registered(2)
     loop = asyncio.create_task(runtime.run())
@@ -63,14 +76,7 @@ async def test_a_runs_step_aggregates_of_one_step_are_decided_as_one_fold_with_t
     append for what they decide, each refusal on its own part; a part of another step, or a
     node's second part, starts another fold; the step is voted on exactly once."""
     runtime = await _registered(4)
-    folds: list[int] = []
-    step_aggregates = runtime.core.step_aggregates
-
-    def counted(parts, now):  # (the core's own fold, counted)
-        folds.append(len(parts))
-        return step_aggregates(parts, now)
-
-    runtime.core.step_aggregates = counted  # type: ignore[method-assign]
+    folds = _count_folds(runtime, "step_aggregates")
     loop = asyncio.create_task(runtime.run())
 
     def part(node: int, step: int, compute_s: float = 0.4) -> StepAggregate:
@@ -98,14 +104,7 @@ async def test_a_runs_holdings_of_one_step_are_decided_as_one_fold_and_the_commi
     after it are decided alone, after the commit."""
     log = MemoryLog()
     runtime = await _registered(4, log=log)
-    folds: list[int] = []
-    step_holdings = runtime.core.step_holdings
-
-    def counted(parts, now):  # (the core's own fold, counted)
-        folds.append(len(parts))
-        return step_holdings(parts, now)
-
-    runtime.core.step_holdings = counted  # type: ignore[method-assign]
+    folds = _count_folds(runtime, "step_holdings")
     generation = runtime.state.generation
     assert generation is not None
     loop = asyncio.create_task(runtime.run())

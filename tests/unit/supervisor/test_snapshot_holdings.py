@@ -212,13 +212,7 @@ def test_a_holder_contradicting_itself_after_the_commit_in_the_same_fold_leaves_
     # n0's holdings of rank 6 complete step 1; n1, later in the same fold, names other bytes for a
     # rank it held. One by one the step commits first; so it does in the fold, which ends there.
     def run(folded: bool) -> Sim:
-        sim = _started()
-        for report in _step_reports(sim, 1):
-            sim.feed(report, at=NOW + 1)
-        for node in ("n1", "n2", "n3"):
-            sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
-        held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
-        sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+        sim, held = _held_but_rank_6()
         n1 = _full_holdings(sim, "n1", 1)
         parts = [SnapshotHoldings("n0", 1, 1, (held[6],)),
                  dataclasses.replace(n1, reports=(dataclasses.replace(n1.reports[0], sha256="other"),))]
@@ -249,6 +243,19 @@ def _full_holdings(sim: Sim, node: str, step: int) -> SnapshotHoldings:
     reports = tuple(SnapshotReport(node, generation.number, rank, step, (node,), 10, f"s{rank}")
                     for rank in range(WORLD) if node in _holders(sim, rank))
     return SnapshotHoldings(node, generation.number, step, reports)
+
+
+def _held_but_rank_6() -> tuple[Sim, dict[int, SnapshotReport]]:
+    """Step 1 voted, and every copy of it held but n0's of rank 6 (n3's rank, n0 its buddy):
+    n1-n3 sent all theirs, n0 its ranks 0, 1 and 7. Returns the sim and n0's holdings by rank."""
+    sim = _started()
+    for report in _step_reports(sim, 1):
+        sim.feed(report, at=NOW + 1)
+    for node in ("n1", "n2", "n3"):
+        sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
+    held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
+    sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+    return sim, held
 
 
 def test_holdings_with_a_rank_the_sender_may_not_hold_are_refused_whole_naming_it():
@@ -289,13 +296,7 @@ def test_entries_after_the_one_that_completes_a_step_leave_what_they_leave_one_b
     # ranks 7 and 0 again (a resync): one by one the step commits at rank 6 and the later entries
     # are not held (the step is committed); as one message, held and then forgotten at the commit.
     def run(aggregated: bool) -> Sim:
-        sim = _started()
-        for report in _step_reports(sim, 1):
-            sim.feed(report, at=NOW + 1)
-        for node in ("n1", "n2", "n3"):
-            sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
-        held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
-        sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+        sim, held = _held_but_rank_6()
         last = (held[6], held[7], held[0])
         if aggregated:
             sim.events(SnapshotHoldings("n0", 1, 1, last), at=NOW + 1)
@@ -314,13 +315,7 @@ def test_a_holder_contradicting_itself_after_the_step_was_complete_blocks_the_co
     # 0 than it held before, after the entry that completed the step. One by one the step commits
     # first and the contradiction comes too late to matter; as one message it is seen before the
     # decision and the step never commits (a holder whose bytes changed is no restore source).
-    sim = _started()
-    for report in _step_reports(sim, 1):
-        sim.feed(report, at=NOW + 1)
-    for node in ("n1", "n2", "n3"):
-        sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
-    held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
-    sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+    sim, held = _held_but_rank_6()
     changed = dataclasses.replace(held[0], sha256="other")
     assert sim.events(SnapshotHoldings("n0", 1, 1, (held[6], changed)), at=NOW + 1) == []
     assert sim.soft.progress is not None and 1 in sim.soft.progress.holding_mismatches
