@@ -89,7 +89,7 @@ def run(nodes: int, ranks_per_node: int, *, folded: bool, runs: bool = False) ->
             holder = member.node_id if role == "owner" else member.buddy_node_id
             held = tuple(SnapshotReport(holder, generation.number, r, 1, (holder,), 1 << 30, f"{r:064x}")
                          for r in member.ranks)
-            messages += [SnapshotHoldings(holder, generation.number, 1, held)] if folded else list(held)
+            messages += [SnapshotHoldings.of_reports(held)] if folded else list(held)
     committed = 0
     start = time.process_time()
     if runs:

@@ -211,20 +211,28 @@ def _check_holder(state: ClusterState, report: SnapshotReport) -> str | None:
 
 def _check_holdings(state: ClusterState, holdings: SnapshotHoldings) -> str | None:
     """Every entry passes `_check_holder`, as it would alone; the whole message is refused at the
-    first that does not, naming its rank, so nothing of a bad message is half-held."""
-    if not holdings.reports:
+    first that does not, naming its rank, so nothing of a bad message is half-held. The usual
+    message (all good) is checked whole: one subset test of its ranks against those the sender
+    may hold; only a refusal walks the entries, to name the first bad one."""
+    ranks = holdings.ranks
+    if not ranks:
         return "snapshot holdings with no ranks"
-    if len(holdings.reports) > MAX_RANKS_PER_NODE_REPORT:
-        return f"snapshot holdings of {len(holdings.reports)} ranks (at most {MAX_RANKS_PER_NODE_REPORT})"
-    ranks: set[int] = set()
-    for report in holdings.reports:
-        if (report.node_id, report.generation, report.step) != (holdings.node_id, holdings.generation, holdings.step):
-            return (f"rank {report.rank}'s holding (node {report.node_id!r}, generation {report.generation},"
-                    f" step {report.step}) is not the sender's at generation {holdings.generation},"
-                    f" step {holdings.step}")
-        if report.rank in ranks:
+    if len(ranks) > MAX_RANKS_PER_NODE_REPORT:
+        return f"snapshot holdings of {len(ranks)} ranks (at most {MAX_RANKS_PER_NODE_REPORT})"
+    if len(holdings.size_bytes) != len(ranks) or len(holdings.sha256) != len(ranks):
+        name, values = ("size_bytes", holdings.size_bytes) if len(holdings.size_bytes) != len(ranks) else (
+            "sha256", holdings.sha256)
+        return f"{name} has {len(values)} values for {len(ranks)} ranks"
+    current = state.generation
+    if (current is not None and current.number == holdings.generation and len(set(ranks)) == len(ranks)
+            and current.index.holdable().get(holdings.node_id, frozenset()).issuperset(ranks)
+            and max(map(len, holdings.sha256)) <= MAX_DIGEST):
+        return None
+    seen: set[int] = set()
+    for report in holdings.reports():
+        if report.rank in seen:
             return f"rank {report.rank} is held twice in one snapshot holdings message"
-        ranks.add(report.rank)
+        seen.add(report.rank)
         reason = _check_holder(state, report)
         if reason is not None:
             return f"rank {report.rank}: {reason}"

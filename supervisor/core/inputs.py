@@ -292,16 +292,38 @@ class SnapshotReport:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotHoldings:
-    """One node's snapshot holdings of one step in one input: the SnapshotReports its agent (or
-    its link shard) folded, so the leader handles one input per node per step instead of one per
-    rank and holder (issue 14). `node_id` holds every entry (each report's node_id is it).
-    Observed and decided exactly as its reports one by one
-    (tests/unit/supervisor/test_snapshot_holdings.py); refused whole when any entry would be."""
+    """One node's snapshot holdings of one step in one input: what its SnapshotReports one by one
+    would say, as the columns the wire carries (a rank, its payload's size and SHA-256 at each
+    position), so the leader handles one input per node per step instead of one per rank and holder
+    (issue 14) and builds no object per entry. The sender holds every entry: a holding names no
+    other node, generation or step, so none can contradict the message's. Observed and decided
+    exactly as its reports one by one (tests/unit/supervisor/test_snapshot_holdings.py); refused
+    whole when any entry would be."""
 
     node_id: str
     generation: int
     step: int
-    reports: tuple[SnapshotReport, ...]
+    ranks: tuple[int, ...]
+    size_bytes: tuple[int, ...]
+    sha256: tuple[str, ...]
+
+    @classmethod
+    def of_reports(cls, reports: Sequence[SnapshotReport]) -> SnapshotHoldings:
+        """Reports of one holder, generation and step as one input (tests, the simulator, an
+        agent's own holdings)."""
+        if not reports:
+            raise ValueError("snapshot holdings need at least one report")
+        first = reports[0]
+        if any((r.node_id, r.generation, r.step) != (first.node_id, first.generation, first.step) for r in reports):
+            raise ValueError("snapshot holdings hold one node's reports of one generation's step")
+        return cls(first.node_id, first.generation, first.step, tuple(r.rank for r in reports),
+                   tuple(r.size_bytes for r in reports), tuple(r.sha256 for r in reports))
+
+    def reports(self) -> tuple[SnapshotReport, ...]:
+        """Each entry as the SnapshotReport its holder would send alone (tests, diagnostics)."""
+        holder = (self.node_id,)
+        return tuple(SnapshotReport(self.node_id, self.generation, rank, self.step, holder, size, sha)
+                     for rank, size, sha in zip(self.ranks, self.size_bytes, self.sha256))
 
 
 @dataclass(frozen=True, slots=True)

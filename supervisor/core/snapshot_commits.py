@@ -25,13 +25,16 @@ def commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Even
         return []
     if state.snapshot is not None and step <= state.snapshot.step:
         return []
+    held = progress.holdings.get(step, {})
+    if soft_state.lacks_pairs(held, generation.index):
+        return []  # (asked first: the answer to most of a step's holdings, one count away)
     if not soft_state.is_committable(progress, step):
         return []
     if sdc_checks.is_held(state, step) or taint.is_tainted(state, step):
         return []  # an open recompute check may still prove it corrupt, or one did
     if step in progress.holding_mismatches:
         return []  # owner and buddy reported different bytes for a rank: never a restore source
-    if not soft_state.is_held_twice(progress.holdings.get(step, {}), generation.index):
+    if not soft_state.is_held_twice(held, generation.index):
         return []
     return [SnapshotCommitted(generation=generation.number, step=step), *drains.hand_over_at(soft, generation, step)]
 

@@ -205,12 +205,35 @@ def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: fl
 
 
 def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, now: float) -> None:
-    """A node's holdings of one step, held in their order as its reports would be one by one."""
+    """A node's holdings of one step, held in their order as its reports would be one by one
+    (`_hold`'s rules, with what is the same for every entry asked once)."""
     _heard(soft, holdings.node_id, now)
     progress = _progress_for(soft, state, holdings.generation)
-    if progress is not None:
-        for report in holdings.reports:
-            _hold(progress, state, report)
+    if progress is None:
+        return
+    step = holdings.step
+    if step > progress.max_step + MAX_HOLDING_LEAD or (state.snapshot is not None and step <= state.snapshot.step):
+        return
+    digests = progress.holding_sha256.setdefault(step, {})
+    by_rank = progress.holdings.get(step)
+    node = holdings.node_id
+    alone = frozenset((node,))  # (shared by the ranks this node holds first: frozensets are never changed)
+    added = 0
+    for rank, sha in zip(holdings.ranks, holdings.sha256):
+        if digests.setdefault(rank, sha) != sha:
+            progress.holding_mismatches.add(step)  # other bytes than the rank's first copy: never commits
+            continue
+        if by_rank is None:  # (made at the first entry held, as `_hold` makes it)
+            by_rank = progress.holdings[step] = StepHoldings()
+        holders = by_rank.get(rank)
+        if holders is None:
+            by_rank[rank] = alone
+            added += 1
+        elif node not in holders:
+            by_rank[rank] = holders | alone
+            added += 1
+    if isinstance(by_rank, StepHoldings):
+        by_rank.pairs += added
 
 
 def _hold(progress: GenerationProgress, state: ClusterState, report: SnapshotReport) -> None:
@@ -370,16 +393,23 @@ def is_committable(progress: GenerationProgress, step: int) -> bool:
     return step in progress.sdc_clear_steps and (diverged is None or step < diverged)
 
 
+def lacks_pairs(held: Mapping[int, frozenset[str]], index: MemberIndex) -> bool:
+    """`held` is a StepHoldings with fewer (rank, holder) pairs than a commit needs: not held
+    twice, known without a pass (False: a pass must say)."""
+    if not isinstance(held, StepHoldings):
+        return False
+    if held.required is None:
+        held.required = sum(len(m.ranks) * len({m.node_id, m.buddy_node_id} - {""}) for m in index.members)
+    return held.pairs < held.required
+
+
 def is_held_twice(held: Mapping[int, frozenset[str]], index: MemberIndex) -> bool:
     """Every rank of the generation is held by its node and by its node's buddy, where it has one
     (`held`: rank -> holders, from one step's SnapshotReports). Checked in C-level passes over
     per-rank lists the generation's index builds once: at 12,500 nodes a commit is otherwise
     ~3 ms of Python; a StepHoldings with fewer pairs than a commit needs is answered without."""
-    if isinstance(held, StepHoldings):
-        if held.required is None:
-            held.required = sum(len(m.ranks) * len({m.node_id, m.buddy_node_id} - {""}) for m in index.members)
-        if held.pairs < held.required:
-            return False
+    if lacks_pairs(held, index):
+        return False
     lists = index.holder_lists()
     if lists is None:  # a node or buddy id is empty (a world of one node): the plain loop
         return all(

@@ -82,7 +82,7 @@ class MemberIndex:
     and kept by the generation that owns it: no module-level memo. A linear scan per StepReport
     costs 12.5k comparisons at 100k GPUs; the maps are built in C-level passes."""
 
-    __slots__ = ("members", "_by_node", "_by_rank", "_holders", "_may_hold")
+    __slots__ = ("members", "_by_node", "_by_rank", "_holders", "_may_hold", "_holdable")
 
     def __init__(self, members: tuple[RankAssignment, ...]) -> None:
         self.members = members
@@ -90,6 +90,7 @@ class MemberIndex:
         self._by_rank: dict[int, str] | None = None
         self._holders: tuple[tuple[list[int], list[str], list[str]] | None] | None = None
         self._may_hold: dict[int, tuple[str, str]] | None = None
+        self._holdable: dict[str, frozenset[int]] | None = None
 
     def by_node(self) -> Mapping[str, RankAssignment]:
         """node -> its assignment; a node listed twice keeps its first (as a scan would find)."""
@@ -118,6 +119,29 @@ class MemberIndex:
             by_node = self.by_node()
             self._may_hold = {rank: (node, by_node[node].buddy_node_id) for rank, node in self.by_rank().items()}
         return self._may_hold
+
+    def holdable(self) -> Mapping[str, frozenset[int]]:
+        """node -> the ranks it may hold (its own and its buddy's: `may_hold` turned around), so
+        a node's holdings of a step are admitted with one subset test instead of a lookup per
+        entry."""
+        if self._holdable is None:
+            members = self.members
+            if len(self.by_node()) == len(members) and len(self.by_rank()) == sum(map(len, map(attrgetter("ranks"),
+                                                                                              members))):
+                # Each node and rank once (every generation the planner makes): a node holds its
+                # own block and the block of each member it is the buddy of, gathered per member.
+                blocks: dict[str, list[tuple[int, ...]]] = {}
+                for member in members:
+                    blocks.setdefault(member.node_id, []).append(member.ranks)
+                    blocks.setdefault(member.buddy_node_id, []).append(member.ranks)
+                self._holdable = {node: frozenset(chain.from_iterable(its)) for node, its in blocks.items()}
+            else:  # (a node or rank listed twice: `may_hold`'s first-listed rule, rank by rank)
+                by_holder: dict[str, set[int]] = {}
+                for rank, (owner, buddy) in self.may_hold().items():
+                    by_holder.setdefault(owner, set()).add(rank)
+                    by_holder.setdefault(buddy, set()).add(rank)
+                self._holdable = {node: frozenset(ranks) for node, ranks in by_holder.items()}
+        return self._holdable
 
     def holder_lists(self) -> tuple[list[int], list[str], list[str]] | None:
         """Per rank, in order: the rank, its node and its node's buddy (the two copies a commit

@@ -1,4 +1,4 @@
-"""SnapshotHoldings on the wire -> the core's SnapshotHoldings of SnapshotReports.
+"""SnapshotHoldings on the wire -> the core's SnapshotHoldings (the same columns, as tuples).
 
 Decoding checks the shape (one size and one digest per rank, each rank once) and says what is
 wrong; whether the sender may hold each rank is admission's question (core/admission.py), asked
@@ -17,7 +17,7 @@ class MalformedHoldings(ValueError):
 
 
 def to_input(node_id: str, message: agent_pb2.SnapshotHoldings) -> SnapshotHoldings:
-    """The core input: one SnapshotReport per rank, each held by the sender alone."""
+    """The core input: every entry held by the sender (the stream's node)."""
     count = len(message.ranks)
     if count == 0:
         raise MalformedHoldings("snapshot holdings with no ranks")
@@ -26,13 +26,8 @@ def to_input(node_id: str, message: agent_pb2.SnapshotHoldings) -> SnapshotHoldi
     for name in ("size_bytes", "sha256"):
         if len(getattr(message, name)) != count:
             raise MalformedHoldings(f"{name} has {len(getattr(message, name))} values for {count} ranks")
-    holder = (node_id,)
-    generation, step = message.generation, message.step
-    reports = tuple(
-        SnapshotReport(node_id, generation, rank, step, holder, size, sha)
-        for rank, size, sha in zip(message.ranks, message.size_bytes, message.sha256)
-    )
-    return SnapshotHoldings(node_id, generation, step, reports)
+    return SnapshotHoldings(node_id, message.generation, message.step, tuple(message.ranks),
+                            tuple(message.size_bytes), tuple(message.sha256))
 
 
 def report_from_proto(node_id: str, s: agent_pb2.SnapshotReport) -> SnapshotReport:

@@ -385,6 +385,21 @@ def test_the_commit_holding_check_equals_the_plain_loop(layout, held):
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "", "a"]), st.sampled_from(["a", "b", "c", ""]),
+                          st.lists(st.integers(0, 6), max_size=3)), min_size=1, max_size=4))
+def test_the_ranks_a_node_may_hold_are_those_whose_holders_name_it(layout):
+    # `holdable` (node -> ranks, what admission checks a node's holdings against) is `may_hold`
+    # (rank -> owner and buddy) turned around, whether each node and rank is listed once (the
+    # per-member build) or some twice (the rank-by-rank one).
+    index = MemberIndex(tuple(RankAssignment(node, tuple(ranks), buddy) for node, buddy, ranks in layout))
+    expected: dict[str, set[int]] = {}
+    for rank, holders in index.may_hold().items():
+        for holder in holders:
+            expected.setdefault(holder, set()).add(rank)
+    assert {node: set(ranks) for node, ranks in index.holdable().items() if ranks} == expected
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.integers(0, 7), st.sampled_from(["", "x", "y", "z"]), min_size=1), st.integers(1, 3),
        st.integers(0, 2))
 def test_the_sdc_vote_equals_the_reference_vote(digests, model_parallel, missing):

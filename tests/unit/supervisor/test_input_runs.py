@@ -111,13 +111,13 @@ async def test_a_runs_holdings_of_one_step_are_decided_as_one_fold_and_the_commi
 
     def held(node: str, step: int = 1) -> SnapshotHoldings:
         ranks = [m.ranks[0] for m in generation.members if node in (m.node_id, m.buddy_node_id)]
-        return SnapshotHoldings(node, 1, step, tuple(SnapshotReport(node, 1, r, step, (node,), 10, f"s{r}")
-                                                     for r in sorted(ranks)))
+        return SnapshotHoldings.of_reports([SnapshotReport(node, 1, r, step, (node,), 10, f"s{r}")
+                                            for r in sorted(ranks)])
 
     try:
         steps = [StepAggregate.of_reports([StepReport(f"n{i}", 1, i, 1, 0.5, 0.4, 2.0, "d")]) for i in range(4)]
         await asyncio.wait_for(await runtime.submit_run_from_stream(steps), 5.0)
-        stranger = SnapshotHoldings("ghost", 1, 1, (SnapshotReport("ghost", 1, 0, 1, ("ghost",), 10, "s0"),))
+        stranger = SnapshotHoldings("ghost", 1, 1, (0,), (10,), ("s0",))
         run = [held("n0"), Heartbeat("n3", 1, 1), stranger, held("n1"), held("n2"), held("n3"), held("n0")]
         outcomes = await asyncio.wait_for(await runtime.submit_run_from_stream(run), 5.0)
     finally:

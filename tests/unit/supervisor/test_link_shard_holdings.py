@@ -29,7 +29,7 @@ def expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
         kind = item.message.WhichOneof("kind") if item.WhichOneof("kind") == "message" else "closed"
         if kind == "snapshot_holdings":
             out += [(item.session, "held", dataclasses.replace(h, holder_node_ids=())) for h in
-                    snapshot_holdings.to_input(item.node_id, item.message.snapshot_holdings).reports]
+                    snapshot_holdings.to_input(item.node_id, item.message.snapshot_holdings).reports()]
         elif kind == "snapshot_report":
             one = snapshot_holdings.report_from_proto(item.node_id, item.message.snapshot_report)
             out.append((item.session, "held", dataclasses.replace(one, holder_node_ids=())))
@@ -59,7 +59,7 @@ def test_a_nodes_queued_holdings_of_one_step_go_up_as_one_message_only_to_a_lead
         assert names == [(1, "snapshot_holdings"), (2, "snapshot_report"), (1, "heartbeat"),
                          (1, "snapshot_report"), (1, "snapshot_report")]  # rank 1 again; another step
         holdings = snapshot_holdings.to_input("a", items[0].message.snapshot_holdings)
-        assert [(r.rank, r.node_id, r.sha256) for r in holdings.reports] == [(0, "a", "s0"), (1, "a", "s1")]
+        assert [(r.rank, r.node_id, r.sha256) for r in holdings.reports()] == [(0, "a", "s0"), (1, "a", "s1")]
         assert queue.holdings_folded == 1
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,8 +123,7 @@ def _run(script: list[tuple[int, int, int | None]], aggregated: bool, folded: bo
                 for report in message:
                     sim.feed(report, at=now)
             else:
-                sim.feed(SnapshotHoldings(message[0].node_id, message[0].generation, message[0].step,
-                                          tuple(message)), at=now)
+                sim.feed(SnapshotHoldings.of_reports(message), at=now)
         if votes_first or sim.state.generation is None:
             continue  # (a drain's hand-over at a commit ended the generation)
         for report in _step_reports(sim, step):
@@ -147,7 +147,7 @@ def _with_strays(sim: Sim, messages: list[list[SnapshotReport]], rng: random.Ran
 def _feed_folded(sim: Sim, messages: list[list[SnapshotReport]], rng: random.Random, now: float) -> None:
     """The messages as the runtime meets them in a shard's runs: back-to-back holdings of one step
     from distinct nodes decided as one fold (Sim.feed_holdings), anything else alone."""
-    holdings = [SnapshotHoldings(m[0].node_id, m[0].generation, m[0].step, tuple(m)) for m in messages]
+    holdings = [SnapshotHoldings.of_reports(m) for m in messages]
     run: list[SnapshotHoldings] = []
 
     def close() -> None:
@@ -193,8 +193,7 @@ def test_a_fold_of_holdings_ends_at_the_part_that_commits_and_the_rest_come_afte
     for report in _step_reports(sim, 1):
         sim.feed(report, at=NOW + 1)
     parts = [_full_holdings(sim, f"n{i}", 1) for i in range(NODES)]
-    stray = dataclasses.replace(parts[0], node_id="stranger", reports=tuple(
-        dataclasses.replace(r, node_id="stranger") for r in parts[0].reports))
+    stray = dataclasses.replace(parts[0], node_id="stranger")
     answers = sim.feed_holdings([stray, *parts, _full_holdings(sim, "n0", 2)], at=NOW + 1)
     assert answers is None, "holdings of two steps are not one fold"
     answers = sim.feed_holdings([stray, *parts], at=NOW + 1)
@@ -214,8 +213,8 @@ def test_a_holder_contradicting_itself_after_the_commit_in_the_same_fold_leaves_
     def run(folded: bool) -> Sim:
         sim, held = _held_but_rank_6()
         n1 = _full_holdings(sim, "n1", 1)
-        parts = [SnapshotHoldings("n0", 1, 1, (held[6],)),
-                 dataclasses.replace(n1, reports=(dataclasses.replace(n1.reports[0], sha256="other"),))]
+        parts = [SnapshotHoldings.of_reports([held[6]]),
+                 SnapshotHoldings.of_reports([dataclasses.replace(n1.reports()[0], sha256="other")])]
         if folded:
             assert sim.feed_holdings(parts, at=NOW + 1) is not None
         for part in () if folded else parts:
@@ -242,7 +241,7 @@ def _full_holdings(sim: Sim, node: str, step: int) -> SnapshotHoldings:
     assert generation is not None
     reports = tuple(SnapshotReport(node, generation.number, rank, step, (node,), 10, f"s{rank}")
                     for rank in range(WORLD) if node in _holders(sim, rank))
-    return SnapshotHoldings(node, generation.number, step, reports)
+    return SnapshotHoldings.of_reports(reports)
 
 
 def _held_but_rank_6() -> tuple[Sim, dict[int, SnapshotReport]]:
@@ -253,8 +252,8 @@ def _held_but_rank_6() -> tuple[Sim, dict[int, SnapshotReport]]:
         sim.feed(report, at=NOW + 1)
     for node in ("n1", "n2", "n3"):
         sim.events(_full_holdings(sim, node, 1), at=NOW + 1)
-    held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports}
-    sim.events(SnapshotHoldings("n0", 1, 1, (held[0], held[1], held[7])), at=NOW + 1)
+    held = {r.rank: r for r in _full_holdings(sim, "n0", 1).reports()}
+    sim.events(SnapshotHoldings.of_reports([held[0], held[1], held[7]]), at=NOW + 1)
     return sim, held
 
 
@@ -262,8 +261,8 @@ def test_holdings_with_a_rank_the_sender_may_not_hold_are_refused_whole_naming_i
     sim = _started()
     good = _full_holdings(sim, "n0", 1)
     foreign = next(r for r in range(WORLD) if "n0" not in _holders(sim, r))
-    bad = dataclasses.replace(good.reports[0], rank=foreign)
-    refused = sim.feed(dataclasses.replace(good, reports=(*good.reports, bad)), at=NOW + 1)
+    bad = dataclasses.replace(good.reports()[0], rank=foreign)
+    refused = sim.feed(SnapshotHoldings.of_reports([*good.reports(), bad]), at=NOW + 1)
     assert isinstance(refused, str) and f"rank {foreign}:" in refused and "neither the owner nor the buddy" in refused
     assert sim.soft.progress is None or not sim.soft.progress.holdings, "nothing of it was held"
     assert sim.feed(good, at=NOW + 1) == []  # the same holdings without the bad entry are taken
@@ -272,22 +271,31 @@ def test_holdings_with_a_rank_the_sender_may_not_hold_are_refused_whole_naming_i
 def test_malformed_holdings_are_refused_with_the_reason():
     sim = _started()
     good = _full_holdings(sim, "n0", 1)
-    twice = sim.feed(dataclasses.replace(good, reports=(good.reports[0], good.reports[0])), at=NOW + 1)
+    twice = sim.feed(dataclasses.replace(good, ranks=(good.ranks[0], good.ranks[0]), size_bytes=(10, 10),
+                                         sha256=(good.sha256[0], good.sha256[0])), at=NOW + 1)
     assert isinstance(twice, str) and "held twice" in twice
-    other_step = dataclasses.replace(good.reports[1], step=2)
-    mixed = sim.feed(dataclasses.replace(good, reports=(good.reports[0], other_step)), at=NOW + 1)
-    assert isinstance(mixed, str) and f"rank {other_step.rank}'s holding" in mixed
-    other_node = dataclasses.replace(good.reports[1], node_id="n1")
-    spoofed = sim.feed(dataclasses.replace(good, reports=(good.reports[0], other_node)), at=NOW + 1)
-    assert isinstance(spoofed, str) and "not the sender's" in spoofed
-    empty = sim.feed(dataclasses.replace(good, reports=()), at=NOW + 1)
+    short = sim.feed(dataclasses.replace(good, sha256=good.sha256[:1]), at=NOW + 1)
+    assert isinstance(short, str) and f"sha256 has 1 values for {len(good.ranks)} ranks" in short
+    empty = sim.feed(dataclasses.replace(good, ranks=(), size_bytes=(), sha256=()), at=NOW + 1)
     assert isinstance(empty, str) and "no ranks" in empty
-    stale = sim.feed(dataclasses.replace(good, generation=99, reports=tuple(
-        dataclasses.replace(r, generation=99) for r in good.reports)), at=NOW + 1)
+    stale = sim.feed(dataclasses.replace(good, generation=99), at=NOW + 1)
     assert isinstance(stale, str) and "stale generation 99" in stale
-    unknown = sim.feed(SnapshotHoldings("ghost", good.generation, 1, (dataclasses.replace(good.reports[0],
-                                                                                         node_id="ghost"),)))
+    unknown = sim.feed(dataclasses.replace(good, node_id="ghost"))
     assert isinstance(unknown, str) and "has not said Hello" in unknown
+    assert sim.soft.progress is None or not sim.soft.progress.holdings, "nothing of them was held"
+
+
+def test_holdings_hold_one_nodes_reports_of_one_step():
+    # The core's holdings name their holder, generation and step once: reports of another node or
+    # step cannot be put in them (the wire's form cannot say so either).
+    sim = _started()
+    reports = _full_holdings(sim, "n0", 1).reports()
+    for odd in (dataclasses.replace(reports[1], step=2), dataclasses.replace(reports[1], node_id="n1"),
+                dataclasses.replace(reports[1], generation=2)):
+        with pytest.raises(ValueError, match="one node's reports of one generation's step"):
+            SnapshotHoldings.of_reports([reports[0], odd])
+    with pytest.raises(ValueError, match="at least one"):
+        SnapshotHoldings.of_reports([])
 
 
 def test_entries_after_the_one_that_completes_a_step_leave_what_they_leave_one_by_one():
@@ -299,7 +307,7 @@ def test_entries_after_the_one_that_completes_a_step_leave_what_they_leave_one_b
         sim, held = _held_but_rank_6()
         last = (held[6], held[7], held[0])
         if aggregated:
-            sim.events(SnapshotHoldings("n0", 1, 1, last), at=NOW + 1)
+            sim.events(SnapshotHoldings.of_reports(last), at=NOW + 1)
         for report in () if aggregated else last:
             sim.events(report, at=NOW + 1)
         return sim
@@ -317,17 +325,17 @@ def test_a_holder_contradicting_itself_after_the_step_was_complete_blocks_the_co
     # decision and the step never commits (a holder whose bytes changed is no restore source).
     sim, held = _held_but_rank_6()
     changed = dataclasses.replace(held[0], sha256="other")
-    assert sim.events(SnapshotHoldings("n0", 1, 1, (held[6], changed)), at=NOW + 1) == []
+    assert sim.events(SnapshotHoldings.of_reports([held[6], changed]), at=NOW + 1) == []
     assert sim.soft.progress is not None and 1 in sim.soft.progress.holding_mismatches
 
 
 def test_an_overlong_digest_is_refused_alone_and_inside_holdings_naming_the_rank():
     sim = _started()
     good = _full_holdings(sim, "n0", 1)
-    long = dataclasses.replace(good.reports[1], sha256="a" * 129)
+    long = dataclasses.replace(good.reports()[1], sha256="a" * 129)
     alone = sim.feed(long, at=NOW + 1)
     assert isinstance(alone, str) and "sha256 of 129 characters is longer than 128" in alone
-    inside = sim.feed(dataclasses.replace(good, reports=(good.reports[0], long)), at=NOW + 1)
+    inside = sim.feed(SnapshotHoldings.of_reports([good.reports()[0], long]), at=NOW + 1)
     assert isinstance(inside, str) and f"rank {long.rank}: sha256 of 129 characters" in inside
 
 

@@ -37,13 +37,14 @@ def test_holdings_decode_to_the_reports_they_were_made_from(rows):
     assert isinstance(decoded, SnapshotHoldings)
     assert (decoded.node_id, decoded.generation, decoded.step) == ("n1", 3, 17)
     one_by_one = [to_input("n1", 1, agent_pb2.AgentMessage(snapshot_report=r)) for r in reports]
-    assert list(decoded.reports) == one_by_one
+    assert list(decoded.reports()) == one_by_one
 
 
 def test_the_holder_is_the_streams_node_not_what_the_reports_named():
     spoofed = agent_pb2.SnapshotReport(generation=3, rank=0, step=1, holder_node_ids=["n9"], size_bytes=1)
     decoded = snapshot_holdings.to_input("n1", holdings_pack.pack([spoofed]))
-    assert decoded.reports[0].node_id == "n1" and decoded.reports[0].holder_node_ids == ("n1",)
+    first = decoded.reports()[0]
+    assert first.node_id == "n1" and first.holder_node_ids == ("n1",)
 
 
 def test_packing_refuses_reports_of_several_steps_or_a_rank_twice():
