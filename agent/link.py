@@ -343,6 +343,7 @@ class SupervisorLink:
         self._peer_port = peer_port
         self._reports = reports
         self._on_directive = on_directive
+        self._directive: agent_pb2.Directive | None = None  # the last one handed on (a SnapshotRetain moves it)
         self._running_generation = running_generation
         self._local_ranks = local_ranks  # ranks this node runs now: how many step reports make a step
         self._log = log
@@ -371,8 +372,24 @@ class SupervisorLink:
                 failure_domain=c.failure_domain,
                 unreachable_replicas=self._unreachable,
                 resyncs_on_welcome=True,
+                takes_snapshot_retain=True,
             )
         )
+
+    def _retained(self, notice: agent_pb2.SnapshotRetain) -> agent_pb2.Directive | None:
+        """The directive in force with the notice's retain floor (a RAM snapshot step committed),
+        handed on as the whole directive the supervisor no longer sends for it; None when the
+        notice is of another generation than that directive or moves nothing."""
+        current = self._directive
+        if current is None or current.generation != notice.generation:
+            return None
+        if current.retain_from_step == notice.retain_from_step:
+            return None
+        moved = agent_pb2.Directive()
+        moved.CopyFrom(current)
+        moved.retain_from_step = notice.retain_from_step
+        self._directive = moved
+        return moved
 
     def _next_address(self) -> str:
         if self._redirect:
@@ -536,7 +553,13 @@ class SupervisorLink:
                     state.interval_s = self._interval_s = w.heartbeat_interval_s
                 log.info("welcomed", term=w.term, heartbeat_interval_s=state.interval_s or self._config.heartbeat_interval_s)
             elif kind == "directive":
+                self._directive = message.directive
                 result = self._on_directive(message.directive)
+                if result is not None:
+                    await result
+            elif kind == "snapshot_retain":
+                moved = self._retained(message.snapshot_retain)
+                result = self._on_directive(moved) if moved is not None else None
                 if result is not None:
                     await result
             elif kind == "refusal":

@@ -154,12 +154,13 @@ def _wait(check: Callable[[], T | None], timeout_s: float, what: str, supervisor
         time.sleep(poll_s)
 
 
-FOLD_SERIES = ("ftsup_step_folds_total", "ftsup_step_aggregates_folded_total")
+FOLD_SERIES = ("ftsup_step_folds_total", "ftsup_step_aggregates_folded_total", "ftsup_snapshots_committed_total")
 
 
-def _fold_counts(metrics_address: str) -> tuple[float, float] | None:
-    """The replica's (step folds, aggregates decided inside them) from its /metrics, None if it
-    does not answer: how many of a step's per-node aggregates the leader decided per fold."""
+def _fold_counts(metrics_address: str) -> tuple[float, float, float] | None:
+    """The replica's (step folds, aggregates decided inside them, RAM snapshot steps committed)
+    from its /metrics, None if it does not answer: how many of a step's per-node aggregates the
+    leader decided per fold, and whether the fleet's holdings committed its steps."""
     try:
         with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=30) as response:
             text = response.read().decode()
@@ -170,7 +171,7 @@ def _fold_counts(metrics_address: str) -> tuple[float, float] | None:
         name, _, value = line.partition(" ")
         if name in values:
             values[name] = float(value)
-    return values[FOLD_SERIES[0]], values[FOLD_SERIES[1]]
+    return values[FOLD_SERIES[0]], values[FOLD_SERIES[1]], values[FOLD_SERIES[2]]
 
 
 def _status(address: str) -> operator_pb2.GetStatusResponse | None:
@@ -369,12 +370,18 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "heartbeats_per_s": round(sent / wall_s, 1),
             "step_reports_per_s": round(sum(r["step_reports"] for r in results) / wall_s, 1),  # aggregates: one per node-step
             "snapshot_reports_per_s": round(sum(r.get("snapshot_reports", 0) for r in results) / wall_s, 1),
-            # the messages that carried them: one SnapshotHoldings per node-step to a supervisor that takes them
+            # the messages that carried them: two SnapshotHoldings per node-step (its own, its buddy copies)
             "snapshot_messages_per_s": round(sum(r.get("snapshot_messages", 0) for r in results) / wall_s, 1),
             # The leader's folds in the window: each decides several nodes' aggregates of a step as one
             "leader_step_folds": (None if folds0 is None or folds1 is None else {
                 "folds": int(folds1[0] - folds0[0]), "aggregates": int(folds1[1] - folds0[1]),
                 "aggregates_per_fold": round((folds1[1] - folds0[1]) / max(folds1[0] - folds0[0], 1), 1)}),
+            # What the nodes were sent in the window: whole directives, and SnapshotRetain notices
+            # (a commit's retain floor, in place of a directive to every node: --old-agents takes none)
+            "directives_received": sum(r.get("directives", 0) for r in results),
+            "retain_notices_received": sum(r.get("retains", 0) for r in results),
+            # RAM snapshot steps the leader committed in the window (--snapshot-reports: about one a step)
+            "snapshot_commits": None if folds0 is None or folds1 is None else int(folds1[2] - folds0[2]),
             "late_heartbeats": sum(r["late_beats"] for r in results),
             "latency_p50_ms": _percentile(latencies, 0.50),
             "latency_p99_ms": _percentile(latencies, 0.99),
@@ -574,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-s", type=float, default=10.0,
                         help="each node sends one StepAggregate of its ranks per step (0: none)")
     parser.add_argument("--snapshot-reports", action="store_true",
-                        help="each node also reports its holding of each of its ranks' snapshots every step")
+                        help="each node also reports its holdings every step, as a real agent: its own ranks'"
+                        " snapshots and the copies it holds as a buddy (so every step commits)")
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--heartbeat-misses", type=int, default=2)
     parser.add_argument("--procs", type=int, default=2, help="load generator processes")
@@ -594,8 +602,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --replicas above 1: after the window, SIGKILL the leader and report when the new"
                              " one welcomed each node (through kept streams), how many redialled, and any verdict")
     parser.add_argument("--old-agents", action="store_true",
-                        help="the simulated agents do not resync on a second Welcome (agents before 2026-11-28):"
-                             " a shard ends their streams at a leader change (the baseline of --kill-leader)")
+                        help="the simulated agents are those before 2026-11-28: they do not resync on a second"
+                             " Welcome (a shard ends their streams at a leader change: the baseline of --kill-leader)"
+                             " nor take a SnapshotRetain (each commit sends every node a whole directive: the"
+                             " baseline of --snapshot-reports)")
     parser.add_argument("--profile", action="store_true",
                         help="also run the full fleet at the last interval under cProfile and report the top functions")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,

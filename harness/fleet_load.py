@@ -3,11 +3,12 @@
 Each simulated node speaks the real agent protocol on its own bidirectional stream (Hello,
 Heartbeat at the Welcome's interval; once a Directive gives it ranks, per step one StepAggregate
 of all its ranks, as a real agent sends to a supervisor that takes aggregates, and, with
-`--snapshot-reports`, one SnapshotReport per rank it owns: the owner's holding of each rank's RAM
-snapshot, as a real agent reports after every snapshot, in one SnapshotHoldings per node per
-step where the Welcome says the supervisor takes them; the buddy's copies, which a real buddy
-reports too, are not simulated, so no step commits and the leader sees half the holdings a real
-fleet sends) and reads everything the supervisor sends. A real agent asks for no HeartbeatAck;
+`--snapshot-reports`, the holdings a real agent reports after every snapshot: its own ranks'
+(one SnapshotHoldings), then the copies it holds as the buddy of the node its Directive's peer
+grants name (a second one), or one SnapshotReport per rank and copy where the Welcome says the
+supervisor does not take holdings; every copy of a step is then held twice and the step commits,
+as in a real fleet, with what a commit costs the leader) and reads everything the supervisor
+sends. A real agent asks for no HeartbeatAck;
 one heartbeat in `--ack-every` does here (and a session's first), at a random phase per node, so
 the latency of a sample of them is measured: from handing it to gRPC to reading its ack. With
 `--ack-every 1` every heartbeat is acked (the bench before 2026-11-28), which costs the shards and
@@ -62,6 +63,7 @@ class SimNode:
     interval_s: float = 1.0
     generation: int = 0
     ranks: tuple[int, ...] = ()  # the ranks the Directive in force gives this node (none: not training)
+    copies: tuple[int, ...] = ()  # ranks whose snapshots it holds as their node's buddy (the peer grants)
     step: int = 0
     is_silenced: bool = False
     last_beat_wall_s: float = 0.0
@@ -83,9 +85,10 @@ class Counters:
     asked: int = 0  # heartbeats that asked for an ack
     acked: int = 0
     step_reports: int = 0  # step aggregates (one per node per step)
-    snapshot_reports: int = 0  # holdings reported (one per rank a node owns per step)
-    snapshot_messages: int = 0  # messages that carried them (one per node per step where holdings are taken)
+    snapshot_reports: int = 0  # holdings reported (per step, one per rank a node owns and one per copy it holds)
+    snapshot_messages: int = 0  # messages that carried them (two per node per step where holdings are taken)
     directives: int = 0
+    retains: int = 0  # SnapshotRetain notices (a commit's retain floor, in place of a directive)
     late_beats: int = 0  # heartbeats this process sent more than 10% of an interval late
     latencies_ms: list[float] = field(default_factory=list)  # steady: before the silenced node's silence
     after_ms: list[float] = field(default_factory=list)  # after it (its detection and what follows)
@@ -222,6 +225,7 @@ class Fleet:
         c.asked = 0
         c.snapshot_reports = 0
         c.snapshot_messages = 0
+        c.directives = c.retains = 0
         c.is_measuring, c.is_after = True, False
         running = sum(1 for n in self.nodes if n.ranks)
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -240,6 +244,7 @@ class Fleet:
                 "asked": c.asked, "acked": c.acked,
                 "step_reports": c.step_reports, "snapshot_reports": c.snapshot_reports,
                 "snapshot_messages": c.snapshot_messages, "late_beats": c.late_beats,
+                "directives": c.directives, "retains": c.retains,
                 "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
                 "welcomed": sum(1 for n in self.nodes if n.welcomed.is_set()),
                 "running": running,
@@ -274,7 +279,8 @@ class Fleet:
                     host="127.0.0.1", peer_port=self.peer_port, gpus=8, agent_version="sim", failure_domain="",
                     unreachable_replicas=node.unreachable,
                     # (a second Welcome is handled as the first: holdings go every step anyway)
-                    resyncs_on_welcome=not self.args.old_agents)))
+                    resyncs_on_welcome=not self.args.old_agents,
+                    takes_snapshot_retain=not self.args.old_agents)))
                 reader = asyncio.create_task(self.read(node, call))
                 tasks.append(reader)
                 welcomed = asyncio.create_task(node.welcomed.wait())
@@ -342,8 +348,10 @@ class Fleet:
 
     async def report_step(self, node: SimNode, call: StreamCall, step_s: float) -> None:
         """One step of every rank the node runs, as a real agent reports it: one aggregate, then
-        (with --snapshot-reports) the node's holding of each of its ranks' snapshots: one
-        SnapshotHoldings where the Welcome said the supervisor takes them, else one report each."""
+        (with --snapshot-reports) the node's holding of each of its ranks' snapshots and of each
+        copy it holds for the node it backs up: a SnapshotHoldings of each where the Welcome said
+        the supervisor takes them, else one report each. (A real buddy reports its copies once
+        they arrived, ~1 s after the owner's on a GPU host; here right behind them.)"""
         reports = [agent_pb2.StepReport(generation=node.generation, rank=rank, step=node.step, step_time_s=step_s,
                                         compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 32)
                    for rank in node.ranks]
@@ -351,15 +359,18 @@ class Fleet:
         self.counters.step_reports += 1
         if not self.args.snapshot_reports or not node.ranks:
             return
-        held = [agent_pb2.SnapshotReport(generation=node.generation, rank=rank, step=node.step,
-                                         holder_node_ids=[node.node_id], size_bytes=1 << 30, sha256="0" * 64)
-                for rank in node.ranks]
-        messages = ([agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(held))] if node.takes_holdings
-                    else [agent_pb2.AgentMessage(snapshot_report=report) for report in held])
-        for message in messages:
-            await call.write(message)
-        self.counters.snapshot_reports += len(held)
-        self.counters.snapshot_messages += len(messages)
+        for ranks in (node.ranks, node.copies):
+            held = [agent_pb2.SnapshotReport(generation=node.generation, rank=rank, step=node.step,
+                                             holder_node_ids=[node.node_id], size_bytes=1 << 30, sha256=f"{rank:064x}")
+                    for rank in ranks]
+            if not held:
+                continue
+            messages = ([agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(held))] if node.takes_holdings
+                        else [agent_pb2.AgentMessage(snapshot_report=report) for report in held])
+            for message in messages:
+                await call.write(message)
+            self.counters.snapshot_reports += len(held)
+            self.counters.snapshot_messages += len(messages)
 
     async def read(self, node: SimNode, call: StreamCall) -> None:
         loop = asyncio.get_running_loop()
@@ -387,8 +398,11 @@ class Fleet:
                     if node.generation != d.generation:
                         node.step = d.restore_step if d.HasField("restore_step") else 0
                     node.generation, node.ranks = d.generation, tuple(d.ranks)
+                    node.copies = tuple(sorted(r for grant in d.peer_grants for r in grant.store_ranks))
                 else:
-                    node.generation, node.ranks = d.generation, ()
+                    node.generation, node.ranks, node.copies = d.generation, (), ()
+            elif kind == "snapshot_retain":
+                c.retains += 1  # (the floor only bounds a real agent's RAM: nothing to keep here)
             elif kind == "refusal":
                 node.refusals += 1
             elif kind == "not_leader":
@@ -416,11 +430,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--step-epoch-s", type=float, default=0.0,
                    help="wall-clock time step boundaries count from, shared by every load process (0: this one's start)")
     p.add_argument("--snapshot-reports", action="store_true",
-                   help="per step, the node's holding of each rank it owns (its RAM snapshot): one SnapshotHoldings"
-                        " per node where the supervisor takes them, else one SnapshotReport per rank")
+                   help="per step, the node's holding of each rank it owns (its RAM snapshot) and of each copy it"
+                        " holds as a buddy: a SnapshotHoldings of each where the supervisor takes them, else one"
+                        " SnapshotReport per rank and copy (every step commits)")
     p.add_argument("--old-agents", action="store_true",
-                   help="the nodes do not resync on a second Welcome (agents before 2026-11-28): a shard ends"
-                        " their streams at a leader change instead of keeping them")
+                   help="agents before 2026-11-28: they do not resync on a second Welcome (a shard ends their"
+                        " streams at a leader change instead of keeping them) nor take a SnapshotRetain (a commit"
+                        " sends each a whole directive)")
     p.add_argument("--leader", default="", help="the leading replica's address: it holds no agents from 3 replicas"
                    " (common/shard_map.agent_holders), so nodes dial a follower's link shard")
     p.add_argument("--streams-per-channel", type=int, default=25, help="streams sharing one HTTP/2 connection (at most the server's per-connection cap)")

@@ -8,6 +8,7 @@ replaying the log reaches exactly the state this one acted on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import functools
 import itertools
@@ -21,7 +22,7 @@ from ftsup.common import logs
 from ftsup.supervisor import agent_probe, codec
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.directives import Directive, directives_for
-from ftsup.supervisor.core.events import Record
+from ftsup.supervisor.core.events import Record, SnapshotCommitted
 from ftsup.supervisor.core.inputs import (
     AgentGone,
     AgentHello,
@@ -150,6 +151,10 @@ class Runtime:
         self._outboxes: dict[int, Outbox] = {}
         self._node_stream: dict[str, int] = {}
         self._sent: dict[str, Directive] = {}
+        self._takes_retain: set[str] = set()  # nodes whose Hello said takes_snapshot_retain
+        # The newest commit said in a SnapshotRetain: a notice-taking node's `_sent` directive
+        # of that generation holds it as retain_from_step, though `_sent` is not rewritten per notice
+        self._retain_said = SnapshotCommitted(generation=0, step=0)
         self._announcement: LeadershipAcquired | None = None  # decided before anything else
         self._held: _Pending | None = None  # the input that ended a Hello batch: handled next
         self.metrics: SupervisorMetrics | None = None  # set by the daemon when metrics are served
@@ -314,6 +319,7 @@ class Runtime:
             outbox.close()
         self._node_stream.clear()
         self._sent.clear()
+        self._takes_retain.clear()
         log.info("following", leader=leader_address or "unknown", applied_seq=self.state.applied_seq,
                  generation=self.generation_in_force)
 
@@ -611,7 +617,11 @@ class Runtime:
             # record of the node and dropped it for good (1 node of 15 in a bench run).
             self.probes.admitted(hello.node_id)
         if ready.events or hellos:
-            self._push_directives(ready.affected)
+            retained = ready.retained if ready.affected is not None else None
+            if retained is not None:
+                self._say_retained(retained, ready.affected or ())
+            else:
+                self._push_directives(ready.affected)
         return Outcome(records=tuple(records))
 
     async def _catch_up(self) -> None:
@@ -653,6 +663,10 @@ class Runtime:
     def _attach(self, hello: AgentHello) -> None:
         self._node_stream[hello.node_id] = hello.stream_id
         self._sent.pop(hello.node_id, None)
+        if hello.takes_snapshot_retain:
+            self._takes_retain.add(hello.node_id)
+        else:
+            self._takes_retain.discard(hello.node_id)
         welcome = agent_pb2.Welcome(
             node_id=hello.node_id,
             incarnation=hello.incarnation,
@@ -669,10 +683,39 @@ class Runtime:
         computed = directives_for(self.state, self.config.job, targets, self.core.waiting_reason)
         encoder = codec.DirectiveEncoder()
         for node_id, directive in zip(targets, computed):
-            if self._sent.get(node_id) == directive:
+            if self._has(node_id, directive):
                 continue
             if self._send(node_id, agent_pb2.SupervisorMessage(directive=encoder.encode(directive))):
                 self._sent[node_id] = directive
+
+    def _has(self, node_id: str, directive: Directive) -> bool:
+        """The node's agent holds `directive` already: it was sent, or it was sent with an older
+        retain floor that a SnapshotRetain has moved since."""
+        sent = self._sent.get(node_id)
+        if sent is None or sent == directive:
+            return sent is not None
+        said = self._retain_said
+        return (node_id in self._takes_retain and sent.generation == said.generation == directive.generation
+                and directive.retain_from_step == said.step
+                and dataclasses.replace(sent, retain_from_step=said.step) == directive)
+
+    def _say_retained(self, committed: SnapshotCommitted, named: Iterable[str]) -> None:
+        """A commit moved every directive's retain floor and nothing else (but `named` nodes'): a
+        SnapshotRetain to each agent that takes one and holds a directive of the commit's
+        generation, a whole directive to the rest (an older agent, a node not directed yet). At
+        12,500 nodes with a snapshot every step, the whole push was ~0.8 s of the leader's CPU a
+        step (issue 14)."""
+        self._retain_said = committed
+        notice = agent_pb2.SupervisorMessage(snapshot_retain=agent_pb2.SnapshotRetain(
+            generation=committed.generation, retain_from_step=committed.step))
+        rest = list(named)
+        for node_id in list(self._node_stream):
+            sent = self._sent.get(node_id)
+            if node_id in self._takes_retain and sent is not None and sent.generation == committed.generation:
+                self._send(node_id, notice)
+            else:
+                rest.append(node_id)
+        self._push_directives(rest)
 
     def _send(self, node_id: str, message: agent_pb2.SupervisorMessage) -> bool:
         stream_id = self._node_stream.get(node_id)

@@ -32,6 +32,7 @@ class AgentHello:
     stream_id: int  # the shell's handle for the stream this Hello came on
     failure_domain: str = ""
     shard: str = ""  # the link shard (one that keeps alive) relaying this stream; "": none (see HeardFrom)
+    takes_snapshot_retain: bool = False  # the agent takes SnapshotRetain for a commit (the shell's concern)
 
 
 @dataclass(frozen=True, slots=True)

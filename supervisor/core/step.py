@@ -84,6 +84,14 @@ class Ready:
     refusal: Refusal | None = None
     first_seq: int = 0  # the seq decide numbered `events` from (evidence seqs name records by it); 0: none
 
+    @property
+    def retained(self) -> SnapshotCommitted | None:
+        """The RAM snapshot step these events commit (the newest), if any: every node's directive
+        then carries it as `retain_from_step`, and nothing else of a directive outside `affected`
+        changed (affected_nodes), so the shell may say it to all in one short message."""
+        commits = [event for event in self.events if isinstance(event, SnapshotCommitted)]
+        return commits[-1] if commits else None
+
 
 @dataclass(frozen=True, slots=True)
 class BatchReady:
@@ -101,7 +109,8 @@ class BatchReady:
 
 def affected_nodes(state: ClusterState, events: Sequence[Event], hellos: Sequence[str] = ()) -> tuple[str, ...] | None:
     """Nodes whose directive `events` may change, plus the nodes that said Hello (`hellos`);
-    None: possibly every node.
+    None: possibly every node. A snapshot commit names nobody: it changes every directive's
+    retain floor alone (Ready.retained), which the shell says to every node in a short message.
 
     At 10k+ nodes recomputing every directive per registration is quadratic. A change of the
     waiting reason alone touches nobody (it is the note a standby directive carries): agents get
@@ -111,6 +120,8 @@ def affected_nodes(state: ClusterState, events: Sequence[Event], hellos: Sequenc
     named = list(hellos)
     generation = state.generation
     for event in events:
+        if isinstance(event, SnapshotCommitted):
+            continue  # changes every directive's retain_from_step and nothing else: Ready.retained
         if not isinstance(event, NODE_LOCAL_EVENTS):
             return None
         if isinstance(event, NodeRegistered) and generation is not None and (

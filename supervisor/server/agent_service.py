@@ -186,7 +186,7 @@ class AgentService(agent_pb2_grpc.SupervisorServicer):
             return
         outcome = await self._runtime.submit(
             inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port, hello.gpus, stream_id,
-                              hello.failure_domain)
+                              hello.failure_domain, takes_snapshot_retain=hello.takes_snapshot_retain)
         )
         if outcome.refusal is not None:
             self._runtime.close_stream(stream_id, None, 0)

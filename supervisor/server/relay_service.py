@@ -381,7 +381,8 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         sessions[item.session] = relayed
         reply = runtime.submit(inputs.AgentHello(hello.node_id, hello.incarnation, role, hello.host, hello.peer_port,
                                                  hello.gpus, stream_id, hello.failure_domain,
-                                                 replica if replica in self._keeping_alive else ""))
+                                                 replica if replica in self._keeping_alive else "",
+                                                 takes_snapshot_retain=hello.takes_snapshot_retain))
 
         def answered(future: asyncio.Future[Outcome]) -> None:
             outcome = future.result() if not future.cancelled() else Outcome(refusal="cancelled", is_retryable=True)

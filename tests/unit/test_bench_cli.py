@@ -108,3 +108,12 @@ def test_directive_push_bench_encodes_as_the_baseline_does(capsys):
     assert cli.main(["bench", "directive-push", "--json", "--nodes", "12", "--repeats", "2"]) == 0
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["same_messages"] is True and run["ranks"] == 96 and run["push_s"] > 0
+
+
+def test_commit_push_bench_answers_commits_with_notices_and_its_baseline_with_directives(capsys):
+    assert cli.main(["bench", "commit-push", "--json", "--nodes", "6", "--repeats", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["commits"] == 2 and result["ranks"] == 48
+    notices, directives = result["notices"], result["baseline_directives"]
+    assert notices["messages_per_commit"] == directives["messages_per_commit"] == 6
+    assert notices["bytes_per_commit"] < directives["bytes_per_commit"]

@@ -127,6 +127,7 @@ class Hello(_message.Message):
     FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
     UNREACHABLE_REPLICAS_FIELD_NUMBER: _builtins.int
     RESYNCS_ON_WELCOME_FIELD_NUMBER: _builtins.int
+    TAKES_SNAPSHOT_RETAIN_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """random per agent process start; a reconnect keeps it"""
@@ -144,6 +145,11 @@ class Hello(_message.Message):
     Welcome comes on an open stream. A link shard keeps such an agent's stream across a leader
     change and replays its Hello to the new leader, whose Welcome then asks for that resync; an
     older agent's stream is ended instead, and it reconnects.
+    """
+    takes_snapshot_retain: _builtins.bool
+    """The agent takes a SnapshotRetain (a RAM snapshot step committed) in place of a whole Directive
+    that differs from its last only in retain_from_step: with a snapshot every step, that push went
+    to every node of the fleet every step (issue 14). An older agent gets the Directive.
     """
     @_builtins.property
     def unreachable_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -165,10 +171,11 @@ class Hello(_message.Message):
         failure_domain: _builtins.str = ...,
         unreachable_replicas: _abc.Iterable[_builtins.str] | None = ...,
         resyncs_on_welcome: _builtins.bool = ...,
+        takes_snapshot_retain: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "resyncs_on_welcome", b"resyncs_on_welcome", "role", b"role", "unreachable_replicas", b"unreachable_replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "failure_domain", b"failure_domain", "gpus", b"gpus", "host", b"host", "incarnation", b"incarnation", "node_id", b"node_id", "peer_port", b"peer_port", "resyncs_on_welcome", b"resyncs_on_welcome", "role", b"role", "takes_snapshot_retain", b"takes_snapshot_retain", "unreachable_replicas", b"unreachable_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1216,6 +1223,33 @@ class Refusal(_message.Message):
 Global___Refusal: _TypeAlias = Refusal  # noqa: Y015
 
 @_typing.final
+class SnapshotRetain(_message.Message):
+    """A RAM snapshot step was committed: the agent's Directive in force (of `generation`) now carries
+    `retain_from_step`, and nothing else of it changed. Sent to agents whose Hello said
+    takes_snapshot_retain; one of another generation than the agent's Directive is ignored.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    RETAIN_FROM_STEP_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    retain_from_step: _builtins.int
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        retain_from_step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "retain_from_step", b"retain_from_step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRetain: _TypeAlias = SnapshotRetain  # noqa: Y015
+
+@_typing.final
 class HeartbeatAck(_message.Message):
     """This heartbeat went through the supervisor's input loop (sent only when asked: want_ack)."""
 
@@ -1271,6 +1305,7 @@ class SupervisorMessage(_message.Message):
     REFUSAL_FIELD_NUMBER: _builtins.int
     NOT_LEADER_FIELD_NUMBER: _builtins.int
     HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_RETAIN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
@@ -1281,6 +1316,8 @@ class SupervisorMessage(_message.Message):
     def not_leader(self) -> Global___NotLeader: ...
     @_builtins.property
     def heartbeat_ack(self) -> Global___HeartbeatAck: ...
+    @_builtins.property
+    def snapshot_retain(self) -> Global___SnapshotRetain: ...
     def __init__(
         self,
         *,
@@ -1289,12 +1326,13 @@ class SupervisorMessage(_message.Message):
         refusal: Global___Refusal | None = ...,
         not_leader: Global___NotLeader | None = ...,
         heartbeat_ack: Global___HeartbeatAck | None = ...,
+        snapshot_retain: Global___SnapshotRetain | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "heartbeat_ack", b"heartbeat_ack", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "heartbeat_ack", b"heartbeat_ack", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "snapshot_retain", b"snapshot_retain", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "heartbeat_ack", b"heartbeat_ack", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directive", b"directive", "heartbeat_ack", b"heartbeat_ack", "kind", b"kind", "not_leader", b"not_leader", "refusal", b"refusal", "snapshot_retain", b"snapshot_retain", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "directive", "refusal", "not_leader", "heartbeat_ack"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "directive", "refusal", "not_leader", "heartbeat_ack", "snapshot_retain"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
