@@ -16,9 +16,10 @@ from ftsup.supervisor.core.inputs import SnapshotHoldings
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import snapshot_holdings
-from ftsup.supervisor.server.agent_service import AgentService, to_input
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+from ftsup.supervisor.server.agent_service import to_input
+from ftsup.v1 import agent_pb2, events_pb2
 from tests.support.builders import config
+from tests.support.served import served
 from tests.unit.supervisor.test_step_aggregate_wire import until
 
 
@@ -83,14 +84,8 @@ async def _refusal(call: grpc.aio.StreamStreamCall) -> agent_pb2.Refusal:
 
 async def test_a_node_reports_its_holdings_in_one_message_over_grpc_and_the_step_commits():
     runtime = Runtime(config(nodes=1, ranks_per_node=4), MemoryLog(), tick_s=0.05)
-    loop = asyncio.create_task(runtime.run())
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+    async with served(runtime) as stub:
+        call = stub.Connect()
         await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
             node_id="n1", incarnation=1, host="127.0.0.1", peer_port=9000, role=events_pb2.NODE_ROLE_ACTIVE)))
         welcome = await asyncio.wait_for(call.read(), 5.0)
@@ -121,8 +116,3 @@ async def test_a_node_reports_its_holdings_in_one_message_over_grpc_and_the_step
         await until(lambda: runtime.state.snapshot is not None, "step 1 to commit")
         assert runtime.state.snapshot is not None and runtime.state.snapshot.step == 1
         call.cancel()
-    finally:
-        await channel.close()
-        await server.stop(0)
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)

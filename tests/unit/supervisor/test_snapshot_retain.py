@@ -22,9 +22,10 @@ from ftsup.supervisor.core.events import SnapshotCommitted
 from ftsup.supervisor.core.inputs import SnapshotHoldings, SnapshotReport, StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
-from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+from tests.support.async_wait import eventually
 from tests.support.builders import NOW, Sim, config, hello
+from tests.support.served import served
 
 NODES, RANKS_PER_NODE = 4, 2
 
@@ -68,11 +69,8 @@ def test_a_commit_names_no_node_and_changes_each_directive_only_in_its_retain_fl
     assert after == [dataclasses.replace(d, retain_from_step=3) for d in before]
 
 
-async def _until(predicate, what: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+async def _until(predicate, what: str) -> None:
+    await eventually(predicate, 10.0, what)
 
 
 class _Agent:
@@ -110,15 +108,8 @@ class _Agent:
 
 async def test_a_commit_sends_agents_that_take_it_a_retain_notice_and_the_others_a_whole_directive():
     runtime = Runtime(config(nodes=2, ranks_per_node=2), MemoryLog(), tick_s=0.05)
-    loop = asyncio.create_task(runtime.run())
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = agent_pb2_grpc.SupervisorStub(channel)
-    new, old = _Agent(stub, "n1", takes_retain=True), _Agent(stub, "n2", takes_retain=False)
-    try:
+    async with served(runtime) as stub:
+        new, old = _Agent(stub, "n1", takes_retain=True), _Agent(stub, "n2", takes_retain=False)
         await new.start()
         await old.start()
         await _until(lambda: runtime.state.generation is not None, "the generation to start")
@@ -156,13 +147,8 @@ async def test_a_commit_sends_agents_that_take_it_a_retain_notice_and_the_others
         runtime._push_directives()
         await new.acked(10)
         assert new.kinds().count("directive") == sent_before, "no directive resent for a floor the notices said"
-    finally:
         for agent in (new, old):
             agent.call.cancel()
-        await channel.close()
-        await server.stop(0)
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
 
 
 class _Notices(agent_pb2_grpc.SupervisorServicer):

@@ -7,7 +7,6 @@ import asyncio
 import math
 from collections.abc import Callable
 
-import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,9 +15,9 @@ from ftsup.supervisor.core.inputs import StepAggregate, StepReport
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import step_aggregate
-from ftsup.supervisor.server.agent_service import AgentService
-from ftsup.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+from ftsup.v1 import agent_pb2, events_pb2
 from tests.support.builders import config
+from tests.support.served import served
 
 
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
@@ -79,14 +78,8 @@ def test_a_malformed_aggregate_says_what_is_wrong(damage, says):
 
 async def test_a_node_reports_its_ranks_step_in_one_message_over_grpc():
     runtime = Runtime(config(nodes=1, ranks_per_node=4), MemoryLog(), tick_s=0.05)
-    loop = asyncio.create_task(runtime.run())
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_SupervisorServicer_to_server(AgentService(runtime), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        call = agent_pb2_grpc.SupervisorStub(channel).Connect()
+    async with served(runtime) as stub:
+        call = stub.Connect()
         await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(
             node_id="n1", incarnation=1, host="127.0.0.1", peer_port=9000, role=events_pb2.NODE_ROLE_ACTIVE)))
         await until(lambda: runtime.state.generation is not None, "the generation to start")
@@ -110,11 +103,6 @@ async def test_a_node_reports_its_ranks_step_in_one_message_over_grpc():
         assert "loss has 1 values for 2 ranks" in answer.refusal.reason
         assert runtime.soft.progress.step_reports == 4, "nothing of the malformed one was observed"
         call.cancel()
-    finally:
-        await channel.close()
-        await server.stop(0)
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
 
 
 def test_the_core_input_keeps_the_wire_order():
