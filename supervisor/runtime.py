@@ -696,7 +696,7 @@ class Runtime:
             return sent is not None
         said = self._retain_said
         return (node_id in self._takes_retain and sent.generation == said.generation == directive.generation
-                and directive.retain_from_step == said.step
+                and directive.retain_from_step == said.step and sent.action is directive.action  # (cheap first)
                 and dataclasses.replace(sent, retain_from_step=said.step) == directive)
 
     def _say_retained(self, committed: SnapshotCommitted, named: Iterable[str]) -> None:
