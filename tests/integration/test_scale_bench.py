@@ -3,7 +3,8 @@
 Asserts the JSON a user reads has its keys, the whole fleet connected and trained, every
 heartbeat that asked for an ack (one in ten: real agents ask none) was acknowledged, and the node silenced with its stream open was declared dead (and
 no other node was); with three replicas, that a SIGKILLed shard's nodes are heard again elsewhere
-with no verdict. No latency or CPU thresholds: this machine is shared.
+with no verdict, and with snapshot holdings (owner and buddy copies) that steps commit and the
+nodes hear of it in SnapshotRetain notices. No latency or CPU thresholds: this machine is shared.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def test_scale_bench_at_smoke_size_measures_latency_and_detects_the_silent_node(
 
 
 def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(capsys):
-    assert cli.main(["bench", "scale", "--json", "--nodes", "90", "--intervals", "1", "--duration-s", "6",
-                     "--step-s", "2", "--sweep", "", "--replicas", "1,3", "--kill-shard"]) == 0
+    assert cli.main(["bench", "scale", "--json", "--nodes", "90", "--intervals", "1", "--duration-s", "10",
+                     "--step-s", "2", "--sweep", "", "--replicas", "1,3", "--kill-shard", "--snapshot-reports"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["replicas"] == [1, 3] and set(result["runs_by_replicas"]) == {"1", "3"}
     single, sharded = result["runs_by_replicas"]["1"]["1"], result["runs_by_replicas"]["3"]["1"]
@@ -56,6 +57,10 @@ def test_scale_bench_with_link_shards_runs_one_and_three_replicas_side_by_side(c
         assert run["nodes_connected"] == run["nodes_training"] == 90 and run["false_verdicts"] == 0
         assert run["detect_s"] is not None, "the silenced node is declared dead, through its shard too"
         assert run["heartbeats_acked"] >= 0.9 * run["heartbeats_asked_ack"]
+        # Every node reports its holdings and its buddy copies each step, so steps commit (at
+        # least the two before the node falls silent at 5 s), and each commit reaches the
+        # nodes as SnapshotRetain notices, not as a directive each.
+        assert run["snapshot_commits"] >= 1 and run["retain_notices_received"] >= 80, run
     assert single["replicas"] == 1 and single["shard_cpu_fractions"] == {}
     assert sharded["replicas"] == 3 and len(sharded["shard_cpu_fractions"]) == 2
     folds = sharded["leader_step_folds"]
