@@ -132,6 +132,7 @@ class LinkShard:
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)
         self.folds_holdings = False  # the leader takes SnapshotHoldings (else snapshot reports go one by one)
         self.packs_steps = False  # the leader takes ShardStepFolds (else each node's aggregate goes alone)
+        self.packs_holdings = False  # the leader takes ShardHoldingsFolds (else each node's holdings go alone)
         # The leader takes agent_gone reports: this shard probes its own agents' peer ports
         # (supervisor/agent_probe.py) and the leader none of them (else the leader probes them).
         self.probes_agents = False
@@ -428,6 +429,7 @@ class LinkShard:
             self.summarises = first.takes_liveness_summaries
             self.folds_holdings = first.takes_snapshot_holdings
             self.packs_steps = first.takes_step_folds
+            self.packs_holdings = first.takes_holdings_folds
             self.probes_agents = first.takes_agent_gone and self.offers_probes
             self._heard.clear()
             self._replay_hellos()  # (only kept sessions' messages can be queued: none opens without a relay)
@@ -473,7 +475,8 @@ class LinkShard:
         while True:
             while len(self._up):
                 await call.write(shard_pb2.ShardBatch(items=self._up.take(
-                    MAX_BATCH_ITEMS, folds_holdings=self.folds_holdings, packs_steps=self.packs_steps)))
+                    MAX_BATCH_ITEMS, folds_holdings=self.folds_holdings, packs_steps=self.packs_steps,
+                    packs_holdings=self.packs_holdings)))
                 if len(self._up) and not self._up.urgent:
                     await self._linger()  # (what came during the write: a step's burst goes on, gather it)
             if not self.relay_up.is_set():

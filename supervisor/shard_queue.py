@@ -15,16 +15,18 @@ A session's SnapshotReports of one step fold the same way into one SnapshotHoldi
 leader says it takes them. And, when the leader takes them, the aggregates of one step that several
 sessions' messages bring in one batch are packed into one ShardStepFold (common/step_fold_pack.py),
 each session's order kept, so the leader handles one message per shard per step instead of one per
-node.
+node; the nodes' SnapshotHoldings of one step likewise into one ShardHoldingsFold
+(common/holdings_fold_pack.py).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ftsup.common import holdings_pack, step_fold_pack, step_pack
+from ftsup.common import holdings_fold_pack, holdings_pack, step_fold_pack, step_pack
+from ftsup.supervisor.core.limits import MAX_RANKS_PER_NODE_REPORT
 from ftsup.v1 import agent_pb2, shard_pb2
 
 # Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
@@ -61,6 +63,7 @@ class UpQueue:
         self.reports_folded = 0  # step reports sent inside another's aggregate (a counter)
         self.holdings_folded = 0  # snapshot reports sent inside another's SnapshotHoldings (a counter)
         self.aggregates_packed = 0  # step aggregates sent inside a ShardStepFold, less one per fold (a counter)
+        self.holdings_packed = 0  # SnapshotHoldings sent inside a ShardHoldingsFold, less one per fold (a counter)
         self._urgent = 0  # queued items that must not linger (see `lingers`)
 
     def __len__(self) -> int:
@@ -104,10 +107,12 @@ class UpQueue:
         self._urgent += sum(not lingers(item) for item in items)
 
     def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
-             folds_holdings: bool = False, packs_steps: bool = False) -> list[shard_pb2.Forwarded]:
+             folds_holdings: bool = False, packs_steps: bool = False,
+             packs_holdings: bool = False) -> list[shard_pb2.Forwarded]:
         """Up to `max_items` items and about `max_bytes` (always at least one item), oldest first,
         removed from the queue (step reports folded; snapshot reports too with `folds_holdings`;
-        back-to-back aggregates of one step packed into one ShardStepFold with `packs_steps`)."""
+        back-to-back aggregates of one step packed into one ShardStepFold with `packs_steps`, and
+        SnapshotHoldings into one ShardHoldingsFold with `packs_holdings`)."""
         count, size = 0, 0
         for item in self._items[:max_items]:
             if item is not None:
@@ -130,6 +135,10 @@ class UpQueue:
             unpacked = taken
             taken = pack_step_aggregates(unpacked)
             self.aggregates_packed += len(unpacked) - len(taken)
+        if packs_holdings:
+            unpacked = taken
+            taken = pack_holdings(unpacked)
+            self.holdings_packed += len(unpacked) - len(taken)
         return taken
 
     def clear(self) -> None:
@@ -236,7 +245,8 @@ def fold_snapshot_reports(items: list[shard_pb2.Forwarded]) -> list[shard_pb2.Fo
                       lambda reports: agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(reports)))
 
 
-# Aggregates packed into one ShardStepFold at most (the leader decides one as one run of its loop).
+# Parts packed into one ShardStepFold or ShardHoldingsFold at most (the leader decides one as one
+# run of its loop).
 MAX_PACKED = MAX_BATCH_ITEMS
 
 
@@ -249,41 +259,85 @@ def pack_step_aggregates(items: list[shard_pb2.Forwarded], max_parts: int = MAX_
     end of a step) move behind the fold instead of cutting it. Across sessions the order was never
     the nodes' (each node's stream is its own, and a fleet's are spread over shards). A pack of one
     stays as it is, as does any other item (a malformed aggregate included)."""
+    return _pack_runs(items, "step_aggregate", step_fold_pack.packable,
+                      lambda parts: shard_pb2.Forwarded(step_fold=step_fold_pack.pack(parts)), max_parts)
+
+
+def pack_holdings(items: list[shard_pb2.Forwarded], max_parts: int = MAX_PACKED) -> list[shard_pb2.Forwarded]:
+    """The same for SnapshotHoldings (holdings_fold_pack.packable) into ShardHoldingsFolds: with a
+    RAM snapshot every step, each node's own holdings and its buddy copies of a step arrive
+    together, and the leader then decodes one message per fold instead of one per node. A node's
+    second holdings of the step go into the next fold (chains): across nodes the order of one
+    step's holdings decides nothing (a commit waits for all of them; test_holdings_fold_wire.py)."""
+    return _pack_runs(items, "snapshot_holdings", _packable_holdings,
+                      lambda parts: shard_pb2.Forwarded(holdings_fold=holdings_fold_pack.pack(parts)), max_parts,
+                      chains=True)
+
+
+def _packable_holdings(message: agent_pb2.SnapshotHoldings) -> bool:
+    """Well-formed and of no more ranks than one node reports: what the leader would refuse goes
+    up alone, refused to its own node, never to the fold's other parts."""
+    return holdings_fold_pack.packable(message) and len(message.ranks) <= MAX_RANKS_PER_NODE_REPORT
+
+
+def _sessions(item: shard_pb2.Forwarded) -> Iterable[int]:
+    """The sessions whose messages `item` carries (a packed fold carries several)."""
+    kind = item.WhichOneof("kind")
+    if kind == "step_fold":
+        return item.step_fold.sessions
+    if kind == "holdings_fold":
+        return item.holdings_fold.sessions
+    return (item.session,)
+
+
+def _pack_runs(items: list[shard_pb2.Forwarded], kind: str, packable: Callable[[Any], bool],
+               fold: Callable[[list[tuple[int, Any]]], shard_pb2.Forwarded], max_parts: int,
+               chains: bool = False) -> list[shard_pb2.Forwarded]:
+    """`items` with the `kind` messages of one (generation, step), each `packable`, gathered into
+    `fold` items at the first one's place (see pack_step_aggregates). With `chains`, a session's
+    second message of the step (a node's buddy copies after its own holdings) goes into the next
+    fold instead of ending the open one, so both gather across nodes; each session's messages stay
+    in their order (its parts in folds one after another). Without, it ends the folds open."""
     out: list[shard_pb2.Forwarded] = []
-    run: list[shard_pb2.Forwarded] = []
-    behind: list[shard_pb2.Forwarded] = []  # other items met while the run is open: after the fold
+    folds: list[list[shard_pb2.Forwarded]] = []  # the open folds, in order
+    behind: list[shard_pb2.Forwarded] = []  # other items met while folds are open: after them
     key: tuple[int, int] | None = None
-    sessions: set[int] = set()
-    blocked: set[int] = set()  # sessions with an item behind: their next aggregate may not move ahead
+    last: dict[int, int] = {}  # session -> the open fold holding its latest message
+    blocked: set[int] = set()  # sessions with an item behind: their next message may not move ahead
 
     def close() -> None:
-        if len(run) > 1:
-            out.append(shard_pb2.Forwarded(step_fold=step_fold_pack.pack(
-                [(item.session, item.message.step_aggregate) for item in run])))
-        else:
-            out.extend(run)
+        for parts in folds:
+            if len(parts) > 1:
+                out.append(fold([(item.session, getattr(item.message, kind)) for item in parts]))
+            else:
+                out.extend(parts)
         out.extend(behind)
-        run.clear()
+        folds.clear()
         behind.clear()
-        sessions.clear()
+        last.clear()
         blocked.clear()
 
     for item in items:
-        aggregate = (item.message.step_aggregate if item.WhichOneof("kind") == "message"
-                     and item.message.WhichOneof("kind") == "step_aggregate" else None)
-        if aggregate is None or not step_fold_pack.packable(aggregate):
-            if run:
+        message = (getattr(item.message, kind) if item.WhichOneof("kind") == "message"
+                   and item.message.WhichOneof("kind") == kind else None)
+        if message is None or not packable(message):
+            if folds:
                 behind.append(item)
-                blocked.add(item.session)
+                blocked.update(_sessions(item))
             else:
                 out.append(item)
             continue
-        this = (aggregate.generation, aggregate.step)
-        if run and (this != key or item.session in sessions or item.session in blocked or len(run) >= max_parts):
+        this = (message.generation, message.step)
+        if folds and (this != key or item.session in blocked or (not chains and item.session in last)):
             close()
         key = this
-        run.append(item)
-        sessions.add(item.session)
+        target = last.get(item.session, -1) + 1
+        while target < len(folds) and len(folds[target]) >= max_parts:
+            target += 1
+        if target == len(folds):
+            folds.append([])
+        folds[target].append(item)
+        last[item.session] = target
     close()
     return out
 

@@ -33,7 +33,7 @@ from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
-from ftsup.supervisor.server import snapshot_holdings, step_aggregate, step_fold
+from ftsup.supervisor.server import holdings_fold, snapshot_holdings, step_aggregate, step_fold
 from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
 from ftsup.supervisor.server.hello_checks import hello_problem
 from ftsup.v1 import agent_pb2, shard_pb2, shard_pb2_grpc
@@ -149,7 +149,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
                                                 first.items if first is not None else ()))
         try:
             yield shard_pb2.LeaderBatch(term=term, takes_liveness_summaries=True, takes_snapshot_holdings=True,
-                                        takes_step_folds=True,
+                                        takes_step_folds=True, takes_holdings_folds=True,
                                         takes_agent_gone=runtime.config.detector.agent_probe)
             while runtime.is_leader and runtime.term == term and not down.overflowed:
                 if not len(down):
@@ -306,6 +306,26 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         for start in range(0, len(run), RUN_MAX):
             await self._submit(run[start:start + RUN_MAX])
 
+    async def _submit_holdings_fold(self, fold: shard_pb2.ShardHoldingsFold, sessions: dict[int, _Relayed]) -> None:
+        """A shard's packed holdings fold (several sessions' SnapshotHoldings of one step), decoded
+        once (holdings_fold.to_input) and handed to the loop in runs, each part answered on its own
+        node's route, as the per-node messages would have been (the loop folds them as it folds
+        theirs: Core.step_holdings). Parts of sessions that ended (or whose Hello was refused) are
+        dropped as their messages would be."""
+        relayed = [sessions.get(session) for session in fold.sessions]
+        try:
+            parts = holdings_fold.to_input([r.node_id if r is not None else "" for r in relayed], fold)
+        except snapshot_holdings.MalformedHoldings as exc:  # (a shard's bug: it packs only well-formed ones)
+            log.warning("malformed holdings fold from a link shard", error=str(exc), parts=len(fold.sessions))
+            for each in relayed:
+                if each is not None:
+                    each.route.put(_refusal(f"malformed snapshot holdings (in its shard's fold): {exc}",
+                                            "snapshot_holdings"))
+            return
+        run = [_Message(part, each.route, _PACKED) for part, each in zip(parts, relayed) if each is not None]
+        for start in range(0, len(run), RUN_MAX):
+            await self._submit(run[start:start + RUN_MAX])
+
     async def _submit(self, run: list[_Message]) -> None:
         """Hands `run` to the loop (one input alone as before) and answers each message once
         decided: a heartbeat's ack if asked for, a refusal on its node's route."""
@@ -343,6 +363,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
             return
         if kind == "step_fold":
             await self._submit_fold(item.step_fold, sessions)
+            return
+        if kind == "holdings_fold":
+            await self._submit_holdings_fold(item.holdings_fold, sessions)
             return
         if kind != "message":
             return

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ftsup.v1 import agent_pb2 as ftsup_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tsup/v1/shard.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\"\x87\x02\n\tForwarded\x12\x10\n\x07session\x18\xd4\x02 \x01(\x04\x12\x10\n\x07node_id\x18\xd5\x02 \x01(\t\x12\x14\n\x0bincarnation\x18\xd6\x02 \x01(\x04\x12*\n\x07message\x18\xd7\x02 \x01(\x0b\x32\x16.ftsup.v1.AgentMessageH\x00\x12,\n\x06\x63losed\x18\xd8\x02 \x01(\x0b\x32\x19.ftsup.v1.ShardSessionEndH\x00\x12-\n\tstep_fold\x18\xd9\x02 \x01(\x0b\x32\x17.ftsup.v1.ShardStepFoldH\x00\x12/\n\nagent_gone\x18\xda\x02 \x01(\x0b\x32\x18.ftsup.v1.ShardAgentGoneH\x00\x42\x06\n\x04kind\"!\n\x0eShardAgentGone\x12\x0f\n\x06\x64\x65tail\x18\xd4\x02 \x01(\t\"\xca\x02\n\rShardStepFold\x12\x13\n\ngeneration\x18\xd4\x02 \x01(\x04\x12\r\n\x04step\x18\xd5\x02 \x01(\x04\x12\x11\n\x08sessions\x18\xd6\x02 \x03(\x04\x12\x0f\n\x06\x63ounts\x18\xd7\x02 \x01(\x0c\x12\x0e\n\x05ranks\x18\xd8\x02 \x01(\x0c\x12\x14\n\x0bstep_time_s\x18\xd9\x02 \x01(\x0c\x12\x17\n\x0e\x63ompute_time_s\x18\xda\x02 \x01(\x0c\x12\r\n\x04loss\x18\xdb\x02 \x01(\x0c\x12\x12\n\tgrad_norm\x18\xdc\x02 \x01(\x0c\x12\x0f\n\x06tokens\x18\xdd\x02 \x01(\x0c\x12\x17\n\x0ereplica_groups\x18\xde\x02 \x01(\x0c\x12/\n\rparam_digests\x18\xdf\x02 \x03(\x0b\x32\x17.ftsup.v1.PackedDigests\x12\x34\n\x12local_grad_digests\x18\xe0\x02 \x03(\x0b\x32\x17.ftsup.v1.PackedDigests\"4\n\rPackedDigests\x12\x0f\n\x06\x64igest\x18\xd4\x02 \x01(\t\x12\x12\n\tpositions\x18\xd5\x02 \x01(\x0c\"!\n\x0fShardSessionEnd\x12\x0e\n\x05moved\x18\xd4\x02 \x01(\x08\"q\n\nShardBatch\x12\x10\n\x07replica\x18\xd4\x02 \x01(\t\x12#\n\x05items\x18\xd5\x02 \x03(\x0b\x32\x13.ftsup.v1.Forwarded\x12\x14\n\x0bkeeps_alive\x18\xd6\x02 \x01(\x08\x12\x16\n\rprobes_agents\x18\xd7\x02 \x01(\x08\"\\\n\tAddressed\x12\x10\n\x07session\x18\xd4\x02 \x01(\x04\x12-\n\x07message\x18\xd5\x02 \x01(\x0b\x32\x1b.ftsup.v1.SupervisorMessage\x12\x0e\n\x05\x63lose\x18\xd6\x02 \x01(\x08\"\xc4\x01\n\x0bLeaderBatch\x12#\n\x05items\x18\xd4\x02 \x03(\x0b\x32\x13.ftsup.v1.Addressed\x12\r\n\x04term\x18\xd5\x02 \x01(\x04\x12!\n\x18takes_liveness_summaries\x18\xd6\x02 \x01(\x08\x12 \n\x17takes_snapshot_holdings\x18\xd8\x02 \x01(\x08\x12\x19\n\x10takes_step_folds\x18\xd9\x02 \x01(\x08\x12\x19\n\x10takes_agent_gone\x18\xda\x02 \x01(\x08J\x06\x08\xd7\x02\x10\xd8\x02\"C\n\rShardLiveness\x12\x10\n\x07replica\x18\xd4\x02 \x01(\t\x12\x10\n\x07summary\x18\xd5\x02 \x01(\x04\x12\x0e\n\x05heard\x18\xd6\x02 \x03(\x04\"$\n\x10LivenessAdmitted\x12\x10\n\x07summary\x18\xd4\x02 \x01(\x04\x32\x8a\x01\n\tLinkShard\x12\x38\n\x05Relay\x12\x14.ftsup.v1.ShardBatch\x1a\x15.ftsup.v1.LeaderBatch(\x01\x30\x01\x12\x43\n\x08Liveness\x12\x17.ftsup.v1.ShardLiveness\x1a\x1a.ftsup.v1.LivenessAdmitted(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tsup/v1/shard.proto\x12\x08\x66tsup.v1\x1a\x14\x66tsup/v1/agent.proto\"\xbe\x02\n\tForwarded\x12\x10\n\x07session\x18\xd4\x02 \x01(\x04\x12\x10\n\x07node_id\x18\xd5\x02 \x01(\t\x12\x14\n\x0bincarnation\x18\xd6\x02 \x01(\x04\x12*\n\x07message\x18\xd7\x02 \x01(\x0b\x32\x16.ftsup.v1.AgentMessageH\x00\x12,\n\x06\x63losed\x18\xd8\x02 \x01(\x0b\x32\x19.ftsup.v1.ShardSessionEndH\x00\x12-\n\tstep_fold\x18\xd9\x02 \x01(\x0b\x32\x17.ftsup.v1.ShardStepFoldH\x00\x12/\n\nagent_gone\x18\xda\x02 \x01(\x0b\x32\x18.ftsup.v1.ShardAgentGoneH\x00\x12\x35\n\rholdings_fold\x18\xdb\x02 \x01(\x0b\x32\x1b.ftsup.v1.ShardHoldingsFoldH\x00\x42\x06\n\x04kind\"\x91\x01\n\x11ShardHoldingsFold\x12\x13\n\ngeneration\x18\xd4\x02 \x01(\x04\x12\r\n\x04step\x18\xd5\x02 \x01(\x04\x12\x11\n\x08sessions\x18\xd6\x02 \x03(\x04\x12\x0f\n\x06\x63ounts\x18\xd7\x02 \x03(\r\x12\x0e\n\x05ranks\x18\xd8\x02 \x03(\r\x12\x13\n\nsize_bytes\x18\xd9\x02 \x03(\x04\x12\x0f\n\x06sha256\x18\xda\x02 \x03(\t\"!\n\x0eShardAgentGone\x12\x0f\n\x06\x64\x65tail\x18\xd4\x02 \x01(\t\"\xca\x02\n\rShardStepFold\x12\x13\n\ngeneration\x18\xd4\x02 \x01(\x04\x12\r\n\x04step\x18\xd5\x02 \x01(\x04\x12\x11\n\x08sessions\x18\xd6\x02 \x03(\x04\x12\x0f\n\x06\x63ounts\x18\xd7\x02 \x01(\x0c\x12\x0e\n\x05ranks\x18\xd8\x02 \x01(\x0c\x12\x14\n\x0bstep_time_s\x18\xd9\x02 \x01(\x0c\x12\x17\n\x0e\x63ompute_time_s\x18\xda\x02 \x01(\x0c\x12\r\n\x04loss\x18\xdb\x02 \x01(\x0c\x12\x12\n\tgrad_norm\x18\xdc\x02 \x01(\x0c\x12\x0f\n\x06tokens\x18\xdd\x02 \x01(\x0c\x12\x17\n\x0ereplica_groups\x18\xde\x02 \x01(\x0c\x12/\n\rparam_digests\x18\xdf\x02 \x03(\x0b\x32\x17.ftsup.v1.PackedDigests\x12\x34\n\x12local_grad_digests\x18\xe0\x02 \x03(\x0b\x32\x17.ftsup.v1.PackedDigests\"4\n\rPackedDigests\x12\x0f\n\x06\x64igest\x18\xd4\x02 \x01(\t\x12\x12\n\tpositions\x18\xd5\x02 \x01(\x0c\"!\n\x0fShardSessionEnd\x12\x0e\n\x05moved\x18\xd4\x02 \x01(\x08\"q\n\nShardBatch\x12\x10\n\x07replica\x18\xd4\x02 \x01(\t\x12#\n\x05items\x18\xd5\x02 \x03(\x0b\x32\x13.ftsup.v1.Forwarded\x12\x14\n\x0bkeeps_alive\x18\xd6\x02 \x01(\x08\x12\x16\n\rprobes_agents\x18\xd7\x02 \x01(\x08\"\\\n\tAddressed\x12\x10\n\x07session\x18\xd4\x02 \x01(\x04\x12-\n\x07message\x18\xd5\x02 \x01(\x0b\x32\x1b.ftsup.v1.SupervisorMessage\x12\x0e\n\x05\x63lose\x18\xd6\x02 \x01(\x08\"\xe3\x01\n\x0bLeaderBatch\x12#\n\x05items\x18\xd4\x02 \x03(\x0b\x32\x13.ftsup.v1.Addressed\x12\r\n\x04term\x18\xd5\x02 \x01(\x04\x12!\n\x18takes_liveness_summaries\x18\xd6\x02 \x01(\x08\x12 \n\x17takes_snapshot_holdings\x18\xd8\x02 \x01(\x08\x12\x19\n\x10takes_step_folds\x18\xd9\x02 \x01(\x08\x12\x19\n\x10takes_agent_gone\x18\xda\x02 \x01(\x08\x12\x1d\n\x14takes_holdings_folds\x18\xdb\x02 \x01(\x08J\x06\x08\xd7\x02\x10\xd8\x02\"C\n\rShardLiveness\x12\x10\n\x07replica\x18\xd4\x02 \x01(\t\x12\x10\n\x07summary\x18\xd5\x02 \x01(\x04\x12\x0e\n\x05heard\x18\xd6\x02 \x03(\x04\"$\n\x10LivenessAdmitted\x12\x10\n\x07summary\x18\xd4\x02 \x01(\x04\x32\x8a\x01\n\tLinkShard\x12\x38\n\x05Relay\x12\x14.ftsup.v1.ShardBatch\x1a\x15.ftsup.v1.LeaderBatch(\x01\x30\x01\x12\x43\n\x08Liveness\x12\x17.ftsup.v1.ShardLiveness\x1a\x1a.ftsup.v1.LivenessAdmitted(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,25 +33,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftsup.v1.shard_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FORWARDED']._serialized_start=57
-  _globals['_FORWARDED']._serialized_end=320
-  _globals['_SHARDAGENTGONE']._serialized_start=322
-  _globals['_SHARDAGENTGONE']._serialized_end=355
-  _globals['_SHARDSTEPFOLD']._serialized_start=358
-  _globals['_SHARDSTEPFOLD']._serialized_end=688
-  _globals['_PACKEDDIGESTS']._serialized_start=690
-  _globals['_PACKEDDIGESTS']._serialized_end=742
-  _globals['_SHARDSESSIONEND']._serialized_start=744
-  _globals['_SHARDSESSIONEND']._serialized_end=777
-  _globals['_SHARDBATCH']._serialized_start=779
-  _globals['_SHARDBATCH']._serialized_end=892
-  _globals['_ADDRESSED']._serialized_start=894
-  _globals['_ADDRESSED']._serialized_end=986
-  _globals['_LEADERBATCH']._serialized_start=989
-  _globals['_LEADERBATCH']._serialized_end=1185
-  _globals['_SHARDLIVENESS']._serialized_start=1187
-  _globals['_SHARDLIVENESS']._serialized_end=1254
-  _globals['_LIVENESSADMITTED']._serialized_start=1256
-  _globals['_LIVENESSADMITTED']._serialized_end=1292
-  _globals['_LINKSHARD']._serialized_start=1295
-  _globals['_LINKSHARD']._serialized_end=1433
+  _globals['_FORWARDED']._serialized_end=375
+  _globals['_SHARDHOLDINGSFOLD']._serialized_start=378
+  _globals['_SHARDHOLDINGSFOLD']._serialized_end=523
+  _globals['_SHARDAGENTGONE']._serialized_start=525
+  _globals['_SHARDAGENTGONE']._serialized_end=558
+  _globals['_SHARDSTEPFOLD']._serialized_start=561
+  _globals['_SHARDSTEPFOLD']._serialized_end=891
+  _globals['_PACKEDDIGESTS']._serialized_start=893
+  _globals['_PACKEDDIGESTS']._serialized_end=945
+  _globals['_SHARDSESSIONEND']._serialized_start=947
+  _globals['_SHARDSESSIONEND']._serialized_end=980
+  _globals['_SHARDBATCH']._serialized_start=982
+  _globals['_SHARDBATCH']._serialized_end=1095
+  _globals['_ADDRESSED']._serialized_start=1097
+  _globals['_ADDRESSED']._serialized_end=1189
+  _globals['_LEADERBATCH']._serialized_start=1192
+  _globals['_LEADERBATCH']._serialized_end=1419
+  _globals['_SHARDLIVENESS']._serialized_start=1421
+  _globals['_SHARDLIVENESS']._serialized_end=1488
+  _globals['_LIVENESSADMITTED']._serialized_start=1490
+  _globals['_LIVENESSADMITTED']._serialized_end=1526
+  _globals['_LINKSHARD']._serialized_start=1529
+  _globals['_LINKSHARD']._serialized_end=1667
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,7 @@ class Forwarded(_message.Message):
     CLOSED_FIELD_NUMBER: _builtins.int
     STEP_FOLD_FIELD_NUMBER: _builtins.int
     AGENT_GONE_FIELD_NUMBER: _builtins.int
+    HOLDINGS_FOLD_FIELD_NUMBER: _builtins.int
     session: _builtins.int
     node_id: _builtins.str
     """the Hello's node id, checked against the agent's certificate by the shard"""
@@ -66,6 +67,12 @@ class Forwarded(_message.Message):
         only for a node whose port this shard saw accept while its stream was open.
         """
 
+    @_builtins.property
+    def holdings_fold(self) -> Global___ShardHoldingsFold:
+        """Several sessions' SnapshotHoldings of one step, packed like step_fold (each part names its
+        session). Sent only to a leader that takes them (LeaderBatch.takes_holdings_folds).
+        """
+
     def __init__(
         self,
         *,
@@ -76,16 +83,68 @@ class Forwarded(_message.Message):
         closed: Global___ShardSessionEnd | None = ...,
         step_fold: Global___ShardStepFold | None = ...,
         agent_gone: Global___ShardAgentGone | None = ...,
+        holdings_fold: Global___ShardHoldingsFold | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_gone", b"agent_gone", "closed", b"closed", "kind", b"kind", "message", b"message", "step_fold", b"step_fold"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_gone", b"agent_gone", "closed", b"closed", "holdings_fold", b"holdings_fold", "kind", b"kind", "message", b"message", "step_fold", b"step_fold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_gone", b"agent_gone", "closed", b"closed", "incarnation", b"incarnation", "kind", b"kind", "message", b"message", "node_id", b"node_id", "session", b"session", "step_fold", b"step_fold"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_gone", b"agent_gone", "closed", b"closed", "holdings_fold", b"holdings_fold", "incarnation", b"incarnation", "kind", b"kind", "message", b"message", "node_id", b"node_id", "session", b"session", "step_fold", b"step_fold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["message", "closed", "step_fold", "agent_gone"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["message", "closed", "step_fold", "agent_gone", "holdings_fold"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___Forwarded: _TypeAlias = Forwarded  # noqa: Y015
+
+@_typing.final
+class ShardHoldingsFold(_message.Message):
+    """The parts' columns concatenated in order: part i holds counts[i] entries (rank, size, digest).
+    A shard packs only well-formed holdings (one size and one digest per rank); whether the sender
+    may hold each rank is the leader's question, asked of each part as of its own message.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    step: _builtins.int
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the parts' sessions, in order (each once)"""
+
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """entries per part (each >= 1)"""
+
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def size_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def sha256(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        step: _builtins.int = ...,
+        sessions: _abc.Iterable[_builtins.int] | None = ...,
+        counts: _abc.Iterable[_builtins.int] | None = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        size_bytes: _abc.Iterable[_builtins.int] | None = ...,
+        sha256: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "generation", b"generation", "ranks", b"ranks", "sessions", b"sessions", "sha256", b"sha256", "size_bytes", b"size_bytes", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardHoldingsFold: _TypeAlias = ShardHoldingsFold  # noqa: Y015
 
 @_typing.final
 class ShardAgentGone(_message.Message):
@@ -317,6 +376,7 @@ class LeaderBatch(_message.Message):
     TAKES_SNAPSHOT_HOLDINGS_FIELD_NUMBER: _builtins.int
     TAKES_STEP_FOLDS_FIELD_NUMBER: _builtins.int
     TAKES_AGENT_GONE_FIELD_NUMBER: _builtins.int
+    TAKES_HOLDINGS_FOLDS_FIELD_NUMBER: _builtins.int
     term: _builtins.int
     """the leader's term: a shard drops its sessions when it changes"""
     takes_liveness_summaries: _builtins.bool
@@ -335,6 +395,11 @@ class LeaderBatch(_message.Message):
     """Set on the first batch of a relay by a leader that takes Forwarded.agent_gone: the shard probes
     its own agents (ShardBatch.probes_agents); to an older leader it probes nothing (that leader does).
     """
+    takes_holdings_folds: _builtins.bool
+    """Set on the first batch of a relay by a leader that takes Forwarded.holdings_fold: the shard
+    packs its sessions' back-to-back SnapshotHoldings of one step into one; to an older leader it
+    forwards each.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Addressed]: ...
     def __init__(
@@ -346,10 +411,11 @@ class LeaderBatch(_message.Message):
         takes_snapshot_holdings: _builtins.bool = ...,
         takes_step_folds: _builtins.bool = ...,
         takes_agent_gone: _builtins.bool = ...,
+        takes_holdings_folds: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_agent_gone", b"takes_agent_gone", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "takes_step_folds", b"takes_step_folds", "term", b"term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "takes_agent_gone", b"takes_agent_gone", "takes_holdings_folds", b"takes_holdings_folds", "takes_liveness_summaries", b"takes_liveness_summaries", "takes_snapshot_holdings", b"takes_snapshot_holdings", "takes_step_folds", b"takes_step_folds", "term", b"term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
