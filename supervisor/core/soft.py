@@ -144,10 +144,7 @@ def observe(
         case StepAggregate():
             return _observe_step(soft, state, inp, now, straggler, sdc)
         case SnapshotReport():
-            _heard(soft, inp.node_id, now)
-            progress = _progress_for(soft, state, inp.generation)
-            if progress is not None:
-                _hold(progress, state, inp)
+            _hold_all(soft, state, SnapshotHoldings.of_reports((inp,)), now)  # (one holding of an older agent)
         case SnapshotHoldings():
             _hold_all(soft, state, inp, now)
         case RankFinished():
@@ -205,8 +202,12 @@ def _hold_exit(soft: SoftState, state: ClusterState, exit_: TrainerExit, now: fl
 
 
 def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, now: float) -> None:
-    """A node's holdings of one step, held in their order as its reports would be one by one
-    (`_hold`'s rules, with what is the same for every entry asked once)."""
+    """Records a node's copies of one step, entry by entry in their order. A node vouches only for
+    itself (each holder reports its own copy) and for the bytes it names: a copy whose SHA-256
+    differs from the rank's first report (a buddy handed other bytes than the owner holds) makes
+    the step uncommittable. Nothing is recorded of a step beyond any the generation could have
+    reached (it would only grow `holdings`) or at or below the committed step (it can never
+    commit, and entries after the step committed would otherwise linger until the next commit)."""
     _heard(soft, holdings.node_id, now)
     progress = _progress_for(soft, state, holdings.generation)
     if progress is None:
@@ -223,7 +224,7 @@ def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, 
         if digests.setdefault(rank, sha) != sha:
             progress.holding_mismatches.add(step)  # other bytes than the rank's first copy: never commits
             continue
-        if by_rank is None:  # (made at the first entry held, as `_hold` makes it)
+        if by_rank is None:  # (made at the first entry held: a step of mismatches alone holds nothing)
             by_rank = progress.holdings[step] = StepHoldings()
         holders = by_rank.get(rank)
         if holders is None:
@@ -236,34 +237,8 @@ def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, 
         by_rank.pairs += added
 
 
-def _hold(progress: GenerationProgress, state: ClusterState, report: SnapshotReport) -> None:
-    """Records one holder's copy. A node vouches only for itself (each holder reports its own
-    copy) and for the bytes it names: a copy whose SHA-256 differs from the rank's first report
-    (a buddy handed other bytes than the owner holds) makes the step uncommittable. A holding at
-    or below the committed step is not recorded: it can never commit (and so a node's holdings
-    leave the same soft state whether they came one by one or as one SnapshotHoldings, whose
-    entries after the step committed would otherwise linger until the next commit)."""
-    if report.step > progress.max_step + MAX_HOLDING_LEAD:
-        return  # beyond any step the generation could have reached; would only grow `holdings`
-    if state.snapshot is not None and report.step <= state.snapshot.step:
-        return
-    digests = progress.holding_sha256.setdefault(report.step, {})
-    first = digests.setdefault(report.rank, report.sha256)
-    if first != report.sha256:
-        progress.holding_mismatches.add(report.step)
-        return
-    by_rank = progress.holdings.get(report.step)
-    if by_rank is None:
-        by_rank = progress.holdings[report.step] = StepHoldings()
-    holders = by_rank.get(report.rank, frozenset())
-    if report.node_id not in holders:
-        by_rank[report.rank] = holders | {report.node_id}
-        if isinstance(by_rank, StepHoldings):
-            by_rank.pairs += 1
-
-
 class StepHoldings(dict[int, frozenset[str]]):
-    """One step's holdings (rank -> its holders) that counts its (rank, holder) pairs as `_hold`
+    """One step's holdings (rank -> its holders) that counts its (rank, holder) pairs as `_hold_all`
     adds them. A commit needs every rank's owner and buddy, so while fewer pairs are held the
     commit check (`is_held_twice`) answers at once instead of passing over the world: after a
     step's vote every holdings input asks it, and at 12,500 nodes x 8 ranks one pass is 100,000

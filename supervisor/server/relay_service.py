@@ -289,13 +289,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         rest go as runs the loop folds as it would the per-node messages."""
         relayed = [sessions.get(session) for session in fold.sessions]
         try:
-            parts, folded = step_fold.to_input([r.node_id if r is not None else "" for r in relayed], fold)
-        except step_aggregate.MalformedAggregate as exc:  # (a shard's bug: it packs only well-formed ones)
-            log.warning("malformed step fold from a link shard", error=str(exc), parts=len(fold.sessions))
-            for each in relayed:
-                if each is not None:
-                    each.route.put(_refusal(f"malformed step aggregate (in its shard's fold): {exc}",
-                                            "step_aggregate"))
+            parts, folded = step_fold.to_input(_node_ids(relayed), fold)
+        except step_aggregate.MalformedAggregate as exc:
+            _refuse_fold(relayed, "step", "step aggregate", "step_aggregate", exc)
             return
         run = [_Message(part, each.route, _PACKED) for part, each in zip(parts, relayed) if each is not None]
         if (len(run) == len(parts) > 1 and len({part.node_id for part in parts}) == len(parts)
@@ -314,13 +310,9 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         dropped as their messages would be."""
         relayed = [sessions.get(session) for session in fold.sessions]
         try:
-            parts = holdings_fold.to_input([r.node_id if r is not None else "" for r in relayed], fold)
-        except snapshot_holdings.MalformedHoldings as exc:  # (a shard's bug: it packs only well-formed ones)
-            log.warning("malformed holdings fold from a link shard", error=str(exc), parts=len(fold.sessions))
-            for each in relayed:
-                if each is not None:
-                    each.route.put(_refusal(f"malformed snapshot holdings (in its shard's fold): {exc}",
-                                            "snapshot_holdings"))
+            parts = holdings_fold.to_input(_node_ids(relayed), fold)
+        except snapshot_holdings.MalformedHoldings as exc:
+            _refuse_fold(relayed, "holdings", "snapshot holdings", "snapshot_holdings", exc)
             return
         run = [_Message(part, each.route, _PACKED) for part, each in zip(parts, relayed) if each is not None]
         for start in range(0, len(run), RUN_MAX):
@@ -431,6 +423,20 @@ RUN_MAX = 512
 # Parts of a shard's packed step fold handed to the loop as one run at most (a shard packs at most
 # a batch's items: shard_queue.MAX_BATCH_ITEMS); a larger one goes in runs of RUN_MAX.
 MAX_FOLD_PARTS = 4_096
+def _node_ids(relayed: list[_Relayed | None]) -> list[str]:
+    """A fold's parts' nodes ("" for a session the relay does not hold: its part is dropped)."""
+    return [r.node_id if r is not None else "" for r in relayed]
+
+
+def _refuse_fold(relayed: list[_Relayed | None], fold: str, what: str, refused: str, exc: Exception) -> None:
+    """A shard's fold that does not decode (a shard's bug: it packs only well-formed parts): each
+    part's node hears that its message was malformed, as it would alone."""
+    log.warning(f"malformed {fold} fold from a link shard", error=str(exc), parts=len(relayed))
+    for each in relayed:
+        if each is not None:
+            each.route.put(_refusal(f"malformed {what} (in its shard's fold): {exc}", refused))
+
+
 _PACKED = agent_pb2.AgentMessage()  # (a packed part's message: only a heartbeat's is ever read)
 
 

@@ -18,11 +18,12 @@ from ftsup.common import holdings_fold_pack, holdings_pack, step_pack
 from ftsup.supervisor.core.events import SnapshotCommitted
 from ftsup.supervisor.core.limits import MAX_RANKS_PER_NODE_REPORT
 from ftsup.supervisor.eventlog.memory import MemoryLog
-from ftsup.supervisor.server import holdings_fold, relay_service, snapshot_holdings, step_aggregate, step_fold
+from ftsup.supervisor.server import holdings_fold, relay_service, snapshot_holdings
 from ftsup.supervisor.server.relay_service import RelayDown, RelayService, _Relayed
 from ftsup.supervisor.shard_queue import UpQueue, forwarded, pack_holdings, pack_step_aggregates
 from ftsup.v1 import agent_pb2, shard_pb2
 from tests.unit.supervisor.test_input_runs import _Batches, _registered, _until
+from tests.unit.supervisor.test_step_fold_wire import _expand as expand_steps
 
 
 def _holdings(step: int, ranks: list[int], generation: int = 1) -> agent_pb2.SnapshotHoldings:
@@ -66,26 +67,20 @@ def _aggregate(step: int, ranks: tuple[int, ...]) -> agent_pb2.AgentMessage:
 
 
 def _expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
-    """Every session's messages, each packed fold's parts in its place, as the leader decodes them."""
+    """Every session's messages, each packed fold's parts in its place, as the leader decodes them
+    (holdings here, the rest as test_step_fold_wire reads them)."""
     out: list[tuple[int, str, object]] = []
     for item in items:
         kind = item.WhichOneof("kind")
-        if kind == "step_fold":
-            sessions = list(item.step_fold.sessions)
-            parts, _ = step_fold.to_input([str(s) for s in sessions], item.step_fold)
-            out.extend((s, "step_aggregate", part.reports()) for s, part in zip(sessions, parts))
-        elif kind == "holdings_fold":
+        if kind == "holdings_fold":
             sessions = list(item.holdings_fold.sessions)
             held = holdings_fold.to_input([str(s) for s in sessions], item.holdings_fold)
             out.extend((s, "snapshot_holdings", part) for s, part in zip(sessions, held))
         elif kind == "message" and item.message.WhichOneof("kind") == "snapshot_holdings":
             out.append((item.session, "snapshot_holdings",
                         snapshot_holdings.to_input(str(item.session), item.message.snapshot_holdings)))
-        elif kind == "message" and item.message.WhichOneof("kind") == "step_aggregate":
-            out.append((item.session, "step_aggregate",
-                        step_aggregate.to_input(str(item.session), item.message.step_aggregate).reports()))
         else:
-            out.append((item.session, kind if kind != "message" else item.message.WhichOneof("kind") or "", None))
+            out.extend(expand_steps([item]))
     return out
 
 

@@ -99,6 +99,13 @@ class _Agent:
     def kinds(self) -> list[str]:
         return [m.WhichOneof("kind") or "" for m in self.received]
 
+    async def stop(self) -> None:
+        """Ends the stream and its reader (awaited: nothing of it outlives the test)."""
+        self.call.cancel()
+        if self.reader is not None:
+            self.reader.cancel()
+            await asyncio.gather(self.reader, return_exceptions=True)
+
     async def acked(self, seq: int) -> None:
         """Everything the supervisor sent this node before it took heartbeat `seq` has arrived."""
         await self.call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=seq, want_ack=True)))
@@ -110,45 +117,47 @@ async def test_a_commit_sends_agents_that_take_it_a_retain_notice_and_the_others
     runtime = Runtime(config(nodes=2, ranks_per_node=2), MemoryLog(), tick_s=0.05)
     async with served(runtime) as stub:
         new, old = _Agent(stub, "n1", takes_retain=True), _Agent(stub, "n2", takes_retain=False)
-        await new.start()
-        await old.start()
-        await _until(lambda: runtime.state.generation is not None, "the generation to start")
-        generation = runtime.state.generation
-        assert generation is not None
-        await _until(lambda: "directive" in new.kinds() and "directive" in old.kinds(), "both directives")
-        holds = {m.node_id: [r for o in generation.members if m.node_id in (o.node_id, o.buddy_node_id)
-                             for r in o.ranks] for m in generation.members}
-        for step in (1, 2):
-            for agent in (new, old):
-                for rank in generation.member(agent.node_id).ranks:  # type: ignore[union-attr]
-                    await agent.call.write(agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
-                        generation=generation.number, rank=rank, step=step, step_time_s=1.0, compute_time_s=0.5,
-                        param_digest=f"d{step}")))
-            for agent in (new, old):
-                await agent.call.write(agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack([
-                    agent_pb2.SnapshotReport(generation=generation.number, rank=r, step=step, size_bytes=10,
-                                             sha256=f"s{r}") for r in holds[agent.node_id]])))
-            await _until(lambda s=step: runtime.state.snapshot is not None and runtime.state.snapshot.step == s,
-                         f"step {step} to commit")
-            await new.acked(step)
-            await old.acked(step)
-        # n1: the generation's directive, then a notice per commit; n2: a directive per commit.
-        def runs(agent: _Agent) -> list[int]:
-            return [m.directive.retain_from_step for m in agent.received
-                    if m.HasField("directive") and m.directive.action == agent_pb2.ACTION_RUN]
+        try:
+            await new.start()
+            await old.start()
+            await _until(lambda: runtime.state.generation is not None, "the generation to start")
+            generation = runtime.state.generation
+            assert generation is not None
+            await _until(lambda: "directive" in new.kinds() and "directive" in old.kinds(), "both directives")
+            holds = {m.node_id: [r for o in generation.members if m.node_id in (o.node_id, o.buddy_node_id)
+                                 for r in o.ranks] for m in generation.members}
+            for step in (1, 2):
+                for agent in (new, old):
+                    for rank in generation.member(agent.node_id).ranks:  # type: ignore[union-attr]
+                        await agent.call.write(agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
+                            generation=generation.number, rank=rank, step=step, step_time_s=1.0, compute_time_s=0.5,
+                            param_digest=f"d{step}")))
+                for agent in (new, old):
+                    await agent.call.write(agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack([
+                        agent_pb2.SnapshotReport(generation=generation.number, rank=r, step=step, size_bytes=10,
+                                                 sha256=f"s{r}") for r in holds[agent.node_id]])))
+                await _until(lambda s=step: runtime.state.snapshot is not None and runtime.state.snapshot.step == s,
+                             f"step {step} to commit")
+                await new.acked(step)
+                await old.acked(step)
+            # n1: the generation's directive, then a notice per commit; n2: a directive per commit.
+            def runs(agent: _Agent) -> list[int]:
+                return [m.directive.retain_from_step for m in agent.received
+                        if m.HasField("directive") and m.directive.action == agent_pb2.ACTION_RUN]
 
-        assert runs(new) == [0]
-        notices = [m.snapshot_retain for m in new.received if m.HasField("snapshot_retain")]
-        assert [(n.generation, n.retain_from_step) for n in notices] == [(generation.number, 1), (generation.number, 2)]
-        assert runs(old) == [0, 1, 2]
-        assert not any(m.HasField("snapshot_retain") for m in old.received)
-        # A push to every node afterwards sends n1 nothing: the notices moved its floor.
-        sent_before = new.kinds().count("directive")
-        runtime._push_directives()
-        await new.acked(10)
-        assert new.kinds().count("directive") == sent_before, "no directive resent for a floor the notices said"
-        for agent in (new, old):
-            agent.call.cancel()
+            assert runs(new) == [0]
+            notices = [m.snapshot_retain for m in new.received if m.HasField("snapshot_retain")]
+            assert [(n.generation, n.retain_from_step) for n in notices] == [(generation.number, 1), (generation.number, 2)]
+            assert runs(old) == [0, 1, 2]
+            assert not any(m.HasField("snapshot_retain") for m in old.received)
+            # A push to every node afterwards sends n1 nothing: the notices moved its floor.
+            sent_before = new.kinds().count("directive")
+            runtime._push_directives()
+            await new.acked(10)
+            assert new.kinds().count("directive") == sent_before, "no directive resent for a floor the notices said"
+        finally:
+            for agent in (new, old):
+                await agent.stop()
 
 
 class _Notices(agent_pb2_grpc.SupervisorServicer):
