@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import compress
-from operator import is_not
 from types import MappingProxyType
 
 import numpy as np
@@ -42,6 +40,7 @@ from ftsup.supervisor.core.inputs import (
 )
 from ftsup.supervisor.core.state import ClusterState, Liveness, NodeRecord, NodeSoft, SoftState
 from ftsup.supervisor.core.step import Core
+from ftsup.supervisor.core.step_holdings import StepHoldings
 
 HOST = "sim"
 DIGEST = "sim-digest"  # every replica holds the same bits: the digest vote always agrees
@@ -100,7 +99,7 @@ class CoreDriver:
         self.config = CoreConfig(job=job, detector=detector)
         self.silent: set[str] = set()  # failed nodes whose stream is still open
         self.streams = 0  # stream ids handed out (the shell's handles for agent connections)
-        self._held: tuple[tuple[RankAssignment, ...], dict[int, frozenset[str]], npt.NDArray[np.int64]] | None = None
+        self._others_of: tuple[tuple[RankAssignment, ...], npt.NDArray[np.int64]] | None = None
         soft = SoftState(started_at_s=0.0)
         for node in state.nodes.values():
             soft.nodes[node.node_id] = NodeSoft(0.0, self._new_stream(), node.incarnation)
@@ -180,37 +179,20 @@ class CoreDriver:
         progress = self.soft.progress
         if progress is None or progress.generation != generation.number:
             raise ValueError(f"no step progress recorded for generation {generation.number}")
-        held, others = self._holders(generation.members)
-        progress.holdings[step] = dict(held)
+        progress.holdings[step] = StepHoldings.whole(generation.index.holder_slots(), DIGEST)
+        others = self._others(generation.members)
         open_steps.preload_votes(progress.open_votes, step, generation.world_size, others, DIGEST)
         last = generation.members[0]
         report = StepReport(last.node_id, generation.number, last.ranks[0], step, step_s, step_s, 1.0, DIGEST)
         return self.feed(report, now)
 
-    def _holders(self, members: tuple[RankAssignment, ...]) -> tuple[dict[int, frozenset[str]], npt.NDArray[np.int64]]:
-        """rank -> {its node, its buddy}, and every rank but the first member's first, for a layout.
-        Kept per layout and patched where the next layout differs (12,500 members take
-        milliseconds to walk; a new generation changes two)."""
-        if self._held is not None and self._held[0] is members:
-            return self._held[1], self._held[2]
-        previous = self._held
-        if previous is not None and len(previous[0]) == len(members) and members[0].ranks == previous[0][0].ranks:
-            moved = list(compress(range(len(members)), map(is_not, members, previous[0])))
-            if all(members[i].ranks == previous[0][i].ranks for i in moved):
-                held = previous[1].copy()
-                for i in moved:
-                    holders = frozenset({members[i].node_id, members[i].buddy_node_id} - {""})
-                    held.update(dict.fromkeys(members[i].ranks, holders))
-                self._held = (members, held, previous[2])
-                return held, previous[2]
-        held = {}
-        for member in members:
-            holders = frozenset({member.node_id, member.buddy_node_id} - {""})
-            for rank in member.ranks:
-                held[rank] = holders
-        first = members[0].ranks[0]
-        self._held = (members, held, np.array([r for r in held if r != first], dtype=np.int64))
-        return held, self._held[2]
+    def _others(self, members: tuple[RankAssignment, ...]) -> npt.NDArray[np.int64]:
+        """Every rank but the first member's first, for a layout (kept per layout: 12,500 members
+        take milliseconds to walk)."""
+        if self._others_of is None or self._others_of[0] is not members:
+            ranks = np.fromiter((rank for member in members for rank in member.ranks), dtype=np.int64)
+            self._others_of = (members, ranks[ranks != members[0].ranks[0]])
+        return self._others_of[1]
 
     def repair(self, node_id: str, now: float) -> tuple[Event, ...]:
         """A failed, quarantined node returns: its old stream closes, it says Hello as a spare

@@ -119,8 +119,9 @@ def _holders(state: ClusterState, soft: SoftState, rank: int, step: int) -> tupl
     (while uncommitted) and the committed snapshot's holders, the rank's buddy and node first."""
     known: set[str] = set()
     progress = soft.progress
-    if progress is not None:
-        known |= progress.holdings.get(step, {}).get(rank, frozenset())
+    held = progress.holdings.get(step) if progress is not None else None
+    if held is not None:
+        known |= held.get(rank, frozenset())
     snapshot = state.snapshot
     if snapshot is not None and snapshot.step == step:
         known |= {h for h in snapshot.holders(rank) if h and h not in snapshot.lost_holders}

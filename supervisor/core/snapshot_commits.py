@@ -25,8 +25,8 @@ def commit_if_held(state: ClusterState, soft: SoftState, step: int) -> list[Even
         return []
     if state.snapshot is not None and step <= state.snapshot.step:
         return []
-    held = progress.holdings.get(step, {})
-    if soft_state.lacks_pairs(held, generation.index):
+    held = progress.holdings.get(step)
+    if held is None or soft_state.lacks_pairs(held, generation.index):
         return []  # (asked first: the answer to most of a step's holdings, one count away)
     if not soft_state.is_committable(progress, step):
         return []

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from itertools import repeat
-from operator import contains
+from itertools import chain
+from operator import attrgetter
 from typing import overload
 
 import numpy as np
@@ -64,6 +64,7 @@ from ftsup.supervisor.core.state import (
     Observation,
     SoftState,
 )
+from ftsup.supervisor.core.step_holdings import StepHoldings
 
 
 def observe(
@@ -73,12 +74,7 @@ def observe(
     """Records what `inp` says about liveness and progress; returns what it completed that
     `decide` must act on (a step's straggler scores, its digest vote): pass it to `decide` on
     the same input."""
-    if soft.sdc_check_seen_s or state.sdc_checks:
-        _see_sdc_checks(soft, state, now)
-    if soft.pending_drains:
-        soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
-    if not isinstance(inp, (Heartbeat, HeardFrom)):  # the hot path decides nothing about checkpoints
-        checkpoints.note_clocks(soft, state, now)
+    _note_input(soft, state, now, clocks=not isinstance(inp, (Heartbeat, HeardFrom)))
     match inp:
         case Tick() if inp.stalled_s > 0:
             _forgive_stall(soft, inp.stalled_s)
@@ -156,6 +152,19 @@ def observe(
     return NOTHING_OBSERVED
 
 
+def _note_input(soft: SoftState, state: ClusterState, now: float, clocks: bool = True) -> None:
+    """What every input brings up to date before what it says is recorded (the same for any
+    number of inputs at one `now` against one state): open SDC checks' first sightings, drains
+    still pending, and the checkpoint clocks (`clocks`: not for liveness, which decides nothing
+    about checkpoints)."""
+    if soft.sdc_check_seen_s or state.sdc_checks:
+        _see_sdc_checks(soft, state, now)
+    if soft.pending_drains:
+        soft.pending_drains = {n for n in soft.pending_drains if n in state.nodes and not state.nodes[n].is_drained}
+    if clocks:
+        checkpoints.note_clocks(soft, state, now)
+
+
 def _observation(verdicts: tuple[StragglerVerdict, ...] | None, voted: tuple[StepVote, VoteReports] | None
                  ) -> Observation:
     if verdicts is None and voted is None:
@@ -210,47 +219,64 @@ def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, 
     commit, and entries after the step committed would otherwise linger until the next commit)."""
     _heard(soft, holdings.node_id, now)
     progress = _progress_for(soft, state, holdings.generation)
-    if progress is None:
+    if progress is None or not _keeps(progress, state, holdings.step):
         return
-    step = holdings.step
-    if step > progress.max_step + MAX_HOLDING_LEAD or (state.snapshot is not None and step <= state.snapshot.step):
-        return
-    digests = progress.holding_sha256.setdefault(step, {})
-    by_rank = progress.holdings.get(step)
-    node = holdings.node_id
-    alone = frozenset((node,))  # (shared by the ranks this node holds first: frozensets are never changed)
-    added = 0
-    for rank, sha in zip(holdings.ranks, holdings.sha256):
-        if digests.setdefault(rank, sha) != sha:
-            progress.holding_mismatches.add(step)  # other bytes than the rank's first copy: never commits
-            continue
-        if by_rank is None:  # (made at the first entry held: a step of mismatches alone holds nothing)
-            by_rank = progress.holdings[step] = StepHoldings()
-        holders = by_rank.get(rank)
-        if holders is None:
-            by_rank[rank] = alone
-            added += 1
-        elif node not in holders:
-            by_rank[rank] = holders | alone
-            added += 1
-    if isinstance(by_rank, StepHoldings):
-        by_rank.pairs += added
+    assert state.generation is not None  # (a progress is the generation in force's)
+    slots = state.generation.index.holder_slots()
+    number = slots.numbers.get(holdings.node_id)
+    if number is None:
+        return  # (admitted holdings are an owner's or a buddy's: no other node has a slot)
+    held = progress.holdings.get(holdings.step)
+    if held is None:
+        held = progress.holdings[holdings.step] = StepHoldings(slots)
+    if held.hold(map(slots.position, holdings.ranks), number, holdings.sha256):
+        progress.holding_mismatches.add(holdings.step)  # other bytes than a rank's first copy: never commits
 
 
-class StepHoldings(dict[int, frozenset[str]]):
-    """One step's holdings (rank -> its holders) that counts its (rank, holder) pairs as `_hold_all`
-    adds them. A commit needs every rank's owner and buddy, so while fewer pairs are held the
-    commit check (`is_held_twice`) answers at once instead of passing over the world: after a
-    step's vote every holdings input asks it, and at 12,500 nodes x 8 ranks one pass is 100,000
-    lookups, which the 12,500 buddies' inputs of a step would make a billion. Equal to the plain
-    dict of the same holdings."""
+def hold_fold(soft: SoftState, state: ClusterState, parts: Sequence[SnapshotHoldings], now: float) -> bool:
+    """Records several nodes' holdings of one step (each node once, every part admitted) as one:
+    what `observe` records of each in turn, held with one set of array operations over all their
+    entries instead of one per node (issue 14: a link shard's fold of a step's holdings).
 
-    __slots__ = ("pairs", "required")
+    Only while none of them can complete the step: holding them all leaves fewer (rank, holder)
+    pairs than a commit needs, so one by one no part's decision would have committed, and each
+    later part would have seen what it sees here. False, with nothing recorded: a part may
+    complete the step (or the step is not kept); observe them one by one, so the commit lands at
+    the part that completes it."""
+    first = parts[0]
+    progress = _progress_for(soft, state, first.generation)
+    step = first.step
+    if progress is None or not _keeps(progress, state, step):
+        return False
+    held = progress.holdings.get(step)
+    assert state.generation is not None  # (a progress is the generation in force's)
+    weighing = held if held is not None else StepHoldings(state.generation.index.holder_slots())
+    slots = weighing.slots
+    numbers = list(map(slots.numbers.get, map(attrgetter("node_id"), parts)))
+    if None in numbers:
+        return False
+    counts = list(map(len, map(attrgetter("ranks"), parts)))
+    total = sum(counts)
+    ranks = np.fromiter(chain.from_iterable(map(attrgetter("ranks"), parts)), dtype=np.int64, count=total)
+    digests = np.fromiter(chain.from_iterable(map(attrgetter("sha256"), parts)), dtype=object, count=total)
+    weighed = weighing.weigh(slots.positions(ranks), np.repeat(np.array(numbers, dtype=np.int32), counts), digests)
+    if weighing.pairs + weighed.added >= slots.required:
+        return False
+    _note_input(soft, state, now)
+    for part in parts:
+        _heard(soft, part.node_id, now)
+    if held is None:
+        held = progress.holdings[step] = weighing
+    held.take(weighed)
+    if weighed.mismatched:
+        progress.holding_mismatches.add(step)
+    return True
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.pairs = 0  # distinct (rank, holder) pairs held
-        self.required: int | None = None  # pairs a commit needs, once counted (one generation's)
+
+def _keeps(progress: GenerationProgress, state: ClusterState, step: int) -> bool:
+    """Whether holdings of `step` are recorded: not beyond any step the generation could have
+    reached, nor at or below the committed one."""
+    return step <= progress.max_step + MAX_HOLDING_LEAD and (state.snapshot is None or step > state.snapshot.step)
 
 
 def _score_compute_time(progress: GenerationProgress, state: ClusterState, aggregate: StepAggregate,
@@ -371,29 +397,23 @@ def is_committable(progress: GenerationProgress, step: int) -> bool:
 def lacks_pairs(held: Mapping[int, frozenset[str]], index: MemberIndex) -> bool:
     """`held` is a StepHoldings with fewer (rank, holder) pairs than a commit needs: not held
     twice, known without a pass (False: a pass must say)."""
-    if not isinstance(held, StepHoldings):
-        return False
-    if held.required is None:
-        held.required = sum(len(m.ranks) * len({m.node_id, m.buddy_node_id} - {""}) for m in index.members)
-    return held.pairs < held.required
+    return isinstance(held, StepHoldings) and held.pairs < held.required
 
 
 def is_held_twice(held: Mapping[int, frozenset[str]], index: MemberIndex) -> bool:
     """Every rank of the generation is held by its node and by its node's buddy, where it has one
-    (`held`: rank -> holders, from one step's SnapshotReports). Checked in C-level passes over
-    per-rank lists the generation's index builds once: at 12,500 nodes a commit is otherwise
-    ~3 ms of Python; a StepHoldings with fewer pairs than a commit needs is answered without."""
-    if lacks_pairs(held, index):
-        return False
-    lists = index.holder_lists()
-    if lists is None:  # a node or buddy id is empty (a world of one node): the plain loop
-        return all(
-            {m.node_id, m.buddy_node_id} - {""} <= held.get(rank, frozenset())
-            for m in index.members for rank in m.ranks
-        )
-    ranks, owners, buddies = lists
-    holders = list(map(held.get, ranks, repeat(frozenset())))
-    return all(map(contains, holders, owners)) and all(map(contains, holders, buddies))
+    (`held`: rank -> holders, from one step's holdings). A StepHoldings of the generation's exact
+    slots answers with two array passes (at 12,500 nodes a commit is otherwise milliseconds of
+    Python); anything else is asked member by member."""
+    if isinstance(held, StepHoldings):
+        if held.pairs < held.required:
+            return False
+        if held.slots.exact:
+            return held.is_whole()
+    return all(
+        {m.node_id, m.buddy_node_id} - {""} <= held.get(rank, frozenset())
+        for m in index.members for rank in m.ranks
+    )
 
 
 def forget_committed(soft: SoftState, up_to_step: int) -> None:
@@ -401,8 +421,6 @@ def forget_committed(soft: SoftState, up_to_step: int) -> None:
     if soft.progress is not None:
         for step in [s for s in soft.progress.holdings if s <= up_to_step]:
             del soft.progress.holdings[step]
-        for step in [s for s in soft.progress.holding_sha256 if s <= up_to_step]:
-            del soft.progress.holding_sha256[step]
         soft.progress.holding_mismatches = {s for s in soft.progress.holding_mismatches if s > up_to_step}
         soft.progress.sdc_clear_steps = {s for s in soft.progress.sdc_clear_steps if s > up_to_step}
 

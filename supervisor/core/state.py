@@ -17,6 +17,7 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
+from ftsup.supervisor.core import holder_slots
 from ftsup.supervisor.core.detector_memo import DetectorMemo
 from ftsup.supervisor.core.events import (
     EndReason,
@@ -29,6 +30,7 @@ from ftsup.supervisor.core.events import (
     SdcRankDigests,
 )
 from ftsup.supervisor.core.grow_only import GrowOnly
+from ftsup.supervisor.core.holder_slots import HolderSlots
 from ftsup.supervisor.core.inputs import SnapshotMemoryReport, TrainerExit
 from ftsup.supervisor.core.open_steps import OpenTimes, OpenVotes
 from ftsup.supervisor.core.plan_memo import PlanMemo
@@ -36,6 +38,7 @@ from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.policies.sdc import StepVote
 from ftsup.supervisor.core.policies.straggler import StragglerState, StragglerVerdict
 from ftsup.supervisor.core.policies.xid import XidSighting
+from ftsup.supervisor.core.step_holdings import StepHoldings
 
 
 class Liveness(enum.Enum):
@@ -82,15 +85,15 @@ class MemberIndex:
     and kept by the generation that owns it: no module-level memo. A linear scan per StepReport
     costs 12.5k comparisons at 100k GPUs; the maps are built in C-level passes."""
 
-    __slots__ = ("members", "_by_node", "_by_rank", "_holders", "_may_hold", "_holdable")
+    __slots__ = ("members", "_by_node", "_by_rank", "_may_hold", "_holdable", "_slots")
 
     def __init__(self, members: tuple[RankAssignment, ...]) -> None:
         self.members = members
         self._by_node: dict[str, RankAssignment] | None = None
         self._by_rank: dict[int, str] | None = None
-        self._holders: tuple[tuple[list[int], list[str], list[str]] | None] | None = None
         self._may_hold: dict[int, tuple[str, str]] | None = None
         self._holdable: dict[str, frozenset[int]] | None = None
+        self._slots: HolderSlots | None = None
 
     def by_node(self) -> Mapping[str, RankAssignment]:
         """node -> its assignment; a node listed twice keeps its first (as a scan would find)."""
@@ -143,20 +146,15 @@ class MemberIndex:
                 self._holdable = {node: frozenset(ranks) for node, ranks in by_holder.items()}
         return self._holdable
 
-    def holder_lists(self) -> tuple[list[int], list[str], list[str]] | None:
-        """Per rank, in order: the rank, its node and its node's buddy (the two copies a commit
-        needs); None when an id is empty (a world of one node: no buddy)."""
-        if self._holders is None:
+    def holder_slots(self) -> HolderSlots:
+        """The generation's holder slots as arrays (holder_slots.py): what a step's holdings are
+        kept against (step_holdings.py)."""
+        if self._slots is None:
             members = self.members
-            per_member = list(map(attrgetter("ranks"), members))
-            ranks = list(chain.from_iterable(per_member))
-            owners = list(map(attrgetter("node_id"), members))
-            buddies = list(map(attrgetter("buddy_node_id"), members))
-            if members and not (len(ranks) == len(members) and min(map(len, per_member)) == 1):  # ids per rank
-                owners = [node for node, its in zip(owners, per_member) for _ in its]
-                buddies = [buddy for buddy, its in zip(buddies, per_member) for _ in its]
-            self._holders = (None if "" in owners or "" in buddies else (ranks, owners, buddies),)
-        return self._holders[0]
+            exact = len(self.by_node()) == len(members) and len(self.by_rank()) == sum(
+                map(len, map(attrgetter("ranks"), members)))
+            self._slots = holder_slots.build(members, None if exact else self.may_hold(), exact)
+        return self._slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,11 +333,10 @@ class GenerationProgress:
     max_step: int = 0
     last_loss: float = math.nan
     step_time_s: float | None = None  # the newest step's wall time (sizes checkpoint lead times)
-    # step -> rank -> nodes holding that rank's snapshot
-    holdings: dict[int, dict[int, frozenset[str]]] = field(default_factory=dict)
-    # step -> rank -> the SHA-256 its first holder reported; a holder reporting other bytes puts
-    # the step in `holding_mismatches` and it never commits (owner and buddy must hold the same)
-    holding_sha256: dict[int, dict[int, str]] = field(default_factory=dict)
+    # step -> who holds each rank's snapshot, and the SHA-256 its first holder reported; a holder
+    # reporting other bytes puts the step in `holding_mismatches` and it never commits (owner and
+    # buddy must hold the same)
+    holdings: dict[int, StepHoldings] = field(default_factory=dict)
     holding_mismatches: set[int] = field(default_factory=set)
     finished: dict[int, str] = field(default_factory=dict)  # rank -> final digest
     step_reports: int = 0

@@ -245,7 +245,9 @@ class Core:
         every part, one by one, would have decided nothing and changed no state, so each later
         part's admission sees what it would have seen. The Ready covers the parts up to that one
         (`len(refusals)`); the caller steps the rest alone, after enacting it (they come after the
-        commit). tests/unit/supervisor/test_snapshot_holdings.py compares the two."""
+        commit). The usual fold, every part admitted and none completing the step, is held with one
+        set of array operations over all its entries (soft.hold_fold); the fold that may complete
+        it goes part by part. tests/unit/supervisor/test_snapshot_holdings.py compares them."""
         if len(parts) < 2:
             return None
         first = parts[0]
@@ -253,6 +255,14 @@ class Core:
             return None
         if len({p.node_id for p in parts}) != len(parts):
             return None
+        if admission.admits_holdings(self.state, self.soft, parts) and soft_state.hold_fold(
+                self.soft, self.state, parts, now):
+            # None of them completes the step (the usual fold): held as one, with the decision the
+            # last one alone would make.
+            decision = decide(self.state, self.soft, parts[-1], now, self.config)
+            return BatchReady((None,) * len(parts), Ready(decision.events, decision.waiting_reason,
+                                                          affected_nodes(self.state, decision.events),
+                                                          first_seq=decision.first_seq))
         refusals: list[Refusal | None] = []
         last: SnapshotHoldings | None = None
         for part in parts:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.events import NodeDrained, SnapshotCommitted
 from ftsup.supervisor.core.inputs import (
     OperatorCommandKind,
@@ -31,7 +33,8 @@ from ftsup.supervisor.core.inputs import (
     StepReport,
     Tick,
 )
-from ftsup.supervisor.core.soft import StepHoldings, is_held_twice
+from ftsup.supervisor.core.soft import is_held_twice
+from ftsup.supervisor.core.step_holdings import StepHoldings
 from tests.support.builders import NOW, Sim, config, hello
 
 NODES, RANKS_PER_NODE = 4, 2
@@ -363,3 +366,25 @@ def test_counting_held_pairs_answers_the_commit_check_as_the_full_pass_does(held
     step = sim.soft.progress.holdings[1]
     assert isinstance(step, StepHoldings) and step.pairs == 2 * WORLD
     assert is_held_twice(step, generation.index) and is_held_twice(dict(step), generation.index)
+
+
+def test_folds_that_complete_no_step_are_held_as_one_and_leave_what_one_by_one_leaves(monkeypatch):
+    # A fold none of whose parts can complete its step is held with one set of array operations
+    # (soft.hold_fold); one that may is held part by part, so the commit lands at its part. Both
+    # must leave the log, the state and the soft state (holders and first digests) of one by one.
+    answers: list[bool] = []
+    hold_fold = soft_state.hold_fold
+
+    def spied(*args: Any) -> bool:
+        answers.append(hold_fold(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(soft_state, "hold_fold", spied)
+    script = [(1, 0, None), (2, 1000, None), (3, 2000, None), (4, 7, None)]
+    one_by_one, folded = _run(script, aggregated=True), _run(script, aggregated=True, folded=True)
+    _same(one_by_one, folded)
+    assert answers.count(True) >= 10, "most folds are held as one"
+    assert False in answers, "the fold that may complete a step goes part by part"
+    assert [e.step for e in folded.log if isinstance(e, SnapshotCommitted)], "steps commit through both"
+    progress = folded.soft.progress
+    assert progress is not None and progress.holding_mismatches, "a buddy's other bytes were seen in a fold"
