@@ -275,6 +275,9 @@ def parser() -> argparse.ArgumentParser:
                    help="one rank's peak FLOP/s (e.g. 989e12 for an H100, dense BF16), for the MFU metric")
     p.add_argument("--metrics-per-rank-limit", type=int, default=1024,
                    help="export per-rank step/compute gauges only up to this many ranks")
+    p.add_argument("--metrics-per-node-limit", type=int, default=1024,
+                   help="per-node gauges (Xids, straggler score, heartbeat age) for every node up to this many"
+                   " nodes; past it, each gauge's worst this many")
     p.add_argument("--checkpoint-location", default="",
                    help="object-store checkpoints: s3://bucket/prefix or a directory; empty: off")
     p.add_argument("--checkpoint-every-steps", type=every_steps_value, default=0, metavar="N|auto",
@@ -356,7 +359,8 @@ def from_args(args: argparse.Namespace) -> SupervisorConfig:
             raise ValueError(f"--exit-settle-s must be within [0, 600], got {args.exit_settle_s}")
         if not 0 <= args.spare_grace_s <= 3600:
             raise ValueError(f"--spare-grace-s must be within [0, 3600], got {args.spare_grace_s}")
-        throughput = ThroughputConfig(args.flops_per_token, args.peak_flops_per_rank, args.metrics_per_rank_limit)
+        throughput = ThroughputConfig(args.flops_per_token, args.peak_flops_per_rank, args.metrics_per_rank_limit,
+                                      args.metrics_per_node_limit)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     try:

@@ -13,6 +13,7 @@ holds; the histograms cover the fleet.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ftsup.supervisor.metrics_arrays import ArrayHistogram, LatestByRank
 from ftsup.supervisor.server.log_digest import LogDigest
 
 if TYPE_CHECKING:
+    from ftsup.supervisor.core.views import NodeFigures
     from ftsup.supervisor.runtime import Runtime
 
 # Step aggregates kept before their figures are folded (a few MB at most: views of their arrays).
@@ -50,19 +52,22 @@ APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.
 @dataclass(frozen=True, slots=True)
 class ThroughputConfig:
     """What turns tokens/s into MFU: the model's training FLOPs per token (≈ 6 × parameters for a
-    dense transformer) and one rank's peak FLOP/s (e.g. 989e12 for an H100's dense BF16)."""
+    dense transformer) and one rank's peak FLOP/s (e.g. 989e12 for an H100's dense BF16); and how
+    many per-rank and per-node series a scrape carries at most."""
 
     flops_per_token: float = 0.0  # 0: MFU not exported
     peak_flops_per_rank: float = 0.0
     per_rank_limit: int = 1024
+    per_node_limit: int = 1024
 
     def __post_init__(self) -> None:
         for name in ("flops_per_token", "peak_flops_per_rank"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.per_rank_limit < 0:
-            raise ValueError(f"per_rank_limit must be >= 0, got {self.per_rank_limit}")
+        for name in ("per_rank_limit", "per_node_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 class SupervisorMetrics:
@@ -126,10 +131,28 @@ class SupervisorMetrics:
         if refusal is not None:
             self.refused.labels(kind).inc()
             return
+        self._counter(kind).inc()
+        self._on_figures(inp)
+
+    def on_admitted(self, inputs: Sequence[Input]) -> None:
+        """Admitted inputs (a fold's parts, issue 14): what `on_input` counts of each, with one
+        increment of their kind's counter instead of one per part."""
+        kinds = {type(inp).__name__ for inp in inputs}
+        if len(kinds) != 1:
+            for inp in inputs:
+                self.on_input(inp, None)
+            return
+        self._counter(kinds.pop()).inc(len(inputs))
+        for inp in inputs:
+            self._on_figures(inp)
+
+    def _counter(self, kind: str) -> Any:
         counter = self._input_counters.get(kind)
         if counter is None:  # (a child per kind, looked up once: `labels` costs microseconds)
             counter = self._input_counters[kind] = self.inputs.labels(kind)
-        counter.inc()
+        return counter
+
+    def _on_figures(self, inp: Input) -> None:
         if isinstance(inp, Heartbeat):
             self.heartbeats.inc()
         elif isinstance(inp, HeardFrom):
@@ -244,26 +267,12 @@ class _StateCollector(Collector):
             buckets.add_metric([bucket], getattr(report, f"{bucket}_s"))
         yield buckets
         yield _gauge("ftsup_goodput_lost_steps", "Steps redone after restores", report.lost_steps)
-        nodes = runtime.nodes()
+        figures = runtime.node_figures()
         by_state = GaugeMetricFamily("ftsup_nodes", "Nodes by liveness and role", labels=["state", "role"])
-        counts: dict[tuple[str, str], int] = {}
-        for node in nodes:
-            state = "quarantined" if node.is_quarantined else node.liveness.name.lower()
-            key = (state, node.role.name.lower())
-            counts[key] = counts.get(key, 0) + 1
-        for (state, role), count in sorted(counts.items()):
+        for (state, role), count in sorted(figures.by_state.items()):
             by_state.add_metric([state, role], count)
         yield by_state
-        xids = GaugeMetricFamily("ftsup_node_xids", "Xid errors reported by a node", labels=["node"])
-        straggler = GaugeMetricFamily("ftsup_node_straggler_score", "Last straggler score", labels=["node"])
-        age = GaugeMetricFamily("ftsup_node_heartbeat_age_seconds", "Since the node was last heard",
-                                labels=["node"])
-        for node in nodes:
-            xids.add_metric([node.node_id], node.xid_count)
-            straggler.add_metric([node.node_id], node.straggler_score)
-            if node.last_heartbeat_age_s >= 0:
-                age.add_metric([node.node_id], node.last_heartbeat_age_s)
-        yield from (xids, straggler, age)
+        yield from _per_node(figures, metrics.throughput.per_node_limit)
         latest = metrics._ranks
         known = latest.known()
         if len(known) <= metrics.throughput.per_rank_limit:
@@ -275,6 +284,40 @@ class _StateCollector(Collector):
                 step.add_metric([str(rank)], step_s)
                 compute.add_metric([str(rank)], compute_s)
             yield from (step, compute)
+
+
+def _per_node(figures: NodeFigures, limit: int) -> Iterator[Metric]:
+    """The per-node gauges: every node's up to `limit` nodes; past it, each gauge's worst `limit`
+    (the most Xids, the highest straggler scores, the oldest heartbeats; a node with no Xid or no
+    score is not news), so a 12,500-node fleet's scrape is not 37,500 series whose exposition
+    stalls the leader's loop for half a second (`ftsup bench metrics-scrape`). The fleet's shape
+    is in `ftsup_nodes` and the heartbeat-age maximum."""
+    ids, xid_counts, scores, ages = (figures.node_ids, figures.xid_counts, figures.straggler_scores,
+                                     figures.heartbeat_ages_s)
+    heard = [i for i, age in enumerate(ages) if age >= 0]
+    yield _gauge("ftsup_node_heartbeat_age_max_seconds", "The longest any node has not been heard",
+                 max((ages[i] for i in heard), default=math.nan))
+    whole = len(ids) <= limit
+    yield _gauge("ftsup_node_series_limited", f"1 while per-node series show only the worst {limit} nodes"
+                 " (--metrics-per-node-limit)", float(not whole))
+    everyone = range(len(ids))
+    listed = {
+        "xids": everyone if whole else heapq.nlargest(limit, (i for i in everyone if xid_counts[i] > 0),
+                                                      key=xid_counts.__getitem__),
+        "straggler": everyone if whole else heapq.nlargest(limit, (i for i in everyone if scores[i] > 0),
+                                                           key=scores.__getitem__),
+        "age": heard if whole else heapq.nlargest(limit, heard, key=ages.__getitem__),
+    }
+    xids = GaugeMetricFamily("ftsup_node_xids", "Xid errors reported by a node", labels=["node"])
+    for i in listed["xids"]:
+        xids.add_metric([ids[i]], xid_counts[i])
+    straggler = GaugeMetricFamily("ftsup_node_straggler_score", "Last straggler score", labels=["node"])
+    for i in listed["straggler"]:
+        straggler.add_metric([ids[i]], scores[i])
+    age = GaugeMetricFamily("ftsup_node_heartbeat_age_seconds", "Since the node was last heard", labels=["node"])
+    for i in listed["age"]:
+        age.add_metric([ids[i]], ages[i])
+    yield from (xids, straggler, age)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

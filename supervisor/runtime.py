@@ -40,7 +40,7 @@ from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import BatchReady, Core, Ready, Refusal
-from ftsup.supervisor.core.views import NodeView, StatusView, node_views, status_view
+from ftsup.supervisor.core.views import NodeFigures, NodeView, StatusView, node_figures, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.v1 import agent_pb2
@@ -310,6 +310,10 @@ class Runtime:
     def nodes(self) -> list[NodeView]:
         return node_views(self.state, self.soft, self._clock())
 
+    def node_figures(self) -> NodeFigures:
+        """Every node's figures the metrics export, as columns (cheaper than `nodes` per scrape)."""
+        return node_figures(self.state, self.soft, self._clock())
+
     # -- replication roles -------------------------------------------------------------------
     def become_follower(self, leader_address: str = "") -> None:
         """Stops deciding; agents' streams are closed so they find the new leader."""
@@ -454,8 +458,11 @@ class Runtime:
             stepped = step_together(now)
             if stepped is None:
                 return [await self._handle_guarded(part, at_s) for part in parts]
-            for part, refusal in zip(parts, stepped.refusals):
-                self._count(part, refusal)
+            if self.metrics is not None and not any(stepped.refusals):
+                self.metrics.on_admitted(parts[:len(stepped.refusals)])
+            else:
+                for part, refusal in zip(parts, stepped.refusals):
+                    self._count(part, refusal)
             if self.metrics is not None and kind == "step":
                 self.metrics.on_fold(len(stepped.refusals))
             enacted = await self._enact(stepped.ready, [])

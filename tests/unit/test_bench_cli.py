@@ -117,3 +117,11 @@ def test_commit_push_bench_answers_commits_with_notices_and_its_baseline_with_di
     notices, directives = result["notices"], result["baseline_directives"]
     assert notices["messages_per_commit"] == directives["messages_per_commit"] == 6
     assert notices["bytes_per_commit"] < directives["bytes_per_commit"]
+
+
+def test_metrics_scrape_bench_lists_the_worst_nodes_past_the_limit_and_every_node_in_its_baseline(capsys):
+    assert cli.main(["bench", "metrics-scrape", "--json", "--nodes", "8", "--limit", "3", "--repeats", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    limited, whole = result["limited"], result["baseline_every_node"]
+    assert limited["node_xid_series"] == 3 and whole["node_xid_series"] == 8, "5 nodes have Xids; the limit is 3"
+    assert limited["samples"] < whole["samples"] and limited["median_cpu_s"] >= 0

@@ -59,6 +59,8 @@ async def test_a_scrape_shows_nodes_training_signals_and_what_happened():
         server.close()
     assert status == "HTTP/1.1 200 OK"
     assert sample(body, "ftsup_nodes", 'role="active",state="alive"') == 2
+    assert sample(body, "ftsup_node_series_limited") == 0
+    assert body.count("ftsup_node_xids{") == 2, "every node's, within the limit"
     assert sample(body, "ftsup_is_leader") == 1
     assert sample(body, "ftsup_job_step") == 1
     assert sample(body, "ftsup_loss") == 2.5
@@ -74,8 +76,8 @@ async def test_a_scrape_shows_nodes_training_signals_and_what_happened():
     assert math.isnan(sample(body, "ftsup_goodput_ettr")), "no wall time has passed yet"
 
 
-async def test_per_rank_series_stop_at_the_limit_and_unknown_paths_are_404():
-    metrics = SupervisorMetrics(ThroughputConfig(per_rank_limit=1))
+async def test_per_rank_and_per_node_series_stop_at_the_limits_and_unknown_paths_are_404():
+    metrics = SupervisorMetrics(ThroughputConfig(per_rank_limit=1, per_node_limit=1))
     runtime = await running_job(metrics)
     for rank, node in enumerate(("n1", "n2")):
         await runtime._handle(StepReport(node, 1, rank, 1, 0.5, 0.4, 2.5, "d"))
@@ -88,6 +90,10 @@ async def test_per_rank_series_stop_at_the_limit_and_unknown_paths_are_404():
     finally:
         server.close()
     assert "ftsup_rank_step_seconds{" not in body, "2 ranks exceed a limit of 1"
+    assert sample(body, "ftsup_node_series_limited") == 1, "2 nodes exceed a limit of 1"
+    assert body.count("ftsup_node_heartbeat_age_seconds{") == 1, "only the longest unheard of the two"
+    assert "ftsup_node_xids{" not in body, "past the limit, a node with no Xids is not news"
+    assert sample(body, "ftsup_node_heartbeat_age_max_seconds") >= 0
     assert math.isnan(sample(body, "ftsup_mfu")), "MFU needs FLOPs per token and a peak"
     assert missing.startswith("HTTP/1.1 404") and wrong.startswith("HTTP/1.1 405")
 
