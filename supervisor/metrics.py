@@ -142,9 +142,13 @@ class SupervisorMetrics:
             for inp in inputs:
                 self.on_input(inp, None)
             return
-        self._counter(kinds.pop()).inc(len(inputs))
+        self.on_admitted_count(kinds.pop(), len(inputs))
         for inp in inputs:
             self._on_figures(inp)
+
+    def on_admitted_count(self, kind: str, count: int) -> None:
+        """`count` admitted inputs of `kind` with no figures of their own (a holdings fold's parts)."""
+        self._counter(kind).inc(count)
 
     def _counter(self, kind: str) -> Any:
         counter = self._input_counters.get(kind)

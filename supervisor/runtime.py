@@ -28,6 +28,7 @@ from ftsup.supervisor.core.inputs import (
     AgentHello,
     HeardFrom,
     Heartbeat,
+    HoldingsFold,
     Input,
     LeadershipAcquired,
     SnapshotHoldings,
@@ -84,6 +85,9 @@ class InputRun:
 
     inputs: tuple[Input, ...]
     folded: StepAggregate | None = None
+    # Or, with no inputs: a link shard's holdings fold (ShardHoldingsFold), decided as its parts
+    # would be, one outcome per part (Runtime.submit_holdings_fold).
+    holdings: HoldingsFold | None = None
 
 
 _LIVENESS_LANE, _ARRIVAL_LANE = 0, 1  # (the queue's lanes: lower first)
@@ -205,11 +209,20 @@ class Runtime:
         """Like submit_from_stream for several inputs, handled back to back in order (InputRun):
         the future resolves to their outcomes, in order. Takes a slot per input, so the queue's
         bound counts inputs either way; a run must not be longer than the capacity."""
-        if len(inputs) > self._stream_capacity:
-            raise ValueError(f"a run of {len(inputs)} inputs exceeds the stream capacity {self._stream_capacity}")
+        return await self._submit_run(InputRun(tuple(inputs), folded), len(inputs))
+
+    async def submit_holdings_fold(self, fold: HoldingsFold) -> asyncio.Future[list[Outcome]]:
+        """A link shard's holdings fold (several nodes' SnapshotHoldings of one step, each node
+        once) as one run: the future resolves to each part's outcome, in order. A slot per part,
+        as its messages would take."""
+        return await self._submit_run(InputRun((), holdings=fold), len(fold))
+
+    async def _submit_run(self, run: InputRun, size: int) -> asyncio.Future[list[Outcome]]:
+        if size > self._stream_capacity:
+            raise ValueError(f"a run of {size} inputs exceeds the stream capacity {self._stream_capacity}")
         taken = 0
         try:
-            for _ in inputs:
+            for _ in range(size):
                 await self._stream_slots.acquire()
                 taken += 1
         except BaseException:  # (cancelled while waiting: the slots taken so far go back)
@@ -217,7 +230,7 @@ class Runtime:
                 self._stream_slots.release()
             raise
         reply: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-        self._put(_Pending(InputRun(tuple(inputs), folded), reply, self._clock(), slots=taken))
+        self._put(_Pending(run, reply, self._clock(), slots=taken))
         return reply
 
     @property
@@ -392,6 +405,8 @@ class Runtime:
         back-to-back SnapshotHoldings of one step from distinct nodes (Core.step_holdings). A
         heartbeat met among them is handled when met: it only marks its node heard as of the run's
         arrival, which every part of the run marks too, so its place among them changes nothing."""
+        if run.holdings is not None:
+            return await self._handle_holdings_fold(run.holdings, at_s)
         if run.folded is not None:  # (a shard's packed fold: each node once, checked by the relay)
             parts = [inp for inp in run.inputs if isinstance(inp, StepAggregate)]
             if len(parts) == len(run.inputs) > 1:
@@ -430,6 +445,24 @@ class Runtime:
                 outcomes[position] = await self._handle_guarded(inp, at_s)
         await close_fold()
         return [outcome if outcome is not None else Outcome() for outcome in outcomes]
+
+    async def _handle_holdings_fold(self, fold: HoldingsFold, at_s: float | None) -> list[Outcome]:
+        """A shard's holdings fold: the usual one decided whole on its columns
+        (Core.step_holdings_fold), any other (a part refused, or one that may complete the step)
+        part by part."""
+        if not self.is_leader:
+            return [self._not_leader()] * len(fold)
+        now = self._clock() if at_s is None else at_s
+        try:
+            stepped = self.core.step_holdings_fold(fold, now)
+            if stepped is not None:
+                if self.metrics is not None:
+                    self.metrics.on_admitted_count("SnapshotHoldings", len(fold))
+                return [await self._enact(stepped.ready, [])] * len(fold)
+        except Exception as exc:  # a bug must not take the control plane down
+            log.exception("holdings fold handling failed", parts=len(fold), generation=self.generation_in_force)
+            return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(fold)
+        return await self._handle_holdings(fold.parts(), at_s)
 
     async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None) -> list[Outcome]:
         """Several nodes' holdings of one step decided as one (Core.step_holdings); the parts after

@@ -8,7 +8,7 @@ numbers sane), not about what to do with it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +23,7 @@ from ftsup.supervisor.core.inputs import (
     CheckpointShardReport,
     HeardFrom,
     Heartbeat,
+    HoldingsFold,
     Input,
     LeadershipAcquired,
     OperatorCommandKind,
@@ -56,7 +57,7 @@ from ftsup.supervisor.core.limits import (
     MAX_XID_CODE,
     SNAPSHOT_MEMORY_BASES,
 )
-from ftsup.supervisor.core.state import ClusterState, Generation, SoftState
+from ftsup.supervisor.core.state import ClusterState, SoftState
 
 
 def refusal(state: ClusterState, soft: SoftState, inp: Input, config: CoreConfig) -> str | None:
@@ -224,7 +225,9 @@ def _check_holdings(state: ClusterState, holdings: SnapshotHoldings) -> str | No
             "sha256", holdings.sha256)
         return f"{name} has {len(values)} values for {len(ranks)} ranks"
     current = state.generation
-    if current is not None and _plainly_holdable(current, current.index.holdable(), holdings):
+    if (current is not None and current.number == holdings.generation and len(set(ranks)) == len(ranks)
+            and current.index.holdable().get(holdings.node_id, frozenset()).issuperset(ranks)
+            and max(map(len, holdings.sha256)) <= MAX_DIGEST):
         return None
     seen: set[int] = set()
     for report in holdings.reports():
@@ -237,26 +240,22 @@ def _check_holdings(state: ClusterState, holdings: SnapshotHoldings) -> str | No
     return None
 
 
-def admits_holdings(state: ClusterState, soft: SoftState, parts: Sequence[SnapshotHoldings]) -> bool:
-    """Every part of a fold of SnapshotHoldings of one step passes what `refusal` asks of it alone,
-    by the quick test the usual message passes (False: ask `refusal` part by part, to name what
-    is wrong)."""
+def admits_fold(state: ClusterState, soft: SoftState, fold: HoldingsFold) -> bool:
+    """Every part of a fold of SnapshotHoldings (each node once) passes what `refusal` asks of it
+    alone, except the holder slots of its entries, which `step_holdings.locate` checks for all
+    entries at once: the generation in force, a step count, senders that said Hello, parts of
+    1..MAX_RANKS_PER_NODE_REPORT entries with every column as long, digests within bounds.
+    False: ask `refusal` part by part, to name what is wrong."""
     current = state.generation
-    if current is None or not 0 <= parts[0].step <= MAX_STEP:
-        return False
-    holdable = current.index.holdable()
-    return all(_check_sender(state, soft, part.node_id) is None and _plainly_holdable(current, holdable, part)
-               and len(part.size_bytes) == len(part.ranks) for part in parts)
-
-
-def _plainly_holdable(current: Generation, holdable: Mapping[str, frozenset[int]], holdings: SnapshotHoldings) -> bool:
-    """The usual holdings: of the generation in force, each rank once, every rank one the sender
-    may hold, every digest within bounds (one subset test instead of a pass per entry)."""
-    ranks = holdings.ranks
-    return (current.number == holdings.generation and 0 < len(ranks) <= MAX_RANKS_PER_NODE_REPORT
-            and len(holdings.sha256) == len(ranks) and len(set(ranks)) == len(ranks)
-            and holdable.get(holdings.node_id, frozenset()).issuperset(ranks)
-            and max(map(len, holdings.sha256)) <= MAX_DIGEST)
+    counts = fold.counts
+    total = sum(counts)
+    return (current is not None and current.number == fold.generation and 0 <= fold.step <= MAX_STEP
+            and len(counts) == len(fold.node_ids) and bool(counts)
+            and min(counts) > 0 and max(counts) <= MAX_RANKS_PER_NODE_REPORT
+            and len(fold.ranks) == len(fold.size_bytes) == len(fold.sha256) == total
+            and max(map(len, fold.sha256)) <= MAX_DIGEST
+            and len(set(fold.node_ids)) == len(fold.node_ids)
+            and all(_check_sender(state, soft, node_id) is None for node_id in fold.node_ids))
 
 
 def _check_xid(report: XidReport) -> str | None:

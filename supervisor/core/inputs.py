@@ -327,6 +327,58 @@ class SnapshotHoldings:
                      for rank, size, sha in zip(self.ranks, self.size_bytes, self.sha256))
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class HoldingsFold:
+    """Several nodes' SnapshotHoldings of one step, each node once, as the columns a link shard's
+    ShardHoldingsFold carries (issue 14): the first `counts[0]` entries are `node_ids[0]`'s, the
+    next `counts[1]` the next node's, and so on. Not an input of its own: decided as its parts one
+    by one would be (Core.step_holdings_fold), with no object per part or entry when every part
+    is admitted and none completes the step, which is the usual fold."""
+
+    node_ids: tuple[str, ...]
+    generation: int
+    step: int
+    counts: tuple[int, ...]
+    ranks: npt.NDArray[np.int64]
+    size_bytes: npt.NDArray[np.int64]
+    sha256: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+    @classmethod
+    def of_parts(cls, parts: Sequence[SnapshotHoldings]) -> HoldingsFold:
+        """Holdings of one generation's step, each of another node, as one fold."""
+        first = parts[0]
+        if any((p.generation, p.step) != (first.generation, first.step) for p in parts):
+            raise ValueError("a holdings fold holds one generation's step")
+        total = sum(len(p.ranks) for p in parts)
+        return cls(tuple(p.node_id for p in parts), first.generation, first.step, tuple(len(p.ranks) for p in parts),
+                   np.fromiter((r for p in parts for r in p.ranks), dtype=np.int64, count=total),
+                   np.fromiter((b for p in parts for b in p.size_bytes), dtype=np.int64, count=total),
+                   tuple(sha for p in parts for sha in p.sha256))
+
+    def part(self, index: int) -> SnapshotHoldings:
+        """One node's SnapshotHoldings (`index` may count from the end)."""
+        index %= len(self.node_ids)
+        start = sum(self.counts[:index])
+        end = start + self.counts[index]
+        return SnapshotHoldings(self.node_ids[index], self.generation, self.step,
+                                tuple(self.ranks[start:end].tolist()), tuple(self.size_bytes[start:end].tolist()),
+                                self.sha256[start:end])
+
+    def parts(self) -> list[SnapshotHoldings]:
+        """Each node's SnapshotHoldings, as its own message would have been decoded."""
+        ranks, sizes = self.ranks.tolist(), self.size_bytes.tolist()
+        parts, start = [], 0
+        for node_id, count in zip(self.node_ids, self.counts):
+            end = start + count
+            parts.append(SnapshotHoldings(node_id, self.generation, self.step, tuple(ranks[start:end]),
+                                          tuple(sizes[start:end]), self.sha256[start:end]))
+            start = end
+        return parts
+
+
 @dataclass(frozen=True, slots=True)
 class RankFinished:
     node_id: str

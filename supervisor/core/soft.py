@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from itertools import chain
-from operator import attrgetter
 from typing import overload
 
 import numpy as np
@@ -22,6 +20,7 @@ from ftsup.supervisor.core.inputs import (
     AgentHello,
     HeardFrom,
     Heartbeat,
+    HoldingsFold,
     Input,
     OperatorCommandKind,
     OperatorRequest,
@@ -64,7 +63,7 @@ from ftsup.supervisor.core.state import (
     Observation,
     SoftState,
 )
-from ftsup.supervisor.core.step_holdings import StepHoldings
+from ftsup.supervisor.core.step_holdings import Located, StepHoldings
 
 
 def observe(
@@ -233,38 +232,30 @@ def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, 
         progress.holding_mismatches.add(holdings.step)  # other bytes than a rank's first copy: never commits
 
 
-def hold_fold(soft: SoftState, state: ClusterState, parts: Sequence[SnapshotHoldings], now: float) -> bool:
-    """Records several nodes' holdings of one step (each node once, every part admitted) as one:
-    what `observe` records of each in turn, held with one set of array operations over all their
-    entries instead of one per node (issue 14: a link shard's fold of a step's holdings).
+def hold_fold(soft: SoftState, state: ClusterState, fold: HoldingsFold, located: Located, now: float) -> bool:
+    """Records several nodes' holdings of one step (a fold whose every part is admitted, its
+    entries `located`) as one: what `observe` records of each part in turn, held with one set of
+    array operations over all their entries instead of one pass per node (issue 14: a link
+    shard's fold of a step's holdings).
 
     Only while none of them can complete the step: holding them all leaves fewer (rank, holder)
     pairs than a commit needs, so one by one no part's decision would have committed, and each
     later part would have seen what it sees here. False, with nothing recorded: a part may
     complete the step (or the step is not kept); observe them one by one, so the commit lands at
     the part that completes it."""
-    first = parts[0]
-    progress = _progress_for(soft, state, first.generation)
-    step = first.step
+    progress = _progress_for(soft, state, fold.generation)
+    step = fold.step
     if progress is None or not _keeps(progress, state, step):
         return False
     held = progress.holdings.get(step)
     assert state.generation is not None  # (a progress is the generation in force's)
     weighing = held if held is not None else StepHoldings(state.generation.index.holder_slots())
-    slots = weighing.slots
-    numbers = list(map(slots.numbers.get, map(attrgetter("node_id"), parts)))
-    if None in numbers:
-        return False
-    counts = list(map(len, map(attrgetter("ranks"), parts)))
-    total = sum(counts)
-    ranks = np.fromiter(chain.from_iterable(map(attrgetter("ranks"), parts)), dtype=np.int64, count=total)
-    digests = np.fromiter(chain.from_iterable(map(attrgetter("sha256"), parts)), dtype=object, count=total)
-    weighed = weighing.weigh(slots.positions(ranks), np.repeat(np.array(numbers, dtype=np.int32), counts), digests)
-    if weighing.pairs + weighed.added >= slots.required:
+    weighed = weighing.weigh(located)
+    if weighing.pairs + weighed.added >= weighing.required:
         return False
     _note_input(soft, state, now)
-    for part in parts:
-        _heard(soft, part.node_id, now)
+    for node_id in fold.node_ids:
+        _heard(soft, node_id, now)
     if held is None:
         held = progress.holdings[step] = weighing
     held.take(weighed)

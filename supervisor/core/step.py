@@ -14,7 +14,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ftsup.supervisor.core import admission, snapshot_commits
+from ftsup.supervisor.core import admission, snapshot_commits, step_holdings
 from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core.config import CoreConfig
 from ftsup.supervisor.core.decide import decide, decide_hellos
@@ -41,7 +41,15 @@ from ftsup.supervisor.core.events import (
     XidReported,
 )
 from ftsup.supervisor.core.evolve import apply_record, apply_records
-from ftsup.supervisor.core.inputs import AgentHello, HeardFrom, Heartbeat, Input, SnapshotHoldings, StepAggregate
+from ftsup.supervisor.core.inputs import (
+    AgentHello,
+    HeardFrom,
+    Heartbeat,
+    HoldingsFold,
+    Input,
+    SnapshotHoldings,
+    StepAggregate,
+)
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.policies.interval import IntervalObservations
 from ftsup.supervisor.core.state import ClusterState, SoftState
@@ -255,14 +263,9 @@ class Core:
             return None
         if len({p.node_id for p in parts}) != len(parts):
             return None
-        if admission.admits_holdings(self.state, self.soft, parts) and soft_state.hold_fold(
-                self.soft, self.state, parts, now):
-            # None of them completes the step (the usual fold): held as one, with the decision the
-            # last one alone would make.
-            decision = decide(self.state, self.soft, parts[-1], now, self.config)
-            return BatchReady((None,) * len(parts), Ready(decision.events, decision.waiting_reason,
-                                                          affected_nodes(self.state, decision.events),
-                                                          first_seq=decision.first_seq))
+        held = self.step_holdings_fold(HoldingsFold.of_parts(parts), now)
+        if held is not None:
+            return held
         refusals: list[Refusal | None] = []
         last: SnapshotHoldings | None = None
         for part in parts:
@@ -278,6 +281,23 @@ class Core:
         return BatchReady(tuple(refusals), Ready(decision.events, decision.waiting_reason,
                                                  affected_nodes(self.state, decision.events),
                                                  first_seq=decision.first_seq))
+
+    def step_holdings_fold(self, fold: HoldingsFold, now: float) -> BatchReady | None:
+        """The usual fold of holdings decided whole, with no object per part or entry: every part
+        admitted (admission.admits_fold, step_holdings.locate) and none completing the step
+        (soft.hold_fold). Its Ready is the decision the last part alone would make, and covers
+        every part. None, with nothing changed: decide the parts with `step_holdings`, which
+        names refusals and lands a commit at the part that completes it."""
+        generation = self.state.generation
+        if len(fold) < 2 or generation is None or not admission.admits_fold(self.state, self.soft, fold):
+            return None
+        located = step_holdings.locate(generation.index.holder_slots(), fold)
+        if located is None or not soft_state.hold_fold(self.soft, self.state, fold, located, now):
+            return None
+        decision = decide(self.state, self.soft, fold.part(-1), now, self.config)
+        return BatchReady((None,) * len(fold), Ready(decision.events, decision.waiting_reason,
+                                                     affected_nodes(self.state, decision.events),
+                                                     first_seq=decision.first_seq))
 
     def _admit(self, inp: Input, now: float) -> Refusal | None:
         reason = admission.refusal(self.state, self.soft, inp, self.config)

@@ -20,6 +20,42 @@ import numpy as np
 import numpy.typing as npt
 
 from ftsup.supervisor.core.holder_slots import NO_NODE, HolderSlots
+from ftsup.supervisor.core.inputs import HoldingsFold
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A fold's entries against the generation's holder slots: each one's position, its holder's
+    node number and the SHA-256 it names, in the fold's order."""
+
+    positions: npt.NDArray[np.intp]
+    holders: npt.NDArray[np.int32]
+    sha256: npt.NDArray[np.object_]
+
+
+def locate(slots: HolderSlots, fold: HoldingsFold) -> Located | None:
+    """Places every entry of `fold` when each names a rank of the generation whose owner's or
+    buddy's slot its node holds, and no node names a rank twice: what admission asks of each
+    entry (holdable ranks, each once), asked of all at once. None: some entry fails it (ask the
+    parts one by one, which name it)."""
+    numbers = list(map(slots.numbers.get, fold.node_ids))
+    if None in numbers or not len(fold.ranks):
+        return None
+    ranks = fold.ranks
+    if slots.dense:
+        if ranks.min() < 0 or ranks.max() >= slots.size:
+            return None
+        positions = ranks.astype(np.intp, copy=False)
+    else:
+        positions = np.minimum(np.searchsorted(slots.ranks, ranks), slots.size - 1).astype(np.intp, copy=False)
+        if not np.array_equal(slots.ranks[positions], ranks):
+            return None
+    holders = np.repeat(np.array(numbers, dtype=np.int32), fold.counts)
+    if not ((slots.owner_of[positions] == holders) | (slots.buddy_of[positions] == holders)).all():
+        return None
+    if len(np.unique(holders.astype(np.int64) * slots.size + positions)) != len(positions):
+        return None  # (a node naming a rank twice: each node is one part)
+    return Located(positions, holders, np.array(fold.sha256, dtype=object))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +132,11 @@ class StepHoldings(Mapping[int, frozenset[str]]):
                 self.pairs += 1
         return mismatched
 
-    def weigh(self, positions: npt.NDArray[np.intp], holders: npt.NDArray[np.int32],
-              sha256: npt.NDArray[np.object_]) -> Weighed:
-        """What holding these entries in their order would do (each entry: its rank's position,
-        the holder's node number, the SHA-256 it names). An entry naming other bytes than its
-        rank's first report (this step's, or an earlier entry's here) is not held. Changes
-        nothing. Each (rank, holder) pair at most once among the entries (one node's message names
-        a rank once; a fold names each node once)."""
+    def weigh(self, located: Located) -> Weighed:
+        """What holding these entries in their order would do. An entry naming other bytes than
+        its rank's first report (this step's, or an earlier entry's here) is not held. Changes
+        nothing. Each (rank, holder) pair at most once among the entries (`locate` says so)."""
+        positions, holders, sha256 = located.positions, located.holders, located.sha256
         first = self.sha256[positions]
         unset = np.flatnonzero(first == None)  # noqa: E711  (elementwise: a rank nobody reported yet)
         first_at = positions[unset]

@@ -304,17 +304,23 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
 
     async def _submit_holdings_fold(self, fold: shard_pb2.ShardHoldingsFold, sessions: dict[int, _Relayed]) -> None:
         """A shard's packed holdings fold (several sessions' SnapshotHoldings of one step), decoded
-        once (holdings_fold.to_input) and handed to the loop in runs, each part answered on its own
-        node's route, as the per-node messages would have been (the loop folds them as it folds
-        theirs: Core.step_holdings). Parts of sessions that ended (or whose Hello was refused) are
-        dropped as their messages would be."""
+        once into its columns (holdings_fold.to_input) and handed to the loop whole, each part
+        answered on its own node's route (Runtime.submit_holdings_fold). Parts of sessions that
+        ended (or whose Hello was refused) are dropped as their messages would be; then, or when a
+        node has two parts, the rest go as runs the loop folds as it would the per-node messages."""
         relayed = [sessions.get(session) for session in fold.sessions]
         try:
-            parts = holdings_fold.to_input(_node_ids(relayed), fold)
+            columns = holdings_fold.to_input(_node_ids(relayed), fold)
         except snapshot_holdings.MalformedHoldings as exc:
             _refuse_fold(relayed, "holdings", "snapshot holdings", "snapshot_holdings", exc)
             return
-        run = [_Message(part, each.route, _PACKED) for part, each in zip(parts, relayed) if each is not None]
+        routes = [each.route for each in relayed if each is not None]
+        if (len(routes) == len(columns) > 1 and len(set(columns.node_ids)) == len(columns)
+                and len(columns) <= min(MAX_FOLD_PARTS, self._runtime.stream_capacity)):
+            replies = await self._runtime.submit_holdings_fold(columns)
+            replies.add_done_callback(functools.partial(_answer_parts, routes, "SnapshotHoldings"))
+            return
+        run = [_Message(part, each.route, _PACKED) for part, each in zip(columns.parts(), relayed) if each is not None]
         for start in range(0, len(run), RUN_MAX):
             await self._submit(run[start:start + RUN_MAX])
 
@@ -478,6 +484,16 @@ def _answer_run(run: list[_Message], replies: asyncio.Future[list[Outcome]]) -> 
         return
     for message, outcome in zip(run, replies.result()):
         _answer(message, outcome)
+
+
+def _answer_parts(routes: list[RelayRoute], kind: str, replies: asyncio.Future[list[Outcome]]) -> None:
+    """A fold's parts' outcomes, each on its node's route: a refusal when refused (a part of a
+    fold is never a heartbeat, so nothing else is said)."""
+    if replies.cancelled():
+        return
+    for route, outcome in zip(routes, replies.result()):
+        if outcome.refusal is not None:
+            route.put(_refusal(outcome.refusal, kind, RETRYABLE if outcome.is_retryable else PERMANENT))
 
 
 def _on_success(then: Callable[[], object]) -> Callable[[asyncio.Future[Outcome]], None]:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ftsup.common import holdings_fold_pack, holdings_pack, step_pack
 from ftsup.supervisor.core.events import SnapshotCommitted
+from ftsup.supervisor.core.inputs import HoldingsFold
 from ftsup.supervisor.core.limits import MAX_RANKS_PER_NODE_REPORT
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.server import holdings_fold, relay_service, snapshot_holdings
@@ -39,8 +40,12 @@ def test_a_packed_fold_decodes_to_each_nodes_own_holdings(seed):
              for session in rng.sample(range(1, 1000), rng.randint(1, 6))]
     fold = shard_pb2.ShardHoldingsFold.FromString(holdings_fold_pack.pack(parts).SerializeToString())
     nodes = [f"n{session}" for session, _ in parts]
-    assert holdings_fold.to_input(nodes, fold) == [snapshot_holdings.to_input(node, message)
-                                                   for node, (_, message) in zip(nodes, parts)]
+    own = [snapshot_holdings.to_input(node, message) for node, (_, message) in zip(nodes, parts)]
+    columns = holdings_fold.to_input(nodes, fold)
+    assert columns.parts() == own
+    assert [columns.part(i) for i in range(len(own))] == own and columns.part(-1) == own[-1]
+    again = HoldingsFold.of_parts(own)  # (what the loop folds the leader's own nodes' messages into)
+    assert again.parts() == own and again.counts == columns.counts and again.sha256 == columns.sha256
     assert holdings_fold_pack.unpack(fold) == parts
 
 
@@ -74,7 +79,7 @@ def _expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
         kind = item.WhichOneof("kind")
         if kind == "holdings_fold":
             sessions = list(item.holdings_fold.sessions)
-            held = holdings_fold.to_input([str(s) for s in sessions], item.holdings_fold)
+            held = holdings_fold.to_input([str(s) for s in sessions], item.holdings_fold).parts()
             out.extend((s, "snapshot_holdings", part) for s, part in zip(sessions, held))
         elif kind == "message" and item.message.WhichOneof("kind") == "snapshot_holdings":
             out.append((item.session, "snapshot_holdings",
@@ -189,3 +194,43 @@ async def test_the_relay_decides_a_packed_holdings_fold_and_answers_each_part_on
     answers = [(item.session, item.message.WhichOneof("kind")) for item in down.take()]
     refusals = [a for a in answers if a[1] == "refusal"]
     assert refusals == [(2, "refusal")], answers
+
+
+async def test_a_usual_fold_is_decided_on_its_columns_and_a_bad_part_is_refused_on_its_own_route(monkeypatch):
+    """Over the relay, a fold of known sessions none of whose parts completes the step is decided
+    whole on its columns (Core.step_holdings_fold, no part refused); a fold with a part naming a
+    rank its node may not hold goes part by part, and only that node hears a refusal."""
+    runtime = await _registered(4, ranks_per_node=2, log=MemoryLog())
+    whole: list[bool] = []
+    step_holdings_fold = runtime.core.step_holdings_fold
+
+    def spied(fold: HoldingsFold, now: float) -> object:
+        stepped = step_holdings_fold(fold, now)
+        whole.append(stepped is not None)
+        return stepped
+
+    monkeypatch.setattr(runtime.core, "step_holdings_fold", spied)
+    service, down = RelayService(runtime), RelayDown()
+    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(4)}
+    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(4)}
+    generation = runtime.state.generation
+    assert generation is not None
+    own = {i: list(generation.member(f"n{i}").ranks) for i in range(4)}  # type: ignore[union-attr]
+    usual = holdings_fold_pack.pack([(0, _holdings(1, own[0])), (1, _holdings(1, own[1]))])
+    copies = [r for m in generation.members if m.buddy_node_id == "n3" for r in m.ranks]
+    foreign = next(r for r in range(8) if r not in own[3] + copies)
+    bad = holdings_fold_pack.pack([(2, _holdings(1, own[2])), (3, _holdings(1, [foreign]))])
+    batch = shard_pb2.ShardBatch(items=[shard_pb2.Forwarded(holdings_fold=usual), shard_pb2.Forwarded(holdings_fold=bad)])
+    loop = asyncio.create_task(runtime.run())
+    try:
+        await service._read(_Batches(batch), down, sessions, "shard-a")
+        await asyncio.wait_for(_until(lambda: len(down) >= 1), 5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert whole[0] is True, "the usual fold is decided whole"
+    assert False in whole[1:], "the fold with a bad part is not"
+    progress = runtime.soft.progress
+    assert progress is not None and progress.holdings[1].pairs == 6, "n0, n1 and n2 hold their own two ranks"
+    answers = [(item.session, item.message.WhichOneof("kind")) for item in down.take()]
+    assert answers == [(3, "refusal")], answers
