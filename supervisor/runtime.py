@@ -44,6 +44,7 @@ from ftsup.supervisor.core.step import BatchReady, Core, Ready, Refusal
 from ftsup.supervisor.core.views import NodeFigures, NodeView, StatusView, node_figures, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.slot_pool import SlotPool
 from ftsup.v1 import agent_pb2
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ class Runtime:
         self._arrivals = itertools.count()
         self._grace_wakes: set[int] = set()  # GRACE_WAKE_S buckets with a Tick pending (close_stream)
         self.probes = agent_probe.AgentProbes(lambda: self.generation_in_force)  # a closed stream's agent gone?
-        self._stream_slots = asyncio.Semaphore(stream_input_capacity)
+        self._stream_slots = SlotPool(stream_input_capacity)
         self._stream_capacity = stream_input_capacity
         self._stream_ids = itertools.count(1)
         self._outboxes: dict[int, Outbox] = {}
@@ -199,7 +200,7 @@ class Runtime:
     async def submit_from_stream(self, inp: Input) -> asyncio.Future[Outcome]:
         """Like submit, for an agent stream's input: waits while STREAM_INPUT_CAPACITY inputs
         from streams are queued (back-pressure instead of unbounded memory)."""
-        await self._stream_slots.acquire()
+        await self._stream_slots.take(1)
         reply: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._put(_Pending(inp, reply, self._clock(), slots=1))
         return reply
@@ -220,17 +221,9 @@ class Runtime:
     async def _submit_run(self, run: InputRun, size: int) -> asyncio.Future[list[Outcome]]:
         if size > self._stream_capacity:
             raise ValueError(f"a run of {size} inputs exceeds the stream capacity {self._stream_capacity}")
-        taken = 0
-        try:
-            for _ in range(size):
-                await self._stream_slots.acquire()
-                taken += 1
-        except BaseException:  # (cancelled while waiting: the slots taken so far go back)
-            for _ in range(taken):
-                self._stream_slots.release()
-            raise
+        await self._stream_slots.take(size)  # (all at once; cancelled while waiting, it holds none)
         reply: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-        self._put(_Pending(run, reply, self._clock(), slots=taken))
+        self._put(_Pending(run, reply, self._clock(), slots=size))
         return reply
 
     @property
@@ -511,8 +504,8 @@ class Runtime:
         return pending
 
     def _free_slots(self, pending: _Pending) -> None:
-        for _ in range(pending.slots):
-            self._stream_slots.release()
+        if pending.slots:
+            self._stream_slots.give(pending.slots)
 
     def _next_pending(self) -> _Pending | None:
         """The input a Hello batch stopped at, handled next; else None (take from the queue)."""

@@ -68,7 +68,7 @@ async def test_a_runs_inputs_are_decided_in_order_each_with_its_own_outcome():
     assert "ghost" in (outcomes[1].refusal or "")
     assert runtime.state.generation is not None and runtime.state.generation.is_running  # (the first report)
     assert runtime.soft.progress is not None and runtime.soft.progress.max_step == 1
-    assert runtime._stream_slots._value == 50_000, "every slot given back"
+    assert runtime._stream_slots.free == 50_000, "every slot given back"
 
 
 async def test_a_runs_step_aggregates_of_one_step_are_decided_as_one_fold_with_their_own_outcomes():
@@ -95,7 +95,7 @@ async def test_a_runs_step_aggregates_of_one_step_are_decided_as_one_fold_with_t
     progress = runtime.soft.progress
     assert progress is not None and progress.max_step == 2 and progress.step_reports == 3 + 3
     assert 1 not in progress.sdc_clear_steps, "n2's refused part left step 1 incomplete: no vote"
-    assert runtime._stream_slots._value == 50_000, "every slot given back"
+    assert runtime._stream_slots.free == 50_000, "every slot given back"
 
 
 async def test_a_runs_holdings_of_one_step_are_decided_as_one_fold_and_the_commit_is_appended_once():
@@ -129,7 +129,7 @@ async def test_a_runs_holdings_of_one_step_are_decided_as_one_fold_and_the_commi
     snapshot = runtime.state.snapshot
     assert snapshot is not None and snapshot.step == 1
     assert sum(isinstance(r.event, SnapshotCommitted) for r in log.read()) == 1
-    assert runtime._stream_slots._value == 50_000, "every slot given back"
+    assert runtime._stream_slots.free == 50_000, "every slot given back"
 
 
 async def test_a_shards_liveness_summary_is_decided_before_the_inputs_queued_ahead_of_it():
@@ -153,22 +153,22 @@ async def test_a_shards_liveness_summary_is_decided_before_the_inputs_queued_ahe
     assert heard.result().refusal is None
 
 
-async def test_a_run_cancelled_while_it_waits_for_room_gives_back_the_slots_it_took():
+async def test_a_run_cancelled_while_it_waits_for_room_holds_no_slot():
     runtime = await _registered(1, capacity=3)
     first = await runtime.submit_run_from_stream([Heartbeat("n0", 1, 1), Heartbeat("n0", 1, 2)])  # 2 of 3 slots
     waiting = asyncio.create_task(runtime.submit_run_from_stream([Heartbeat("n0", 1, 3), Heartbeat("n0", 1, 4)]))
-    await asyncio.sleep(0)  # (it took the last slot and waits for the next)
-    assert runtime._stream_slots._value == 0
+    await asyncio.sleep(0)  # (it waits for room for both: it takes its slots at once)
+    assert runtime._stream_slots.free == 1
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
-    assert runtime._stream_slots._value == 1, "the slot the cancelled run had taken came back"
+    assert runtime._stream_slots.free == 1, "the cancelled run took nothing"
     loop = asyncio.create_task(runtime.run())
     try:
         assert all(o.refusal is None for o in await asyncio.wait_for(first, 5.0))
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
-    assert runtime._stream_slots._value == 3
+    assert runtime._stream_slots.free == 3
     with pytest.raises(ValueError, match="exceeds the stream capacity"):
         await runtime.submit_run_from_stream([Heartbeat("n0", 1, 5)] * 4)
 
