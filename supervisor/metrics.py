@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from ftsup.supervisor.core.views import NodeFigures
     from ftsup.supervisor.runtime import Runtime
 
-# Step aggregates kept before their figures are folded (a few MB at most: views of their arrays).
-PENDING_AGGREGATES = 4096
+# Ranks' step figures kept before they are folded (a few MB at most: views of the aggregates'
+# arrays; an aggregate is one node's ranks, or a shard's fold of forty nodes').
+PENDING_RANKS = 32_768
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -86,6 +87,7 @@ class SupervisorMetrics:
                                         buckets=APPEND_BUCKETS, registry=r)
         # (fed many nodes' ranks at once: metrics_arrays.py)
         self._pending: list[StepAggregate] = []  # step figures not yet folded (see flush)
+        self._pending_ranks = 0
         self.step_seconds = ArrayHistogram("ftsup_step_seconds", "Training step wall time, every rank", STEP_BUCKETS,
                                            before_collect=self.flush)
         self.compute_seconds = ArrayHistogram("ftsup_compute_seconds", "Time to gradients ready, every rank",
@@ -125,7 +127,7 @@ class SupervisorMetrics:
         if self._runtime is not None:
             await self.goodput.catch_up(self._runtime.event_log)
 
-    # -- called by the runtime, O(1) each (a batch fold every PENDING_AGGREGATES) ---------------
+    # -- called by the runtime, O(1) each (a batch fold every PENDING_RANKS) ---------------------
     def on_input(self, inp: Input, refusal: str | None) -> None:
         kind = type(inp).__name__
         if refusal is not None:
@@ -145,6 +147,12 @@ class SupervisorMetrics:
         self.on_admitted_count(kinds.pop(), len(inputs))
         for inp in inputs:
             self._on_figures(inp)
+
+    def on_admitted_fold(self, fold: StepAggregate, parts: int) -> None:
+        """A shard's fold of `parts` nodes' aggregates, all admitted: counted as its parts, its
+        figures kept once (the fold's arrays are its parts' in order, which is all `flush` reads)."""
+        self._counter("StepAggregate").inc(parts)
+        self._on_step_aggregate(fold)
 
     def on_admitted_count(self, kind: str, count: int) -> None:
         """`count` admitted inputs of `kind` with no figures of their own (a holdings fold's parts)."""
@@ -169,14 +177,15 @@ class SupervisorMetrics:
     def _on_step_aggregate(self, inp: StepAggregate) -> None:
         """A node's ranks' figures: kept (the aggregate's own arrays) and folded in batches."""
         self._pending.append(inp)
-        if len(self._pending) >= PENDING_AGGREGATES:
+        self._pending_ranks += len(inp)
+        if self._pending_ranks >= PENDING_RANKS:
             self.flush()
 
     def flush(self) -> None:
         """Folds the step figures kept since the last flush: the histograms, each rank's latest,
         rank 0's loss. Called before anything reads them (a scrape, `tokens_per_s`) and every
-        PENDING_AGGREGATES aggregates (bounded memory)."""
-        pending, self._pending = self._pending, []
+        PENDING_RANKS ranks' figures (bounded memory)."""
+        pending, self._pending, self._pending_ranks = self._pending, [], 0
         if not pending:
             return
         ranks = np.concatenate([a.ranks for a in pending])

@@ -470,13 +470,15 @@ class Runtime:
         def stepped(now: float) -> BatchReady | None:
             return (self.core.step_aggregates(parts, now) if folded is None
                     else self.core.step_aggregates(parts, now, folded))
-        return await self._handle_together(parts, at_s, stepped, "step")
+        return await self._handle_together(parts, at_s, stepped, "step", folded)
 
     async def _handle_together(self, parts: Sequence[Input], at_s: float | None,
-                               step_together: Callable[[float], BatchReady | None], kind: str) -> list[Outcome]:
+                               step_together: Callable[[float], BatchReady | None], kind: str,
+                               folded: StepAggregate | None = None) -> list[Outcome]:
         """Parts the core decides as one input (`step_together`): each part's refusal its own, one
         append for the rest; the parts past the Ready's (`len(refusals)`) are handled alone after
-        it. Declined by the core (None), each part is handled alone."""
+        it. Declined by the core (None), each part is handled alone. `folded`: the parts' fold
+        (aggregates), whose figures the metrics keep once when every part is admitted."""
         if not self.is_leader:
             return [self._not_leader() for _ in parts]
         now = self._clock() if at_s is None else at_s
@@ -484,7 +486,9 @@ class Runtime:
             stepped = step_together(now)
             if stepped is None:
                 return [await self._handle_guarded(part, at_s) for part in parts]
-            if self.metrics is not None and not any(stepped.refusals):
+            if self.metrics is not None and folded is not None and stepped.refusals == (None,) * len(parts):
+                self.metrics.on_admitted_fold(folded, len(parts))
+            elif self.metrics is not None and not any(stepped.refusals):
                 self.metrics.on_admitted(parts[:len(stepped.refusals)])
             else:
                 for part, refusal in zip(parts, stepped.refusals):

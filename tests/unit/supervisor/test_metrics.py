@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics, split_listen
-from ftsup.supervisor.core.inputs import StepReport, Tick
+from ftsup.supervisor.core.inputs import StepAggregate, StepReport, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.metrics import SupervisorMetrics, ThroughputConfig
 from ftsup.supervisor.outbox import StreamOutbox
@@ -151,3 +153,38 @@ async def test_with_the_daemons_tls_files_metrics_are_https_and_need_a_client_ce
     assert sample(body, "ftsup_nodes", 'role="active",state="alive"') == 2
     assert without_certificate == "" or without_certificate.startswith("refused"), without_certificate
     assert "200 OK" not in plain and "ftsup_" not in plain, plain
+
+
+async def test_a_shards_fold_counts_its_parts_and_keeps_the_figures_its_parts_would():
+    # A shard's packed fold of two nodes' aggregates: the metrics count two StepAggregates and keep
+    # the fold's figures once (on_admitted_fold), which must expose what the parts one by one do.
+    exposed: list[list[str]] = []
+    for packed in (False, True):
+        metrics = SupervisorMetrics(ThroughputConfig())
+        runtime = await running_job(metrics)
+        folds: list[int] = []
+        metrics.on_admitted_fold = _counting(metrics.on_admitted_fold, folds)  # type: ignore[method-assign]
+        parts = [StepAggregate.of_reports([StepReport(node, 1, rank, 1, 0.5 + rank, 0.4, 2.5 + rank, "d")])
+                 for rank, node in enumerate(("n1", "n2"))]
+        loop = asyncio.create_task(runtime.run())
+        try:
+            reply = await runtime.submit_run_from_stream(parts, StepAggregate.fold(parts) if packed else None)
+            outcomes = await asyncio.wait_for(reply, 5.0)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+        assert [o.refusal for o in outcomes] == [None, None]
+        assert folds == ([2] if packed else [])
+        body = generate_latest(metrics.registry).decode()
+        exposed.append([line for line in body.splitlines() if "_created" not in line and line.startswith(
+            ("ftsup_step_seconds", "ftsup_compute_seconds", "ftsup_rank_", "ftsup_loss ", 'ftsup_inputs_total{kind="StepAggregate"}'))])
+    assert exposed[0] == exposed[1]
+    assert 'ftsup_inputs_total{kind="StepAggregate"} 2.0' in exposed[1]
+    assert any(line.startswith('ftsup_rank_step_seconds{rank="1"} 1.5') for line in exposed[1])
+
+
+def _counting(on_admitted_fold: Any, folds: list[int]) -> Any:
+    def counted(fold: StepAggregate, parts: int) -> None:
+        folds.append(parts)
+        on_admitted_fold(fold, parts)
+    return counted
