@@ -26,11 +26,10 @@ import statistics
 import time
 from typing import Any
 
+from ftsup.bench import _runtime_fleet
 from ftsup.common import logs
-from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from ftsup.supervisor.core.events import NodeRole, SnapshotCommitted
-from ftsup.supervisor.core.inputs import AgentHello, SnapshotHoldings, StepAggregate, StepReport
-from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.core.events import SnapshotCommitted
+from ftsup.supervisor.core.inputs import SnapshotHoldings, StepAggregate, StepReport
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from ftsup.v1 import agent_pb2
@@ -71,24 +70,9 @@ async def _commit(runtime: Runtime, step: int) -> None:
 
 
 async def _run(nodes: int, ranks_per_node: int, repeats: int) -> dict[str, Any]:
-    config = CoreConfig(job=JobSpec(name="bench", nodes=nodes, ranks_per_node=ranks_per_node, argv=("train",)),
-                        detector=DetectorConfig(heartbeat_interval_s=60.0, heartbeat_misses=10,
-                                                reconnect_grace_s=60.0),  # (no verdict while the bench runs)
-                        spare_grace_s=0.0)
-    runtime = Runtime(config, MemoryLog(), tick_s=1.0)
-    loop = asyncio.create_task(runtime.run())
     outboxes = [_Kept() for _ in range(nodes)]
+    runtime, loop = await _runtime_fleet.start(outboxes, ranks_per_node, takes_snapshot_retain=True)
     try:
-        hellos = [runtime.submit(AgentHello(f"node-{i:05d}", 1, NodeRole.ACTIVE, f"10.0.{i // 250}.{i % 250}", 29500,
-                                            ranks_per_node, runtime.open_stream(outbox),
-                                            takes_snapshot_retain=True))
-                  for i, outbox in enumerate(outboxes)]
-        await asyncio.gather(*hellos)
-        deadline = time.monotonic() + 120
-        while runtime.state.generation is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no generation started: {runtime.core.waiting_reason}")
-            await asyncio.sleep(0.05)
         answers: dict[str, list[float]] = {"notices": [], "directives": []}
         sent: dict[str, list[tuple[int, int]]] = {"notices": [], "directives": []}
         said = runtime._say_retained

@@ -25,11 +25,9 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from ftsup.bench import _runtime_fleet
 from ftsup.common import logs
-from ftsup.supervisor.core.config import CoreConfig, DetectorConfig, JobSpec
-from ftsup.supervisor.core.events import NodeRole
-from ftsup.supervisor.core.inputs import AgentHello, XidReport
-from ftsup.supervisor.eventlog.memory import MemoryLog
+from ftsup.supervisor.core.inputs import XidReport
 from ftsup.supervisor.metrics import SupervisorMetrics, ThroughputConfig
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
@@ -38,21 +36,7 @@ XID_NODES = 5  # nodes that report an Xid each (a non-fatal code: they stay in t
 
 
 async def _fleet(nodes: int) -> tuple[Runtime, asyncio.Task[None]]:
-    config = CoreConfig(job=JobSpec(name="bench", nodes=nodes, ranks_per_node=8, argv=("train",)),
-                        detector=DetectorConfig(heartbeat_interval_s=60.0, heartbeat_misses=10,
-                                                reconnect_grace_s=60.0),  # (no verdict while the bench runs)
-                        spare_grace_s=0.0)
-    runtime = Runtime(config, MemoryLog(), tick_s=1.0)
-    loop = asyncio.create_task(runtime.run())
-    hellos = [runtime.submit(AgentHello(f"node-{i:05d}", 1, NodeRole.ACTIVE, f"10.0.{i // 250}.{i % 250}", 29500, 8,
-                                        runtime.open_stream(StreamOutbox())))
-              for i in range(nodes)]
-    await asyncio.gather(*hellos)
-    deadline = time.monotonic() + 120
-    while runtime.state.generation is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no generation started: {runtime.core.waiting_reason}")
-        await asyncio.sleep(0.05)
+    runtime, loop = await _runtime_fleet.start([StreamOutbox() for _ in range(nodes)])
     for i in range(min(XID_NODES, nodes)):
         outcome = await runtime.submit(XidReport(f"node-{i:05d}", "0000:01:00.0", 0, 63, "row remapping pending"))
         if outcome.refusal is not None:

@@ -42,13 +42,6 @@ class HolderSlots:
     def size(self) -> int:
         return len(self.ranks)
 
-    def positions(self, ranks: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
-        """The positions of `ranks`, all of them ranks of this generation (admission says so)."""
-        wanted = np.asarray(ranks, dtype=np.int64)
-        if self.dense:
-            return wanted.astype(np.intp, copy=False)
-        return np.searchsorted(self.ranks, wanted).astype(np.intp, copy=False)
-
     def position(self, rank: int) -> int:
         """The position of one rank of this generation."""
         return rank if self.dense else self.sparse_positions[rank]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -161,18 +162,25 @@ def test_the_up_queue_packs_holdings_only_for_a_leader_that_takes_holdings_folds
     assert queue.holdings_packed == 2
 
 
+def _relayed(runtime: Any) -> tuple[RelayService, RelayDown, dict[int, _Relayed], Any, dict[int, list[int]]]:
+    """A relay over `runtime` whose four sessions are its nodes n0..n3, the generation in force
+    and each node's own ranks."""
+    service, down = RelayService(runtime), RelayDown()
+    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(4)}
+    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(4)}
+    generation = runtime.state.generation
+    assert generation is not None
+    own = {i: list(generation.member(f"n{i}").ranks) for i in range(4)}
+    return service, down, sessions, generation, own
+
+
 async def test_the_relay_decides_a_packed_holdings_fold_and_answers_each_part_on_its_own_route():
     """Four nodes' holdings and copies of a voted step, packed by their shard (one node names a
     rank it may not hold): the step commits, the bad node alone hears a refusal, and a part of a
     session the leader does not know is dropped as its message would be."""
     log = MemoryLog()
     runtime = await _registered(4, ranks_per_node=2, log=log)
-    service, down = RelayService(runtime), RelayDown()
-    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(4)}
-    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(4)}
-    generation = runtime.state.generation
-    assert generation is not None
-    own = {i: list(generation.member(f"n{i}").ranks) for i in range(4)}  # type: ignore[union-attr]
+    service, down, sessions, generation, own = _relayed(runtime)
     copies = {i: [r for m in generation.members if m.buddy_node_id == f"n{i}" for r in m.ranks] for i in range(4)}
     steps = shard_pb2.ShardBatch(items=[forwarded(i, f"n{i}", 1, _aggregate(1, tuple(own[i]))) for i in range(4)])
     foreign = next(r for r in range(8) if r not in own[2] + copies[2])
@@ -210,12 +218,7 @@ async def test_a_usual_fold_is_decided_on_its_columns_and_a_bad_part_is_refused_
         return stepped
 
     monkeypatch.setattr(runtime.core, "step_holdings_fold", spied)
-    service, down = RelayService(runtime), RelayDown()
-    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(4)}
-    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(4)}
-    generation = runtime.state.generation
-    assert generation is not None
-    own = {i: list(generation.member(f"n{i}").ranks) for i in range(4)}  # type: ignore[union-attr]
+    service, down, sessions, generation, own = _relayed(runtime)
     usual = holdings_fold_pack.pack([(0, _holdings(1, own[0])), (1, _holdings(1, own[1]))])
     copies = [r for m in generation.members if m.buddy_node_id == "n3" for r in m.ranks]
     foreign = next(r for r in range(8) if r not in own[3] + copies)
