@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import pstats
+import shutil
 import signal
 import statistics
 import subprocess
@@ -713,12 +714,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _safe(args: argparse.Namespace, nodes: int, interval: float, workdir: pathlib.Path,
           profile: bool = False, replicas: int = 1) -> dict[str, Any]:
-    """A run that breaks (supervisor overwhelmed, connect timeout) is a result, not a crash."""
+    """A run that breaks (supervisor overwhelmed, connect timeout) is a result, not a crash. A run
+    with false verdicts keeps its logs even without --workdir (`logs_kept`): a verdict storm seen
+    once in a dozen runs cannot be explained from its figures alone."""
     try:
-        return run_once(args, nodes, interval, workdir, profile, replicas)
+        out = run_once(args, nodes, interval, workdir, profile, replicas)
     except ClusterError as exc:
         _progress(f"{interval:g}s x {nodes}: failed: {exc}")
         return {"nodes": nodes, "heartbeat_interval_s": interval, "goal_met": False, "error": str(exc)}
+    if out.get("false_verdicts") and args.workdir is None:
+        kept = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-scale-logs-"))
+        for path in workdir.iterdir():
+            if path.is_file() and path.suffix in (".log", ".json"):
+                shutil.copy2(path, kept / path.name)
+        out["logs_kept"] = str(kept)
+        _progress(f"{interval:g}s x {nodes}: {out['false_verdicts']} false verdicts; the run's logs are kept in {kept}")
+    return out
 
 
 if __name__ == "__main__":
