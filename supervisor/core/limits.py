@@ -36,6 +36,10 @@ XID_HISTORY_S = 7 * 24 * 3600.0  # longer than any repeat window of the Xid poli
 XID_HISTORY_MAX = 256  # Xids remembered per node: far more than any repeat rule counts
 MAX_HELD_EXITS = 256  # a whole node's ranks and then some; later ones add nothing to the attribution
 MAX_HOLDING_LEAD = 1024  # steps a snapshot holding may run ahead of progress; further is absurd: ignored
+# Uncommitted steps whose holdings are kept (each is arrays over the generation's ranks, ~1 MB at
+# 100,000 ranks: core/step_holdings.py); a fleet holds one to three. Past it the step farthest
+# from the newest reported one goes (soft._room_for).
+MAX_HOLDING_STEPS = 32
 MAX_OPEN_STEPS = 64  # steps waiting for their last rank's report; older ones are given up
 MAX_CLEAR_STEPS = 256  # agreed steps remembered for commits (commits trail steps by ~1)
 MAX_SHARDS = 1024  # link shards whose last summary the detector remembers (a fleet runs a handful)

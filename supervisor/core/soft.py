@@ -41,6 +41,7 @@ from ftsup.supervisor.core.limits import (
     MAX_CLEAR_STEPS,
     MAX_HELD_EXITS,
     MAX_HOLDING_LEAD,
+    MAX_HOLDING_STEPS,
     MAX_SHARDS,
     XID_HISTORY_MAX,
     XID_HISTORY_S,
@@ -227,6 +228,10 @@ def _hold_all(soft: SoftState, state: ClusterState, holdings: SnapshotHoldings, 
         return  # (admitted holdings are an owner's or a buddy's: no other node has a slot)
     held = progress.holdings.get(holdings.step)
     if held is None:
+        going = _room_for(progress, holdings.step)
+        if going == holdings.step:
+            return
+        _evict(progress, going)
         held = progress.holdings[holdings.step] = StepHoldings(slots)
     if held.hold(map(slots.position, holdings.ranks), number, holdings.sha256):
         progress.holding_mismatches.add(holdings.step)  # other bytes than a rank's first copy: never commits
@@ -248,6 +253,9 @@ def hold_fold(soft: SoftState, state: ClusterState, fold: HoldingsFold, located:
     if progress is None or not _keeps(progress, state, step):
         return False
     held = progress.holdings.get(step)
+    going = None if held is not None else _room_for(progress, step)
+    if going == step:
+        return False  # (no room for it: one by one, nothing of it would be kept either)
     assert state.generation is not None  # (a progress is the generation in force's)
     weighing = held if held is not None else StepHoldings(state.generation.index.holder_slots())
     weighed = weighing.weigh(located)
@@ -257,11 +265,32 @@ def hold_fold(soft: SoftState, state: ClusterState, fold: HoldingsFold, located:
     for node_id in fold.node_ids:
         _heard(soft, node_id, now)
     if held is None:
+        _evict(progress, going)
         held = progress.holdings[step] = weighing
     held.take(weighed)
     if weighed.mismatched:
         progress.holding_mismatches.add(step)
     return True
+
+
+def _room_for(progress: GenerationProgress, step: int) -> int | None:
+    """Which kept step must go for `step`'s holdings to be kept: None when there is room (at most
+    MAX_HOLDING_STEPS steps are kept: each is arrays over every rank, made at its first entry, so
+    a node naming a thousand future steps would otherwise cost the leader a gigabyte at 100,000
+    ranks); `step` itself when it is the one not to keep. The step farthest from the newest
+    reported one goes (of two as far, the later): a fleet's next commit is at or just behind it,
+    far ahead is a confused node, far behind can no longer be the restore point."""
+    held = progress.holdings
+    if len(held) < MAX_HOLDING_STEPS:
+        return None
+    newest = progress.max_step
+    return max((*held, step), key=lambda s: (abs(s - newest), s))
+
+
+def _evict(progress: GenerationProgress, step: int | None) -> None:
+    if step is not None:
+        del progress.holdings[step]
+        progress.holding_mismatches.discard(step)
 
 
 def _keeps(progress: GenerationProgress, state: ClusterState, step: int) -> bool:

@@ -65,6 +65,24 @@ def test_a_holding_far_beyond_the_generations_progress_is_ignored():
     assert 1 + soft_state.MAX_HOLDING_LEAD in sim.soft.progress.holdings
 
 
+def test_a_node_naming_many_future_steps_costs_a_bounded_number_of_steps_and_the_real_one_commits():
+    # Each step's holdings are arrays over every rank, made at its first entry: a confused node
+    # naming one rank of each of many future steps must not make the leader keep them all, nor
+    # push out the step the fleet is about to commit (the one nearest its newest report).
+    sim = running_cluster()
+    report_step(sim, 1)
+    bound = soft_state.MAX_HOLDING_STEPS
+    for step in range(3, 3 + 2 * bound):
+        sim.events(SnapshotReport("n2", 1, 0, step, ("n2",), 10, SHA))
+    progress = sim.soft.progress
+    assert progress is not None and len(progress.holdings) == bound
+    assert max(progress.holdings) < 3 + 2 * bound - 1, "the farthest ahead are not kept"
+    assert report_step(sim, 2) == [SnapshotCommitted(1, 2)], "the fleet's next step still commits"
+    for step in range(3, 3 + bound):  # and after it, the farthest from the newest report go first
+        sim.events(SnapshotReport("n2", 1, 0, step, ("n2",), 10, SHA))
+    assert len(progress.holdings) <= bound
+
+
 def test_each_node_is_granted_its_owners_stores_and_its_restorers_fetches():
     sim = running_cluster()
     grants = {n: directive_for(sim.state, sim.config.job, n, "").peer_grants for n in ("n1", "n2", "n3", "s1")}

@@ -191,6 +191,16 @@ def test_several_nodes_holdings_decided_as_one_decide_what_they_decide_one_by_on
     _same(_run(script, aggregated=True, strays=True), _run(script, aggregated=True, folded=True, strays=True))
 
 
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_with_room_for_few_steps_folds_still_decide_what_they_decide_one_by_one(script):
+    # Steps' holdings past MAX_HOLDING_STEPS push out the farthest from the newest report; with a
+    # bound this small the scripts' late and reordered steps do, in both paths alike.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(soft_state, "MAX_HOLDING_STEPS", 2)
+        _same(_run(script, aggregated=True, strays=True), _run(script, aggregated=True, folded=True, strays=True))
+
+
 def test_a_fold_of_holdings_ends_at_the_part_that_commits_and_the_rest_come_after_the_commit():
     sim = _started()
     for report in _step_reports(sim, 1):
