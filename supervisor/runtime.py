@@ -44,6 +44,7 @@ from ftsup.supervisor.core.step import BatchReady, Core, Ready, Refusal
 from ftsup.supervisor.core.views import NodeFigures, NodeView, StatusView, node_figures, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.refusal_log import RefusalLog
 from ftsup.supervisor.slot_pool import SlotPool
 from ftsup.v1 import agent_pb2
 
@@ -150,6 +151,7 @@ class Runtime:
         self._arrivals = itertools.count()
         self._grace_wakes: set[int] = set()  # GRACE_WAKE_S buckets with a Tick pending (close_stream)
         self.probes = agent_probe.AgentProbes(lambda: self.generation_in_force)  # a closed stream's agent gone?
+        self._refusal_log = RefusalLog(log)  # (a failure's tail of refusals: counted, not a line each)
         self._stream_slots = SlotPool(stream_input_capacity)
         self._stream_capacity = stream_input_capacity
         self._stream_ids = itertools.count(1)
@@ -567,6 +569,7 @@ class Runtime:
                 if late_s > threshold_s:
                     log.warning("supervisor stalled; not counting it as node silence", stalled_s=round(late_s, 3))
                 self.post(Tick(stalled_s=late_s if late_s > threshold_s else 0.0))
+                self._refusal_log.roll(self._clock(), self.generation_in_force)
                 self.probes.calibrate(self._peer_address_while_open)
 
     async def _handle(self, inp: Input, arrived_s: float | None = None) -> Outcome:
@@ -605,8 +608,8 @@ class Runtime:
     def _count(self, inp: Input, refusal: Refusal | None) -> None:
         """Logs a refused input and counts every input (refused or not) in the metrics."""
         if refusal is not None:
-            log.warning("input refused", input=type(inp).__name__, reason=refusal.reason,
-                        node_id=getattr(inp, "node_id", None), generation=self.generation_in_force)
+            self._refusal_log.refused(type(inp).__name__, refusal.reason, self._clock(),
+                                      node_id=getattr(inp, "node_id", None), generation=self.generation_in_force)
         if self.metrics is not None:
             self.metrics.on_input(inp, refusal.reason if refusal is not None else None)
 

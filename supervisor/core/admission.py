@@ -355,14 +355,20 @@ def _check_aggregate(state: ClusterState, soft: SoftState, aggregate: StepAggreg
     held = _held_ranks(state, aggregate)
     if len(set(listed)) == count and held.issuperset(listed) and _within_limits(aggregate):
         return None  # (the usual aggregate: a handful of reductions, no mask per rank)
-    first_twice = _first_repeat(listed)
-    bad = _faults(aggregate, held)
-    at_fault = np.flatnonzero(bad)
-    first_bad = int(at_fault[0]) if len(at_fault) else count
-    if first_twice is not None and first_twice <= first_bad:
-        return f"rank {listed[first_twice]} is reported twice in one step aggregate"
-    if first_bad == count:
-        return None
+    if held:
+        first_twice = _first_repeat(listed)
+        at_fault = np.flatnonzero(_faults(aggregate, held))
+        first_bad = int(at_fault[0]) if len(at_fault) else count
+        if first_twice is not None and first_twice <= first_bad:
+            return f"rank {listed[first_twice]} is reported twice in one step aggregate"
+        if first_bad == count:
+            return None
+    else:
+        # The sender holds no rank of it (a generation that ended: a failure's tail, every node's
+        # last step arriving after the end), so every position is at fault and the first is
+        # the first rank, before any repeat; no mask per rank (at 12,500 nodes that tail is
+        # 12,500 aggregates, each refused while the leader plans the next generation).
+        first_bad = 0
     report = aggregate.report(first_bad)
     reason = _check_step_report(state, report) or "refused"  # (the vector and scalar checks agree)
     return f"rank {report.rank} of node {aggregate.node_id!r}: {reason}"

@@ -92,6 +92,7 @@ def observe(
                 soft.pending_drains.discard(inp.node_id)
         case AgentHello():
             soft.detector_memo.changed()
+            soft.links += 1
             soft.nodes[inp.node_id] = NodeSoft(
                 last_heard_s=now, stream_id=inp.stream_id, incarnation=inp.incarnation, shard=inp.shard
             )
@@ -102,6 +103,7 @@ def observe(
                 node.disconnected_at_s = now
                 node.closed_stream_id = inp.stream_id
                 soft.detector_memo.changed()
+                soft.links += 1
         case AgentGone():
             node = soft.nodes.get(inp.node_id)
             if (node is not None and node.stream_id is None and node.closed_stream_id == inp.stream_id

@@ -394,6 +394,11 @@ class SoftState:
     # link shard -> when its newest liveness summary arrived (a shard that keeps alive sends one at
     # least every few hundred ms): how long it has been quiet, which its nodes' silence is not
     shard_heard_s: dict[str, float] = field(default_factory=dict)
+    # Counts changes of which nodes have a stream open (a Hello's new NodeSoft, a stream closed),
+    # made by `soft.observe` alone: the planners' survey of the fleet is kept while neither this
+    # nor the node map changed (plan_memo.py). Code that sets a NodeSoft's stream_id itself
+    # (tests, the simulator's set-up) must bump it too, or change the node map.
+    links: int = field(default=0, compare=False)
     # The planners' objects from recent plans (plan_memo.py): plans equal without it, only slower.
     plan_memo: PlanMemo = field(default_factory=PlanMemo, compare=False, repr=False)
     # When the failure detector's next pass can first find a verdict (detector_memo.py): the

@@ -225,7 +225,10 @@ class Core:
             return None
         reasons, fold = admission.fold_refusals(self.state, self.soft, parts, self.config, folded)
         admitted = [part for part, reason in zip(parts, reasons) if reason is None]
-        if not admitted or not soft_state.fresh_in_step(self.soft, self.state, first.generation, first.step,
+        if not admitted:  # (each refused one by one decides nothing: refused here, not checked again)
+            return BatchReady(tuple(Refusal(RefusalKind.PERMANENT, reason) for reason in reasons if reason is not None),
+                              Ready(waiting_reason=self.waiting_reason))
+        if not soft_state.fresh_in_step(self.soft, self.state, first.generation, first.step,
                                                         admitted):
             return None
         # Refused parts after the last admitted one are left to the caller: one by one they come

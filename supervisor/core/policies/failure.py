@@ -55,25 +55,29 @@ class Verdict:
 
 def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: float) -> list[Verdict]:
     memo = soft.detector_memo
-    if memo.can_skip(state.nodes, config, soft.started_at_s, now):
+    nodes = state.nodes
+    watched = memo.to_judge(nodes, config, soft.started_at_s, now)
+    if watched is not None and not watched:
         return []  # (no node can have a verdict yet: core/detector_memo.py)
     verdicts: list[Verdict] = []
-    # One pass over every node (12,500 at 100k GPUs) when one is due: the common case, a
-    # connected node heard from recently, is decided in a few operations, with the limits
-    # computed once, and the oldest such node's time kept for the memo.
+    # One pass over every node (12,500 at 100k GPUs) when one is due, else over the watched few:
+    # the common case, a connected node heard from recently, is decided in a few operations, with
+    # the limits computed once, and the oldest such node's time kept for the memo; every other
+    # node is watched (judged on each Tick until the next whole pass).
     dead_after, suspect_after = config.dead_after_s, 1.5 * config.heartbeat_interval_s
     quiet_below = min(dead_after, suspect_after)  # (one miss: dead before suspect)
     started, infos = soft.started_at_s, soft.nodes
     alive, suspect, dead = Liveness.ALIVE, Liveness.SUSPECT, Liveness.DEAD
     heard_until = _quiet_shards(soft, dead_after, now) if soft.shard_heard_s else {}
-    oldest: float | None = math.inf  # None: some node must be looked at on every Tick
-    for node_id, node in state.nodes.items():
+    oldest = math.inf
+    watch: list[str] = []
+    for node_id, node in (nodes.items() if watched is None else ((n, nodes[n]) for n in watched)):
         liveness = node.liveness
         if liveness is dead:
             continue
         info = infos.get(node_id)
         if info is None or info.stream_id is None:
-            oldest = None
+            watch.append(node_id)
             verdict = _judge_unconnected(node_id, liveness, info, soft, config, now)
             if verdict is not None:
                 verdicts.append(verdict)
@@ -87,14 +91,14 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
             silent_for = min(silent_for, heard_until[info.shard] - last_heard)  # (the rest is the shard's)
         if silent_for < quiet_below:  # the common case first: heard from lately
             if liveness is alive:
-                if oldest is not None and last_heard < oldest:
+                if last_heard < oldest:
                     oldest = last_heard
                 continue
-            oldest = None
+            watch.append(node_id)
             if liveness is suspect:
                 verdicts.append(Verdict(node_id, Liveness.ALIVE, "heard from again", silent_for))
             continue
-        oldest = None  # (overdue, a suspect, or a clock that is not a number: look again next Tick)
+        watch.append(node_id)  # (overdue, a suspect, or a clock that is not a number: look again next Tick)
         if silent_for >= dead_after:
             verdicts.append(
                 Verdict(
@@ -107,7 +111,10 @@ def judge(state: ClusterState, soft: SoftState, config: DetectorConfig, now: flo
             )
         elif silent_for >= suspect_after and liveness is alive:  # (not NaN)
             verdicts.append(Verdict(node_id, Liveness.SUSPECT, "heartbeat overdue", silent_for))
-    memo.passed(state.nodes, config, started, quiet_below, oldest)
+    if watched is None:
+        memo.passed(nodes, config, started, quiet_below, oldest, watch)
+    else:
+        memo.judged_watched(oldest, watch)
     return verdicts
 
 

@@ -136,6 +136,18 @@ class _Fleet:
 
 
 def _survey(state: ClusterState, soft: SoftState) -> _Fleet:
+    """The fleet as a plan sees it: the last survey while neither the node map (persistent: a new
+    map on any change of a record) nor which nodes have a stream open changed, else a new one."""
+    memo = soft.plan_memo
+    kept = memo.survey
+    if kept is not None and kept[0] is state.nodes and kept[1] == soft.links:
+        return cast(_Fleet, kept[2])
+    fleet = _survey_anew(state, soft)
+    memo.survey = (state.nodes, soft.links, fleet)
+    return fleet
+
+
+def _survey_anew(state: ClusterState, soft: SoftState) -> _Fleet:
     """The one pass over every node a plan needs (12,500 at 100k GPUs: keep it to one)."""
     healthy: list[NodeRecord] = []
     unusable: list[str] = []

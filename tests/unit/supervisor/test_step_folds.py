@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from ftsup.supervisor.core import admission
 from ftsup.supervisor.core.events import CheckpointStarted, SdcSuspected, StragglerDetected
 from ftsup.supervisor.core.inputs import StepAggregate, StepReport
 from tests.support.builders import NOW, Sim
@@ -62,6 +63,11 @@ def _parts(sim: Sim, step: int, slow_rank: int | None, corrupt_rank: int | None,
         again = [dataclasses.replace(r, param_digest=rng.choice([r.param_digest, "resent"]))
                  for r in parts[at].reports()]
         parts.insert(rng.randrange(at + 1, len(parts)), StepAggregate.of_reports(again))
+    elif kind == 5:  # a generation's tail: every node's step of the one before, one with a bad figure too
+        parts = [StepAggregate.of_reports([dataclasses.replace(r, generation=r.generation - 1) for r in part.reports()])
+                 for part in parts]
+        at = rng.randrange(len(parts))
+        parts[at] = StepAggregate.of_reports([dataclasses.replace(r, step_time_s=-2.0) for r in parts[at].reports()])
     return parts
 
 
@@ -141,6 +147,28 @@ def test_a_part_admission_refuses_is_refused_alone_and_the_rest_are_decided():
     assert isinstance(answers[2], str) and "compute_time_s" in answers[2]
     assert all(isinstance(a, list) for i, a in enumerate(answers) if i != 2)
     assert sim.soft.progress is not None and sim.soft.progress.step_reports == WORLD - RANKS_PER_NODE
+
+
+def test_a_fold_of_an_ended_generation_is_refused_part_by_part_with_one_check_each(monkeypatch):
+    # A failure's tail: every node's last step arrives after its generation ended. Each part is
+    # refused with its own words (a bad figure before the stale generation), and admission runs
+    # once per part: the fold's refusals are not checked again one by one.
+    sim = _started()
+    parts = _parts(sim, 1, None, None, random.Random(0))[:NODES]
+    stale = [StepAggregate.of_reports([dataclasses.replace(r, generation=r.generation + 1) for r in p.reports()])
+             for p in parts]
+    stale[1] = StepAggregate.of_reports([dataclasses.replace(r, step_time_s=-2.0) for r in stale[1].reports()])
+    checks = []
+    real = admission.refusal
+    monkeypatch.setattr(admission, "refusal", lambda *a, **k: checks.append(a[2]) or real(*a, **k))
+    answers = sim.feed_fold(stale, at=NOW + 1)
+    assert answers is not None and len(answers) == len(stale)
+    assert "step_time_s=-2.0" in answers[1]
+    ranks = [int(p.ranks[0]) for p in stale]
+    assert all(f"rank {ranks[i]} of node {stale[i].node_id!r}: stale generation 2 (the generation in force is 1)"
+               == answers[i] for i in range(len(stale)) if i != 1)
+    assert len(checks) == len(stale)
+    assert sim.soft.progress is None or sim.soft.progress.step_reports == 0
 
 
 def test_a_fold_keeps_each_position_s_node_rank_and_figures():
