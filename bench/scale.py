@@ -337,6 +337,11 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         for proc in procs:
             proc.send({"cmd": "measure", "window_s": window_s, "silence": target if proc is owner else None,
                        "silence_at_s": silence_at_s})
+        # The window's part before the silence: training alone, no failure's work (the silenced
+        # node's detection, the generation's end, its directives and refused tail come after).
+        time.sleep(max(0.0, wall0 + silence_at_s - time.monotonic()))
+        steady_cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
+        steady_s = time.monotonic() - wall0
         results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
         folds1 = _fold_counts(metrics_at[address])  # (after the window's CPU was read)
@@ -393,6 +398,14 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "latency_after_silence_p99_ms": _percentile(after, 0.99),
             "latency_after_silence_max_ms": max(after) if after else None,
             "supervisor_cpu_fraction": round(cpu_s / wall_s, 3),  # the leader's, with replicas
+            # ...and in the window's first `steady_window_s`, before the silenced node's silence
+            # (None when the window is too short to leave one: the smoke test's)
+            "steady_window_s": round(steady_s, 2),
+            "leader_cpu_fraction_steady": round(steady_cpu_by[address] / steady_s, 3) if steady_s >= 1.0 else None,
+            "leader_cpu_us_per_node_s_steady": (round(steady_cpu_by[address] / steady_s / nodes * 1e6, 2)
+                                                if steady_s >= 1.0 else None),
+            "shard_cpu_fractions_steady": ({a: round(c / steady_s, 3) for a, c in steady_cpu_by.items() if a != address}
+                                           if steady_s >= 1.0 else None),
             "replicas": replicas,
             "shard_cpu_fractions": {a: round(c / wall_s, 3) for a, c in cpu_by.items() if a != address},
             "supervisors_cpu_fraction": round(sum(cpu_by.values()) / wall_s, 3),
@@ -430,7 +443,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             if replicas > 1:
                 out["shard_profile_top"] = {a: _profile_top(_profile_path(workdir, a)) for a in supervisors if a != address}
         _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
-                  f" cpu {out['supervisor_cpu_fraction']}, detect {out['detect_s']} s")
+                  f" cpu {out['supervisor_cpu_fraction']} (before the silence {out['leader_cpu_fraction_steady']}),"
+                  f" detect {out['detect_s']} s")
         return out
     finally:
         if watch is not None:

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import Protocol
 
 from ftsup.v1 import agent_pb2
 
 # Directives change once per generation and acks/refusals answer what the agent sends (itself
 # bounded by the per-stream in-flight limit): a healthy stream holds a handful.
 OUTBOX_CAPACITY = 1024
+
+
+class SharedSender(Protocol):
+    """Where one message meant for several streams goes once (a link shard's relay: the shard
+    delivers it to each of the sessions named)."""
+
+    def put_shared(self, sessions: list[int], message: agent_pb2.SupervisorMessage) -> bool: ...
 
 
 class StreamOutbox:
@@ -49,6 +57,11 @@ class StreamOutbox:
             self.is_closed = True
             self.close_reason = reason
         self._ready.set()
+
+    def shared_route(self) -> tuple[SharedSender, int] | None:
+        """Where a message meant for many streams may be sent once for this one too, and this
+        stream's address there; None (an agent's own stream): `put` it here."""
+        return None
 
     async def get(self) -> agent_pb2.SupervisorMessage | None:
         """The next message, or None once the stream is closed (a limit closes it at once)."""

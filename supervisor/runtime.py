@@ -43,7 +43,7 @@ from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import BatchReady, Core, Ready, Refusal
 from ftsup.supervisor.core.views import NodeFigures, NodeView, StatusView, node_figures, node_views, status_view
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
-from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.outbox import SharedSender, StreamOutbox
 from ftsup.supervisor.refusal_log import RefusalLog
 from ftsup.supervisor.slot_pool import SlotPool
 from ftsup.v1 import agent_pb2
@@ -749,13 +749,35 @@ class Runtime:
         notice = agent_pb2.SupervisorMessage(snapshot_retain=agent_pb2.SnapshotRetain(
             generation=committed.generation, retain_from_step=committed.step))
         rest = list(named)
+        told: list[str] = []
         for node_id in list(self._node_stream):
             sent = self._sent.get(node_id)
             if node_id in self._takes_retain and sent is not None and sent.generation == committed.generation:
-                self._send(node_id, notice)
+                told.append(node_id)
             else:
                 rest.append(node_id)
+        self._send_each(told, notice)
         self._push_directives(rest)
+
+    def _send_each(self, node_ids: Iterable[str], message: agent_pb2.SupervisorMessage) -> None:
+        """`message` to each node: once per link shard for the nodes it relays (if it takes shared
+        messages; it delivers the one item to each), else one put per stream."""
+        shared: dict[int, tuple[SharedSender, list[int]]] = {}
+        for node_id in node_ids:
+            stream_id = self._node_stream.get(node_id)
+            outbox = self._outboxes.get(stream_id) if stream_id is not None else None
+            route = outbox.shared_route() if outbox is not None else None
+            if route is None:
+                self._send(node_id, message)
+                continue
+            sender, session = route
+            gathered = shared.get(id(sender))
+            if gathered is None:
+                shared[id(sender)] = (sender, [session])
+            else:
+                gathered[1].append(session)
+        for sender, sessions in shared.values():
+            sender.put_shared(sessions, message)  # (refused: the relay is ending; its nodes' Hellos resend)
 
     def _send(self, node_id: str, message: agent_pb2.SupervisorMessage) -> bool:
         stream_id = self._node_stream.get(node_id)

@@ -421,7 +421,7 @@ class LinkShard:
             stub: Any = shard_pb2_grpc.LinkShardStub(channel)  # (the stubs' types miss the streaming form)
             call = stub.Relay()
             await call.write(shard_pb2.ShardBatch(replica=self.address, keeps_alive=True,
-                                                  probes_agents=self.offers_probes))
+                                                  probes_agents=self.offers_probes, takes_shared=True))
             first = await call.read()
             if not isinstance(first, shard_pb2.LeaderBatch):  # EOF: the leader said nothing
                 return
@@ -535,21 +535,29 @@ class LinkShard:
 
     def _deliver(self, batch: shard_pb2.LeaderBatch) -> None:
         for item in batch.items:
-            session = self._sessions.get(item.session)
-            if session is None:
-                continue  # ended here meanwhile: the leader learns it from our end item
-            if item.HasField("message"):
-                if item.message.WhichOneof("kind") == "welcome":
-                    session.last_heard_s = self._clock()
-                    if self.probes_agents and session.peer is not None and not session.calibrating:
-                        session.calibrating = True
-                        self.probes.admitted(session.node_id)  # (calibrated again: its port may be new)
-                    interval_s = item.message.welcome.heartbeat_interval_s
-                    if math.isfinite(interval_s) and interval_s > 0:
-                        session.interval_s = interval_s
-                session.outbox.put(item.message)
-            if item.close:
-                session.outbox.close()
+            if item.sessions:  # one message for each of these sessions (a commit's SnapshotRetain)
+                if item.HasField("message") and not item.close:
+                    for session_id in item.sessions:
+                        self._deliver_one(session_id, item)
+                continue
+            self._deliver_one(item.session, item)
+
+    def _deliver_one(self, session_id: int, item: shard_pb2.Addressed) -> None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return  # ended here meanwhile: the leader learns it from our end item
+        if item.HasField("message"):
+            if item.message.WhichOneof("kind") == "welcome":
+                session.last_heard_s = self._clock()
+                if self.probes_agents and session.peer is not None and not session.calibrating:
+                    session.calibrating = True
+                    self.probes.admitted(session.node_id)  # (calibrated again: its port may be new)
+                interval_s = item.message.welcome.heartbeat_interval_s
+                if math.isfinite(interval_s) and interval_s > 0:
+                    session.interval_s = interval_s
+            session.outbox.put(item.message)
+        if item.close:
+            session.outbox.close()
 
 
 def keeps_lingering(queued_before: int, queued_now: int, waited_s: float, urgent: bool) -> bool:

@@ -31,7 +31,7 @@ from ftsup.common.deadline import within
 from ftsup.common.tls import PeerKind, peer_identity
 from ftsup.supervisor.core import inputs
 from ftsup.supervisor.core.policies import failure
-from ftsup.supervisor.outbox import StreamOutbox
+from ftsup.supervisor.outbox import SharedSender, StreamOutbox
 from ftsup.supervisor.runtime import Outcome, Runtime
 from ftsup.supervisor.server import holdings_fold, snapshot_holdings, step_aggregate, step_fold
 from ftsup.supervisor.server.agent_service import _ROLES, PERMANENT, RETRYABLE, _refusal, to_input
@@ -50,11 +50,12 @@ LEADERSHIP_CHECK_S = 0.25  # a relay ends this soon after its leader stepped dow
 class RelayDown:
     """The relay's outgoing queue: Addressed items, bounded; `overflowed` ends the relay."""
 
-    def __init__(self, capacity: int = DOWN_CAPACITY) -> None:
+    def __init__(self, capacity: int = DOWN_CAPACITY, *, takes_shared: bool = False) -> None:
         self.capacity = capacity
         self._items: collections.deque[shard_pb2.Addressed] = collections.deque()
         self.ready = asyncio.Event()
         self.overflowed = False
+        self.takes_shared = takes_shared  # the shard delivers one item to many sessions (ShardBatch.takes_shared)
 
     def push(self, item: shard_pb2.Addressed) -> bool:
         if self.overflowed or len(self._items) >= self.capacity:
@@ -64,6 +65,11 @@ class RelayDown:
         self._items.append(item)
         self.ready.set()
         return True
+
+    def put_shared(self, sessions: list[int], message: agent_pb2.SupervisorMessage) -> bool:
+        """`message` for each of `sessions`, as one item (a commit's SnapshotRetain for a shard's
+        2,000-4,000 nodes was as many items, each a copy of the message, issue 14, part 15)."""
+        return self.push(shard_pb2.Addressed(sessions=sessions, message=message))
 
     def take(self, max_items: int = MAX_DOWN_ITEMS) -> list[shard_pb2.Addressed]:
         taken = [self._items.popleft() for _ in range(min(max_items, len(self._items)))]
@@ -93,6 +99,9 @@ class RelayRoute(StreamOutbox):
         if not self.is_closed:
             self._down.push(shard_pb2.Addressed(session=self.session, close=True))
         super().close(reason)
+
+    def shared_route(self) -> tuple[SharedSender, int] | None:
+        return (self._down, self.session) if self._down.takes_shared and not self.is_closed else None
 
 
 @dataclass(slots=True)
@@ -136,7 +145,7 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         term = runtime.term
         first = await anext(aiter(request_iterator), None)
         replica = first.replica if first is not None and first.replica else context.peer()
-        down = RelayDown()
+        down = RelayDown(takes_shared=first is not None and first.takes_shared)
         sessions: dict[int, _Relayed] = {}
         self._sessions[replica] = sessions
         if first is not None and first.keeps_alive:

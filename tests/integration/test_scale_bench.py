@@ -21,6 +21,7 @@ RUN_KEYS = {
     "nodes", "heartbeat_interval_s", "nodes_connected", "nodes_training", "connect_s", "latency_p50_ms",
     "latency_p99_ms", "supervisor_cpu_fraction", "supervisor_rss_mb", "load_cpu_fraction", "suspect_s",
     "detect_s", "false_verdicts", "heartbeats_sent", "heartbeats_asked_ack", "heartbeats_acked", "goal_met",
+    "steady_window_s", "leader_cpu_fraction_steady",
 }
 
 

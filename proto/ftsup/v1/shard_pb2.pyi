@@ -306,6 +306,7 @@ class ShardBatch(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     KEEPS_ALIVE_FIELD_NUMBER: _builtins.int
     PROBES_AGENTS_FIELD_NUMBER: _builtins.int
+    TAKES_SHARED_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     """the shard's advertised address (first batch), for logs and routing"""
     keeps_alive: _builtins.bool
@@ -317,6 +318,11 @@ class ShardBatch(_message.Message):
     and reports a refused port after a close (Forwarded.agent_gone) when the leader takes them; the
     leader then opens no connection to this shard's nodes itself.
     """
+    takes_shared: _builtins.bool
+    """(first batch) this shard delivers an Addressed with `sessions` to each of them: the leader
+    sends one message meant for many of its nodes (a commit's SnapshotRetain) once, not once per
+    node; to an older shard it sends one item per session.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Forwarded]: ...
     def __init__(
@@ -326,10 +332,11 @@ class ShardBatch(_message.Message):
         items: _abc.Iterable[Global___Forwarded] | None = ...,
         keeps_alive: _builtins.bool = ...,
         probes_agents: _builtins.bool = ...,
+        takes_shared: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "keeps_alive", b"keeps_alive", "probes_agents", b"probes_agents", "replica", b"replica"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "keeps_alive", b"keeps_alive", "probes_agents", b"probes_agents", "replica", b"replica", "takes_shared", b"takes_shared"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -344,6 +351,7 @@ class Addressed(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
     session: _builtins.int
     close: _builtins.bool
     """end the agent's stream after what was sent"""
@@ -351,16 +359,23 @@ class Addressed(_message.Message):
     def message(self) -> _agent_pb2.SupervisorMessage:
         """unset with close"""
 
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The same `message` for each of these sessions (`session` unset, never with close): sent only
+        to a shard whose first batch said takes_shared.
+        """
+
     def __init__(
         self,
         *,
         session: _builtins.int = ...,
         message: _agent_pb2.SupervisorMessage | None = ...,
         close: _builtins.bool = ...,
+        sessions: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "message", b"message", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "message", b"message", "session", b"session", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftsup.common import tls
+from ftsup.common import holdings_pack, tls
 from ftsup.common.shard_map import home_of, shard_of
 from ftsup.harness.certs import main as certs_main
 from ftsup.harness.chaos.proxy import PartitionProxy
@@ -355,8 +355,8 @@ class Pair:
 
 @contextlib.asynccontextmanager
 async def pair(ranks_per_node: int = 1, relay_type: type[RelayService] = RelayService,
-               reconnect_grace_s: float | None = None) -> AsyncIterator[Pair]:
-    cfg = config(nodes=1, ranks_per_node=ranks_per_node)
+               reconnect_grace_s: float | None = None, nodes: int = 1) -> AsyncIterator[Pair]:
+    cfg = config(nodes=nodes, ranks_per_node=ranks_per_node)
     if reconnect_grace_s is not None:
         cfg = dataclasses.replace(cfg, detector=dataclasses.replace(cfg.detector, reconnect_grace_s=reconnect_grace_s))
     runtime = Runtime(cfg, MemoryLog(), tick_s=0.05)
@@ -431,6 +431,51 @@ async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_close
             call.cancel()
         await until(lambda: p.runtime.soft.nodes[node].stream_id is None, "the leader to see the stream close")
         assert p.runtime.soft.nodes[node].disconnected_at_s is not None, "an agent's closed stream: suspect now"
+
+
+async def test_a_commit_s_retain_notice_goes_to_a_shard_once_for_all_its_nodes(monkeypatch):
+    """Two nodes on the follower's shard, both taking SnapshotRetain: each commit is one item on
+    the relay naming both sessions (RelayDown.put_shared), and each agent reads its notice."""
+    shared: list[list[int]] = []
+    put_shared = RelayDown.put_shared
+
+    def spied(self: RelayDown, sessions: list[int], message: agent_pb2.SupervisorMessage) -> bool:
+        shared.append(list(sessions))
+        return put_shared(self, sessions, message)
+
+    monkeypatch.setattr(RelayDown, "put_shared", spied)
+    async with pair(nodes=2) as p:
+        await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
+        live = (p.leader, p.follower)
+        nodes = [f"n{i}" for i in range(1000) if shard_of(f"n{i}", live) == p.follower][:2]
+        async with grpc.aio.insecure_channel(p.follower) as channel:
+            calls = {}
+            for node in nodes:
+                calls[node] = agent_pb2_grpc.SupervisorStub(channel).Connect()
+                hello = hello_message(node)
+                hello.hello.takes_snapshot_retain = True
+                await calls[node].write(hello)
+                await read_until(calls[node], "welcome")
+            directives = {}
+            for node, call in calls.items():
+                while not directives.get(node, agent_pb2.Directive()).ranks:  # (the generation's, not a wait)
+                    directives[node] = (await read_until(call, "directive")).directive
+            generation = p.runtime.state.generation
+            assert generation is not None
+            for node, call in calls.items():
+                rank = directives[node].ranks[0]
+                await call.write(agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
+                    generation=generation.number, rank=rank, step=1, step_time_s=1.0, compute_time_s=0.5,
+                    param_digest="d1")))
+            for node, call in calls.items():  # its own rank and its buddy's copy
+                await call.write(agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack([
+                    agent_pb2.SnapshotReport(generation=generation.number, rank=r, step=1, size_bytes=10,
+                                             sha256=f"s{r}") for r in (0, 1)])))
+            notices = {node: (await read_until(call, "snapshot_retain")).snapshot_retain for node, call in calls.items()}
+            assert {(n.generation, n.retain_from_step) for n in notices.values()} == {(generation.number, 1)}
+            assert len(shared) == 1 and len(shared[0]) == 2, shared
+            for call in calls.values():
+                call.cancel()
 
 
 @contextlib.contextmanager
