@@ -467,7 +467,7 @@ async def test_a_commit_s_retain_notice_goes_to_a_shard_once_for_all_its_nodes(m
                 await call.write(agent_pb2.AgentMessage(step_report=agent_pb2.StepReport(
                     generation=generation.number, rank=rank, step=1, step_time_s=1.0, compute_time_s=0.5,
                     param_digest="d1")))
-            for node, call in calls.items():  # its own rank and its buddy's copy
+            for call in calls.values():  # its own rank and its buddy's copy
                 await call.write(agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack([
                     agent_pb2.SnapshotReport(generation=generation.number, rank=r, step=1, size_bytes=10,
                                              sha256=f"s{r}") for r in (0, 1)])))
