@@ -52,8 +52,10 @@ LATENCY_DEFINITION = (
     " detection, the generation's end and the directives that follow)"
 )
 DETECT_DEFINITION = (
-    "from the silenced node's last heartbeat (wall clock, load process) to the time stamped on the"
-    " supervisor's NodeSuspected / NodeDeclaredDead record for it; its stream stays open"
+    "from the silenced node's last message (wall clock, load process: a heartbeat, or a step's report"
+    " and holdings, which the detector hears as well) to the time stamped on the supervisor's"
+    " NodeSuspected / NodeDeclaredDead record for it; its stream stays open. detect_from_last_heartbeat_s:"
+    " from its last heartbeat, as measured before 2026-11-29"
 )
 
 
@@ -352,7 +354,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             for process in supervisors.values():
                 os.kill(process.pid, signal.SIGUSR2)
         rss_mb = _rss_mb(supervisor.pid)
-        last_beat = next(r["last_beat_wall_s"] for r in results if r["silenced"])
+        silenced = next(r for r in results if r["silenced"])
+        last_beat = silenced["last_beat_wall_s"]
+        last_message = silenced.get("last_message_wall_s") or last_beat
         dead_at = _wait_optional(lambda: watch.first("node_declared_dead", target), dead_after_s + 10)
         suspect_at = watch.first("node_suspected", target)
         false_verdicts = sorted({n for _, n, _ in watch.verdicts if n != target})
@@ -421,8 +425,11 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             # This machine's load average (1 min) at the window's end: other tenants' CPU use skews every figure.
             "machine_loadavg_1m": round(os.getloadavg()[0], 2),
             "silenced_node": target,
-            "suspect_s": round(suspect_at - last_beat, 3) if suspect_at and last_beat else None,
-            "detect_s": round(dead_at - last_beat, 3) if dead_at and last_beat else None,
+            "suspect_s": round(suspect_at - last_message, 3) if suspect_at and last_message else None,
+            "detect_s": round(dead_at - last_message, 3) if dead_at and last_message else None,
+            # (as measured before 2026-11-29: from its last heartbeat, though a step's report and
+            # holdings may follow it and reset the node's silence)
+            "detect_from_last_heartbeat_s": round(dead_at - last_beat, 3) if dead_at and last_beat else None,
             "detect_limit_s": dead_after_s,
             "false_verdicts": len(false_verdicts),
             "false_verdict_nodes": false_verdicts[:10],

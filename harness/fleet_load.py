@@ -67,6 +67,7 @@ class SimNode:
     step: int = 0
     is_silenced: bool = False
     last_beat_wall_s: float = 0.0
+    last_message_wall_s: float = 0.0  # (any message: a step's report and holdings may follow the last heartbeat)
     sent_at: dict[int, float] = field(default_factory=dict)  # heartbeat seq -> loop time sent
     refusals: int = 0
     takes_holdings: bool = False  # the Welcome said the supervisor takes SnapshotHoldings
@@ -248,7 +249,9 @@ class Fleet:
                 "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
                 "welcomed": sum(1 for n in self.nodes if n.welcomed.is_set()),
                 "running": running,
-                "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall}
+                "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall,
+                # read at the window's end: a step's writes under way at the silence still went out
+                "last_message_wall_s": target.last_message_wall_s if target is not None else None}
 
     async def node_loop(self, node: SimNode) -> None:
         """Sessions until stopped: a stream that ends moves the node to its next shard (a silenced
@@ -326,7 +329,7 @@ class Fleet:
                 if want_ack:
                     node.sent_at[seq] = now
                     c.asked += 1
-                node.last_beat_wall_s = time.time()
+                node.last_beat_wall_s = node.last_message_wall_s = time.time()
                 await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
                     seq=seq, running_generation=node.generation if node.ranks else 0, want_ack=want_ack)))
                 c.sent += 1
@@ -355,6 +358,7 @@ class Fleet:
         reports = [agent_pb2.StepReport(generation=node.generation, rank=rank, step=node.step, step_time_s=step_s,
                                         compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 32)
                    for rank in node.ranks]
+        node.last_message_wall_s = time.time()
         await call.write(agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
         self.counters.step_reports += 1
         if not self.args.snapshot_reports or not node.ranks:
@@ -368,6 +372,7 @@ class Fleet:
             messages = ([agent_pb2.AgentMessage(snapshot_holdings=holdings_pack.pack(held))] if node.takes_holdings
                         else [agent_pb2.AgentMessage(snapshot_report=report) for report in held])
             for message in messages:
+                node.last_message_wall_s = time.time()
                 await call.write(message)
             self.counters.snapshot_reports += len(held)
             self.counters.snapshot_messages += len(messages)
