@@ -178,6 +178,7 @@ class HeardSince:
         self._owed: collections.OrderedDict[int, list[tuple[int, int]]] = collections.OrderedDict()
         self._max_owed = max_owed
         self._numbered = 0  # the last summary's number on this relay
+        self.asks_acks = False  # a session in the summary being gathered asked an ack
 
     def __bool__(self) -> bool:
         return bool(self._heard)
@@ -189,10 +190,13 @@ class HeardSince:
         """`session` sent a heartbeat (asking an ack of `ack_seq` when non-zero)."""
         if ack_seq or session not in self._heard:
             self._heard[session] = ack_seq
+        if ack_seq:
+            self.asks_acks = True
 
     def take(self) -> tuple[list[int], int]:
         """The sessions heard (in the order first heard) and the summary's number; starts the next."""
         heard, self._heard = self._heard, {}
+        self.asks_acks = False
         self._numbered += 1
         owed = [(session, seq) for session, seq in heard.items() if seq]
         if owed:
@@ -213,6 +217,7 @@ class HeardSince:
         self._heard.clear()
         self._owed.clear()
         self._numbered = 0
+        self.asks_acks = False
 
 
 def forwarded(session: int, node_id: str, incarnation: int,

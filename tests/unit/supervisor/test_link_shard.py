@@ -23,13 +23,14 @@ from ftsup.harness.certs import main as certs_main
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.cluster import free_port
 from ftsup.supervisor.core.events import NodeDeclaredDead
-from ftsup.supervisor.core.inputs import Tick
+from ftsup.supervisor.core.inputs import HeardFrom, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
 from ftsup.supervisor.outbox import StreamOutbox
 from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
+from ftsup.supervisor import shard as shard_module
 from ftsup.supervisor.shard import UP_BURST_S, UP_LINGER_S, LinkShard, ShardSession, keeps_lingering
 from ftsup.supervisor.shard_members import parse_members
 from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, HeardSince, UpQueue, fold_step_reports, forwarded, lingers
@@ -431,6 +432,29 @@ async def test_a_shard_relays_its_nodes_hello_reports_and_directives_and_a_close
             call.cancel()
         await until(lambda: p.runtime.soft.nodes[node].stream_id is None, "the leader to see the stream close")
         assert p.runtime.soft.nodes[node].disconnected_at_s is not None, "an agent's closed stream: suspect now"
+
+
+async def test_heartbeats_that_ask_no_ack_gather_into_one_summary_and_an_ack_sends_it_at_once(monkeypatch):
+    """A summary owing no ack gathers (SUMMARY_GATHER_S, long here): a heartbeat 0.1 s after
+    another goes in the same summary, and one asking an ack sends it without waiting the gather
+    out (its ack comes well before it would end)."""
+    monkeypatch.setattr(shard_module, "SUMMARY_GATHER_S", 30.0)
+    async with pair() as p, welcomed_on_the_follower(p) as (node, call):
+        named: list[tuple[str, ...]] = []
+        submit = p.runtime.submit
+
+        def spied(inp: object, *rest: object, **kw: object) -> object:
+            if isinstance(inp, HeardFrom) and node in inp.node_ids:
+                named.append(inp.node_ids)
+            return submit(inp, *rest, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(p.runtime, "submit", spied)
+        await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1)))
+        await asyncio.sleep(0.1)  # (past SUMMARY_INTERVAL_S: without the gather, a summary of its own)
+        await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=2, want_ack=True)))
+        ack = await asyncio.wait_for(read_until(call, "heartbeat_ack"), 10.0)
+        assert ack.heartbeat_ack.seq == 2
+        assert named == [(node,)], named
 
 
 async def test_a_commit_s_retain_notice_goes_to_a_shard_once_for_all_its_nodes(monkeypatch):
