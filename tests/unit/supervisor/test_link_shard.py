@@ -22,6 +22,7 @@ from ftsup.common.shard_map import home_of, shard_of
 from ftsup.harness.certs import main as certs_main
 from ftsup.harness.chaos.proxy import PartitionProxy
 from ftsup.harness.cluster import free_port
+from ftsup.supervisor import shard as shard_module
 from ftsup.supervisor.core.events import NodeDeclaredDead
 from ftsup.supervisor.core.inputs import HeardFrom, Tick
 from ftsup.supervisor.eventlog.memory import MemoryLog
@@ -30,7 +31,6 @@ from ftsup.supervisor.runtime import Runtime
 from ftsup.supervisor.server import step_aggregate
 from ftsup.supervisor.server.agent_service import AgentService
 from ftsup.supervisor.server.relay_service import RelayDown, RelayRoute, RelayService
-from ftsup.supervisor import shard as shard_module
 from ftsup.supervisor.shard import UP_BURST_S, UP_LINGER_S, LinkShard, ShardSession, keeps_lingering
 from ftsup.supervisor.shard_members import parse_members
 from ftsup.supervisor.shard_queue import MAX_BATCH_BYTES, HeardSince, UpQueue, fold_step_reports, forwarded, lingers
