@@ -332,7 +332,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
         folds0 = _fold_counts(metrics_at[address])  # (before the window: a scrape costs the leader CPU)
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
-        wall0 = time.monotonic()
+        wall0, wall0_unix = time.monotonic(), time.time()
         if profile:
             for process in supervisors.values():
                 os.kill(process.pid, signal.SIGUSR1)
@@ -421,6 +421,13 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                 for a, c in cpu_by.items() if a != address},
             "supervisor_rss_mb": rss_mb,
             "load_cpu_fraction": round(load_cpu_s / wall_s, 3),
+            # Each load process's event loop: the longest it woke late in the window, and when (s
+            # into the window). A starved generator sends late and its nodes look silent: read
+            # false verdicts against this.
+            "load_loop_max_stall_s": [r.get("loop_max_stall_s") for r in results],
+            "load_loop_max_stall_at_s": [round(r["loop_max_stall_at_wall_s"] - wall0_unix, 2)
+                                         if r.get("loop_max_stall_at_wall_s") else None for r in results],
+            "load_loop_stalls_over_1s": [r.get("loop_stalls_over_1s") for r in results],
             "load_processes": len(procs),
             # This machine's load average (1 min) at the window's end: other tenants' CPU use skews every figure.
             "machine_loadavg_1m": round(os.getloadavg()[0], 2),

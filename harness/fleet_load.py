@@ -230,6 +230,7 @@ class Fleet:
         c.is_measuring, c.is_after = True, False
         running = sum(1 for n in self.nodes if n.ranks)
         cpu0, wall0 = time.process_time(), time.monotonic()
+        stalls = asyncio.create_task(_loop_stalls())
         silenced_at_wall = None
         target = self.by_id.get(silence) if silence else None
         if target is not None:
@@ -241,6 +242,9 @@ class Fleet:
             await asyncio.sleep(window_s)
         c.is_measuring = False
         wall = time.monotonic() - wall0
+        stalls.cancel()
+        stalled = await asyncio.gather(stalls, return_exceptions=True)
+        stall = stalled[0] if isinstance(stalled[0], LoopStall) else LoopStall()
         return {"kind": "result", "latencies_ms": c.latencies_ms, "after_ms": c.after_ms, "sent": c.sent,
                 "asked": c.asked, "acked": c.acked,
                 "step_reports": c.step_reports, "snapshot_reports": c.snapshot_reports,
@@ -249,6 +253,10 @@ class Fleet:
                 "cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(wall, 3),
                 "welcomed": sum(1 for n in self.nodes if n.welcomed.is_set()),
                 "running": running,
+                # this process's own loop: the longest it ran late (a starved generator sends late,
+                # and its nodes look silent to the detector) and when (wall clock)
+                "loop_max_stall_s": round(stall.max_s, 3), "loop_max_stall_at_wall_s": stall.at_wall_s,
+                "loop_stalls_over_1s": stall.over_1s,
                 "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall,
                 # read at the window's end: a step's writes under way at the silence still went out
                 "last_message_wall_s": target.last_message_wall_s if target is not None else None}
@@ -415,6 +423,33 @@ class Fleet:
             if len(node.sent_at) > 64:  # acks that never came: keep the map bounded
                 for seq in sorted(node.sent_at)[:-64]:
                     del node.sent_at[seq]
+
+
+@dataclass
+class LoopStall:
+    max_s: float = 0.0
+    at_wall_s: float | None = None
+    over_1s: int = 0
+
+
+STALL_PROBE_S = 0.05
+
+
+async def _loop_stalls() -> LoopStall:
+    """How late this process's event loop wakes a 50 ms sleep, until cancelled: its worst and when."""
+    loop = asyncio.get_running_loop()
+    stall = LoopStall()
+    try:
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(STALL_PROBE_S)
+            late = loop.time() - asked - STALL_PROBE_S
+            if late > 1.0:
+                stall.over_1s += 1
+            if late > stall.max_s:
+                stall.max_s, stall.at_wall_s = late, time.time() - late
+    except asyncio.CancelledError:
+        return stall
 
 
 def emit(obj: dict[str, object]) -> None:

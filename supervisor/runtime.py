@@ -457,12 +457,15 @@ class Runtime:
         except Exception as exc:  # a bug must not take the control plane down
             log.exception("holdings fold handling failed", parts=len(fold), generation=self.generation_in_force)
             return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(fold)
-        return await self._handle_holdings(fold.parts(), at_s)
+        return await self._handle_holdings(fold.parts(), at_s, tried_whole=True)
 
-    async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None) -> list[Outcome]:
+    async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None, *,
+                               tried_whole: bool = False) -> list[Outcome]:
         """Several nodes' holdings of one step decided as one (Core.step_holdings); the parts after
-        the one that commits the step are handled alone after it."""
-        return await self._handle_together(parts, at_s, lambda now: self.core.step_holdings(parts, now), "holdings")
+        the one that commits the step are handled alone after it. `tried_whole`: their fold was
+        just declined whole (once a step per leader: the fold that may complete the step)."""
+        return await self._handle_together(
+            parts, at_s, lambda now: self.core.step_holdings(parts, now, tried_whole=tried_whole), "holdings")
 
     async def _handle_fold(self, parts: list[StepAggregate], at_s: float | None,
                            folded: StepAggregate | None = None) -> list[Outcome]:

@@ -243,7 +243,8 @@ class Core:
         return BatchReady(refusals, Ready(decision.events, decision.waiting_reason,
                                           affected_nodes(self.state, decision.events), first_seq=decision.first_seq))
 
-    def step_holdings(self, parts: Sequence[SnapshotHoldings], now: float) -> BatchReady | None:
+    def step_holdings(self, parts: Sequence[SnapshotHoldings], now: float, *, tried_whole: bool = False
+                      ) -> BatchReady | None:
         """Several nodes' SnapshotHoldings of one generation's step (each node once, as a link
         shard's batch brings them back to back), decided as one input: what `step` decides of each
         in turn, with one decision instead of one per node (issue 14: a RAM snapshot every step
@@ -258,7 +259,9 @@ class Core:
         (`len(refusals)`); the caller steps the rest alone, after enacting it (they come after the
         commit). The usual fold, every part admitted and none completing the step, is held with one
         set of array operations over all its entries (soft.hold_fold); the fold that may complete
-        it goes part by part. tests/unit/supervisor/test_snapshot_holdings.py compares them."""
+        it goes part by part. tests/unit/supervisor/test_snapshot_holdings.py compares them.
+        `tried_whole`: the caller's step_holdings_fold of these parts just declined (the runtime's
+        fold from a shard): part by part at once, not asked again."""
         if len(parts) < 2:
             return None
         first = parts[0]
@@ -266,7 +269,7 @@ class Core:
             return None
         if len({p.node_id for p in parts}) != len(parts):
             return None
-        held = self.step_holdings_fold(HoldingsFold.of_parts(parts), now)
+        held = None if tried_whole else self.step_holdings_fold(HoldingsFold.of_parts(parts), now)
         if held is not None:
             return held
         refusals: list[Refusal | None] = []
