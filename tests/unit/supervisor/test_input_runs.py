@@ -46,9 +46,9 @@ def _count_folds(runtime: Runtime, method: str) -> list[int]:
     folds: list[int] = []
     decide_together = getattr(runtime.core, method)
 
-    def counted(parts, now, *rest):
+    def counted(parts, now, *rest, **named):
         folds.append(len(parts))
-        return decide_together(parts, now, *rest)
+        return decide_together(parts, now, *rest, **named)
 
     setattr(runtime.core, method, counted)
     return folds
