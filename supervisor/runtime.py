@@ -88,8 +88,11 @@ class InputRun:
     inputs: tuple[Input, ...]
     folded: StepAggregate | None = None
     # Or, with no inputs: a link shard's holdings fold (ShardHoldingsFold), decided as its parts
-    # would be, one outcome per part (Runtime.submit_holdings_fold).
+    # would be, one outcome per part (Runtime.submit_holdings_fold)...
     holdings: HoldingsFold | None = None
+    # ...or its step fold (ShardStepFold: `segments` name the parts' nodes), likewise
+    # (Runtime.submit_step_fold).
+    step_fold: StepAggregate | None = None
 
 
 _LIVENESS_LANE, _ARRIVAL_LANE = 0, 1  # (the queue's lanes: lower first)
@@ -219,6 +222,12 @@ class Runtime:
         once) as one run: the future resolves to each part's outcome, in order. A slot per part,
         as its messages would take."""
         return await self._submit_run(InputRun((), holdings=fold), len(fold))
+
+    async def submit_step_fold(self, fold: StepAggregate) -> asyncio.Future[list[Outcome]]:
+        """A link shard's step fold (several nodes' aggregates of one step, each node once, named
+        by its `segments`) as one run: the future resolves to each part's outcome, in order. A
+        slot per part, as its messages would take."""
+        return await self._submit_run(InputRun((), step_fold=fold), len(fold.segments))
 
     async def _submit_run(self, run: InputRun, size: int) -> asyncio.Future[list[Outcome]]:
         if size > self._stream_capacity:
@@ -402,6 +411,8 @@ class Runtime:
         arrival, which every part of the run marks too, so its place among them changes nothing."""
         if run.holdings is not None:
             return await self._handle_holdings_fold(run.holdings, at_s)
+        if run.step_fold is not None:
+            return await self._handle_step_fold(run.step_fold, at_s)
         if run.folded is not None:  # (a shard's packed fold: each node once, checked by the relay)
             parts = [inp for inp in run.inputs if isinstance(inp, StepAggregate)]
             if len(parts) == len(run.inputs) > 1:
@@ -458,6 +469,25 @@ class Runtime:
             log.exception("holdings fold handling failed", parts=len(fold), generation=self.generation_in_force)
             return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(fold)
         return await self._handle_holdings(fold.parts(), at_s, tried_whole=True)
+
+    async def _handle_step_fold(self, fold: StepAggregate, at_s: float | None) -> list[Outcome]:
+        """A shard's step fold: the usual one decided whole on its arrays (Core.step_fold), any
+        other (a part refused, a rank already reported in the step) as its parts."""
+        count = len(fold.segments)
+        if not self.is_leader:
+            return [self._not_leader()] * count
+        now = self._clock() if at_s is None else at_s
+        try:
+            stepped = self.core.step_fold(fold, now)
+            if stepped is not None:
+                if self.metrics is not None:
+                    self.metrics.on_admitted_fold(fold, count)
+                    self.metrics.on_fold(count)
+                return [await self._enact(stepped.ready, [])] * count
+        except Exception as exc:  # a bug must not take the control plane down
+            log.exception("step fold handling failed", parts=count, generation=self.generation_in_force)
+            return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * count
+        return await self._handle_fold(fold.parts(), at_s, fold)
 
     async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None, *,
                                tried_whole: bool = False) -> list[Outcome]:

@@ -402,6 +402,37 @@ def fold_refusals(state: ClusterState, soft: SoftState, parts: Sequence[StepAggr
     return [refusal(state, soft, part, config) for part in parts], None
 
 
+def admits_step_fold(state: ClusterState, soft: SoftState, fold: StepAggregate) -> bool:
+    """Every part of a link shard's step fold (its `segments`, each node once) passes what
+    `refusal` asks of it alone, checked on the fold's arrays (issue 14, part 15): the generation
+    in force and a step count, senders that said Hello, parts of 1..MAX_AGGREGATE_REPORTS ranks,
+    each rank's owner in the generation its part's node (HolderSlots) and no rank twice, every
+    figure within its limits. False: ask `fold_refusals` part by part, to name what is wrong."""
+    current, segments = state.generation, fold.segments
+    if current is None or current.number != fold.generation or not 0 <= fold.step <= MAX_STEP or len(segments) < 2:
+        return False
+    node_ids = [node for node, _ in segments]
+    if len(set(node_ids)) != len(node_ids) or any(_check_sender(state, soft, node) is not None for node in node_ids):
+        return False
+    slots = current.index.holder_slots()
+    ranks = fold.ranks
+    if not (slots.exact and slots.dense) or len(ranks) == 0:
+        return False  # (other layouts: the members' rule, part by part)
+    ends = np.fromiter((end for _, end in segments), dtype=np.int64, count=len(segments))
+    counts = np.diff(ends, prepend=0)
+    if int(counts.min()) < 1 or int(counts.max()) > MAX_AGGREGATE_REPORTS or int(ends[-1]) != len(ranks):
+        return False
+    if int(ranks.min()) < 0 or int(ranks.max()) >= slots.size:
+        return False
+    numbers = slots.numbers
+    senders = np.fromiter((numbers.get(node, -2) for node in node_ids), dtype=np.int64, count=len(node_ids))
+    if not bool((slots.owner_of[ranks] == np.repeat(senders, counts)).all()):
+        return False  # (a rank its part's node does not hold: a buddy or a stranger owns no rank)
+    if len(np.unique(ranks)) != len(ranks):
+        return False  # (owners differ across parts, so a repeat is within one part)
+    return _within_limits(fold)
+
+
 def _held_ranks(state: ClusterState, aggregate: StepAggregate) -> frozenset[int]:
     """The ranks the sender holds in the aggregate's generation (none if that is not the one in force)."""
     current = state.generation

@@ -177,6 +177,30 @@ class StepAggregate:
                    _merged(parts, offsets, "param_digests"), _merged(parts, offsets, "local_grad_digests"), groups,
                    tuple(segments))
 
+    def parts(self) -> list[StepAggregate]:
+        """A fold's parts (`segments`), each what its node's own message decodes to (equal reports,
+        digest groups in the order of their first position): made only for a fold that is not
+        decided whole (Core.step_fold: a part refused, a rank already reported in the step)."""
+        if not self.segments:
+            return [self]
+        node_ids = [node for node, _ in self.segments]
+        ends = np.fromiter((end for _, end in self.segments), dtype=np.int64, count=len(self.segments))
+        counts = np.diff(ends, prepend=0)
+        starts = ends - counts
+        bounds = list(zip(starts.tolist(), ends.tolist()))
+        part_params = _split_groups(self.param_digests, ends, starts, bounds, keep_whole=True)
+        part_grads = _split_groups(self.local_grad_digests, ends, starts, bounds, keep_whole=False)
+        columns = (self.ranks, self.step_time_s, self.compute_time_s, self.loss, self.grad_norm, self.tokens,
+                   self.replica_groups)
+        if bool((counts == counts[0]).all()):  # (every node as many ranks: its rows, faster than slices)
+            shape = (len(counts), int(counts[0]))
+            rows = zip(*(column.reshape(shape) for column in columns))
+        else:
+            rows = zip(*([column[a:b] for a, b in bounds] for column in columns))
+        generation, step = self.generation, self.step
+        return [StepAggregate(node, generation, step, r, t, c, lo, n, tk, p, g, gr)
+                for node, (r, t, c, lo, n, tk, gr), p, g in zip(node_ids, rows, part_params, part_grads)]
+
     @classmethod
     def of_reports(cls, reports: Sequence[StepReport]) -> StepAggregate:
         """Reports of one node, generation and step (each rank once) as one aggregate."""
@@ -254,6 +278,45 @@ def _grouped(digests: list[str], *, skip_empty: bool) -> tuple[DigestRanks, ...]
 def _read_only(array: Ranks) -> Ranks:
     array.flags.writeable = False
     return array
+
+
+def _split_groups(groups: tuple[DigestRanks, ...], ends: npt.NDArray[np.int64], starts: npt.NDArray[np.int64], bounds: list[tuple[int, int]], *,
+           keep_whole: bool) -> list[tuple[DigestRanks, ...]]:
+    """Each part's digest groups (positions its own), as server/step_aggregate.to_input makes them
+    of the part's message: ordered by their first position (as the agents and shards pack them)."""
+    parts = len(bounds)
+    if not groups:
+        return [()] * parts
+    if len(groups) == 1 and len(groups[0].positions) == int(ends[-1]) and keep_whole:
+        whole = groups[0].positions
+        if bool((whole == np.arange(len(whole))).all()):  # the usual step: one digest, every rank, in order
+            digest = groups[0].digest
+            shared: dict[int, tuple[DigestRanks, ...]] = {}  # (one tuple per part size: inputs are read-only)
+            return [shared.get(b - a) or shared.setdefault(b - a, (DigestRanks(digest, _read_only_range(b - a)),))
+                    for a, b in bounds]
+    sizes = [len(g.positions) for g in groups]
+    positions = np.concatenate([g.positions for g in groups])
+    group_of = np.repeat(np.arange(len(groups)), sizes)
+    part_of = np.searchsorted(ends, positions, side="right")
+    local = positions - starts[part_of]
+    order = np.lexsort((group_of, part_of))  # by part, then group; each group's positions in their order
+    part_sorted, group_sorted, local_sorted = part_of[order], group_of[order], local[order]
+    keys = part_sorted * len(groups) + group_sorted
+    cuts = np.flatnonzero(np.diff(keys)) + 1
+    out: list[list[tuple[int, DigestRanks]]] = [[] for _ in range(parts)]
+    for chunk_start, chunk_end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)]):
+        part = int(part_sorted[chunk_start])
+        mine = local_sorted[chunk_start:chunk_end].copy()
+        mine.flags.writeable = False
+        out[part].append((int(mine.min()), DigestRanks(groups[int(group_sorted[chunk_start])].digest, mine)))
+    return [tuple(group for _, group in sorted(each, key=lambda first_group: first_group[0])) for each in out]
+
+
+def _read_only_range(count: int) -> npt.NDArray[np.int64]:
+    """0 .. count-1, read-only: the positions of a digest every rank of a part reported."""
+    positions = np.arange(count, dtype=np.int64)
+    positions.flags.writeable = False
+    return positions
 
 
 def _merged(parts: Sequence[StepAggregate], offsets: list[int], field: str) -> tuple[DigestRanks, ...]:

@@ -243,6 +243,23 @@ class Core:
         return BatchReady(refusals, Ready(decision.events, decision.waiting_reason,
                                           affected_nodes(self.state, decision.events), first_seq=decision.first_seq))
 
+    def step_fold(self, fold: StepAggregate, now: float) -> BatchReady | None:
+        """A link shard's step fold (its `segments` name each part's node) decided whole on its
+        arrays, with no object per part (issue 14, part 15): every part admitted
+        (admission.admits_step_fold) and no rank of it reported in its step yet
+        (soft.fresh_in_step): what `step_aggregates` decides of the parts when it admits them all.
+        None, with nothing changed: decide `fold.parts()` with `step_aggregates`, which names
+        refusals. tests/unit/supervisor/test_step_folds.py compares the three ways."""
+        if len(fold.segments) < 2 or not admission.admits_step_fold(self.state, self.soft, fold):
+            return None
+        if not soft_state.fresh_in_step(self.soft, self.state, fold.generation, fold.step, [fold]):
+            return None
+        seen = soft_state.observe(self.soft, self.state, fold, now, self.config.straggler, self.config.sdc)
+        decision = decide(self.state, self.soft, fold, now, self.config, seen)
+        return BatchReady((None,) * len(fold.segments), Ready(decision.events, decision.waiting_reason,
+                                                              affected_nodes(self.state, decision.events),
+                                                              first_seq=decision.first_seq))
+
     def step_holdings(self, parts: Sequence[SnapshotHoldings], now: float, *, tried_whole: bool = False
                       ) -> BatchReady | None:
         """Several nodes' SnapshotHoldings of one generation's step (each node once, as a link

@@ -291,23 +291,24 @@ class RelayService(shard_pb2_grpc.LinkShardServicer):
         return _Message(inp, route, message)
 
     async def _submit_fold(self, fold: shard_pb2.ShardStepFold, sessions: dict[int, _Relayed]) -> None:
-        """A shard's packed step fold (several sessions' aggregates of one step), decoded once
-        (step_fold.to_input) and handed to the loop as one run decided as one fold, each part
-        answered on its own node's route. Parts of sessions that ended (or whose Hello was
+        """A shard's packed step fold (several sessions' aggregates of one step), decoded once into
+        its arrays (step_fold.to_fold) and handed to the loop whole, each part answered on its own
+        node's route (Runtime.submit_step_fold). Parts of sessions that ended (or whose Hello was
         refused) are dropped as their messages would be; then, or when a node has two parts, the
         rest go as runs the loop folds as it would the per-node messages."""
         relayed = [sessions.get(session) for session in fold.sessions]
         try:
-            parts, folded = step_fold.to_input(_node_ids(relayed), fold)
+            folded = step_fold.to_fold(_node_ids(relayed), fold)
         except step_aggregate.MalformedAggregate as exc:
             _refuse_fold(relayed, "step", "step aggregate", "step_aggregate", exc)
             return
-        run = [_Message(part, each.route, _PACKED) for part, each in zip(parts, relayed) if each is not None]
-        if (len(run) == len(parts) > 1 and len({part.node_id for part in parts}) == len(parts)
-                and len(run) <= min(MAX_FOLD_PARTS, self._runtime.stream_capacity)):
-            replies = await self._runtime.submit_run_from_stream([message.inp for message in run], folded)
-            replies.add_done_callback(functools.partial(_answer_run, run))
+        routes = [each.route for each in relayed if each is not None]
+        if (len(routes) == len(folded.segments) > 1 and len(set(folded.node_ids())) == len(routes)
+                and len(routes) <= min(MAX_FOLD_PARTS, self._runtime.stream_capacity)):
+            replies = await self._runtime.submit_step_fold(folded)
+            replies.add_done_callback(functools.partial(_answer_parts, routes, "StepAggregate"))
             return
+        run = [_Message(part, each.route, _PACKED) for part, each in zip(folded.parts(), relayed) if each is not None]
         for start in range(0, len(run), RUN_MAX):
             await self._submit(run[start:start + RUN_MAX])
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from ftsup.common.step_pack import NO_REPLICA_GROUP
 from ftsup.supervisor.core.inputs import DigestRanks, StepAggregate
-from ftsup.supervisor.server.step_aggregate import MalformedAggregate, _positions
+from ftsup.supervisor.server.step_aggregate import MalformedAggregate
 from ftsup.v1 import shard_pb2
 
 Ints = npt.NDArray[np.int64]
@@ -31,6 +31,13 @@ Floats = npt.NDArray[np.float64]
 def to_input(node_ids: Sequence[str], message: shard_pb2.ShardStepFold) -> tuple[list[StepAggregate], StepAggregate]:
     """The fold's parts (one per entry of `node_ids`, the nodes of the message's sessions in order)
     and their fold (equal to StepAggregate.fold(parts): what the core decides them as)."""
+    fold = to_fold(node_ids, message)
+    return fold.parts(), fold
+
+
+def to_fold(node_ids: Sequence[str], message: shard_pb2.ShardStepFold) -> StepAggregate:
+    """The fold alone (its `segments` name each part's node and end), checked as `to_input` checks
+    it: what the core decides whole (Core.step_fold) with no object per part."""
     counts = _array(message.counts, "<u4", "counts").astype(np.int64)
     if len(counts) == 0 or len(counts) != len(node_ids):
         raise MalformedAggregate(f"a step fold of {len(counts)} parts for {len(node_ids)} sessions")
@@ -64,23 +71,9 @@ def to_input(node_ids: Sequence[str], message: shard_pb2.ShardStepFold) -> tuple
     grads = _groups(message.local_grad_digests, total, "local_grad_digests")
     if grads and (np.bincount(np.concatenate([g.positions for g in grads]), minlength=total) > 1).any():
         raise MalformedAggregate("local_grad_digests: a position is in two groups")
-    starts = ends - counts
-    bounds = list(zip(starts.tolist(), ends.tolist()))
-    part_params = _split(params, ends, starts, bounds, keep_whole=True)
-    part_grads = _split(grads, ends, starts, bounds, keep_whole=False)
-    generation, step = message.generation, message.step
     ranks, tokens_, groups_ = ints
-    if bool((counts == counts[0]).all()):  # (the usual fold, every node as many ranks: its rows, faster than slices)
-        shape = (len(counts), int(counts[0]))
-        rows = zip(*(column.reshape(shape) for column in (ranks, step_s, compute_s, loss, norms, tokens_, groups_)))
-    else:
-        rows = zip(*([column[a:b] for a, b in bounds]
-                     for column in (ranks, step_s, compute_s, loss, norms, tokens_, groups_)))
-    parts = [StepAggregate(node, generation, step, r, t, c, lo, n, tk, p, g, gr)
-             for node, (r, t, c, lo, n, tk, gr), p, g in zip(node_ids, rows, part_params, part_grads)]
-    fold = StepAggregate(node_ids[0], generation, step, ranks, step_s, compute_s, loss, norms, tokens_, params, grads,
-                         groups_, tuple(zip(node_ids, ends.tolist())))
-    return parts, fold
+    return StepAggregate(node_ids[0], message.generation, message.step, ranks, step_s, compute_s, loss, norms,
+                         tokens_, params, grads, groups_, tuple(zip(node_ids, ends.tolist())))
 
 
 def _array(data: bytes, dtype: str, name: str) -> npt.NDArray[np.generic]:
@@ -119,35 +112,3 @@ def _groups(groups: Sequence[shard_pb2.PackedDigests], total: int, name: str) ->
         positions.flags.writeable = False
         out.append(DigestRanks(group.digest, positions))
     return tuple(out)
-
-
-def _split(groups: tuple[DigestRanks, ...], ends: Ints, starts: Ints, bounds: list[tuple[int, int]], *,
-           keep_whole: bool) -> list[tuple[DigestRanks, ...]]:
-    """Each part's digest groups (positions its own), as step_aggregate.to_input makes them of the
-    part's message: ordered by their first position (as the agents and shards pack them)."""
-    parts = len(bounds)
-    if not groups:
-        return [()] * parts
-    if len(groups) == 1 and len(groups[0].positions) == int(ends[-1]) and keep_whole:
-        whole = groups[0].positions
-        if bool((whole == np.arange(len(whole))).all()):  # the usual step: one digest, every rank, in order
-            digest = groups[0].digest
-            shared: dict[int, tuple[DigestRanks, ...]] = {}  # (one tuple per part size: inputs are read-only)
-            return [shared.get(b - a) or shared.setdefault(b - a, (DigestRanks(digest, _positions(b - a)),))
-                    for a, b in bounds]
-    sizes = [len(g.positions) for g in groups]
-    positions = np.concatenate([g.positions for g in groups])
-    group_of = np.repeat(np.arange(len(groups)), sizes)
-    part_of = np.searchsorted(ends, positions, side="right")
-    local = positions - starts[part_of]
-    order = np.lexsort((group_of, part_of))  # by part, then group; each group's positions in their order
-    part_sorted, group_sorted, local_sorted = part_of[order], group_of[order], local[order]
-    keys = part_sorted * len(groups) + group_sorted
-    cuts = np.flatnonzero(np.diff(keys)) + 1
-    out: list[list[tuple[int, DigestRanks]]] = [[] for _ in range(parts)]
-    for chunk_start, chunk_end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(keys)]):
-        part = int(part_sorted[chunk_start])
-        mine = local_sorted[chunk_start:chunk_end].copy()
-        mine.flags.writeable = False
-        out[part].append((int(mine.min()), DigestRanks(groups[int(group_sorted[chunk_start])].digest, mine)))
-    return [tuple(group for _, group in sorted(each, key=lambda first_group: first_group[0])) for each in out]

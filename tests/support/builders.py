@@ -93,6 +93,19 @@ class Sim:
         answers: list[list[Event] | str] = [events if r is None else r.reason for r in stepped.refusals]
         return answers + [self.feed(part) for part in parts[len(stepped.refusals):]]
 
+    def feed_step_fold(self, parts: Sequence[StepAggregate], *, at: float | None = None
+                       ) -> list[list[Event] | str] | None:
+        """The parts as a shard's packed fold reaches the runtime: decided whole on the fold's
+        arrays (Core.step_fold) when it may be, else as `feed_fold` decides its parts."""
+        if at is not None:
+            self.now = at
+        fold = StepAggregate.fold(parts)
+        stepped = self.core.step_fold(fold, self.now) if len(parts) > 1 else None
+        if stepped is None:
+            return self.feed_fold(fold.parts(), folded=fold)
+        events = self._persist(stepped.ready)
+        return [events] * len(parts)
+
     def feed_holdings(self, parts: Sequence[SnapshotHoldings], *, at: float | None = None
                       ) -> list[list[Event] | str] | None:
         """Several nodes' SnapshotHoldings of one step decided as one (Core.step_holdings): per

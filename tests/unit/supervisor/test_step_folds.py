@@ -77,9 +77,17 @@ def _runs(parts: list[StepAggregate], rng: random.Random) -> list[list[StepAggre
     return [parts[a:b] for a, b in zip([0, *cuts], [*cuts, len(parts)])]
 
 
-def _run(script: list[tuple[int, int | None, int | None, int]], folded: bool, faults: bool = True
-         ) -> tuple[Sim, list[object], int]:
-    """The script's steps fed one aggregate at a time, or in folds; returns the sim, every part's
+def _foldable(run: list[StepAggregate]) -> bool:
+    """A run a shard would pack as one ShardStepFold: one generation's step, each node once."""
+    first = run[0]
+    return (len(run) > 1 and all((p.generation, p.step) == (first.generation, first.step) for p in run)
+            and len({p.node_id for p in run}) == len(run))
+
+
+def _run(script: list[tuple[int, int | None, int | None, int]], folded: bool, faults: bool = True,
+         whole: bool = False) -> tuple[Sim, list[object], int]:
+    """The script's steps fed one aggregate at a time, or in folds (`whole`: a foldable run as a
+    shard's packed fold, decided on its arrays when it may be); returns the sim, every part's
     answer (its refusal, or True: admitted) and how many runs were decided as one fold."""
     sim = _started()
     now = NOW + 1.0
@@ -92,7 +100,10 @@ def _run(script: list[tuple[int, int | None, int | None, int]], folded: bool, fa
         parts = _parts(sim, step, slow_rank, corrupt_rank, rng, faults)
         now += 1.0
         for run in _runs(parts, rng):
-            decided = sim.feed_fold(run, at=now) if folded else None
+            if whole and _foldable(run):
+                decided = sim.feed_step_fold(run, at=now)
+            else:
+                decided = sim.feed_fold(run, at=now) if folded else None
             if decided is None:
                 decided = [sim.feed(part, at=now) for part in run]
             else:
@@ -109,6 +120,27 @@ def test_a_fold_decides_what_its_aggregates_decide_one_by_one(script):
     (one, one_answers, _), (folded, folded_answers, _) = _run(script, folded=False), _run(script, folded=True)
     assert_same_decisions(one, folded)
     assert folded_answers == one_answers  # the same refusals, word for word, for the same parts
+    whole, whole_answers, _ = _run(script, folded=True, whole=True)  # (a shard's packed folds, on their arrays)
+    assert_same_decisions(one, whole)
+    assert whole_answers == one_answers
+
+
+def test_a_usual_fold_is_decided_whole_on_its_arrays_and_a_fold_with_a_bad_part_is_not(monkeypatch):
+    sim = _started()
+    parts = _parts(sim, 1, None, None, random.Random(0), faults=False)[:NODES]
+    made = []
+    real = StepAggregate.parts
+    monkeypatch.setattr(StepAggregate, "parts", lambda self: made.append(len(self.segments)) or real(self))
+    answers = sim.feed_step_fold(parts[:3], at=NOW + 1)
+    assert answers is not None and all(isinstance(a, list) for a in answers) and made == []
+    foreign = StepAggregate.of_reports([dataclasses.replace(r, node_id=parts[4].node_id) for r in parts[3].reports()])
+    answers = sim.feed_step_fold([foreign, parts[5]], at=NOW + 1)  # (a rank its sender does not hold)
+    assert made == [2] and answers is not None
+    assert isinstance(answers[0], str) and "does not hold rank" in answers[0] and isinstance(answers[1], list)
+    twice = StepAggregate.of_reports([parts[3].reports()[0]] * 2)  # (its node's rank, twice)
+    answers = sim.feed_step_fold([twice, parts[4]], at=NOW + 1)
+    assert made == [2, 2] and answers is not None
+    assert isinstance(answers[0], str) and "reported twice" in answers[0]
 
 
 def test_stragglers_votes_and_checkpoints_are_decided_through_folds():
