@@ -9,8 +9,10 @@ run on an identical core, is the same step sent as one `agent_pb2.StepReport` pe
 agent that does not aggregate sends: `report_from_proto` and `Core.step` per rank); the steps of
 the two alternate, so both see the same machine load. Both cores must decide the same (checked:
 `same_decisions`). Also measured on cores of their own: `folded` (the per-node messages as a link
-shard's runs bring them, decided in folds) and `packed` (the same step as the shards' packed
-ShardStepFolds: one message per up to 4,096 nodes, decoded once and decided as one fold).
+shard's runs bring them, decided in folds), `packed` (the same step as the shards' packed
+ShardStepFolds: one message per up to 4,096 nodes, decoded once into its arrays and decided
+whole, Core.step_fold) and `packed_parts` (the same folds decoded into their parts and decided by
+Core.step_aggregates: the leader's path before issue 14, part 15).
 
 Reported per size: CPU per step (time.process_time; every step's and the median over `--steps`,
 after one warm-up step that starts the generation running), CPU per rank, and the fraction of a
@@ -29,7 +31,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ftsup.common import step_fold_pack, step_pack
@@ -127,20 +129,47 @@ def _decide_fold(core: Core, parts: Sequence[StepAggregate], now: float, folded:
 def _packed(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
     """The aggregates as link shards pack them (ShardStepFold: up to MAX_PACKED nodes' aggregates of
     one step in one message, common/step_fold_pack.py; the packing is the shards' work, not timed):
-    each fold decoded once into its parts and their fold (step_fold.to_input) and decided as one
-    (Core.step_aggregates with the decoded fold; what the relay and runtime._handle_run do)."""
+    each fold decoded once into its arrays (step_fold.to_fold) and decided whole (Core.step_fold;
+    what the relay and runtime._handle_step_fold do), its parts made only if it is declined."""
+    return _timed_folds(core, _packed_folds(wire), now, _decide_packed)
+
+
+def _packed_parts(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
+    """The same packed folds decoded into their parts and their fold (step_fold.to_input) and
+    decided by Core.step_aggregates: the leader's path before part 15 (the baseline of `packed`)."""
+    return _timed_folds(core, _packed_folds(wire), now, _decide_parts)
+
+
+def _packed_folds(wire: list[tuple[str, list[agent_pb2.StepReport]]]) -> list[tuple[list[str], Any]]:
     messages = [(node, step_pack.pack(reports)) for node, reports in wire]
     folds = []
     for start in range(0, len(messages), MAX_PACKED):
         chunk = messages[start:start + MAX_PACKED]
         folds.append(([node for node, _ in chunk],
                       step_fold_pack.pack([(i, message) for i, (_, message) in enumerate(chunk, start=1)])))
+    return folds
+
+
+def _timed_folds(core: Core, folds: list[tuple[list[str], Any]], now: float,
+                 decide: Callable[[Core, list[str], Any, float], int]) -> tuple[float, int]:
     started = time.process_time()
-    events = 0
-    for node_ids, fold in folds:
-        parts, folded = step_fold.to_input(node_ids, fold)
-        events += _decide_fold(core, parts, now, folded)
+    events = sum(decide(core, node_ids, fold, now) for node_ids, fold in folds)
     return time.process_time() - started, events
+
+
+def _decide_packed(core: Core, node_ids: list[str], message: Any, now: float) -> int:
+    folded = step_fold.to_fold(node_ids, message)
+    stepped = core.step_fold(folded, now) if len(node_ids) > 1 else None
+    if stepped is None:
+        return _decide_fold(core, folded.parts(), now, folded)
+    if stepped.ready.events:
+        core.advance(stepped.ready, core.records(stepped.ready.events, now))
+    return len(stepped.ready.events)
+
+
+def _decide_parts(core: Core, node_ids: list[str], message: Any, now: float) -> int:
+    parts, folded = step_fold.to_input(node_ids, message)
+    return _decide_fold(core, parts, now, folded)
 
 
 def _per_rank(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
@@ -159,12 +188,13 @@ def _summary(cpu_s: list[float], ranks: int) -> dict[str, Any]:
     }
 
 
-MODES = {"packed": _packed, "folded": _folded, "aggregated": _aggregated, "per_rank": _per_rank}
+MODES = {"packed": _packed, "packed_parts": _packed_parts, "folded": _folded, "aggregated": _aggregated,
+         "per_rank": _per_rank}
 
 
 def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: bool) -> dict[str, Any]:
-    cores = {"packed": _core(nodes, ranks_per_node), "folded": _core(nodes, ranks_per_node),
-             "aggregated": _core(nodes, ranks_per_node)}
+    cores = {"packed": _core(nodes, ranks_per_node), "packed_parts": _core(nodes, ranks_per_node),
+             "folded": _core(nodes, ranks_per_node), "aggregated": _core(nodes, ranks_per_node)}
     if baseline:
         cores["per_rank"] = _core(nodes, ranks_per_node)
     cpu: dict[str, list[float]] = {name: [] for name in cores}
@@ -186,6 +216,7 @@ def run_size(nodes: int, ranks_per_node: int, steps: int, seed: int, baseline: b
     result["same_decisions"] = all(_same(cores["aggregated"], core) for core in cores.values())
     result["speedup_folded_vs_aggregated"] = _ratio(result, "aggregated", "folded")
     result["speedup_packed_vs_folded"] = _ratio(result, "folded", "packed")
+    result["speedup_packed_vs_packed_parts"] = _ratio(result, "packed_parts", "packed")
     if baseline:
         result["speedup"] = _ratio(result, "per_rank", "aggregated")
         result["speedup_folded_vs_per_rank"] = _ratio(result, "per_rank", "folded")
@@ -221,8 +252,7 @@ def fold_sizes(nodes: int, ranks_per_node: int, sizes: Sequence[int], steps: int
                      for start in range(0, len(messages), size)]
             started = time.process_time()
             for node_ids, fold in folds:
-                parts, folded = step_fold.to_input(node_ids, fold)
-                _decide_fold(core, parts, now, folded)
+                _decide_packed(core, node_ids, fold, now)
             if step > 1:
                 cpu[size].append(time.process_time() - started)
     first = cores[sizes[0]]

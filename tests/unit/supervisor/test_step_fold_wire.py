@@ -373,6 +373,45 @@ async def test_the_relay_decides_a_packed_fold_as_one_and_answers_each_part_on_i
     assert progress is not None and 1 not in progress.sdc_clear_steps and 2 in progress.sdc_clear_steps
 
 
+async def test_the_relay_hands_a_usual_packed_fold_to_the_core_whole_with_no_part_made(monkeypatch):
+    """A shard's usual fold (every part admitted, no rank reported in the step yet) is decided on
+    its arrays (Core.step_fold) with no StepAggregate per part; the step is observed whole."""
+    runtime = await _registered(4, ranks_per_node=2)
+    whole: list[bool] = []
+    step_fold_whole = runtime.core.step_fold
+
+    def spied(fold, now):  # type: ignore[no-untyped-def]
+        stepped = step_fold_whole(fold, now)
+        whole.append(stepped is not None)
+        return stepped
+
+    monkeypatch.setattr(runtime.core, "step_fold", spied)
+    made: list[int] = []
+    parts = StepAggregate.parts
+    monkeypatch.setattr(StepAggregate, "parts", lambda self: made.append(len(self.segments)) or parts(self))
+    service, down = RelayService(runtime), RelayDown()
+    routes = {i: relay_service.RelayRoute(down, session=i) for i in range(4)}
+    sessions = {i: _Relayed(runtime.open_stream(routes[i]), f"n{i}", 1, routes[i]) for i in range(4)}
+    generation = runtime.state.generation
+    assert generation is not None
+    packed = step_fold_pack.pack([(i, step_pack.pack([
+        agent_pb2.StepReport(generation=1, rank=rank, step=1, step_time_s=0.5, compute_time_s=0.4, loss=2.0,
+                             param_digest="d") for rank in generation.member(f"n{i}").ranks]))  # type: ignore[union-attr]
+        for i in range(4)])
+    loop = asyncio.create_task(runtime.run())
+    try:
+        await service._read(_Batches(shard_pb2.ShardBatch(items=[shard_pb2.Forwarded(step_fold=packed)])),
+                            down, sessions, "shard-a")
+        await asyncio.wait_for(_until(lambda: runtime.soft.progress is not None and runtime.soft.progress.max_step == 1),
+                               5.0)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert whole == [True] and made == []
+    assert runtime.soft.progress is not None and 1 in runtime.soft.progress.sdc_clear_steps
+    assert len(down) == 0, "nothing refused"
+
+
 def test_the_shard_packs_only_what_the_leader_would_decode():
     def good() -> agent_pb2.StepAggregate:
         return _aggregate(5, (0, 1, 2)).step_aggregate
