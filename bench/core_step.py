@@ -135,7 +135,7 @@ def _packed(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now:
 
 
 def _packed_parts(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:
-    """The same packed folds decoded into their parts and their fold (step_fold.to_input) and
+    """The same packed folds decoded into their fold and its parts (step_fold.to_fold, .parts()) and
     decided by Core.step_aggregates: the leader's path before part 15 (the baseline of `packed`)."""
     return _timed_folds(core, _packed_folds(wire), now, _decide_parts)
 
@@ -168,8 +168,8 @@ def _decide_packed(core: Core, node_ids: list[str], message: Any, now: float) ->
 
 
 def _decide_parts(core: Core, node_ids: list[str], message: Any, now: float) -> int:
-    parts, folded = step_fold.to_input(node_ids, message)
-    return _decide_fold(core, parts, now, folded)
+    folded = step_fold.to_fold(node_ids, message)
+    return _decide_fold(core, folded.parts(), now, folded)
 
 
 def _per_rank(core: Core, wire: list[tuple[str, list[agent_pb2.StepReport]]], now: float) -> tuple[float, int]:

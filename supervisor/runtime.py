@@ -14,7 +14,7 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -79,14 +79,9 @@ class InputRun:
     """Inputs a link shard's relay batch brought, handed to the loop as one queue item with one
     reply (`Runtime.submit_run_from_stream`): each is still admitted, decided and enacted alone,
     in order, exactly as if queued one by one; only the queueing, the reply future and its
-    callbacks are paid once per run instead of once per node-step (issue 14).
-
-    `folded`: the inputs are the parts of a link shard's packed step fold (ShardStepFold: two or
-    more step aggregates of one step, each node once) and this is their fold, decoded with them
-    (supervisor/server/step_fold.py); they are decided as that one fold (Core.step_aggregates)."""
+    callbacks are paid once per run instead of once per node-step (issue 14)."""
 
     inputs: tuple[Input, ...]
-    folded: StepAggregate | None = None
     # Or, with no inputs: a link shard's holdings fold (ShardHoldingsFold), decided as its parts
     # would be, one outcome per part (Runtime.submit_holdings_fold)...
     holdings: HoldingsFold | None = None
@@ -210,12 +205,11 @@ class Runtime:
         self._put(_Pending(inp, reply, self._clock(), slots=1))
         return reply
 
-    async def submit_run_from_stream(self, inputs: Sequence[Input], folded: StepAggregate | None = None
-                                     ) -> asyncio.Future[list[Outcome]]:
+    async def submit_run_from_stream(self, inputs: Sequence[Input]) -> asyncio.Future[list[Outcome]]:
         """Like submit_from_stream for several inputs, handled back to back in order (InputRun):
         the future resolves to their outcomes, in order. Takes a slot per input, so the queue's
         bound counts inputs either way; a run must not be longer than the capacity."""
-        return await self._submit_run(InputRun(tuple(inputs), folded), len(inputs))
+        return await self._submit_run(InputRun(tuple(inputs)), len(inputs))
 
     async def submit_holdings_fold(self, fold: HoldingsFold) -> asyncio.Future[list[Outcome]]:
         """A link shard's holdings fold (several nodes' SnapshotHoldings of one step, each node
@@ -413,10 +407,6 @@ class Runtime:
             return await self._handle_holdings_fold(run.holdings, at_s)
         if run.step_fold is not None:
             return await self._handle_step_fold(run.step_fold, at_s)
-        if run.folded is not None:  # (a shard's packed fold: each node once, checked by the relay)
-            parts = [inp for inp in run.inputs if isinstance(inp, StepAggregate)]
-            if len(parts) == len(run.inputs) > 1:
-                return await self._handle_fold(parts, at_s, run.folded)
         outcomes: list[Outcome | None] = [None] * len(run.inputs)
         fold: list[StepAggregate | SnapshotHoldings] = []  # the open fold's parts (all of one type)...
         at: list[int] = []  # ...and their positions in the run
@@ -456,38 +446,43 @@ class Runtime:
         """A shard's holdings fold: the usual one decided whole on its columns
         (Core.step_holdings_fold), any other (a part refused, or one that may complete the step)
         part by part."""
-        if not self.is_leader:
-            return [self._not_leader()] * len(fold)
-        now = self._clock() if at_s is None else at_s
-        try:
-            stepped = self.core.step_holdings_fold(fold, now)
-            if stepped is not None:
-                if self.metrics is not None:
-                    self.metrics.on_admitted_count("SnapshotHoldings", len(fold))
-                return [await self._enact(stepped.ready, [])] * len(fold)
-        except Exception as exc:  # a bug must not take the control plane down
-            log.exception("holdings fold handling failed", parts=len(fold), generation=self.generation_in_force)
-            return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * len(fold)
-        return await self._handle_holdings(fold.parts(), at_s, tried_whole=True)
+        def admitted(metrics: SupervisorMetrics) -> None:
+            metrics.on_admitted_count("SnapshotHoldings", len(fold))
+        return await self._handle_whole(
+            len(fold), at_s, "holdings", lambda now: self.core.step_holdings_fold(fold, now), admitted,
+            lambda: self._handle_holdings(fold.parts(), at_s, tried_whole=True))
 
     async def _handle_step_fold(self, fold: StepAggregate, at_s: float | None) -> list[Outcome]:
         """A shard's step fold: the usual one decided whole on its arrays (Core.step_fold), any
         other (a part refused, a rank already reported in the step) as its parts."""
         count = len(fold.segments)
+
+        def admitted(metrics: SupervisorMetrics) -> None:
+            metrics.on_admitted_fold(fold, count)
+            metrics.on_fold(count)
+        return await self._handle_whole(count, at_s, "step", lambda now: self.core.step_fold(fold, now), admitted,
+                                        lambda: self._handle_fold(fold.parts(), at_s, fold))
+
+    async def _handle_whole(self, count: int, at_s: float | None, kind: str,
+                            decide_whole: Callable[[float], BatchReady | None],
+                            admitted: Callable[[SupervisorMetrics], None],
+                            by_parts: Callable[[], Awaitable[list[Outcome]]]) -> list[Outcome]:
+        """A shard's fold of `count` parts decided whole (`decide_whole`: every part admitted, one
+        Ready, one outcome for all; the metrics count them with `admitted`) or, declined (None),
+        part by part (`by_parts`), each part then refused or decided in its own words."""
         if not self.is_leader:
             return [self._not_leader()] * count
         now = self._clock() if at_s is None else at_s
         try:
-            stepped = self.core.step_fold(fold, now)
+            stepped = decide_whole(now)
             if stepped is not None:
                 if self.metrics is not None:
-                    self.metrics.on_admitted_fold(fold, count)
-                    self.metrics.on_fold(count)
+                    admitted(self.metrics)
                 return [await self._enact(stepped.ready, [])] * count
         except Exception as exc:  # a bug must not take the control plane down
-            log.exception("step fold handling failed", parts=count, generation=self.generation_in_force)
+            log.exception(f"{kind} fold handling failed", parts=count, generation=self.generation_in_force)
             return [Outcome(refusal=f"internal error: {exc}", is_retryable=True)] * count
-        return await self._handle_fold(fold.parts(), at_s, fold)
+        return await by_parts()
 
     async def _handle_holdings(self, parts: list[SnapshotHoldings], at_s: float | None, *,
                                tried_whole: bool = False) -> list[Outcome]:

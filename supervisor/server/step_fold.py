@@ -28,16 +28,10 @@ Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 
 
-def to_input(node_ids: Sequence[str], message: shard_pb2.ShardStepFold) -> tuple[list[StepAggregate], StepAggregate]:
-    """The fold's parts (one per entry of `node_ids`, the nodes of the message's sessions in order)
-    and their fold (equal to StepAggregate.fold(parts): what the core decides them as)."""
-    fold = to_fold(node_ids, message)
-    return fold.parts(), fold
-
-
 def to_fold(node_ids: Sequence[str], message: shard_pb2.ShardStepFold) -> StepAggregate:
-    """The fold alone (its `segments` name each part's node and end), checked as `to_input` checks
-    it: what the core decides whole (Core.step_fold) with no object per part."""
+    """The fold (its `segments` name each part's node, one per entry of `node_ids`, the nodes of the
+    message's sessions in order, and its end): what the core decides whole (Core.step_fold) with
+    no object per part; equal to StepAggregate.fold of its parts (`.parts()`)."""
     counts = _array(message.counts, "<u4", "counts").astype(np.int64)
     if len(counts) == 0 or len(counts) != len(node_ids):
         raise MalformedAggregate(f"a step fold of {len(counts)} parts for {len(node_ids)} sessions")

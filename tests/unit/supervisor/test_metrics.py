@@ -168,7 +168,8 @@ async def test_a_shards_fold_counts_its_parts_and_keeps_the_figures_its_parts_wo
                  for rank, node in enumerate(("n1", "n2"))]
         loop = asyncio.create_task(runtime.run())
         try:
-            reply = await runtime.submit_run_from_stream(parts, StepAggregate.fold(parts) if packed else None)
+            reply = await (runtime.submit_step_fold(StepAggregate.fold(parts)) if packed
+                           else runtime.submit_run_from_stream(parts))
             outcomes = await asyncio.wait_for(reply, 5.0)
         finally:
             loop.cancel()

@@ -30,6 +30,13 @@ from tests.unit.supervisor.test_input_runs import _Batches, _registered, _until
 from tests.unit.supervisor.test_step_folds import _parts, _runs, _started
 
 
+def _decoded(node_ids: list[str], message: shard_pb2.ShardStepFold) -> tuple[list[StepAggregate], StepAggregate]:
+    """A packed fold as the leader decodes it (step_fold.to_fold), with its parts (`parts()`: what
+    the leader makes of a fold it does not decide whole)."""
+    fold = step_fold.to_fold(node_ids, message)
+    return fold.parts(), fold
+
+
 def _wire(part: StepAggregate) -> agent_pb2.StepAggregate:
     """A core aggregate as its node's agent sends it."""
     return step_aggregate.to_proto(part.reports())
@@ -88,7 +95,7 @@ def test_a_packed_fold_decodes_to_the_per_node_aggregates_and_their_fold(seed):
     packed = step_fold_pack.pack([(i + 10, m) for i, m in enumerate(messages)])
     wire = shard_pb2.ShardStepFold.FromString(packed.SerializeToString())  # (as the leader receives it)
     assert list(wire.sessions) == [i + 10 for i in range(len(messages))]
-    parts, fold = step_fold.to_input(nodes, wire)
+    parts, fold = _decoded(nodes, wire)
     want = [step_aggregate.to_input(node, m) for node, m in zip(nodes, messages)]
     assert len(parts) == len(want)
     for got, expected in zip(parts, want):
@@ -107,14 +114,14 @@ def test_optional_arrays_are_sent_only_when_some_part_reported_them():
 
     bare = step_fold_pack.pack([(1, node(0)), (2, node(2))])
     assert (bare.grad_norm, bare.tokens, bare.replica_groups, list(bare.local_grad_digests)) == (b"", b"", b"", [])
-    parts, fold = step_fold.to_input(["a", "b"], bare)
+    parts, fold = _decoded(["a", "b"], bare)
     assert np.isnan(fold.grad_norm).all() and (fold.tokens == 0).all() and (fold.replica_groups == -1).all()
     assert fold.local_grad_digests == () and all(p.local_grad_digests == () for p in parts)
     assert len(bare.param_digests) == 1 and all(p.param_digests[0].positions.tolist() == [0, 1] for p in parts)
 
     mixed = step_fold_pack.pack([(1, node(0)), (2, node(2, grad_norm=0.5, tokens=9, replica_group=1,
                                                        local_grad_digest="g"))])
-    parts, fold = step_fold.to_input(["a", "b"], mixed)
+    parts, fold = _decoded(["a", "b"], mixed)
     assert fold.grad_norm[:2].tolist() != fold.grad_norm[:2].tolist()  # (NaN: the first part reported none)
     assert fold.grad_norm[2:].tolist() == [0.5, 0.5] and fold.tokens.tolist() == [0, 0, 9, 9]
     assert fold.replica_groups.tolist() == [-1, -1, 1, 1]
@@ -130,19 +137,19 @@ def test_a_fold_whose_parts_do_not_fit_together_is_refused_whole():
     good = step_fold_pack.pack([(1, step_aggregate.to_proto(_started_parts()[0].reports())),
                                 (2, step_aggregate.to_proto(_started_parts()[1].reports()))])
     with pytest.raises(step_aggregate.MalformedAggregate):
-        step_fold.to_input(["a"], good)  # one node for two parts
+        _decoded(["a"], good)  # one node for two parts
     for field, value in (("counts", good.counts[:-4]), ("loss", good.loss[:-8]), ("ranks", good.ranks + b"\0"),
                          ("tokens", b"\0" * 8)):
         broken = shard_pb2.ShardStepFold()
         broken.CopyFrom(good)
         setattr(broken, field, value)
         with pytest.raises(step_aggregate.MalformedAggregate):
-            step_fold.to_input(["a", "b"], broken)
+            _decoded(["a", "b"], broken)
     uncovered = shard_pb2.ShardStepFold()
     uncovered.CopyFrom(good)
     uncovered.param_digests[0].positions = uncovered.param_digests[0].positions[:-4]
     with pytest.raises(step_aggregate.MalformedAggregate, match="param_digests"):
-        step_fold.to_input(["a", "b"], uncovered)
+        _decoded(["a", "b"], uncovered)
 
 
 def _started_parts() -> list[StepAggregate]:
@@ -165,7 +172,7 @@ def _expand(items: list[shard_pb2.Forwarded]) -> list[tuple[int, str, object]]:
         kind = item.WhichOneof("kind")
         if kind == "step_fold":
             sessions = list(item.step_fold.sessions)
-            parts, _ = step_fold.to_input([str(s) for s in sessions], item.step_fold)
+            parts, _ = _decoded([str(s) for s in sessions], item.step_fold)
             out.extend((s, "step_aggregate", part.reports()) for s, part in zip(sessions, parts))
         elif kind == "message" and item.message.WhichOneof("kind") == "step_aggregate":
             try:
@@ -275,7 +282,7 @@ def _run_wire(script: list[tuple[int, int | None, int | None, int]], packed: boo
               ) -> tuple[Sim, list[object], int]:
     """The script's steps as agents' messages: each decoded and decided alone (step_aggregate.to_input,
     one by one), or as the shard's batches bring them packed (each batch's consecutive aggregates
-    of one step packed, decoded with step_fold.to_input and decided as the relay does). Returns the
+    of one step packed, decoded with step_fold.to_fold and decided as the relay does). Returns the
     sim, each message's answer (its refusal, or True) and how many packed folds the core decided as one."""
     sim = _started()
     now = NOW + 1.0
@@ -294,8 +301,7 @@ def _run_wire(script: list[tuple[int, int | None, int | None, int]], packed: boo
                      for p in run]
             for item in pack_step_aggregates(items) if packed else items:
                 if item.WhichOneof("kind") == "step_fold":
-                    decoded, folded = step_fold.to_input([node_of[s] for s in item.step_fold.sessions],
-                                                         item.step_fold)
+                    decoded, folded = _decoded([node_of[s] for s in item.step_fold.sessions], item.step_fold)
                     decided = sim.feed_fold(decoded, at=now, folded=folded)
                     if decided is None:
                         decided = [sim.feed(part, at=now) for part in decoded]
