@@ -1,7 +1,10 @@
 """`ftsup supervisor` under cProfile, switched on and off by signals (for `bench scale --profile`).
 
 SIGUSR1 starts profiling the event-loop thread, SIGUSR2 stops it and writes the stats to the
-file named by FTSUP_PROFILE_OUT, so only the steady window is profiled (not start-up or connect).
+file named by FTSUP_PROFILE_OUT, so only the measured window is profiled (not start-up or connect).
+SIGHUP cuts the profile there: what was profiled so far goes to FTSUP_PROFILE_OUT and profiling
+goes on into the file FTSUP_PROFILE_TAIL_OUT names (the bench cuts at the silence: training
+alone, then the failure's tail).
 Not a benchmark itself (the leading underscore keeps it out of `ftsup bench --help`).
 """
 
@@ -15,20 +18,30 @@ import sys
 from ftsup.supervisor.main import main
 
 
-def _install(out_path: str) -> None:
+def _install(out_path: str, tail_path: str | None) -> None:
     profiler = cProfile.Profile()
+    paths = [out_path, tail_path or out_path]
 
     def start(*_: object) -> None:
         profiler.enable()
 
     def stop(*_: object) -> None:
         profiler.disable()
-        profiler.dump_stats(out_path)
+        profiler.dump_stats(paths[0])
+
+    def cut(*_: object) -> None:
+        nonlocal profiler
+        stop()
+        if len(paths) > 1:
+            paths.pop(0)
+        profiler = cProfile.Profile()
+        profiler.enable()
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
+    signal.signal(signal.SIGHUP, cut)
 
 
 if __name__ == "__main__":
-    _install(os.environ["FTSUP_PROFILE_OUT"])
+    _install(os.environ["FTSUP_PROFILE_OUT"], os.environ.get("FTSUP_PROFILE_TAIL_OUT"))
     sys.exit(main(sys.argv[1:]))

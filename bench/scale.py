@@ -259,7 +259,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
                      else ["--data-dir", str(workdir / "log")])
             name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
             # (each replica profiles into a file of its own: the leader's and every shard's are read)
-            its_env = {**env, "FTSUP_PROFILE_OUT": str(_profile_path(workdir, listen))} if profile else env
+            its_env = ({**env, "FTSUP_PROFILE_OUT": str(_profile_path(workdir, listen)),
+                        "FTSUP_PROFILE_TAIL_OUT": str(_profile_path(workdir, listen, "tail"))} if profile else env)
             with open(workdir / name, "wb") as sup_log:
                 supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=its_env,
                                                        start_new_session=True)
@@ -344,6 +345,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         time.sleep(max(0.0, wall0 + silence_at_s - time.monotonic()))
         steady_cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
         steady_s = time.monotonic() - wall0
+        if profile:  # (the profile cut there too: training alone, then the failure's tail)
+            for process in supervisors.values():
+                os.kill(process.pid, signal.SIGHUP)
         results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
         folds1 = _fold_counts(metrics_at[address])  # (after the window's CPU was read)
@@ -453,7 +457,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         if getattr(args, "kill_leader", False) and replicas > 1 and not profile:
             out["leader_kill"] = _kill_the_leader(supervisors, address, procs, dead_after_s, interval_s)
         if profile:
-            out["profile_top"] = _profile_top(_profile_path(workdir, address))
+            out["profile_top"] = _profile_top(_profile_path(workdir, address))  # before the silence
+            out["profile_top_tail"] = _profile_top(_profile_path(workdir, address, "tail"))
             if replicas > 1:
                 out["shard_profile_top"] = {a: _profile_top(_profile_path(workdir, a)) for a in supervisors if a != address}
         _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
@@ -577,8 +582,9 @@ def _wait_optional(check: Callable[[], T | None], timeout_s: float) -> T | None:
     return value
 
 
-def _profile_path(workdir: pathlib.Path, listen: str) -> pathlib.Path:
-    return workdir / f"supervisor-{listen.replace(':', '_')}.prof"
+def _profile_path(workdir: pathlib.Path, listen: str, part: str = "") -> pathlib.Path:
+    """A replica's profile of the window before the silence, or of its `part` ("tail": the rest)."""
+    return workdir / f"supervisor-{listen.replace(':', '_')}{'-' + part if part else ''}.prof"
 
 
 def _profile_top(path: pathlib.Path, limit: int = 15) -> list[dict[str, Any]]:
@@ -636,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
                              " nor take a SnapshotRetain (each commit sends every node a whole directive: the"
                              " baseline of --snapshot-reports)")
     parser.add_argument("--profile", action="store_true",
-                        help="also run the full fleet at the last interval under cProfile and report the top functions")
+                        help="also run the full fleet at the last interval under cProfile and report the top functions "
+                             "before the silence (profile_top) and after it (profile_top_tail)")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,
                         help="keep the supervisor's and load processes' logs here (default: a temp dir, removed)")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
@@ -743,21 +750,40 @@ def main(argv: list[str] | None = None) -> int:
 def _safe(args: argparse.Namespace, nodes: int, interval: float, workdir: pathlib.Path,
           profile: bool = False, replicas: int = 1) -> dict[str, Any]:
     """A run that breaks (supervisor overwhelmed, connect timeout) is a result, not a crash. A run
-    with false verdicts keeps its logs even without --workdir (`logs_kept`): a verdict storm seen
-    once in a dozen runs cannot be explained from its figures alone."""
+    that failed, or measured something no healthy run shows (false verdicts, no detection of the
+    silenced node, a sharded leader that decided no step fold), keeps its logs even without
+    --workdir (`logs_kept`, `logs_kept_because`): such a run, seen once in a dozen, cannot be
+    explained from its figures alone."""
     try:
         out = run_once(args, nodes, interval, workdir, profile, replicas)
     except ClusterError as exc:
         _progress(f"{interval:g}s x {nodes}: failed: {exc}")
-        return {"nodes": nodes, "heartbeat_interval_s": interval, "goal_met": False, "error": str(exc)}
-    if out.get("false_verdicts") and args.workdir is None:
+        out = {"nodes": nodes, "heartbeat_interval_s": interval, "goal_met": False, "error": str(exc)}
+    reasons = unexplained(out)
+    if reasons and args.workdir is None and workdir.is_dir():
         kept = pathlib.Path(tempfile.mkdtemp(prefix="ftsup-bench-scale-logs-"))
         for path in workdir.iterdir():
             if path.is_file() and path.suffix in (".log", ".json"):
                 shutil.copy2(path, kept / path.name)
         out["logs_kept"] = str(kept)
-        _progress(f"{interval:g}s x {nodes}: {out['false_verdicts']} false verdicts; the run's logs are kept in {kept}")
+        out["logs_kept_because"] = reasons
+        _progress(f"{interval:g}s x {nodes}: {'; '.join(reasons)}; the run's logs are kept in {kept}")
     return out
+
+
+def unexplained(run: dict[str, Any]) -> list[str]:
+    """What in a run's figures its logs must explain (empty for a healthy run)."""
+    reasons = []
+    if run.get("error"):
+        reasons.append("the run failed")
+    if run.get("false_verdicts"):
+        reasons.append(f"{run['false_verdicts']} false verdicts")
+    if not run.get("error") and run.get("detect_s") is None:
+        reasons.append("the silenced node was not declared dead")
+    folds = run.get("leader_step_folds")
+    if run.get("replicas", 1) > 1 and isinstance(folds, dict) and folds.get("folds") == 0:
+        reasons.append("the leader decided no step fold")
+    return reasons
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`ftsup bench scale` keeps a run's logs when it saw false verdicts, even without --workdir."""
+"""`ftsup bench scale` keeps a run's logs when its figures need them (false verdicts, no detection, a
+sharded leader with no step fold, a failed run), even without --workdir."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _run_writing_logs(verdicts: int) -> Any:
         (workdir / "supervisor-1.log").write_text("what the leader said\n")
         (workdir / "job.json").write_text("{}")
         (workdir / "etcd").mkdir()  # (data directories are not kept)
-        return {"nodes": nodes, "false_verdicts": verdicts}
+        return {"nodes": nodes, "false_verdicts": verdicts, "detect_s": 10.1}
     return run_once
 
 
@@ -42,3 +43,70 @@ def test_with_a_work_directory_nothing_is_copied(monkeypatch, tmp_path):
     monkeypatch.setattr(scale, "run_once", _run_writing_logs(5))
     out = scale._safe(argparse.Namespace(workdir=tmp_path), 10, 5.0, tmp_path / "run")
     assert "logs_kept" not in out and (tmp_path / "run" / "supervisor-1.log").exists()
+
+
+HEALTHY = {"nodes": 6000, "replicas": 3, "false_verdicts": 0, "detect_s": 10.1,
+           "leader_step_folds": {"folds": 500, "aggregates": 24000}}
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({}, None),
+    ({"false_verdicts": 2}, "2 false verdicts"),
+    ({"detect_s": None}, "the silenced node was not declared dead"),
+    ({"leader_step_folds": {"folds": 0, "aggregates": 0}}, "the leader decided no step fold"),
+    ({"leader_step_folds": {"folds": 0, "aggregates": 0}, "replicas": 1}, None),  # (no shards, no folds)
+    ({"error": "12 nodes dead while connecting"}, "the run failed"),
+])
+def test_what_a_runs_logs_must_explain(change, reason):
+    reasons = scale.unexplained({**HEALTHY, **change})
+    assert reasons == ([] if reason is None else [reason])
+
+
+def test_a_failed_run_keeps_its_logs(monkeypatch, tmp_path):
+    def run_once(args: argparse.Namespace, nodes: int, interval: float, workdir: pathlib.Path, profile: bool,
+                 replicas: int) -> dict[str, Any]:
+        workdir.mkdir(parents=True)
+        (workdir / "load-0.log").write_text("connect timed out\n")
+        raise scale.ClusterError("12 nodes dead while connecting")
+    monkeypatch.setattr(scale, "run_once", run_once)
+    out = scale._safe(argparse.Namespace(workdir=None), 10, 5.0, tmp_path / "run")
+    kept = pathlib.Path(out["logs_kept"])
+    try:
+        assert out["error"] == "12 nodes dead while connecting" and out["logs_kept_because"] == ["the run failed"]
+        assert (kept / "load-0.log").read_text() == "connect timed out\n"
+    finally:
+        shutil.rmtree(kept)
+
+
+def test_the_profile_is_cut_at_the_silence(tmp_path):
+    # bench scale's profiled supervisor: SIGUSR1 starts, SIGHUP writes what came before and goes
+    # on into the tail's file, SIGUSR2 writes the tail: two profiles, each of its own part.
+    import os
+    import pstats
+    import signal
+
+    from ftsup.bench import _profiled_supervisor
+
+    def before_the_silence() -> int:
+        return sum(range(100))
+
+    def after_it() -> int:
+        return sum(range(200))
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)}
+    steady, tail = tmp_path / "steady.prof", tmp_path / "tail.prof"
+    try:
+        _profiled_supervisor._install(str(steady), str(tail))
+        os.kill(os.getpid(), signal.SIGUSR1)
+        before_the_silence()
+        os.kill(os.getpid(), signal.SIGHUP)
+        after_it()
+        os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+    def called(path: pathlib.Path) -> set[str]:
+        return {name for (_, _, name) in pstats.Stats(str(path)).stats}  # type: ignore[attr-defined]
+    assert "before_the_silence" in called(steady) and "after_it" not in called(steady)
+    assert "after_it" in called(tail) and "before_the_silence" not in called(tail)
