@@ -74,15 +74,18 @@ SHARD_KEEPALIVE_S = 0.2
 # one each (issue 14: at 1 s steps of 2,000 nodes the shards wrote ~900 batches a second of 1-2
 # items). Heartbeats do not wait: they travel on the liveness stream.
 UP_LINGER_S = 0.005
-# While a step's burst keeps coming (the queue grew during the last linger and holds only a step's
-# messages: UpQueue.urgent), the batch is held open in such lingers up to this long, and what
-# arrives while a batch is written is gathered the same way. A shard of 3,000-4,000 nodes reads a
-# step's reports over a few hundred ms; one 5 ms linger gave the leader folds of 8-11 aggregates
-# at 6,000 nodes, and its CPU per node-step falls steeply with a fold's size (`ftsup bench
-# core-step --fold-sizes`, 12,500 nodes x 8 ranks: 64 us per node at 8 a fold, 26 at 50, 19 at
-# 200, 17.5 at 4,096). A step's decisions (vote, stragglers, checkpoint start) come up to this
-# much later; a Hello, a stream's end or a fault report ends the wait at once.
-UP_BURST_S = 0.05
+# While a step's burst keeps coming (the queue grew during the last linger, or fewer of the shard's
+# nodes have reported the newest step than the step before it: UpQueue.steps, step_burst.py) and
+# the queue holds only a step's messages (UpQueue.urgent), the batch is held open in such lingers
+# up to this long, and what arrives while a batch is written is gathered the same way. A shard of
+# 3,000-4,000 nodes reads a step's reports over a few hundred ms; one 5 ms linger gave the leader
+# folds of 8-11 aggregates at 6,000 nodes, 50 ms with the growth rule alone 40-80, and its CPU per
+# node-step falls steeply with a fold's size (`ftsup bench core-step --fold-sizes`, 12,500 nodes
+# x 8 ranks: 64 us per node at 8 a fold, 26 at 50, 19 at 200, 17.5 at 4,096; part 16: the leader
+# at 6,000 nodes went from ~0.12 to ~0.09-0.10 of a core from 50 ms to 200 ms). A step's decisions
+# (vote, stragglers, checkpoint start, RAM snapshot commit) come up to this much later; a Hello, a
+# stream's end or a fault report ends the wait at once.
+UP_BURST_S = 0.2
 # How often a relay looks whether etcd names another leader (a dict read; the watch keeps it fresh).
 LEADER_WATCH_S = 0.1
 # Agent streams are kept across a leader change for this long at most while no relay is up (an
@@ -504,7 +507,8 @@ class LinkShard:
         while len(self._up) < MAX_BATCH_ITEMS:
             before = len(self._up)
             await asyncio.sleep(UP_LINGER_S)
-            if not keeps_lingering(before, len(self._up), clock() - started, self._up.urgent):
+            if not keeps_lingering(before, len(self._up), clock() - started, self._up.urgent,
+                                   self._up.steps.incomplete):
                 return
 
     async def _summarise(self, stub: Any) -> None:
@@ -575,11 +579,14 @@ class LinkShard:
             session.outbox.close()
 
 
-def keeps_lingering(queued_before: int, queued_now: int, waited_s: float, urgent: bool) -> bool:
+def keeps_lingering(queued_before: int, queued_now: int, waited_s: float, urgent: bool,
+                    step_incomplete: bool = False) -> bool:
     """Whether a relay that has lingered `waited_s` holds its batch open for another UP_LINGER_S:
-    only while a step's burst is still arriving (the queue grew during the last linger), nothing
-    queued is urgent, and UP_BURST_S is not spent."""
-    return queued_now > queued_before and not urgent and waited_s + UP_LINGER_S <= UP_BURST_S + 1e-9
+    only while a step's burst is still arriving (the queue grew during the last linger, or the
+    newest step has fewer reporters than the one before it: `step_incomplete`), nothing queued is
+    urgent, and UP_BURST_S is not spent."""
+    return ((queued_now > queued_before or step_incomplete) and not urgent
+            and waited_s + UP_LINGER_S <= UP_BURST_S + 1e-9)
 
 
 async def _first_of(awaitable: Awaitable[object], task: asyncio.Task[None]) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from ftsup.common import holdings_fold_pack, holdings_pack, step_fold_pack, step_pack
 from ftsup.supervisor.core.limits import MAX_RANKS_PER_NODE_REPORT
+from ftsup.supervisor.step_burst import StepBurst
 from ftsup.v1 import agent_pb2, shard_pb2
 
 # Messages waiting for the leader at most: a whole 4,000-node shard's reconnect burst (Hello,
@@ -65,6 +66,7 @@ class UpQueue:
         self.aggregates_packed = 0  # step aggregates sent inside a ShardStepFold, less one per fold (a counter)
         self.holdings_packed = 0  # SnapshotHoldings sent inside a ShardHoldingsFold, less one per fold (a counter)
         self._urgent = 0  # queued items that must not linger (see `lingers`)
+        self.steps = StepBurst()  # who reported the last few steps: whether a step's burst is still coming
 
     def __len__(self) -> int:
         return len(self._items)
@@ -93,6 +95,11 @@ class UpQueue:
             self._heartbeat_at.pop(item.session, None)  # a later heartbeat of it would be stale
         if not lingers(item):
             self._urgent += 1
+        elif item.WhichOneof("kind") == "message":
+            sent = item.message.WhichOneof("kind")
+            if sent == "step_aggregate" or sent == "step_report":
+                report = getattr(item.message, sent)
+                self.steps.note(item.session, report.generation, report.step)
         self._items.append(item)
         return True
 

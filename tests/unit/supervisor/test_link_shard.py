@@ -168,6 +168,55 @@ def test_a_relay_holds_a_batch_open_only_while_a_steps_burst_keeps_arriving():
     assert not keeps_lingering(10, 25, UP_LINGER_S, urgent=True), "a Hello or a stream's end is queued"
     assert keeps_lingering(10, 25, UP_BURST_S - UP_LINGER_S, urgent=False)
     assert not keeps_lingering(10, 25, UP_BURST_S - UP_LINGER_S / 2, urgent=False), "at most UP_BURST_S"
+    incomplete = {"urgent": False, "step_incomplete": True}  # (fewer have reported this step than the last)
+    assert keeps_lingering(25, 25, UP_LINGER_S, **incomplete), "a gap in a step's burst: wait on"
+    assert not keeps_lingering(25, 25, UP_LINGER_S, urgent=True, step_incomplete=True)
+    assert not keeps_lingering(25, 25, UP_BURST_S - UP_LINGER_S / 2, **incomplete), "at most UP_BURST_S"
+
+
+async def test_a_relay_waits_through_a_gap_in_a_steps_burst_until_every_node_that_reported_the_last_step_did(
+        monkeypatch):
+    """Three nodes reported step 4; two report step 5 at once and the third 0.1 s later: the relay
+    holds the batch through the gap (a 5 ms linger alone would have sent the two) and sends it as
+    soon as the third came, well before the budget. Once all three reported, a late fourth message
+    is not waited for."""
+    monkeypatch.setattr(shard_module, "UP_BURST_S", 5.0)
+    shard = LinkShard("r1:1", lambda: ("r1:1",))
+    clock = asyncio.get_running_loop().time
+
+    def aggregate(session: int, step: int) -> shard_pb2.Forwarded:
+        return forwarded(session, f"n{session}", 1, agent_pb2.AgentMessage(step_aggregate=agent_pb2.StepAggregate(
+            generation=1, step=step, ranks=[0], step_time_s=[1.0], compute_time_s=[0.5], loss=[2.0])))
+
+    for session in (1, 2, 3):
+        shard._up.push(aggregate(session, 4))
+    shard._up.take()
+    for session in (1, 2):
+        shard._up.push(aggregate(session, 5))
+    assert shard._up.steps.incomplete
+
+    async def the_third_after_a_gap() -> None:
+        await asyncio.sleep(0.1)
+        shard._up.push(aggregate(3, 5))
+
+    late = asyncio.create_task(the_third_after_a_gap())
+    started = clock()
+    await shard._linger()
+    waited_s, queued = clock() - started, len(shard._up)
+    await late
+    assert queued == 3, "the batch was sent before the step's burst was over"
+    assert waited_s < 2.0, f"waited {waited_s:.2f}s: a complete step must end the wait"
+    assert not shard._up.steps.incomplete
+
+    async def a_late_message() -> None:
+        await asyncio.sleep(1.0)
+        shard._up.push(aggregate(1, 6))
+
+    late = asyncio.create_task(a_late_message())
+    await shard._linger()
+    assert len(shard._up) == 3, "a complete step's batch waited for more"
+    late.cancel()
+    await asyncio.gather(late, return_exceptions=True)
 
 
 def report(rank: int, step: int = 5, generation: int = 1, digest: str = "d") -> agent_pb2.AgentMessage:
