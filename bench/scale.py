@@ -397,6 +397,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             # RAM snapshot steps the leader committed in the window (--snapshot-reports: about one a step)
             "snapshot_commits": None if folds0 is None or folds1 is None else int(folds1[2] - folds0[2]),
             "late_heartbeats": sum(r["late_beats"] for r in results),
+            **_silent_at_source(results, false_verdicts, 1.5 * interval_s),
             "latency_p50_ms": _percentile(latencies, 0.50),
             "latency_p99_ms": _percentile(latencies, 0.99),
             "latency_max_ms": max(latencies) if latencies else None,
@@ -745,6 +746,28 @@ def main(argv: list[str] | None = None) -> int:
         _scale_plot.draw(_scale_plot.plot_data(result), target)
         _progress(f"wrote {target}")
     return 0
+
+
+# A node the load generator itself left silent this close to the suspicion threshold (1.5
+# intervals), or longer, can be suspected with no fault of the supervisor: a shard's summary
+# gathers for up to 0.1 s and the detector judges on a 0.1 s Tick.
+SOURCE_SLACK_S = 0.2
+
+
+def _silent_at_source(results: list[dict[str, Any]], false_verdicts: list[str], suspect_after_s: float
+                      ) -> dict[str, Any]:
+    """Whether the false verdicts' nodes were silent where they came from: the load processes'
+    longest gap between handing a node's messages to gRPC (`send_gap_s`) and its longest wait in
+    one write (`write_wait_s`: gRPC's flow control, the receiving shard not reading)."""
+    gaps = {node: gap for r in results for node, gap in r.get("send_gaps_s", {}).items()}
+    waits = {node: wait for r in results for node, wait in r.get("write_waits_s", {}).items()}
+    threshold = suspect_after_s - SOURCE_SLACK_S
+    return {
+        "nodes_silent_at_source": sum(1 for gap in gaps.values() if gap >= threshold),
+        "false_verdicts_silent_at_source": sum(1 for node in false_verdicts if gaps.get(node, 0.0) >= threshold),
+        "false_verdict_sources": {node: {"send_gap_s": gaps.get(node), "write_wait_s": waits.get(node)}
+                                  for node in false_verdicts[:20]},
+    }
 
 
 def _safe(args: argparse.Namespace, nodes: int, interval: float, workdir: pathlib.Path,

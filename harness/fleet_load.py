@@ -78,6 +78,7 @@ class SimNode:
     lost_at_wall_s: float | None = None  # when its last stream ended (unix time)
     heard_again_wall_s: float | None = None  # its first heartbeat ack after that
     welcomed_wall_s: float | None = None  # its latest Welcome (unix time): a new leader's, after a leader change
+    handed_at: float = 0.0  # (monotonic) when its last message was handed to gRPC
 
 
 @dataclass(slots=True)
@@ -91,6 +92,11 @@ class Counters:
     directives: int = 0
     retains: int = 0  # SnapshotRetain notices (a commit's retain floor, in place of a directive)
     late_beats: int = 0  # heartbeats this process sent more than 10% of an interval late
+    # While measuring, per node whose messages were ever more than an interval apart: its longest
+    # gap between handing two messages to gRPC (what the detector can hear of it at best), and its
+    # longest wait inside one write (gRPC's flow control: the receiving shard not reading).
+    send_gaps_s: dict[str, float] = field(default_factory=dict)
+    write_waits_s: dict[str, float] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)  # steady: before the silenced node's silence
     after_ms: list[float] = field(default_factory=list)  # after it (its detection and what follows)
     is_measuring: bool = False
@@ -227,6 +233,7 @@ class Fleet:
         c.snapshot_reports = 0
         c.snapshot_messages = 0
         c.directives = c.retains = 0
+        c.send_gaps_s, c.write_waits_s = {}, {}
         c.is_measuring, c.is_after = True, False
         running = sum(1 for n in self.nodes if n.ranks)
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -257,6 +264,8 @@ class Fleet:
                 # and its nodes look silent to the detector) and when (wall clock)
                 "loop_max_stall_s": round(stall.max_s, 3), "loop_max_stall_at_wall_s": stall.at_wall_s,
                 "loop_stalls_over_1s": stall.over_1s,
+                # the nodes this process itself left silent longest (top MAX_GAPS_REPORTED)
+                "send_gaps_s": _longest(c.send_gaps_s), "write_waits_s": _longest(c.write_waits_s),
                 "silenced": silence if target is not None else None, "last_beat_wall_s": silenced_at_wall,
                 # read at the window's end: a step's writes under way at the silence still went out
                 "last_message_wall_s": target.last_message_wall_s if target is not None else None}
@@ -338,7 +347,7 @@ class Fleet:
                     node.sent_at[seq] = now
                     c.asked += 1
                 node.last_beat_wall_s = node.last_message_wall_s = time.time()
-                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
+                await self.send(node, call, agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
                     seq=seq, running_generation=node.generation if node.ranks else 0, want_ack=want_ack)))
                 c.sent += 1
                 next_beat = max(next_beat + node.interval_s, now) if seq > 1 else now + phase_s
@@ -357,6 +366,21 @@ class Fleet:
             wake = min(next_beat, next_step) if node.ranks and step_s > 0 else next_beat
             await asyncio.sleep(max(0.0, wake - loop.time()))
 
+    async def send(self, node: SimNode, call: StreamCall, message: agent_pb2.AgentMessage) -> None:
+        """Writes one of `node`'s messages after its Hello, noting (while measuring) how long the
+        node had been silent at the source and how long gRPC held the write."""
+        c = self.counters
+        handed = time.monotonic()
+        last, node.handed_at = node.handed_at, handed
+        if c.is_measuring and last and handed - last > node.interval_s:
+            gap = handed - last
+            if gap > c.send_gaps_s.get(node.node_id, 0.0):
+                c.send_gaps_s[node.node_id] = gap
+        await call.write(message)
+        waited = time.monotonic() - handed
+        if c.is_measuring and waited > 0.1 and waited > c.write_waits_s.get(node.node_id, 0.0):
+            c.write_waits_s[node.node_id] = waited
+
     async def report_step(self, node: SimNode, call: StreamCall, step_s: float) -> None:
         """One step of every rank the node runs, as a real agent reports it: one aggregate, then
         (with --snapshot-reports) the node's holding of each of its ranks' snapshots and of each
@@ -367,7 +391,7 @@ class Fleet:
                                         compute_time_s=0.8 * step_s, loss=1.0, param_digest="0" * 32)
                    for rank in node.ranks]
         node.last_message_wall_s = time.time()
-        await call.write(agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
+        await self.send(node, call, agent_pb2.AgentMessage(step_aggregate=step_pack.pack(reports)))
         self.counters.step_reports += 1
         if not self.args.snapshot_reports or not node.ranks:
             return
@@ -381,7 +405,7 @@ class Fleet:
                         else [agent_pb2.AgentMessage(snapshot_report=report) for report in held])
             for message in messages:
                 node.last_message_wall_s = time.time()
-                await call.write(message)
+                await self.send(node, call, message)
             self.counters.snapshot_reports += len(held)
             self.counters.snapshot_messages += len(messages)
 
@@ -450,6 +474,15 @@ async def _loop_stalls() -> LoopStall:
                 stall.max_s, stall.at_wall_s = late, time.time() - late
     except asyncio.CancelledError:
         return stall
+
+
+# Nodes reported per result in send_gaps_s and write_waits_s at most (the longest first).
+MAX_GAPS_REPORTED = 2_000
+
+
+def _longest(by_node: dict[str, float]) -> dict[str, float]:
+    longest = sorted(by_node.items(), key=lambda item: item[1], reverse=True)[:MAX_GAPS_REPORTED]
+    return {node: round(seconds, 3) for node, seconds in longest}
 
 
 def emit(obj: dict[str, object]) -> None:

@@ -110,3 +110,25 @@ def test_the_profile_is_cut_at_the_silence(tmp_path):
         return {name for (_, _, name) in pstats.Stats(str(path)).stats}  # type: ignore[attr-defined]
     assert "before_the_silence" in called(steady) and "after_it" not in called(steady)
     assert "after_it" in called(tail) and "before_the_silence" not in called(tail)
+
+
+def test_a_false_verdict_is_told_apart_when_the_load_generator_left_its_node_silent():
+    # 5 s heartbeats: suspicion after 7.5 s; a node the generator sent nothing of
+    # is silent at the source from 7.3 s (a summary's gather and a Tick are the rest).
+    results = [{"send_gaps_s": {"a": 7.6, "b": 5.4}, "write_waits_s": {"a": 0.3}},
+               {"send_gaps_s": {"c": 7.2, "d": 9.0}}]
+    told = scale._silent_at_source(results, ["a", "b", "e"], 7.5)
+    assert told["nodes_silent_at_source"] == 2  # a, d
+    assert told["false_verdicts_silent_at_source"] == 1  # a; b was sent on time, e never late
+    assert told["false_verdict_sources"] == {"a": {"send_gap_s": 7.6, "write_wait_s": 0.3},
+                                             "b": {"send_gap_s": 5.4, "write_wait_s": None},
+                                             "e": {"send_gap_s": None, "write_wait_s": None}}
+
+
+def test_the_load_generator_reports_its_longest_silences_first_and_bounded():
+    from ftsup.harness import fleet_load
+
+    gaps = {f"n{i}": float(i) for i in range(fleet_load.MAX_GAPS_REPORTED + 10)}
+    longest = fleet_load._longest(gaps)
+    assert len(longest) == fleet_load.MAX_GAPS_REPORTED
+    assert next(iter(longest)) == f"n{fleet_load.MAX_GAPS_REPORTED + 9}" and "n0" not in longest
