@@ -254,8 +254,7 @@ def admits_fold(state: ClusterState, soft: SoftState, fold: HoldingsFold) -> boo
             and min(counts) > 0 and max(counts) <= MAX_RANKS_PER_NODE_REPORT
             and len(fold.ranks) == len(fold.size_bytes) == len(fold.sha256) == total
             and max(map(len, fold.sha256)) <= MAX_DIGEST
-            and len(set(fold.node_ids)) == len(fold.node_ids)
-            and all(_check_sender(state, soft, node_id) is None for node_id in fold.node_ids))
+            and _distinct_senders_known(state, soft, fold.node_ids))
 
 
 def _check_xid(report: XidReport) -> str | None:
@@ -412,7 +411,7 @@ def admits_step_fold(state: ClusterState, soft: SoftState, fold: StepAggregate) 
     if current is None or current.number != fold.generation or not 0 <= fold.step <= MAX_STEP or len(segments) < 2:
         return False
     node_ids = [node for node, _ in segments]
-    if len(set(node_ids)) != len(node_ids) or any(_check_sender(state, soft, node) is not None for node in node_ids):
+    if not _distinct_senders_known(state, soft, node_ids):
         return False
     slots = current.index.holder_slots()
     ranks = fold.ranks
@@ -428,9 +427,16 @@ def admits_step_fold(state: ClusterState, soft: SoftState, fold: StepAggregate) 
     senders = np.fromiter((numbers.get(node, -2) for node in node_ids), dtype=np.int64, count=len(node_ids))
     if not bool((slots.owner_of[ranks] == np.repeat(senders, counts)).all()):
         return False  # (a rank its part's node does not hold: a buddy or a stranger owns no rank)
-    if len(np.unique(ranks)) != len(ranks):
+    if not slots.distinct(ranks):  # (dense: a rank is its position)
         return False  # (owners differ across parts, so a repeat is within one part)
     return _within_limits(fold)
+
+
+def _distinct_senders_known(state: ClusterState, soft: SoftState, node_ids: Sequence[str]) -> bool:
+    """Whether `node_ids` are distinct and each passes `_check_sender` (said Hello on this
+    supervisor): two set comparisons in C instead of a call per node (a fold of thousands)."""
+    named = set(node_ids)
+    return len(named) == len(node_ids) and state.nodes.keys() >= named and soft.nodes.keys() >= named
 
 
 def _held_ranks(state: ClusterState, aggregate: StepAggregate) -> frozenset[int]:

@@ -46,6 +46,13 @@ class HolderSlots:
         """The position of one rank of this generation."""
         return rank if self.dense else self.sparse_positions[rank]
 
+    def distinct(self, positions: npt.NDArray[np.integer]) -> bool:
+        """Whether `positions` (each a position of this table) are distinct: a mark per position
+        (a fold's few thousand ranks against the generation's size), not a sort or a hash."""
+        marks = np.zeros(self.size, dtype=np.bool_)
+        marks[positions] = True
+        return int(np.count_nonzero(marks)) == len(positions)
+
     def holders(self, position: int, owner: bool, buddy: bool) -> frozenset[str]:
         """The node ids of the slots held at `position`."""
         held = []

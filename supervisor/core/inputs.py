@@ -7,6 +7,7 @@ Inputs are facts the shell observed; `decide` turns them into events. They are n
 from __future__ import annotations
 
 import bisect
+import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,11 +145,7 @@ class StepAggregate:
         """The node that reported position `index` (non-negative)."""
         if not self.segments:
             return self.node_id
-        ends = self._ends()
-        return self.segments[bisect.bisect_right(ends, index)][0]
-
-    def _ends(self) -> list[int]:
-        return [end for _, end in self.segments]
+        return self.segments[bisect.bisect_right(self.segments, index, key=_SEGMENT_END)][0]
 
     @classmethod
     def fold(cls, parts: Sequence[StepAggregate]) -> StepAggregate:
@@ -263,6 +260,7 @@ class StepAggregate:
 
 
 _FOUR_DOUBLES, _THREE_INTS = struct.Struct("=4d").pack, struct.Struct("=3q").pack
+_SEGMENT_END = operator.itemgetter(1)  # a fold's segment (node, end) -> its end
 _FIRST = np.zeros(1, dtype=np.int64)  # the one position of an aggregate of one (shared, read-only)
 _FIRST.flags.writeable = False
 

@@ -51,10 +51,13 @@ def locate(slots: HolderSlots, fold: HoldingsFold) -> Located | None:
         if not np.array_equal(slots.ranks[positions], ranks):
             return None
     holders = np.repeat(np.array(numbers, dtype=np.int32), fold.counts)
-    if not ((slots.owner_of[positions] == holders) | (slots.buddy_of[positions] == holders)).all():
+    as_owner = slots.owner_of[positions] == holders
+    if not (as_owner | (slots.buddy_of[positions] == holders)).all():
         return None
-    if len(np.unique(holders.astype(np.int64) * slots.size + positions)) != len(positions):
-        return None  # (a node naming a rank twice: each node is one part)
+    # A node naming a rank twice (each node is one part): a (holder, position) pair twice, that is
+    # a position twice among the owners' entries or among the buddies' (its holder is the slot's).
+    if not (slots.distinct(positions[as_owner]) and slots.distinct(positions[~as_owner])):
+        return None
     return Located(positions, holders, np.array(fold.sha256, dtype=object))
 
 

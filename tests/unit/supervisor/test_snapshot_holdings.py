@@ -19,13 +19,16 @@ import dataclasses
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftsup.supervisor.core import holder_slots, step_holdings
 from ftsup.supervisor.core import soft as soft_state
-from ftsup.supervisor.core.events import NodeDrained, SnapshotCommitted
+from ftsup.supervisor.core.events import NodeDrained, RankAssignment, SnapshotCommitted
 from ftsup.supervisor.core.inputs import (
+    HoldingsFold,
     OperatorCommandKind,
     OperatorRequest,
     SnapshotHoldings,
@@ -398,3 +401,36 @@ def test_folds_that_complete_no_step_are_held_as_one_and_leave_what_one_by_one_l
     assert [e.step for e in folded.log if isinstance(e, SnapshotCommitted)], "steps commit through both"
     progress = folded.soft.progress
     assert progress is not None and progress.holding_mismatches, "a buddy's other bytes were seen in a fold"
+
+
+def test_a_fold_naming_a_rank_twice_for_one_holder_is_not_located_but_its_owner_and_buddy_are():
+    # a owns ranks 0-1 and backs b up; b owns 2-3 and backs a up. Each may report a rank once, as
+    # its owner or its buddy; the owner and the buddy of one rank are two pairs, not a repeat.
+    slots = holder_slots.build([RankAssignment("a", (0, 1), "b"), RankAssignment("b", (2, 3), "a")], None, exact=True)
+
+    def fold(counts: list[int], ranks: list[int]) -> HoldingsFold:
+        return HoldingsFold(("a", "b"), 1, 5, tuple(counts), np.array(ranks, dtype=np.int64),
+                            np.ones(len(ranks), dtype=np.int64), tuple("0" * 64 for _ in ranks))
+
+    assert step_holdings.locate(slots, fold([4, 4], [0, 1, 2, 3, 2, 3, 0, 1])) is not None
+    assert step_holdings.locate(slots, fold([3, 1], [0, 1, 0, 2])) is None, "a names its own rank 0 twice"
+    assert step_holdings.locate(slots, fold([3, 1], [2, 0, 2, 2])) is None, "a names b's rank 2 twice"
+    assert step_holdings.locate(slots, fold([1, 1], [5, 2])) is None, "a rank past the generation's"
+
+
+def test_a_holdings_fold_naming_a_member_this_leader_has_not_heard_say_hello_is_not_decided_whole():
+    # A new leader knows the members from the log before their Hellos come again: the fold's slots
+    # alone would place its entries; its sender's Hello must be asked of each part.
+    sim = _started()
+    generation = sim.state.generation
+    assert generation is not None
+    parts = []
+    for node in ("n0", "n1"):
+        ranks = sorted(r for r in range(WORLD) if _holders(sim, r)[0] == node)
+        parts.append(SnapshotHoldings(node, generation.number, 1, tuple(ranks), (1,) * len(ranks),
+                                      tuple(f"s{r}" for r in ranks)))
+    fold = HoldingsFold.of_parts(parts)
+    assert sim.core.step_holdings_fold(fold, NOW + 1) is not None, "both said Hello: decided whole"
+    sim = _started()
+    del sim.soft.nodes["n1"]
+    assert sim.core.step_holdings_fold(fold, NOW + 1) is None

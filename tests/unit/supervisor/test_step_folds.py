@@ -143,6 +143,20 @@ def test_a_usual_fold_is_decided_whole_on_its_arrays_and_a_fold_with_a_bad_part_
     assert isinstance(answers[0], str) and "reported twice" in answers[0]
 
 
+def test_a_fold_naming_a_member_this_leader_has_not_heard_say_hello_is_not_decided_whole(monkeypatch):
+    # A new leader knows the generation's members from the log before their Hellos come again: a
+    # shard's fold naming one of them must not be admitted whole (its slots alone would pass).
+    sim = _started()
+    parts = _parts(sim, 1, None, None, random.Random(0), faults=False)[:NODES]
+    made = []
+    real = StepAggregate.parts
+    monkeypatch.setattr(StepAggregate, "parts", lambda self: made.append(len(self.segments)) or real(self))
+    del sim.soft.nodes[parts[1].node_id]
+    answers = sim.feed_step_fold(parts[:2], at=NOW + 1)
+    assert made == [2] and answers is not None
+    assert isinstance(answers[1], str) and "has not said Hello" in answers[1]
+
+
 def test_stragglers_votes_and_checkpoints_are_decided_through_folds():
     # Rank 3 slow for 20 steps, rank 5's digest differs at step 21; checkpoints every 3 steps. The
     # folds must actually be taken (not declined into the one-by-one path) for this to test them.
