@@ -31,6 +31,9 @@ Codes = npt.NDArray[np.int32]
 # Few distinct digests (the usual step: replicas agree) are split out one comparison each; more
 # (every rank its own shard, as under FSDP) by one sort.
 _FEW_DIGESTS = 16
+# An aggregate of more ranks than this (a fold of several nodes') is taken with array operations;
+# fewer (one node's), rank by rank from Python, which costs less for a handful.
+_FEW_RANKS = 64
 
 
 class _Track:
@@ -50,6 +53,18 @@ class _Track:
             return False
         seen = self.seen
         size = len(seen)
+        if len(aggregate.ranks) > _FEW_RANKS:  # (a shard's fold: its ranks at once)
+            ranks_ = aggregate.ranks
+            if int(ranks_.max()) >= size:
+                return False
+            marks = np.frombuffer(seen, dtype=np.bool_)
+            if bool(marks[ranks_].any()):
+                return False
+            marks[ranks_] = True
+            del marks  # (a live view would pin the bytearray's size)
+            self.count += len(ranks_)
+            self.pending.append(aggregate)
+            return True
         ranks = aggregate.ranks.tolist()
         for r in ranks:
             if r >= size or seen[r]:

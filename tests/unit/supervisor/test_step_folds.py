@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from ftsup.supervisor.core import admission
+from ftsup.supervisor.core import admission, open_steps
 from ftsup.supervisor.core.events import CheckpointStarted, SdcSuspected, StragglerDetected
 from ftsup.supervisor.core.inputs import StepAggregate, StepReport
 from tests.support.builders import NOW, Sim
@@ -123,6 +123,11 @@ def test_a_fold_decides_what_its_aggregates_decide_one_by_one(script):
     whole, whole_answers, _ = _run(script, folded=True, whole=True)  # (a shard's packed folds, on their arrays)
     assert_same_decisions(one, whole)
     assert whole_answers == one_answers
+    with pytest.MonkeyPatch.context() as patch:  # (a fold's ranks taken by arrays, as a real fold's many are)
+        patch.setattr(open_steps, "_FEW_RANKS", 1)
+        arrays, arrays_answers, _ = _run(script, folded=True, whole=True)
+    assert_same_decisions(one, arrays)
+    assert arrays_answers == one_answers
 
 
 def test_a_usual_fold_is_decided_whole_on_its_arrays_and_a_fold_with_a_bad_part_is_not(monkeypatch):
