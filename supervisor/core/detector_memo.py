@@ -14,7 +14,9 @@ as nothing the pass read has changed:
 - a node heard at an earlier time than the one the pass saw (inputs are decided as of their
   arrival: `heard(now)` lowers the deadline, one comparison per input, not per node).
 A node that is not connected and alive and heard lately (a suspect, an overdue node, a closed
-stream, one never heard, a clock that is not a number) is *watched*: until the deadline or a
+stream, one never heard, a clock that is not a number), or whose deadline is near (silent for
+more than failure.WATCH_AHEAD_FRACTION short of it: a loaded fleet always has a few nodes heard
+late, and theirs made every Tick a whole pass, part 16), is *watched*: until the deadline or a
 change, each Tick judges the watched nodes alone (in the fleet's order), not the fleet. A node
 silenced at 12,500 nodes used to make every Tick from its first overdue moment to its death a
 whole pass (~25 passes of ~10 ms each per failure, part 15); its Ticks now cost a few operations

@@ -135,3 +135,28 @@ def test_a_node_heard_at_an_earlier_time_than_the_last_pass_saw_is_judged_on_tha
     verdicts = failure.judge(state, soft, config, 0.6)
     assert [(v.node_id, v.liveness) for v in verdicts] == [("n0", Liveness.SUSPECT)]
     assert repr(verdicts) == repr(_unmemoized(state, soft, config, 0.6))
+
+
+def test_late_nodes_are_watched_alone_instead_of_making_every_tick_a_pass():
+    """Nodes heard late but not yet suspect (a loaded fleet: here half of it, each heard every
+    1.4 s, against a suspicion at 1.5 s) must not pull the fleet's next pass to every
+    Tick: a node whose deadline is near is judged alone until it is heard, and the fleet is walked
+    only when another node can be due."""
+    config = CONFIGS[0]  # suspect after 1.5 s, dead after 2 s
+    state = ClusterState(nodes=MappingProxyType({f"n{i}": _record(f"n{i}") for i in range(100)}))
+    soft = SoftState(started_at_s=0.0)
+    for i, node_id in enumerate(state.nodes):
+        soft_state.observe(soft, state, AgentHello(node_id, 1, NodeRole.ACTIVE, "h", 9000, 8, i + 1), 0.0)
+    for tenth in range(1, 81):  # eight seconds, each node heard once a second at its own tenth...
+        now = tenth / 10
+        heard = tuple(n for i, n in enumerate(state.nodes)  # (...the odd ones every 1.4 s at theirs)
+                      if (tenth - i) % (14 if i % 2 else 10) == 0)
+        soft_state.observe(soft, state, HeardFrom(heard), now)
+        verdicts = failure.judge(state, soft, config, now)
+        assert repr(verdicts) == repr(_unmemoized(state, soft, config, now))
+        assert verdicts == []
+    memo = soft.detector_memo
+    # The fleet can be due every 0.4 s at most (the unwatched are silent < 1.2 s, suspect at 1.5):
+    # 18 passes here; 34 when a node due soon set the next pass as any other.
+    assert memo.passes <= 22, f"walked the fleet on {memo.passes} of 80 Ticks ({memo.partials} partial)"
+    assert memo.partials >= 10
