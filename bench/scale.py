@@ -363,7 +363,10 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         last_message = silenced.get("last_message_wall_s") or last_beat
         dead_at = _wait_optional(lambda: watch.first("node_declared_dead", target), dead_after_s + 10)
         suspect_at = watch.first("node_suspected", target)
-        false_verdicts = sorted({n for _, n, _ in watch.verdicts if n != target})
+        first_judged: dict[str, float] = {}  # node -> its first verdict's time (unix)
+        for _, node, at in list(watch.verdicts):
+            first_judged.setdefault(node, at)
+        false_verdicts = sorted(n for n in first_judged if n != target)
         latencies = [v for r in results for v in r["latencies_ms"]]
         after = [v for r in results for v in r["after_ms"]]
         sent, acked = sum(r["sent"] for r in results), sum(r["acked"] for r in results)
@@ -445,6 +448,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "detect_limit_s": dead_after_s,
             "false_verdicts": len(false_verdicts),
             "false_verdict_nodes": false_verdicts[:10],
+            # ...of which first judged after the window (the load processes' gaps end with it)
+            "false_verdicts_after_window": sum(1 for n in false_verdicts if first_judged[n] > wall0_unix + window_s),
         }
         out["goal_met"] = bool(
             out["nodes_training"] == nodes and out["latency_p99_ms"] is not None

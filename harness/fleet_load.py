@@ -247,6 +247,7 @@ class Fleet:
             await asyncio.sleep(max(0.0, window_s - silence_at_s))
         else:
             await asyncio.sleep(window_s)
+        _note_open_gaps(self.nodes, time.monotonic(), c)  # (silences the window's end cut short)
         c.is_measuring = False
         wall = time.monotonic() - wall0
         stalls.cancel()
@@ -474,6 +475,17 @@ async def _loop_stalls() -> LoopStall:
                 stall.max_s, stall.at_wall_s = late, time.time() - late
     except asyncio.CancelledError:
         return stall
+
+
+def _note_open_gaps(nodes: list[SimNode], now: float, counters: Counters) -> None:
+    """At the window's end, each node silent for more than an interval since it last handed a
+    message to gRPC (a silenced node aside: its silence is the test's) counts that silence as a
+    gap too: its next message, which would have closed it, comes after the window."""
+    for node in nodes:
+        gap = now - node.handed_at
+        if node.handed_at and not node.is_silenced and gap > node.interval_s:
+            if gap > counters.send_gaps_s.get(node.node_id, 0.0):
+                counters.send_gaps_s[node.node_id] = gap
 
 
 # Nodes reported per result in send_gaps_s and write_waits_s at most (the longest first).

@@ -132,3 +132,14 @@ def test_the_load_generator_reports_its_longest_silences_first_and_bounded():
     longest = fleet_load._longest(gaps)
     assert len(longest) == fleet_load.MAX_GAPS_REPORTED
     assert next(iter(longest)) == f"n{fleet_load.MAX_GAPS_REPORTED + 9}" and "n0" not in longest
+
+
+def test_a_silence_the_windows_end_cuts_short_counts_as_a_gap():
+    from ftsup.harness import fleet_load
+
+    quiet = fleet_load.SimNode("quiet", 1, interval_s=5.0, handed_at=100.0)
+    talking = fleet_load.SimNode("talking", 1, interval_s=5.0, handed_at=106.0)
+    silenced = fleet_load.SimNode("silenced", 1, interval_s=5.0, handed_at=90.0, is_silenced=True)
+    counters = fleet_load.Counters(send_gaps_s={"talking": 5.5})
+    fleet_load._note_open_gaps([quiet, talking, silenced], 108.0, counters)
+    assert counters.send_gaps_s == {"quiet": 8.0, "talking": 5.5}
