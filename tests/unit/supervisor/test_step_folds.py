@@ -130,12 +130,19 @@ def test_a_fold_decides_what_its_aggregates_decide_one_by_one(script):
     assert arrays_answers == one_answers
 
 
-def test_a_usual_fold_is_decided_whole_on_its_arrays_and_a_fold_with_a_bad_part_is_not(monkeypatch):
+def _started_counting_parts(monkeypatch: pytest.MonkeyPatch) -> tuple[Sim, list[StepAggregate], list[int]]:
+    """A started job, its nodes' aggregates of step 1, and the sizes of the folds made into parts
+    (StepAggregate.parts: a fold not decided whole), as they are made."""
     sim = _started()
     parts = _parts(sim, 1, None, None, random.Random(0), faults=False)[:NODES]
-    made = []
+    made: list[int] = []
     real = StepAggregate.parts
     monkeypatch.setattr(StepAggregate, "parts", lambda self: made.append(len(self.segments)) or real(self))
+    return sim, parts, made
+
+
+def test_a_usual_fold_is_decided_whole_on_its_arrays_and_a_fold_with_a_bad_part_is_not(monkeypatch):
+    sim, parts, made = _started_counting_parts(monkeypatch)
     answers = sim.feed_step_fold(parts[:3], at=NOW + 1)
     assert answers is not None and all(isinstance(a, list) for a in answers) and made == []
     foreign = StepAggregate.of_reports([dataclasses.replace(r, node_id=parts[4].node_id) for r in parts[3].reports()])
@@ -151,11 +158,7 @@ def test_a_usual_fold_is_decided_whole_on_its_arrays_and_a_fold_with_a_bad_part_
 def test_a_fold_naming_a_member_this_leader_has_not_heard_say_hello_is_not_decided_whole(monkeypatch):
     # A new leader knows the generation's members from the log before their Hellos come again: a
     # shard's fold naming one of them must not be admitted whole (its slots alone would pass).
-    sim = _started()
-    parts = _parts(sim, 1, None, None, random.Random(0), faults=False)[:NODES]
-    made = []
-    real = StepAggregate.parts
-    monkeypatch.setattr(StepAggregate, "parts", lambda self: made.append(len(self.segments)) or real(self))
+    sim, parts, made = _started_counting_parts(monkeypatch)
     del sim.soft.nodes[parts[1].node_id]
     answers = sim.feed_step_fold(parts[:2], at=NOW + 1)
     assert made == [2] and answers is not None
