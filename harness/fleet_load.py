@@ -373,10 +373,8 @@ class Fleet:
         c = self.counters
         handed = time.monotonic()
         last, node.handed_at = node.handed_at, handed
-        if c.is_measuring and last and handed - last > node.interval_s:
-            gap = handed - last
-            if gap > c.send_gaps_s.get(node.node_id, 0.0):
-                c.send_gaps_s[node.node_id] = gap
+        if c.is_measuring and last:
+            _note_gap(node, handed - last, c)
         await call.write(message)
         waited = time.monotonic() - handed
         if c.is_measuring and waited > 0.1 and waited > c.write_waits_s.get(node.node_id, 0.0):
@@ -482,10 +480,14 @@ def _note_open_gaps(nodes: list[SimNode], now: float, counters: Counters) -> Non
     message to gRPC (a silenced node aside: its silence is the test's) counts that silence as a
     gap too: its next message, which would have closed it, comes after the window."""
     for node in nodes:
-        gap = now - node.handed_at
-        if node.handed_at and not node.is_silenced and gap > node.interval_s:
-            if gap > counters.send_gaps_s.get(node.node_id, 0.0):
-                counters.send_gaps_s[node.node_id] = gap
+        if node.handed_at and not node.is_silenced:
+            _note_gap(node, now - node.handed_at, counters)
+
+
+def _note_gap(node: SimNode, gap: float, counters: Counters) -> None:
+    """Keeps `gap` as `node`'s longest silence at the source if it is longer than an interval."""
+    if gap > node.interval_s and gap > counters.send_gaps_s.get(node.node_id, 0.0):
+        counters.send_gaps_s[node.node_id] = gap
 
 
 # Nodes reported per result in send_gaps_s and write_waits_s at most (the longest first).

@@ -95,7 +95,7 @@ class UpQueue:
             self._heartbeat_at.pop(item.session, None)  # a later heartbeat of it would be stale
         if not lingers(item):
             self._urgent += 1
-        elif item.WhichOneof("kind") == "message":
+        else:  # (a lingering item is a message)
             sent = item.message.WhichOneof("kind")
             if sent == "step_aggregate" or sent == "step_report":
                 report = getattr(item.message, sent)

@@ -181,7 +181,7 @@ def _observe_step(soft: SoftState, state: ClusterState, aggregate: StepAggregate
     returns the straggler verdicts and the digest vote of the step they completed, if they did.
     A fold of several nodes' aggregates (StepAggregate.fold) is recorded as they would be one by one."""
     if aggregate.segments:
-        _heard_all(soft, [node_id for node_id, _ in aggregate.segments], now)
+        _heard_all(soft, aggregate.node_ids(), now)
     else:
         _heard(soft, aggregate.node_id, now)
     progress = _progress_for(soft, state, aggregate.generation)
@@ -492,11 +492,14 @@ def _shard_heard(soft: SoftState, shard: str, now: float) -> None:
 def _heard_all(soft: SoftState, node_ids: Iterable[str], now: float) -> None:
     """`_heard` for each of a fold's nodes (the loop inlined: a fold names thousands)."""
     nodes = soft.nodes
-    soft.detector_memo.heard(now)
+    known = False
     for node_id in node_ids:
         node = nodes.get(node_id)
         if node is not None:
             node.last_heard_s = now
+            known = True
+    if known:
+        soft.detector_memo.heard(now)
 
 
 def _heard(soft: SoftState, node_id: str, now: float) -> None:
