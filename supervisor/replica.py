@@ -15,6 +15,7 @@ import contextlib
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,14 +45,26 @@ async def follow_log(runtime: Runtime, event_log: EtcdLog) -> None:
 
 
 async def track_leader(runtime: Runtime, election: LeaderElection, period_s: float = 0.5) -> None:
-    """Keeps the follower's NotLeader answer current."""
+    """Keeps the follower's idea of the leader current (its NotLeader answers, its shard's routing).
+
+    A lookup that fails (etcd slow or unreachable) says nothing about who leads: the last answer
+    stands until one comes. Blanking it made the link shard count the leader as an agent holder
+    for that moment and move a third of its nodes to it, which sent them straight back."""
+    failing_since: float | None = None
     while True:
         try:
             current = await election.current()
-            runtime.leader_address = current.address if current is not None else ""
         except Exception as exc:
-            runtime.leader_address = ""
-            log.debug("leader lookup failed", error=str(exc))
+            if failing_since is None:
+                failing_since = time.monotonic()
+                log.info("leader lookup failing; keeping the last known leader",
+                         leader=runtime.leader_address or "unknown", error=str(exc))
+        else:
+            runtime.leader_address = current.address if current is not None else ""
+            if failing_since is not None:
+                log.info("leader lookup answering again", leader=runtime.leader_address or "none",
+                         failed_for_s=round(time.monotonic() - failing_since, 2))
+                failing_since = None
         await asyncio.sleep(period_s)
 
 

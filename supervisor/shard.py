@@ -162,7 +162,15 @@ class LinkShard:
     # -- routing -----------------------------------------------------------------------------
     def home_of(self, node_id: str, unreachable: Iterable[str] = ()) -> str:
         """The replica that should hold `node_id`'s stream, as this replica sees the live set."""
-        return home_of(node_id, self._live(), self.address, unreachable, self._leader())
+        return home_of(node_id, self._live(), self.address, unreachable, self.leader_now())
+
+    def leader_now(self) -> str:
+        """The leader as this replica knows it: the follower's lookup, else (while relaying) the
+        replica this shard relays to. An unknown leader counts as an agent holder (agent_holders),
+        so a lookup that came back empty must not be all there is: a third of this shard's nodes
+        would be moved to the leader, which sends them back here (a bench at 12,500 nodes lost
+        241 nodes that way, dead after 10 s of bouncing)."""
+        return self._leader() or (self.leader_address if self.relay_up.is_set() else "")
 
     def sessions(self) -> list[ShardSession]:
         return list(self._sessions.values())
@@ -306,7 +314,7 @@ class LinkShard:
     def shutdown(self) -> int:
         """A clean stop (SIGTERM, a rolling restart): every node held here is told its next shard and
         its stream ends as a move, so the leader takes none of it for a death. Returns how many."""
-        others = agent_holders([replica for replica in self._live() if replica != self.address], self._leader())
+        others = agent_holders([replica for replica in self._live() if replica != self.address], self.leader_now())
         for session in list(self._sessions.values()):
             session.is_moved = True
             home = shard_of(session.node_id, others) if others else ""

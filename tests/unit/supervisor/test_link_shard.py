@@ -705,17 +705,19 @@ async def test_a_relay_to_a_leader_gone_silent_moves_on_as_soon_as_another_leads
 async def test_a_node_of_another_shard_is_told_its_shard_and_a_dead_shards_routes_are_no_death_signal():
     async with pair() as p:
         await until(p.shard.relay_up.is_set, "the shard's relay to the leader")
-        live = (p.leader, p.follower)
+        # A third replica holds agents too (the leader, which the relay names, holds none here).
+        other = "127.0.0.1:1"
+        p.shard._live = lambda: (p.leader, p.follower, other)
         async with grpc.aio.insecure_channel(p.follower) as channel:
-            elsewhere = homed_on(p.leader, live)
+            elsewhere = homed_on(other, (p.follower, other))
             call = agent_pb2_grpc.SupervisorStub(channel).Connect()
             await call.write(hello_message(elsewhere))
             told = await read_until(call, "not_leader")
-            assert told.not_leader.shard_address == p.leader == told.not_leader.leader_address
-            # Naming the leader unreachable makes the follower hold it (what a dead shard's agent does).
+            assert told.not_leader.shard_address == other == told.not_leader.leader_address
+            # Naming that shard unreachable makes the follower hold it (what a dead shard's agent does).
             call = agent_pb2_grpc.SupervisorStub(channel).Connect()
             message = hello_message(elsewhere)
-            message.hello.unreachable_replicas.append(p.leader)
+            message.hello.unreachable_replicas.append(other)
             await call.write(message)
             await read_until(call, "welcome")
             assert p.runtime.soft.nodes[elsewhere].stream_id is not None

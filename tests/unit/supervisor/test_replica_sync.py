@@ -146,3 +146,46 @@ async def test_a_follower_task_that_loses_a_cancel_is_cancelled_again_and_the_ta
         replica.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(replica, 5)
+
+
+class ScriptedLookup:
+    """election.current() answering from a script: a Leader, None (no leader key) or an exception."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers
+        self.asked = 0
+
+    async def current(self):  # type: ignore[no-untyped-def]
+        answer = self.answers[min(self.asked, len(self.answers) - 1)]
+        self.asked += 1
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+async def test_a_failed_leader_lookup_keeps_the_last_known_leader_and_no_leader_key_clears_it() -> None:
+    """A slow etcd is no news about who leads; an absent leader key is (the follower then answers 'retry')."""
+    from ftsup.supervisor.leader import Leader
+    from ftsup.supervisor.replica import track_leader
+
+    class Follower:
+        leader_address = ""
+
+    steps: list[tuple[object, str]] = [(Leader("a:1", 3), "a:1"), (TimeoutError("etcd slow"), "a:1"),
+                                       (LogUnavailable("etcd down"), "a:1"), (Leader("b:1", 9), "b:1"),
+                                       (None, "")]
+    runtime, lookup = Follower(), ScriptedLookup([answer for answer, _ in steps])
+    tracker = asyncio.create_task(track_leader(runtime, lookup, period_s=0.001))  # type: ignore[arg-type]
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        seen: list[str] = []
+        while lookup.asked <= len(steps):
+            assert asyncio.get_running_loop().time() < deadline, "the tracker stopped asking"
+            if lookup.asked and len(seen) < lookup.asked:
+                seen.append(runtime.leader_address)
+            await asyncio.sleep(0)
+        assert seen[:len(steps)] == [expected for _, expected in steps]
+    finally:
+        tracker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tracker
