@@ -58,7 +58,7 @@ async def track_leader(runtime: Runtime, election: LeaderElection, period_s: flo
             if failing_since is None:
                 failing_since = time.monotonic()
                 log.info("leader lookup failing; keeping the last known leader",
-                         leader=runtime.leader_address or "unknown", error=str(exc))
+                         leader=runtime.leader_address or "unknown", error=str(exc) or type(exc).__name__)
         else:
             runtime.leader_address = current.address if current is not None else ""
             if failing_since is not None:
