@@ -4,7 +4,9 @@ SIGUSR1 starts profiling the event-loop thread, SIGUSR2 stops it and writes the 
 file named by FTSUP_PROFILE_OUT, so only the measured window is profiled (not start-up or connect).
 SIGHUP cuts the profile there: what was profiled so far goes to FTSUP_PROFILE_OUT and profiling
 goes on into the file FTSUP_PROFILE_TAIL_OUT names (the bench cuts at the silence: training
-alone, then the failure's tail).
+alone, then the failure's tail). With FTSUP_PROFILE_CONNECT_OUT the first part goes there instead
+and FTSUP_PROFILE_OUT follows it (the bench starts profiling as the fleet connects and cuts at the
+window's start: registration and the generation's start, then the window).
 Not a benchmark itself (the leading underscore keeps it out of `ftsup bench --help`).
 """
 
@@ -18,9 +20,9 @@ import sys
 from ftsup.supervisor.main import main
 
 
-def _install(out_path: str, tail_path: str | None) -> None:
+def _install(out_path: str, tail_path: str | None, connect_path: str | None = None) -> None:
     profiler = cProfile.Profile()
-    paths = [out_path, tail_path or out_path]
+    paths = [*([connect_path] if connect_path else []), out_path, tail_path or out_path]
 
     def start(*_: object) -> None:
         profiler.enable()
@@ -43,5 +45,6 @@ def _install(out_path: str, tail_path: str | None) -> None:
 
 
 if __name__ == "__main__":
-    _install(os.environ["FTSUP_PROFILE_OUT"], os.environ.get("FTSUP_PROFILE_TAIL_OUT"))
+    _install(os.environ["FTSUP_PROFILE_OUT"], os.environ.get("FTSUP_PROFILE_TAIL_OUT"),
+             os.environ.get("FTSUP_PROFILE_CONNECT_OUT"))
     sys.exit(main(sys.argv[1:]))

@@ -260,7 +260,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             name = "supervisor.log" if replicas == 1 else f"supervisor-{index + 1}.log"
             # (each replica profiles into a file of its own: the leader's and every shard's are read)
             its_env = ({**env, "FTSUP_PROFILE_OUT": str(_profile_path(workdir, listen)),
-                        "FTSUP_PROFILE_TAIL_OUT": str(_profile_path(workdir, listen, "tail"))} if profile else env)
+                        "FTSUP_PROFILE_TAIL_OUT": str(_profile_path(workdir, listen, "tail")),
+                        "FTSUP_PROFILE_CONNECT_OUT": str(_profile_path(workdir, listen, "connect"))}
+                       if profile else env)
             with open(workdir / name, "wb") as sup_log:
                 supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=its_env,
                                                        start_new_session=True)
@@ -274,6 +276,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             supervisor = supervisors[address]  # the failure checks and the event watch follow the leader
             for listen, process in supervisors.items():
                 _wait(functools.partial(_serving_agents, listen), 60, f"the replica at {listen} to take agents", process)
+        if profile:  # (from here to the window: registration and the generation's start)
+            for process in supervisors.values():
+                os.kill(process.pid, signal.SIGUSR1)
         started = time.monotonic()
         step_epoch_s = time.time()  # every load process counts step boundaries from it (synchronous steps)
         share, extra = divmod(nodes, args.procs)
@@ -334,9 +339,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         folds0 = _fold_counts(metrics_at[address])  # (before the window: a scrape costs the leader CPU)
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
         wall0, wall0_unix = time.monotonic(), time.time()
-        if profile:
+        if profile:  # (cut: the connect's profile written, the window's begun)
             for process in supervisors.values():
-                os.kill(process.pid, signal.SIGUSR1)
+                os.kill(process.pid, signal.SIGHUP)
         for proc in procs:
             proc.send({"cmd": "measure", "window_s": window_s, "silence": target if proc is owner else None,
                        "silence_at_s": silence_at_s})
@@ -465,8 +470,11 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         if profile:
             out["profile_top"] = _profile_top(_profile_path(workdir, address))  # before the silence
             out["profile_top_tail"] = _profile_top(_profile_path(workdir, address, "tail"))
+            out["profile_top_connect"] = _profile_top(_profile_path(workdir, address, "connect"))
             if replicas > 1:
                 out["shard_profile_top"] = {a: _profile_top(_profile_path(workdir, a)) for a in supervisors if a != address}
+                out["shard_profile_top_connect"] = {a: _profile_top(_profile_path(workdir, a, "connect"))
+                                                    for a in supervisors if a != address}
         _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
                   f" cpu {out['supervisor_cpu_fraction']} (before the silence {out['leader_cpu_fraction_steady']}),"
                   f" detect {out['detect_s']} s")
@@ -589,7 +597,8 @@ def _wait_optional(check: Callable[[], T | None], timeout_s: float) -> T | None:
 
 
 def _profile_path(workdir: pathlib.Path, listen: str, part: str = "") -> pathlib.Path:
-    """A replica's profile of the window before the silence, or of its `part` ("tail": the rest)."""
+    """A replica's profile of the window before the silence, or of its `part` ("tail": the rest;
+    "connect": from the first Hello to the window, the generation's start included)."""
     return workdir / f"supervisor-{listen.replace(':', '_')}{'-' + part if part else ''}.prof"
 
 

@@ -78,14 +78,18 @@ def test_a_failed_run_keeps_its_logs(monkeypatch, tmp_path):
         shutil.rmtree(kept)
 
 
-def test_the_profile_is_cut_at_the_silence(tmp_path):
-    # bench scale's profiled supervisor: SIGUSR1 starts, SIGHUP writes what came before and goes
-    # on into the tail's file, SIGUSR2 writes the tail: two profiles, each of its own part.
+def test_the_profile_is_cut_at_the_window_and_at_the_silence(tmp_path):
+    # bench scale's profiled supervisor: SIGUSR1 starts (as the fleet connects), each SIGHUP writes
+    # what came before and goes on into the next file (the window, then the tail), SIGUSR2 writes
+    # the last: three profiles, each of its own part.
     import os
     import pstats
     import signal
 
     from ftsup.bench import _profiled_supervisor
+
+    def while_connecting() -> int:
+        return sum(range(50))
 
     def before_the_silence() -> int:
         return sum(range(100))
@@ -94,10 +98,12 @@ def test_the_profile_is_cut_at_the_silence(tmp_path):
         return sum(range(200))
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)}
-    steady, tail = tmp_path / "steady.prof", tmp_path / "tail.prof"
+    connect, steady, tail = tmp_path / "connect.prof", tmp_path / "steady.prof", tmp_path / "tail.prof"
     try:
-        _profiled_supervisor._install(str(steady), str(tail))
+        _profiled_supervisor._install(str(steady), str(tail), str(connect))
         os.kill(os.getpid(), signal.SIGUSR1)
+        while_connecting()
+        os.kill(os.getpid(), signal.SIGHUP)
         before_the_silence()
         os.kill(os.getpid(), signal.SIGHUP)
         after_it()
@@ -108,8 +114,10 @@ def test_the_profile_is_cut_at_the_silence(tmp_path):
 
     def called(path: pathlib.Path) -> set[str]:
         return {name for (_, _, name) in pstats.Stats(str(path)).stats}  # type: ignore[attr-defined]
-    assert "before_the_silence" in called(steady) and "after_it" not in called(steady)
-    assert "after_it" in called(tail) and "before_the_silence" not in called(tail)
+    parts = {"while_connecting", "before_the_silence", "after_it"}
+    assert called(connect) & parts == {"while_connecting"}
+    assert called(steady) & parts == {"before_the_silence"}
+    assert called(tail) & parts == {"after_it"}
 
 
 def test_a_false_verdict_is_told_apart_when_the_load_generator_left_its_node_silent():
