@@ -5,8 +5,9 @@ file named by FTSUP_PROFILE_OUT, so only the measured window is profiled (not st
 SIGHUP cuts the profile there: what was profiled so far goes to FTSUP_PROFILE_OUT and profiling
 goes on into the file FTSUP_PROFILE_TAIL_OUT names (the bench cuts at the silence: training
 alone, then the failure's tail). With FTSUP_PROFILE_CONNECT_OUT the first part goes there instead
-and FTSUP_PROFILE_OUT follows it (the bench starts profiling as the fleet connects and cuts at the
-window's start: registration and the generation's start, then the window).
+and FTSUP_PROFILE_OUT follows it (the bench starts the leader's profile as the fleet connects and
+cuts at the window's start: registration and the generation's start, then the window); a SIGHUP
+while not profiling skips the part (a shard, not profiled while connecting, starts at the window).
 Not a benchmark itself (the leading underscore keeps it out of `ftsup bench --help`).
 """
 
@@ -24,20 +25,29 @@ def _install(out_path: str, tail_path: str | None, connect_path: str | None = No
     profiler = cProfile.Profile()
     paths = [*([connect_path] if connect_path else []), out_path, tail_path or out_path]
 
+    running = False
+
     def start(*_: object) -> None:
+        nonlocal running
         profiler.enable()
+        running = True
 
     def stop(*_: object) -> None:
+        nonlocal running
         profiler.disable()
+        running = False
         profiler.dump_stats(paths[0])
 
     def cut(*_: object) -> None:
+        """The next part starts now: this one's profile is written (a part never started, as a
+        shard's connect, is skipped: no file)."""
         nonlocal profiler
-        stop()
+        if running:
+            stop()
         if len(paths) > 1:
             paths.pop(0)
         profiler = cProfile.Profile()
-        profiler.enable()
+        start()
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)

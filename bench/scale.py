@@ -276,9 +276,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             supervisor = supervisors[address]  # the failure checks and the event watch follow the leader
             for listen, process in supervisors.items():
                 _wait(functools.partial(_serving_agents, listen), 60, f"the replica at {listen} to take agents", process)
-        if profile:  # (from here to the window: registration and the generation's start)
-            for process in supervisors.values():
-                os.kill(process.pid, signal.SIGUSR1)
+        if profile:  # the leader, from here to the window: registration and the generation's start
+            # (not the shards: cProfile's cost on them made a 12,500-node fleet fail to connect)
+            os.kill(supervisor.pid, signal.SIGUSR1)
         started = time.monotonic()
         step_epoch_s = time.time()  # every load process counts step boundaries from it (synchronous steps)
         share, extra = divmod(nodes, args.procs)
@@ -339,7 +339,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         folds0 = _fold_counts(metrics_at[address])  # (before the window: a scrape costs the leader CPU)
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
         wall0, wall0_unix = time.monotonic(), time.time()
-        if profile:  # (cut: the connect's profile written, the window's begun)
+        if profile:  # (cut: the leader's connect profile written; every replica's window begun)
             for process in supervisors.values():
                 os.kill(process.pid, signal.SIGHUP)
         for proc in procs:
@@ -473,8 +473,6 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             out["profile_top_connect"] = _profile_top(_profile_path(workdir, address, "connect"))
             if replicas > 1:
                 out["shard_profile_top"] = {a: _profile_top(_profile_path(workdir, a)) for a in supervisors if a != address}
-                out["shard_profile_top_connect"] = {a: _profile_top(_profile_path(workdir, a, "connect"))
-                                                    for a in supervisors if a != address}
         _progress(f"{interval_s:g}s x {nodes}: p50 {out['latency_p50_ms']} ms, p99 {out['latency_p99_ms']} ms,"
                   f" cpu {out['supervisor_cpu_fraction']} (before the silence {out['leader_cpu_fraction_steady']}),"
                   f" detect {out['detect_s']} s")

@@ -119,6 +119,24 @@ def test_the_profile_is_cut_at_the_window_and_at_the_silence(tmp_path):
     assert called(steady) & parts == {"before_the_silence"}
     assert called(tail) & parts == {"after_it"}
 
+    # A shard is not profiled while the fleet connects: its first SIGHUP starts the window's part.
+    shard = tmp_path / "shard"
+    shard.mkdir()
+    try:
+        _profiled_supervisor._install(str(shard / "steady.prof"), str(shard / "tail.prof"), str(shard / "connect.prof"))
+        while_connecting()
+        os.kill(os.getpid(), signal.SIGHUP)
+        before_the_silence()
+        os.kill(os.getpid(), signal.SIGHUP)
+        after_it()
+        os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert not (shard / "connect.prof").exists()
+    assert called(shard / "steady.prof") & parts == {"before_the_silence"}
+    assert called(shard / "tail.prof") & parts == {"after_it"}
+
 
 def test_a_false_verdict_is_told_apart_when_the_load_generator_left_its_node_silent():
     # 5 s heartbeats: suspicion after 7.5 s; a node the generator sent nothing of
