@@ -25,6 +25,7 @@ from ftsup.supervisor.core.events import (
     CheckpointStarted,
     Event,
     GenerationEnded,
+    GenerationRunning,
     GenerationStarted,
     JobCompleted,
     NodeCleared,
@@ -130,6 +131,10 @@ def affected_nodes(state: ClusterState, events: Sequence[Event], hellos: Sequenc
     for event in events:
         if isinstance(event, SnapshotCommitted):
             continue  # changes every directive's retain_from_step and nothing else: Ready.retained
+        if isinstance(event, GenerationRunning):
+            # (its first step is no directive's field: re-pushing every node's directive, unchanged,
+            # stalled a 12,500-node leader's loop as long as the generation's start did)
+            continue
         if not isinstance(event, NODE_LOCAL_EVENTS):
             return None
         if isinstance(event, NodeRegistered) and generation is not None and (

@@ -9,12 +9,14 @@ import pytest
 
 from ftsup.supervisor.core import soft as soft_state
 from ftsup.supervisor.core import taint
+from ftsup.supervisor.core.directives import directives_for
 from ftsup.supervisor.core.errors import InvalidEvent
-from ftsup.supervisor.core.events import EndReason, GenerationEnded, NodeRegistered, SdcSuspected
+from ftsup.supervisor.core.events import EndReason, GenerationEnded, GenerationRunning, NodeRegistered, SdcSuspected
+from ftsup.supervisor.core.evolve import evolve
 from ftsup.supervisor.core.inputs import Heartbeat, StepReport, StreamClosed, Tick
 from ftsup.supervisor.core.policies.sdc import SdcConfig
 from ftsup.supervisor.core.state import NOTHING_OBSERVED, is_usable
-from ftsup.supervisor.core.step import RefusalKind
+from ftsup.supervisor.core.step import RefusalKind, affected_nodes
 from tests.support.builders import NOW, Sim, config, hello
 
 
@@ -61,6 +63,21 @@ def test_an_ended_generation_may_touch_every_nodes_directive():
     ready = sim.core.step(Tick(), NOW + 2.5)  # declared dead after the reconnect grace
     assert any(isinstance(e, GenerationEnded) for e in ready.events)
     assert ready.affected is None
+
+
+def test_a_generation_running_changes_no_directive_and_touches_nobody():
+    """Its first step is no directive's field: at 12,500 nodes the push it caused re-sent every
+    directive, unchanged, in one turn of the leader's loop."""
+    sim = _running()
+    generation = sim.state.generation
+    assert generation is not None and not generation.is_running
+    nodes = sorted(sim.state.nodes)
+    before = directives_for(sim.state, sim.core.config.job, nodes, sim.core.waiting_reason)
+    running = GenerationRunning(generation.number, first_step=1)
+    assert affected_nodes(sim.state, [running]) == ()
+    after = evolve(sim.state, running)
+    assert after.generation is not None and after.generation.is_running
+    assert directives_for(after, sim.core.config.job, nodes, sim.core.waiting_reason) == before
 
 
 def test_advance_folds_only_the_records_of_the_ready_it_is_given():
