@@ -78,64 +78,57 @@ def test_a_failed_run_keeps_its_logs(monkeypatch, tmp_path):
         shutil.rmtree(kept)
 
 
-def test_the_profile_is_cut_at_the_window_and_at_the_silence(tmp_path):
-    # bench scale's profiled supervisor: SIGUSR1 starts (as the fleet connects), each SIGHUP writes
-    # what came before and goes on into the next file (the window, then the tail), SIGUSR2 writes
-    # the last: three profiles, each of its own part.
+def _while_connecting() -> int:
+    return sum(range(50))
+
+
+def _before_the_silence() -> int:
+    return sum(range(100))
+
+
+def _after_it() -> int:
+    return sum(range(200))
+
+
+def _profile_a_run(directory: pathlib.Path, *, profiled_while_connecting: bool) -> dict[str, set[str]]:
+    """bench scale's signals to a profiled supervisor over a run's three parts (SIGUSR1 as the fleet
+    connects, for the leader only; SIGHUP at the window and at the silence; SIGUSR2 at the end):
+    which of the parts' functions each written profile holds, by file name."""
     import os
     import pstats
     import signal
 
     from ftsup.bench import _profiled_supervisor
 
-    def while_connecting() -> int:
-        return sum(range(50))
-
-    def before_the_silence() -> int:
-        return sum(range(100))
-
-    def after_it() -> int:
-        return sum(range(200))
-
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)}
-    connect, steady, tail = tmp_path / "connect.prof", tmp_path / "steady.prof", tmp_path / "tail.prof"
+    directory.mkdir()
     try:
-        _profiled_supervisor._install(str(steady), str(tail), str(connect))
-        os.kill(os.getpid(), signal.SIGUSR1)
-        while_connecting()
+        _profiled_supervisor._install(str(directory / "steady.prof"), str(directory / "tail.prof"),
+                                      str(directory / "connect.prof"))
+        if profiled_while_connecting:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        _while_connecting()
         os.kill(os.getpid(), signal.SIGHUP)
-        before_the_silence()
+        _before_the_silence()
         os.kill(os.getpid(), signal.SIGHUP)
-        after_it()
+        _after_it()
         os.kill(os.getpid(), signal.SIGUSR2)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+    parts = {"_while_connecting", "_before_the_silence", "_after_it"}
+    return {path.name: {name for (_, _, name) in pstats.Stats(str(path)).stats} & parts  # type: ignore[attr-defined]
+            for path in directory.glob("*.prof")}
 
-    def called(path: pathlib.Path) -> set[str]:
-        return {name for (_, _, name) in pstats.Stats(str(path)).stats}  # type: ignore[attr-defined]
-    parts = {"while_connecting", "before_the_silence", "after_it"}
-    assert called(connect) & parts == {"while_connecting"}
-    assert called(steady) & parts == {"before_the_silence"}
-    assert called(tail) & parts == {"after_it"}
 
+def test_the_profile_is_cut_at_the_window_and_at_the_silence(tmp_path):
+    # The leader: each SIGHUP writes what came before and goes on into the next file (the
+    # window, then the tail), SIGUSR2 writes the last: three profiles, each of its own part.
+    assert _profile_a_run(tmp_path / "leader", profiled_while_connecting=True) == {
+        "connect.prof": {"_while_connecting"}, "steady.prof": {"_before_the_silence"}, "tail.prof": {"_after_it"}}
     # A shard is not profiled while the fleet connects: its first SIGHUP starts the window's part.
-    shard = tmp_path / "shard"
-    shard.mkdir()
-    try:
-        _profiled_supervisor._install(str(shard / "steady.prof"), str(shard / "tail.prof"), str(shard / "connect.prof"))
-        while_connecting()
-        os.kill(os.getpid(), signal.SIGHUP)
-        before_the_silence()
-        os.kill(os.getpid(), signal.SIGHUP)
-        after_it()
-        os.kill(os.getpid(), signal.SIGUSR2)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    assert not (shard / "connect.prof").exists()
-    assert called(shard / "steady.prof") & parts == {"before_the_silence"}
-    assert called(shard / "tail.prof") & parts == {"after_it"}
+    assert _profile_a_run(tmp_path / "shard", profiled_while_connecting=False) == {
+        "steady.prof": {"_before_the_silence"}, "tail.prof": {"_after_it"}}
 
 
 def test_a_false_verdict_is_told_apart_when_the_load_generator_left_its_node_silent():
