@@ -71,8 +71,6 @@ DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
 DEFAULT_MAX_TXN_BYTES = 1024 * 1024  # inline values per transaction, under etcd's 1.5 MiB request limit
 DEFAULT_PAGE_KEYS = 1000
 _WATCH_BACKOFF_S = (0.05, 1.0)
-# Reads of a watched record's chunks tried before the watch reloads the log (etcd slow, not gone).
-_RESOLVE_ATTEMPTS = 3
 _BLOB_RETRIES = 3  # commits of one append whose chunks a collection deleted first, before LogUnavailable
 
 
@@ -306,10 +304,8 @@ class EtcdLog:
                         kv = event.kv
                         if event.kind == "DELETE":
                             self._absorb_delete(kv.key)
-                        elif self._holds_log_key(kv.key):
-                            self._note_blob(kv.key, kv.value)  # (our own append, back: nothing to read)
                         elif not kv.key.startswith(self._blob_prefix):  # chunks: read via pointers
-                            value = await self._resolve_patiently(kv.value, kv.mod_revision)
+                            value = await self._resolve(kv.value, kv.mod_revision)
                             self._absorb_kv(kv.key, value, kv.mod_revision, kv.value)
                         # aetcd delivers a whole watch response (one revision) before any stream
                         # error, so resuming at revision + 1 neither skips nor repeats a revision.
@@ -337,30 +333,6 @@ class EtcdLog:
             self.watch_restarts += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, _WATCH_BACKOFF_S[1])
-
-    def _holds_log_key(self, key: bytes) -> bool:
-        """Whether `key` is a `log/<seq>` key whose records this copy holds already: a leader's
-        own appends come back through its watch. Reading and decoding them again cost the leader
-        its loop (a 12,500-node generation's start record, 100,000 rank assignments, took ~1.4 s
-        to decode, and its chunks a read that timed out under load and reloaded the whole log)."""
-        return key.startswith(self._log_prefix) and int(key[len(self._log_prefix):]) <= self.head_seq
-
-    def _note_blob(self, key: bytes, stored: bytes) -> None:
-        """Remembers the blob a held record's pointer names (the compaction deletes it with the key)."""
-        if is_pointer(stored):
-            self._record_blobs[int(key[len(self._log_prefix):])] = decode_pointer(stored).sha256
-
-    async def _resolve_patiently(self, stored: bytes, revision: int) -> bytes:
-        """`_resolve`, retried while etcd is only slow (LogUnavailable): a watch that gave up at the
-        first timeout reloaded the whole log, a longer stall of the loop than the wait."""
-        for attempt in range(_RESOLVE_ATTEMPTS):
-            try:
-                return await self._resolve(stored, revision)
-            except LogUnavailable:
-                if attempt == _RESOLVE_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(_WATCH_BACKOFF_S[0] * 2**attempt)
-        raise AssertionError("unreachable")
 
     def _records_of(self, key: bytes, value: bytes, stored: bytes) -> list[Record]:
         """The records a `log/<seq>` key holds: one, or a span ending at <seq>. `value` is

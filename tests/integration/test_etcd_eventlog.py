@@ -9,17 +9,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import aetcd
 import pytest
 
-from ftsup.supervisor.core.events import NodeCleared
+from ftsup.supervisor.core.events import Event, NodeCleared
 from ftsup.supervisor.eventlog.api import Deposed, Fenced, LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.eventlog.etcd_blobs import POINTER_MAGIC, decode_pointer
 from tests.support.async_wait import eventually
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventlog_contract import CONTRACT
+
+if TYPE_CHECKING:
+    from ftsup.harness.sim.fleet import CoreDriver
+    from ftsup.supervisor.core.state import ClusterState
 
 pytestmark = pytest.mark.integration
 
@@ -215,7 +220,7 @@ async def test_a_followers_hot_copy_sees_every_record_once_across_an_etcd_leader
 
 
 async def test_a_12500_node_fleet_appends_snapshots_and_reopens_within_etcds_request_limits(
-    client, etcd, etcd_prefix
+    etcd, etcd_prefix
 ) -> None:
     """12,500 nodes x 8 ranks under the default --max-request-bytes (1.5 MiB) and the client's
     4 MiB response limit: the 12,500 registrations are one append (one span, out of line), the
@@ -224,7 +229,7 @@ async def test_a_12500_node_fleet_appends_snapshots_and_reopens_within_etcds_req
     reload rebuild the identical state; etcd's history is compacted after the snapshots."""
     from ftsup.harness.sim.fleet import CoreDriver, registered_state
     from ftsup.supervisor.core.config import DetectorConfig, JobSpec
-    from ftsup.supervisor.core.events import GenerationStarted, NodeRegistered
+    from ftsup.supervisor.core.events import GenerationStarted
     from ftsup.supervisor.core.inputs import Tick
 
     nodes = 12_500
@@ -235,21 +240,36 @@ async def test_a_12500_node_fleet_appends_snapshots_and_reopens_within_etcds_req
     big = [e for e in started if isinstance(e, GenerationStarted)]
     assert big, "the core started no generation"
 
-    leader = await EtcdLog.open(client, etcd_prefix, op_timeout_s=10.0)
-    follower = await EtcdLog.open(client, etcd_prefix, op_timeout_s=10.0)
+    # Its own client: the fixture's allows 1 s per call, and a megabyte's chunks written while the
+    # follower reads others over the same connection take longer on a loaded 2-core CI machine.
+    roomy = make_client([m.client_url for m in etcd.members], timeout_s=10.0)
+    try:
+        await _twelve_and_a_half_thousand_nodes(roomy, etcd, etcd_prefix, registered, driver, started)
+    finally:
+        await roomy.close()
+
+
+async def _twelve_and_a_half_thousand_nodes(roomy: aetcd.Client, etcd: EtcdCluster, etcd_prefix: str,
+                                            registered: ClusterState, driver: CoreDriver,
+                                            started: list[Event]) -> None:
+    from ftsup.supervisor.core.events import NodeRegistered
+
+    nodes = len(registered.nodes)
+    leader = await EtcdLog.open(roomy, etcd_prefix, op_timeout_s=10.0)
+    follower = await EtcdLog.open(roomy, etcd_prefix, op_timeout_s=10.0)
     try:
         joins = [NodeRegistered(n.node_id, n.incarnation, n.role, n.host, n.peer_port, n.gpus)
                  for n in registered.nodes.values()]
         await leader.append(joins, term=1, time_unix_s=1.0)  # one transaction: a span, out of line
-        span = await client.get(f"{etcd_prefix}/log/{nodes:020d}".encode())
+        span = await roomy.get(f"{etcd_prefix}/log/{nodes:020d}".encode())
         assert span is not None and span.value.startswith(POINTER_MAGIC)
         await leader.save_snapshot(registered)  # the first snapshot: nothing to rotate yet
         await leader.append(list(started), term=1, time_unix_s=2.0)
         assert leader.head_seq == driver.state.applied_seq
-        stored = await client.get(f"{etcd_prefix}/log/{nodes + 1:020d}".encode())
+        stored = await roomy.get(f"{etcd_prefix}/log/{nodes + 1:020d}".encode())
         assert stored is not None and stored.value.startswith(POINTER_MAGIC), "the big record went out of line"
         await leader.save_snapshot(driver.state)  # chunked; the registered one becomes prev
-        pointer = await client.get(f"{etcd_prefix}/snapshot".encode())
+        pointer = await roomy.get(f"{etcd_prefix}/snapshot".encode())
         assert pointer is not None and pointer.value.startswith(POINTER_MAGIC)
         snapshot = decode_pointer(pointer.value)
         # The GenerationStarted record is 1.3 MiB with these short names (the review's 2.4 MiB had
