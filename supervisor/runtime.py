@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import functools
 import itertools
 import math
@@ -42,6 +41,7 @@ from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
 from ftsup.supervisor.core.step import BatchReady, Core, Ready, Refusal
 from ftsup.supervisor.core.views import NodeFigures, NodeView, StatusView, node_figures, node_views, status_view
+from ftsup.supervisor.event_lines import EventLines
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import SharedSender, StreamOutbox
 from ftsup.supervisor.refusal_log import RefusalLog
@@ -149,6 +149,7 @@ class Runtime:
         self._arrivals = itertools.count()
         self._grace_wakes: set[int] = set()  # GRACE_WAKE_S buckets with a Tick pending (close_stream)
         self.probes = agent_probe.AgentProbes(lambda: self.generation_in_force)  # a closed stream's agent gone?
+        self._event_lines = EventLines(log)  # (a batch's registrations: one line)
         self._refusal_log = RefusalLog(log)  # (a failure's tail of refusals: counted, not a line each)
         self._stream_slots = SlotPool(stream_input_capacity)
         self._stream_capacity = stream_input_capacity
@@ -673,6 +674,7 @@ class Runtime:
                 self.degraded_reason = ""
         was_waiting = self.core.waiting_reason
         self.core.advance(ready, records, clock_offset_s=self._clock() - self._wall(), on_record=self._applied)
+        self._event_lines.flush()
         if records:
             if self.checkpointer is not None:
                 self.checkpointer.after(self.state, records)  # commit / abort / gc, off the loop
@@ -723,10 +725,8 @@ class Runtime:
         """Called as each appended record is folded in: metrics and the event's log line."""
         if self.metrics is not None:
             self.metrics.on_record(record)
-        event = record.event
-        # An event naming its generation keeps it; any other gets the one in force once applied.
-        fields = {"generation": self.generation_in_force, **_fields(event)}
-        log.info("event", seq=record.seq, kind=type(event).__name__, **fields)
+        # An event naming its generation keeps it (its fields win); any other gets the one in force.
+        self._event_lines.add(record, self.generation_in_force)
 
     def _attach(self, hello: AgentHello) -> None:
         self._node_stream[hello.node_id] = hello.stream_id
@@ -827,9 +827,3 @@ def _refused(refusal: Refusal) -> Outcome:
 def _reply(pending: _Pending, outcome: Outcome | list[Outcome]) -> None:
     if pending.reply is not None and not pending.reply.done():
         pending.reply.set_result(outcome)
-
-
-def _fields(event: object) -> dict[str, object]:
-    names = getattr(event, "__slots__", ())
-    fields = {name: getattr(event, name) for name in names if name != "members" and name != "restores"}
-    return {name: value.value if isinstance(value, enum.Enum) else value for name, value in fields.items()}
