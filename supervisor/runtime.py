@@ -35,7 +35,7 @@ from ftsup.supervisor.core.inputs import (
     StreamClosed,
     Tick,
 )
-from ftsup.supervisor.core.limits import HELLO_BATCH, STREAM_INPUT_CAPACITY
+from ftsup.supervisor.core.limits import HELLO_BATCH, PUSH_SLICE, STREAM_INPUT_CAPACITY
 from ftsup.supervisor.core.policies import failure
 from ftsup.supervisor.core.policies import interval as interval_policy
 from ftsup.supervisor.core.state import ClusterState, SoftState
@@ -44,6 +44,7 @@ from ftsup.supervisor.core.views import NodeFigures, NodeView, StatusView, node_
 from ftsup.supervisor.event_lines import EventLines
 from ftsup.supervisor.eventlog.api import Deposed, EventLog, Fenced, LogError
 from ftsup.supervisor.outbox import SharedSender, StreamOutbox
+from ftsup.supervisor.push_slices import OwedPushes
 from ftsup.supervisor.refusal_log import RefusalLog
 from ftsup.supervisor.slot_pool import SlotPool
 from ftsup.v1 import agent_pb2
@@ -114,6 +115,7 @@ class Runtime:
         snapshot_every: int = 10_000,
         stream_input_capacity: int = STREAM_INPUT_CAPACITY,
         hello_batch: int = HELLO_BATCH,
+        push_slice: int = PUSH_SLICE,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -157,6 +159,7 @@ class Runtime:
         self._outboxes: dict[int, Outbox] = {}
         self._node_stream: dict[str, int] = {}
         self._sent: dict[str, Directive] = {}
+        self._owed = OwedPushes(push_slice, log, clock)  # a push's nodes past its first slice
         self._takes_retain: set[str] = set()  # nodes whose Hello said takes_snapshot_retain
         # The newest commit said in a SnapshotRetain: a notice-taking node's `_sent` directive
         # of that generation holds it as retain_from_step, though `_sent` is not rewritten per notice
@@ -335,6 +338,7 @@ class Runtime:
             outbox.close()
         self._node_stream.clear()
         self._sent.clear()
+        self._owed.clear()
         self._takes_retain.clear()
         log.info("following", leader=leader_address or "unknown", applied_seq=self.state.applied_seq,
                  generation=self.generation_in_force)
@@ -367,7 +371,15 @@ class Runtime:
         ticker = asyncio.create_task(self._tick_forever())
         try:
             while True:
-                pending = self._next_pending() or await self._take()
+                pending = self._next_pending()
+                if pending is None and self._owed:
+                    self._push_directives(self._owed.take(self.generation_in_force))
+                    await asyncio.sleep(0)  # the streams take the slice; inputs arrive meanwhile
+                    pending = self._take_nowait()
+                    if pending is None:
+                        continue
+                if pending is None:
+                    pending = await self._take()
                 if self._announcement is not None and self.is_leader:
                     await self._announce(self._announcement)
                 if isinstance(pending.inp, InputRun):
@@ -535,6 +547,13 @@ class Runtime:
 
     async def _take(self) -> _Pending:
         _, _, pending = await self._queue.get()
+        self._free_slots(pending)
+        return pending
+
+    def _take_nowait(self) -> _Pending | None:
+        if self._queue.empty():
+            return None
+        _, _, pending = self._queue.get_nowait()
         self._free_slots(pending)
         return pending
 
@@ -746,8 +765,10 @@ class Runtime:
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 
     def _push_directives(self, node_ids: Iterable[str] | None = None) -> None:
-        targets = [n for n in (self.state.nodes if node_ids is None else dict.fromkeys(node_ids))
-                   if n in self._node_stream and n in self.state.nodes]
+        """Each node's directive from the state now, unless its agent holds it; past a slice of
+        nodes, the rest a slice per turn of the loop (PUSH_SLICE: a generation's start)."""
+        targets = self._owed.split([n for n in (self.state.nodes if node_ids is None else dict.fromkeys(node_ids))
+                                    if n in self._node_stream and n in self.state.nodes], self.generation_in_force)
         computed = directives_for(self.state, self.config.job, targets, self.core.waiting_reason)
         encoder = codec.DirectiveEncoder()
         for node_id, directive in zip(targets, computed):
