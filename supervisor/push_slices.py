@@ -3,8 +3,13 @@
 A directive is a projection of the state (core/directives.py), so a node's directive built a few
 turns later, from that turn's state, is the one it should hold then: a later decision naming the
 node is not overtaken by an older projection, and a node pushed again meanwhile is simply
-pushed once. What this owns is the order (first owed, first pushed) and a log line for a push that
-took several turns, so an operator sees when the last node was directed.
+pushed once. What this owns is the order (first owed, first pushed), a log line for a push that
+took several turns (an operator sees when the last node was directed), and the slices' time.
+
+That time is forgiven to every node's silence, as a stall of the loop is (Tick.stalled_s). Between
+slices the loop reads what arrived, but no agent stream is read during one, and a ticker that the
+slices keep on time would not see the stall the one long turn showed it: a first attempt at slicing
+the push (issue 14, part 1) measured more false deaths than the single turn for that reason.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class OwedPushes:
         self._owed: dict[str, None] = {}  # node ids in the order they are owed (an ordered set)
         self._started_s = 0.0
         self._nodes = 0  # owed since the first unfinished split
+        self._busy_s = 0.0  # spent pushing slices since the ticker last asked
 
     def __bool__(self) -> bool:
         return bool(self._owed)
@@ -57,6 +63,15 @@ class OwedPushes:
             self._logger.info("directive push done", nodes=self._nodes,
                               seconds=round(self._clock() - self._started_s, 3), generation=generation)
         return taken
+
+    def note_busy(self, seconds: float) -> None:
+        """Time the loop spent on a sliced push: no agent stream was read meanwhile."""
+        self._busy_s += seconds
+
+    def take_busy_s(self) -> float:
+        """The slices' time since the last call (the ticker forgives it, as a stall, to every node)."""
+        busy, self._busy_s = self._busy_s, 0.0
+        return busy
 
     def clear(self) -> None:
         self._owed.clear()

@@ -369,13 +369,17 @@ class Runtime:
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         ticker = asyncio.create_task(self._tick_forever())
+        between_slices = 0  # inputs handled before the next slice of an owed push
         try:
             while True:
                 pending = self._next_pending()
                 if pending is None and self._owed:
-                    self._push_directives(self._owed.take(self.generation_in_force))
-                    await asyncio.sleep(0)  # the streams take the slice; inputs arrive meanwhile
+                    if between_slices <= 0:  # a slice, then what arrived during it, then the next
+                        self._push_directives(self._owed.take(self.generation_in_force), owed=True)
+                        await asyncio.sleep(0)  # the streams take the slice; inputs arrive meanwhile
+                        between_slices = self._queue.qsize()
                     pending = self._take_nowait()
+                    between_slices -= 1
                     if pending is None:
                         continue
                 if pending is None:
@@ -616,7 +620,10 @@ class Runtime:
             if self.is_leader:
                 if late_s > threshold_s:
                     log.warning("supervisor stalled; not counting it as node silence", stalled_s=round(late_s, 3))
-                self.post(Tick(stalled_s=late_s if late_s > threshold_s else 0.0))
+                # A push's slices keep this ticker on time, yet the agents' streams were read only
+                # between them: their time is forgiven as the one long turn's lateness was.
+                pushing_s = self._owed.take_busy_s()
+                self.post(Tick(stalled_s=max(late_s if late_s > threshold_s else 0.0, pushing_s)))
                 self._refusal_log.roll(self._clock(), self.generation_in_force)
                 self.probes.calibrate(self._peer_address_while_open)
 
@@ -764,9 +771,11 @@ class Runtime:
         )
         self._send(hello.node_id, agent_pb2.SupervisorMessage(welcome=welcome))
 
-    def _push_directives(self, node_ids: Iterable[str] | None = None) -> None:
+    def _push_directives(self, node_ids: Iterable[str] | None = None, *, owed: bool = False) -> None:
         """Each node's directive from the state now, unless its agent holds it; past a slice of
-        nodes, the rest a slice per turn of the loop (PUSH_SLICE: a generation's start)."""
+        nodes, the rest a slice per turn of the loop (PUSH_SLICE: a generation's start). `owed`:
+        this is such a slice. The time of a push that is or leaves slices is forgiven as a stall."""
+        started_s = self._clock()
         targets = self._owed.split([n for n in (self.state.nodes if node_ids is None else dict.fromkeys(node_ids))
                                     if n in self._node_stream and n in self.state.nodes], self.generation_in_force)
         computed = directives_for(self.state, self.config.job, targets, self.core.waiting_reason)
@@ -776,6 +785,8 @@ class Runtime:
                 continue
             if self._send(node_id, agent_pb2.SupervisorMessage(directive=encoder.encode(directive))):
                 self._sent[node_id] = directive
+        if owed or self._owed:
+            self._owed.note_busy(self._clock() - started_s)
 
     def _has(self, node_id: str, directive: Directive) -> bool:
         """The node's agent holds `directive` already: it was sent, or it was sent with an older
