@@ -379,9 +379,10 @@ class Runtime:
                         await asyncio.sleep(0)  # the streams take the slice; inputs arrive meanwhile
                         between_slices = self._queue.qsize()
                     pending = self._take_nowait()
-                    between_slices -= 1
                     if pending is None:
+                        between_slices = 0
                         continue
+                    between_slices -= 1
                 if pending is None:
                     pending = await self._take()
                 if self._announcement is not None and self.is_leader:
