@@ -69,6 +69,8 @@ class FakeAgent(peer_pb2_grpc.TrainerLinkServicer):
 
     def PutSnapshot(self, request_iterator, context):
         chunks = list(request_iterator)
+        if not chunks or not chunks[-1].sha256:  # cut short (its rank was killed): nothing to store
+            return peer_pb2.LinkAck()
         header, payload, sha256 = chunks[0].header, b"".join(c.data for c in chunks), chunks[-1].sha256
         assert len(payload) == header.size_bytes and hashlib.sha256(payload).hexdigest() == sha256
         with self.lock:
@@ -254,8 +256,10 @@ def test_auto_cadence_snapshots_the_same_steps_on_every_rank_and_restores_bit_id
     by_rank: dict[int, set[int]] = defaultdict(set)
     for rank, step in agent.snapshots:
         by_rank[rank].add(step)
-    survivors = [by_rank[r] for r in (0, 2)]
-    assert survivors[0] and survivors[0] == survivors[1], by_rank  # one cadence for all ranks
+    # One cadence for all ranks. The crash step's snapshot may be cut on a survivor too: its upload
+    # runs beside the next step's all-reduce, where the survivors wait until this test kills them.
+    survivors = [by_rank[r] - {6} for r in (0, 2)]
+    assert survivors[0] and survivors[0] == survivors[1], by_rank
     assert by_rank[1] <= survivors[0] | {6}  # the crashed rank's snapshots: the same steps (6 maybe lost)
     with agent.lock:
         graded = {(r.rank, r.step) for r in agent.reports if r.local_grad_digest}
