@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import pathlib
 import pstats
@@ -177,6 +178,47 @@ def _fold_counts(metrics_address: str) -> tuple[float, float, float] | None:
     return values[FOLD_SERIES[0]], values[FOLD_SERIES[1]], values[FOLD_SERIES[2]]
 
 
+SHARD_LIVENESS = "ftsup_shard_liveness_admitted_seconds"
+
+
+def _buckets(metrics_address: str, name: str = SHARD_LIVENESS) -> dict[float, float] | None:
+    """A histogram's cumulative bucket counts by upper bound from the replica's /metrics, None if
+    it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=30) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    prefix = f'{name}_bucket{{le="'
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            bound, _, value = line[len(prefix):].partition('"} ')
+            counts[float(bound)] = float(value)
+    return counts
+
+
+def _liveness_admitted(before: dict[float, float] | None, after: dict[float, float] | None) -> dict[str, Any] | None:
+    """A shard's liveness summaries admitted in the window: how many, and p50/p99 of the age of
+    each one's oldest heartbeat at its admission, as the upper bound of the bucket that holds the
+    quantile (ms; None past the largest finite bound). Measured on the shard, this leaves out the
+    load generator's own lateness, which the agents' ack latency includes."""
+    if before is None or after is None or not after:
+        return None
+    bounds = sorted(after)
+    window = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = window[-1]
+
+    def bound_ms(q: float) -> float | None:
+        if not total:
+            return None
+        rank = q * total
+        bound = next(b for b, count in zip(bounds, window) if count >= rank)
+        return None if math.isinf(bound) else round(bound * 1000.0, 1)
+
+    return {"summaries": int(total), "p50_ms_at_most": bound_ms(0.50), "p99_ms_at_most": bound_ms(0.99)}
+
+
 def _status(address: str) -> operator_pb2.GetStatusResponse | None:
     try:
         with grpc.insecure_channel(address) as channel:
@@ -337,6 +379,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         target = f"sim-{nodes // 2:06d}"
         owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
         folds0 = _fold_counts(metrics_at[address])  # (before the window: a scrape costs the leader CPU)
+        liveness0 = {a: _buckets(metrics_at[a]) for a in supervisors if a != address}
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
         wall0, wall0_unix = time.monotonic(), time.time()
         if profile:  # (cut: the leader's connect profile written; every replica's window begun)
@@ -356,6 +399,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         results = [proc.read(time.monotonic() + window_s + 120) for proc in procs]
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
         folds1 = _fold_counts(metrics_at[address])  # (after the window's CPU was read)
+        liveness1 = {a: _buckets(metrics_at[a]) for a in supervisors if a != address}
         wall_s = time.monotonic() - wall0
         cpu_s = cpu_by[address]
         holders = agent_holders(addresses, address) if replicas > 1 else {address}
@@ -411,6 +455,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "latency_max_ms": max(latencies) if latencies else None,
             "latency_mean_ms": round(statistics.fmean(latencies), 2) if latencies else None,
             "latency_samples": len(latencies),
+            # Per shard: its liveness summaries in the window, each one's oldest heartbeat read on the
+            # shard to the leader's admission (the control plane's share of the latency above)
+            "shard_liveness_admitted": {a: _liveness_admitted(liveness0[a], liveness1[a]) for a in liveness0},
             "latency_after_silence_p50_ms": _percentile(after, 0.50),
             "latency_after_silence_p99_ms": _percentile(after, 0.99),
             "latency_after_silence_max_ms": max(after) if after else None,

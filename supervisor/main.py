@@ -115,7 +115,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
                                  keepalive_channel=sync_channel_factory(config.etcd_endpoints, config.etcd_tls))
         shard = LinkShard(config.advertise, lambda: members.live if members else (), tls_files=config.server_tls,
                           generation=lambda: runtime.generation_in_force,
-                          leader=lambda: config.advertise if runtime.is_leader else runtime.leader_address)
+                          leader=lambda: config.advertise if runtime.is_leader else runtime.leader_address,
+                          on_summary_admitted=runtime.metrics.shard_liveness_seconds.observe if runtime.metrics else None)
         shard_pb2_grpc.add_LinkShardServicer_to_server(RelayService(runtime, is_tls=is_tls), server)
     agent_service = AgentService(runtime, is_tls=is_tls, shard=shard)
     agent_pb2_grpc.add_SupervisorServicer_to_server(agent_service, server)

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 PENDING_RANKS = 32_768
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
+# (a summary gathers up to 0.1 s, shard.py SUMMARY_GATHER_S; the detector suspects after 1.5 intervals)
+SHARD_LIVENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
 APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
@@ -102,6 +104,13 @@ class SupervisorMetrics:
                                            buckets=RECOVERY_BUCKETS, registry=r)
         self.checkpoint_seconds = Histogram("ftsup_checkpoint_seconds", "Checkpoint start to commit",
                                             buckets=RECOVERY_BUCKETS, registry=r)
+        # On a follower replica (a link shard): how long the news of its nodes' heartbeats took to be
+        # admitted by the leader, from the first heartbeat a liveness summary names being read on
+        # the shard to the leader's answer (supervisor/shard_queue.py HeardSince). Nothing on the leader.
+        self.shard_liveness_seconds = Histogram(
+            "ftsup_shard_liveness_admitted_seconds",
+            "On a link shard: a liveness summary's oldest heartbeat read to the leader's admission of it",
+            buckets=SHARD_LIVENESS_BUCKETS, registry=r)
         self.snapshots = Counter("ftsup_snapshots_committed", "In-memory snapshot steps committed", registry=r)
         self.step_folds = Counter("ftsup_step_folds", "Runs of nodes' step aggregates decided as one fold",
                                   registry=r)
@@ -261,6 +270,8 @@ class _StateCollector(Collector):
         yield _gauge("ftsup_degraded", "1 while the event log cannot be written (nothing is decided)",
                      float(bool(runtime.degraded_reason)))
         yield _gauge("ftsup_event_log_head_seq", "Last applied record", runtime.state.applied_seq)
+        yield _gauge("ftsup_directives_owed", "Nodes a push in slices has yet to direct (a generation's start)",
+                     runtime.directives_owed)
         status = runtime.status()
         yield _gauge("ftsup_job_generation", "Current generation", status.generation)
         yield _gauge("ftsup_job_step", "Newest step reported", status.step)

@@ -240,6 +240,11 @@ class Runtime:
         """Stream inputs queued at most (a run may not be longer)."""
         return self._stream_capacity
 
+    @property
+    def directives_owed(self) -> int:
+        """Nodes whose directive a sliced push has yet to send (0 unless one is under way)."""
+        return len(self._owed)
+
     def queued(self) -> int:
         """Inputs waiting for the loop (a gauge, and what the flood test bounds)."""
         return self._queue.qsize()

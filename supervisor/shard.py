@@ -128,7 +128,8 @@ class LinkShard:
     def __init__(self, address: str, live: Callable[[], Iterable[str]], *, tls_files: TlsFiles | None = None,
                  clock: Callable[[], float] = time.monotonic, up_capacity: int | None = None,
                  generation: Callable[[], int | None] = lambda: None,
-                 leader: Callable[[], str] = lambda: "") -> None:
+                 leader: Callable[[], str] = lambda: "",
+                 on_summary_admitted: Callable[[float], None] | None = None) -> None:
         self.address = address
         self._leader = leader  # the leader's advertised address ("" unknown): it holds no agents from 3 replicas
         self._generation = generation  # the generation in force (the follower's hot copy), for log lines
@@ -137,7 +138,8 @@ class LinkShard:
         self._clock = clock
         self._up = UpQueue(up_capacity) if up_capacity else UpQueue()
         self._up_ready = asyncio.Event()
-        self._heard = HeardSince()
+        # (on_summary_admitted: the age of each admitted summary's oldest news, for the metrics)
+        self._heard = HeardSince(clock=clock, on_admitted=on_summary_admitted)
         self._heard_ready = asyncio.Event()
         self._ack_asked = asyncio.Event()  # a heartbeat asking an ack was heard (its summary goes soon)
         self.summarises = False  # the leader takes liveness summaries (else heartbeats are forwarded)

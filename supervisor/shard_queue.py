@@ -22,6 +22,7 @@ node; the nodes' SnapshotHoldings of one step likewise into one ShardHoldingsFol
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -175,15 +176,25 @@ MAX_OWED_SUMMARIES = 1_024
 class HeardSince:
     """The liveness summary being gathered: the sessions heard from since the previous one.
 
-    To a leader that takes summaries a shard sends no heartbeat: each batch names the sessions
-    heard since the last (ShardBatch.heard), which the leader admits as one input. A heartbeat that
-    asked for an ack is answered by the shard once the leader says the summary naming it was
-    admitted (LeaderBatch.heard_admitted), so the ack still means "the leader has it"."""
+    To a leader that takes summaries a shard sends no heartbeat: each summary names the sessions
+    heard since the last (ShardLiveness.heard), which the leader admits as one input. A heartbeat
+    that asked for an ack is answered by the shard once the leader says the summary naming it was
+    admitted (LivenessAdmitted), so the ack still means "the leader has it".
 
-    def __init__(self, max_owed: int = MAX_OWED_SUMMARIES) -> None:
+    Each summary also remembers when its first heartbeat was read here: once admitted,
+    `on_admitted` gets the age of that oldest news (ftsup_shard_liveness_admitted_seconds), which
+    is how long a node's heard time on the leader may trail what its shard read, for every
+    agent, not only the bench's that ask for acks (issue 14)."""
+
+    def __init__(self, max_owed: int = MAX_OWED_SUMMARIES, clock: Callable[[], float] = time.monotonic,
+                 on_admitted: Callable[[float], None] | None = None) -> None:
         self._heard: dict[int, int] = {}  # session -> the newest heartbeat seq that asked for an ack (0: none)
         self._owed: collections.OrderedDict[int, list[tuple[int, int]]] = collections.OrderedDict()
+        self._first_heard_s: collections.OrderedDict[int, float] = collections.OrderedDict()  # summary -> its oldest news
         self._max_owed = max_owed
+        self._clock = clock
+        self._on_admitted = on_admitted
+        self._gathering_since = 0.0  # when the summary being gathered heard its first heartbeat
         self._numbered = 0  # the last summary's number on this relay
         self.asks_acks = False  # a session in the summary being gathered asked an ack
 
@@ -195,6 +206,8 @@ class HeardSince:
 
     def note(self, session: int, ack_seq: int = 0) -> None:
         """`session` sent a heartbeat (asking an ack of `ack_seq` when non-zero)."""
+        if not self._heard:
+            self._gathering_since = self._clock()
         if ack_seq or session not in self._heard:
             self._heard[session] = ack_seq
         if ack_seq:
@@ -210,6 +223,10 @@ class HeardSince:
             self._owed[self._numbered] = owed
             while len(self._owed) > self._max_owed:
                 self._owed.popitem(last=False)
+        if heard and self._on_admitted is not None:
+            self._first_heard_s[self._numbered] = self._gathering_since
+            while len(self._first_heard_s) > self._max_owed:
+                self._first_heard_s.popitem(last=False)
         return list(heard), self._numbered
 
     def admitted(self, summary: int) -> list[tuple[int, int]]:
@@ -217,12 +234,17 @@ class HeardSince:
         due: list[tuple[int, int]] = []
         while self._owed and next(iter(self._owed)) <= summary:
             due.extend(self._owed.popitem(last=False)[1])
+        if self._first_heard_s and self._on_admitted is not None:
+            now = self._clock()
+            while self._first_heard_s and next(iter(self._first_heard_s)) <= summary:
+                self._on_admitted(max(0.0, now - self._first_heard_s.popitem(last=False)[1]))
         return due
 
     def clear(self) -> None:
         """A new relay: nothing heard yet, nothing owed, numbering from 1 again."""
         self._heard.clear()
         self._owed.clear()
+        self._first_heard_s.clear()
         self._numbered = 0
         self.asks_acks = False
 

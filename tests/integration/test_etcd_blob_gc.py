@@ -18,6 +18,7 @@ from ftsup.supervisor.core.state import ClusterState
 from ftsup.supervisor.eventlog.api import LogUnavailable
 from ftsup.supervisor.eventlog.etcd import EtcdLog, make_client
 from ftsup.supervisor.eventlog.etcd_blobs import Pointer
+from tests.support.async_wait import eventually
 from tests.support.etcd_cluster import EtcdCluster
 
 pytestmark = pytest.mark.integration
@@ -181,15 +182,6 @@ async def test_an_append_whose_chunks_a_collection_took_rewrites_them_and_commit
         await log.aclose()
 
 
-async def _until(condition: Any, what: str, seconds: float = 20.0) -> None:
-    import asyncio
-
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def test_a_writers_watch_reads_none_of_its_own_records_back_but_one_whose_answer_was_lost(
     client, etcd_prefix
 ) -> None:
@@ -212,7 +204,7 @@ async def test_a_writers_watch_reads_none_of_its_own_records_back_but_one_whose_
         await writer.append([NodeCleared("node-2", "small")], term=1, time_unix_s=2.0)
         head = await client.get(writer._head_key)
         assert head is not None
-        await _until(lambda: writer._revision >= head.mod_revision and follower.head_seq == 2, "watches lag")
+        await eventually(lambda: writer._revision >= head.mod_revision and follower.head_seq == 2, 20.0, "watches lag")
         assert decoded == [], "the writer read its own records back"
         assert len(writer._record_blobs) == 1, "the writer still knows its record's blob"
         assert [r.event for r in follower.read()] == [big(1), NodeCleared("node-2", "small")]
@@ -221,7 +213,7 @@ async def test_a_writers_watch_reads_none_of_its_own_records_back_but_one_whose_
         with pytest.raises(LogUnavailable):
             await writer.append([big(3)], term=1, time_unix_s=3.0)
         writer._client = client
-        await _until(lambda: writer.head_seq == 3, "the watch skipped a committed record whose answer was lost")
+        await eventually(lambda: writer.head_seq == 3, 20.0, "the watch skipped a committed record whose answer was lost")
         assert [r.event for r in writer.read()] == [big(1), NodeCleared("node-2", "small"), big(3)]
         assert len(decoded) == 1 and writer._flight is None
     finally:
@@ -243,7 +235,7 @@ async def test_a_log_opened_on_an_empty_prefix_after_etcd_compacted_its_history_
     try:
         assert reader._revision >= now
         await writer.append([NodeCleared("node-1", "first")], term=1, time_unix_s=1.0)
-        await _until(lambda: reader.head_seq == 1, "the reader never saw the first record")
+        await eventually(lambda: reader.head_seq == 1, 20.0, "the reader never saw the first record")
         assert reader.watch_restarts == 0 and writer.watch_restarts == 0
     finally:
         await reader.aclose()

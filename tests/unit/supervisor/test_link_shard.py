@@ -355,6 +355,29 @@ def test_a_summary_names_each_session_heard_once_and_owes_only_the_acks_asked_fo
     assert heard.admitted(second) == [(7, 3)] and heard.admitted(second) == [], "each ack is owed once"
 
 
+def test_each_admitted_summary_reports_the_age_of_its_oldest_heartbeat_acks_asked_or_not():
+    now, ages = [100.0], []
+    heard = HeardSince(max_owed=2, clock=lambda: now[0], on_admitted=ages.append)
+    heard.note(1)
+    now[0] = 100.05
+    heard.note(2)
+    _, first = heard.take()  # first heard at 100.0
+    now[0] = 100.2
+    heard.note(3, ack_seq=7)
+    _, second = heard.take()  # at 100.2
+    _, empty = heard.take()  # (nothing heard: no news to age)
+    now[0] = 100.5
+    assert heard.admitted(first) == [] and ages == [pytest.approx(0.5)], "real agents ask no acks"
+    now[0] = 100.6
+    assert heard.admitted(empty) == [(3, 7)] and ages[1:] == [pytest.approx(0.4)]
+    for _ in range(5):  # a leader that never answers: the ages kept are bounded as the acks are
+        heard.note(1)
+        heard.take()
+    assert len(heard._first_heard_s) == 2
+    heard.clear()
+    assert heard.admitted(1_000) == [] and len(ages) == 2, "a new relay: nothing from the old one"
+
+
 def test_a_leader_that_never_answers_cannot_grow_the_acks_a_shard_owes():
     heard = HeardSince(max_owed=3)
     for seq in range(1, 11):

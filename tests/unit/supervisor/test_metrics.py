@@ -64,6 +64,8 @@ async def test_a_scrape_shows_nodes_training_signals_and_what_happened():
     assert sample(body, "ftsup_node_series_limited") == 0
     assert body.count("ftsup_node_xids{") == 2, "every node's, within the limit"
     assert sample(body, "ftsup_is_leader") == 1
+    assert sample(body, "ftsup_directives_owed") == 0, "no push in slices under way"
+    assert sample(body, "ftsup_shard_liveness_admitted_seconds_count") == 0, "a leader is no link shard"
     assert sample(body, "ftsup_job_step") == 1
     assert sample(body, "ftsup_loss") == 2.5
     assert sample(body, "ftsup_grad_norm") == 1.25

@@ -94,8 +94,9 @@ async def test_a_generation_start_directs_every_node_over_several_turns_with_an_
         assert runtime._owed.take_busy_s() > 0, "the slices' time is kept for the ticker"
         runtime._push_directives(list(outboxes))
         runtime._owed.split(list(outboxes), runtime.generation_in_force)
+        assert runtime.directives_owed == 4, "the gauge ftsup_directives_owed reads"
         runtime.become_follower("elsewhere:1")
-        assert not runtime._owed, "a follower owes no directive"
+        assert not runtime._owed and runtime.directives_owed == 0, "a follower owes no directive"
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
