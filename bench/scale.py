@@ -179,6 +179,7 @@ def _fold_counts(metrics_address: str) -> tuple[float, float, float] | None:
 
 
 SHARD_LIVENESS = "ftsup_shard_liveness_admitted_seconds"
+LOOP_LATE = "ftsup_loop_late_seconds"
 
 
 def _buckets(metrics_address: str, name: str = SHARD_LIVENESS) -> dict[float, float] | None:
@@ -198,11 +199,10 @@ def _buckets(metrics_address: str, name: str = SHARD_LIVENESS) -> dict[float, fl
     return counts
 
 
-def _liveness_admitted(before: dict[float, float] | None, after: dict[float, float] | None) -> dict[str, Any] | None:
-    """A shard's liveness summaries admitted in the window: how many, and p50/p99 of the age of
-    each one's oldest heartbeat at its admission, as the upper bound of the bucket that holds the
-    quantile (ms; None past the largest finite bound). Measured on the shard, this leaves out the
-    load generator's own lateness, which the agents' ack latency includes."""
+def _window_quantiles(before: dict[float, float] | None, after: dict[float, float] | None) -> dict[str, Any] | None:
+    """A histogram's observations in the window (scraped before and after it): how many, and
+    p50/p99 as the upper bound of the bucket that holds each quantile (ms; None past the largest
+    finite bound), or None if a scrape went unanswered."""
     if before is None or after is None or not after:
         return None
     bounds = sorted(after)
@@ -216,7 +216,19 @@ def _liveness_admitted(before: dict[float, float] | None, after: dict[float, flo
         bound = next(b for b, count in zip(bounds, window) if count >= rank)
         return None if math.isinf(bound) else round(bound * 1000.0, 1)
 
-    return {"summaries": int(total), "p50_ms_at_most": bound_ms(0.50), "p99_ms_at_most": bound_ms(0.99)}
+    return {"count": int(total), "p50_ms_at_most": bound_ms(0.50), "p99_ms_at_most": bound_ms(0.99)}
+
+
+def _late_figures(before: dict[float, float] | None, after: dict[float, float] | None) -> dict[str, Any] | None:
+    """A replica's ticks in the window: how many, p99 of their lateness, and how many woke over
+    0.25 s and over 1 s late (ms bounds as in _window_quantiles)."""
+    figures = _window_quantiles(before, after)
+    if figures is None or after is None or before is None:
+        return None
+    over = {b: after[b] - before.get(b, 0.0) for b in (0.2, 0.3, 1.0, math.inf) if b in after}
+    total = over.get(math.inf, 0.0)
+    return {"ticks": figures["count"], "p99_ms_at_most": figures["p99_ms_at_most"],
+            "over_300ms": int(total - over.get(0.3, total)), "over_1s": int(total - over.get(1.0, total))}
 
 
 def _status(address: str) -> operator_pb2.GetStatusResponse | None:
@@ -380,6 +392,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         owner = next(p for p, lo in zip(procs, _firsts(procs)) if lo <= nodes // 2 < lo + p.count)
         folds0 = _fold_counts(metrics_at[address])  # (before the window: a scrape costs the leader CPU)
         liveness0 = {a: _buckets(metrics_at[a]) for a in supervisors if a != address}
+        late0 = {a: _buckets(metrics_at[a], LOOP_LATE) for a in supervisors}
         cpu0 = {a: _cpu_s(p.pid) for a, p in supervisors.items()}
         wall0, wall0_unix = time.monotonic(), time.time()
         if profile:  # (cut: the leader's connect profile written; every replica's window begun)
@@ -400,6 +413,7 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
         cpu_by = {a: _cpu_s(p.pid) - cpu0[a] for a, p in supervisors.items()}
         folds1 = _fold_counts(metrics_at[address])  # (after the window's CPU was read)
         liveness1 = {a: _buckets(metrics_at[a]) for a in supervisors if a != address}
+        late1 = {a: _buckets(metrics_at[a], LOOP_LATE) for a in supervisors}
         wall_s = time.monotonic() - wall0
         cpu_s = cpu_by[address]
         holders = agent_holders(addresses, address) if replicas > 1 else {address}
@@ -456,8 +470,11 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             "latency_mean_ms": round(statistics.fmean(latencies), 2) if latencies else None,
             "latency_samples": len(latencies),
             # Per shard: its liveness summaries in the window, each one's oldest heartbeat read on the
-            # shard to the leader's admission (the control plane's share of the latency above)
-            "shard_liveness_admitted": {a: _liveness_admitted(liveness0[a], liveness1[a]) for a in liveness0},
+            # shard to the leader's admission. Measured on the shard, this leaves out the load
+            # generator's own lateness and the shard's reading, which the agents' ack latency includes.
+            "shard_liveness_admitted": {a: _window_quantiles(liveness0[a], liveness1[a]) for a in liveness0},
+            # Per replica (the leader first): how late its loop woke its 0.1 s ticker in the window
+            "loop_late": {a: _late_figures(late0[a], late1[a]) for a in sorted(late0, key=lambda a: a != address)},
             "latency_after_silence_p50_ms": _percentile(after, 0.50),
             "latency_after_silence_p99_ms": _percentile(after, 0.99),
             "latency_after_silence_max_ms": max(after) if after else None,

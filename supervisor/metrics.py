@@ -111,6 +111,12 @@ class SupervisorMetrics:
             "ftsup_shard_liveness_admitted_seconds",
             "On a link shard: a liveness summary's oldest heartbeat read to the leader's admission of it",
             buckets=SHARD_LIVENESS_BUCKETS, registry=r)
+        # Every replica's ticker (0.1 s): how late its event loop woke it. On the leader a stall is
+        # forgiven to every node's silence; on a follower it is its link shard's loop, whose agents'
+        # streams were not read meanwhile.
+        self.loop_late_seconds = Histogram("ftsup_loop_late_seconds",
+                                           "How late this replica's event loop woke its 0.1 s ticker",
+                                           buckets=SHARD_LIVENESS_BUCKETS, registry=r)
         self.snapshots = Counter("ftsup_snapshots_committed", "In-memory snapshot steps committed", registry=r)
         self.step_folds = Counter("ftsup_step_folds", "Runs of nodes' step aggregates decided as one fold",
                                   registry=r)

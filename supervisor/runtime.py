@@ -623,6 +623,8 @@ class Runtime:
             asked_at = self._clock()
             await asyncio.sleep(self._tick_s)
             late_s = self._clock() - asked_at - self._tick_s
+            if self.metrics is not None:
+                self.metrics.loop_late_seconds.observe(max(0.0, late_s))  # (a follower's too: its shard's loop)
             if self.is_leader:
                 if late_s > threshold_s:
                     log.warning("supervisor stalled; not counting it as node silence", stalled_s=round(late_s, 3))
