@@ -8,6 +8,8 @@ alone, then the failure's tail). With FTSUP_PROFILE_CONNECT_OUT the first part g
 and FTSUP_PROFILE_OUT follows it (the bench starts the leader's profile as the fleet connects and
 cuts at the window's start: registration and the generation's start, then the window); a SIGHUP
 while not profiling skips the part (a shard, not profiled while connecting, starts at the window).
+FTSUP_PROFILE_CLOCK=cpu times functions by this process's CPU time instead of wall time (the idle
+poll and the waits for a busy machine's cores then count nothing).
 Not a benchmark itself (the leading underscore keeps it out of `ftsup bench --help`).
 """
 
@@ -17,12 +19,19 @@ import cProfile
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 
 from ftsup.supervisor.main import main
 
+_CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time}
 
-def _install(out_path: str, tail_path: str | None, connect_path: str | None = None) -> None:
-    profiler = cProfile.Profile()
+
+def _install(out_path: str, tail_path: str | None, connect_path: str | None = None, clock: str = "wall") -> None:
+    def new_profile() -> cProfile.Profile:
+        return cProfile.Profile(_CLOCKS[clock]) if clock != "wall" else cProfile.Profile()
+
+    profiler = new_profile()
     paths = [*([connect_path] if connect_path else []), out_path, tail_path or out_path]
 
     running = False
@@ -46,7 +55,7 @@ def _install(out_path: str, tail_path: str | None, connect_path: str | None = No
             stop()
         if len(paths) > 1:
             paths.pop(0)
-        profiler = cProfile.Profile()
+        profiler = new_profile()
         start()
 
     signal.signal(signal.SIGUSR1, start)
@@ -56,5 +65,5 @@ def _install(out_path: str, tail_path: str | None, connect_path: str | None = No
 
 if __name__ == "__main__":
     _install(os.environ["FTSUP_PROFILE_OUT"], os.environ.get("FTSUP_PROFILE_TAIL_OUT"),
-             os.environ.get("FTSUP_PROFILE_CONNECT_OUT"))
+             os.environ.get("FTSUP_PROFILE_CONNECT_OUT"), os.environ.get("FTSUP_PROFILE_CLOCK", "wall"))
     sys.exit(main(sys.argv[1:]))

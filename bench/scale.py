@@ -315,7 +315,8 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             # (each replica profiles into a file of its own: the leader's and every shard's are read)
             its_env = ({**env, "FTSUP_PROFILE_OUT": str(_profile_path(workdir, listen)),
                         "FTSUP_PROFILE_TAIL_OUT": str(_profile_path(workdir, listen, "tail")),
-                        "FTSUP_PROFILE_CONNECT_OUT": str(_profile_path(workdir, listen, "connect"))}
+                        "FTSUP_PROFILE_CONNECT_OUT": str(_profile_path(workdir, listen, "connect")),
+                        "FTSUP_PROFILE_CLOCK": getattr(args, "profile_clock", "wall")}
                        if profile else env)
             with open(workdir / name, "wb") as sup_log:
                 supervisors[listen] = subprocess.Popen(argv, stdout=sup_log, stderr=subprocess.STDOUT, env=its_env,
@@ -721,6 +722,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also run the full fleet at the last interval under cProfile and report the top functions "
                              "before the silence (profile_top) and after it (profile_top_tail)")
+    parser.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall",
+                        help="what --profile's times count: wall time (a function's share includes the loop's idle"
+                             " poll and any wait for a CPU), or the process's CPU time (where its CPU went, on a"
+                             " machine whose cores are all busy; each timing is a system call, so it costs more)")
     parser.add_argument("--workdir", type=pathlib.Path, default=None,
                         help="keep the supervisor's and load processes' logs here (default: a temp dir, removed)")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
