@@ -47,6 +47,12 @@ MAX_BATCH_BYTES = 2 * 1024 * 1024
 LINGERING_KINDS = frozenset({"heartbeat", "step_report", "step_aggregate", "snapshot_report", "snapshot_holdings"})
 
 
+def _old_reports(items: Iterable[shard_pb2.Forwarded | None]) -> int:
+    """How many of `items` are an older agent's StepReport or SnapshotReport."""
+    return sum(1 for item in items if item is not None and item.WhichOneof("kind") == "message"
+               and item.message.WhichOneof("kind") in ("step_report", "snapshot_report"))
+
+
 def lingers(item: shard_pb2.Forwarded) -> bool:
     """Whether `item` may wait a few ms more for the rest of a step's burst."""
     return item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") in LINGERING_KINDS
@@ -67,6 +73,9 @@ class UpQueue:
         self.aggregates_packed = 0  # step aggregates sent inside a ShardStepFold, less one per fold (a counter)
         self.holdings_packed = 0  # SnapshotHoldings sent inside a ShardHoldingsFold, less one per fold (a counter)
         self._urgent = 0  # queued items that must not linger (see `lingers`)
+        # Queued StepReports and SnapshotReports (an agent older than aggregates and holdings sends
+        # them): `take` folds them in two passes over its batch, skipped when there are none.
+        self._old_reports = 0
         self.steps = StepBurst()  # who reported the last few steps: whether a step's burst is still coming
 
     def __len__(self) -> int:
@@ -101,6 +110,8 @@ class UpQueue:
             if sent == "step_aggregate" or sent == "step_report":
                 report = getattr(item.message, sent)
                 self.steps.note(item.session, report.generation, report.step)
+            if sent == "step_report" or sent == "snapshot_report":
+                self._old_reports += 1
         self._items.append(item)
         return True
 
@@ -113,6 +124,7 @@ class UpQueue:
         self._items[:0] = items
         self._heartbeat_at = {session: at + len(items) for session, at in self._heartbeat_at.items()}
         self._urgent += sum(not lingers(item) for item in items)
+        self._old_reports += _old_reports(items)
 
     def take(self, max_items: int = MAX_BATCH_ITEMS, max_bytes: int = MAX_BATCH_BYTES, *,
              folds_holdings: bool = False, packs_steps: bool = False,
@@ -133,12 +145,16 @@ class UpQueue:
         self._urgent -= sum(not lingers(item) for item in head if item is not None)
         self._heartbeat_at = {s: i - len(head) for s, i in self._heartbeat_at.items() if i >= len(head)}
         present = [item for item in head if item is not None]
-        taken = fold_step_reports(present)
-        self.reports_folded += len(present) - len(taken)
-        if folds_holdings:
-            steps_folded = taken
-            taken = fold_snapshot_reports(steps_folded)
-            self.holdings_folded += len(steps_folded) - len(taken)
+        taken = present
+        old = _old_reports(present) if self._old_reports else 0
+        if old:
+            self._old_reports -= old
+            taken = fold_step_reports(present)
+            self.reports_folded += len(present) - len(taken)
+            if folds_holdings:
+                steps_folded = taken
+                taken = fold_snapshot_reports(steps_folded)
+                self.holdings_folded += len(steps_folded) - len(taken)
         if packs_steps:
             unpacked = taken
             taken = pack_step_aggregates(unpacked)
@@ -153,6 +169,7 @@ class UpQueue:
         self._items.clear()
         self._heartbeat_at.clear()
         self._urgent = 0
+        self._old_reports = 0
 
     def keep_sessions(self, sessions: set[int]) -> int:
         """Drops every queued item but those of `sessions` (their order kept; a "closed" notice
@@ -162,6 +179,7 @@ class UpQueue:
         self._items = list(kept)
         self._heartbeat_at = {}
         self._urgent = sum(not lingers(item) for item in kept)
+        self._old_reports = _old_reports(kept)
         for at, item in enumerate(kept):
             if item.WhichOneof("kind") == "message" and item.message.WhichOneof("kind") == "heartbeat":
                 self._heartbeat_at[item.session] = at

@@ -256,6 +256,27 @@ def test_a_nodes_queued_step_reports_of_one_step_go_up_as_one_aggregate_in_the_f
     assert {r.node_id for r in aggregate.reports()} == {"a"} and queue.reports_folded == 2
 
 
+def test_the_folds_of_an_older_agents_reports_run_only_on_a_batch_that_holds_one(monkeypatch):
+    import ftsup.supervisor.shard_queue as shard_queue
+
+    passes: list[int] = []
+    real = shard_queue.fold_step_reports
+    monkeypatch.setattr(shard_queue, "fold_step_reports", lambda items: passes.append(len(items)) or real(items))
+    queue = UpQueue()
+    queue.push(forwarded(1, "a", 1, beat(1)))
+    queue.push(forwarded(2, "b", 1, xid(79)))
+    assert len(queue.take()) == 2 and passes == [], "nothing of an older agent queued: no pass"
+    for item in (forwarded(1, "a", 1, report(0)), forwarded(1, "a", 1, report(1)), forwarded(2, "b", 1, xid(79))):
+        queue.push(item)
+    assert len(queue.take(max_items=1)) == 1 and passes == [1]
+    assert [i.message.WhichOneof("kind") for i in queue.take()] == ["step_report", "xid_event"] and passes == [1, 2]
+    queue.push(forwarded(2, "b", 1, xid(79)))
+    assert len(queue.take()) == 1 and passes == [1, 2], "the count went back to none"
+    queue.put_first([forwarded(1, "a", 1, report(0))])
+    queue.take()
+    assert passes == [1, 2, 1], "a replayed item counts too"
+
+
 def test_a_run_of_reports_ends_at_another_message_of_its_session_a_new_step_or_a_repeated_rank():
     items = fold_step_reports([forwarded(1, "a", 1, m) for m in (
         report(0), report(1), xid(79), report(2), report(3), report(0, step=6), report(1, step=6), report(1, step=6))])
