@@ -625,6 +625,10 @@ class Runtime:
             late_s = self._clock() - asked_at - self._tick_s
             if self.metrics is not None:
                 self.metrics.loop_late_seconds.observe(max(0.0, late_s))  # (a follower's too: its shard's loop)
+            if not self.is_leader and late_s > threshold_s:
+                # (a follower's loop is its link shard's: its agents' streams were not read meanwhile,
+                # and the leader hears of its nodes that much later)
+                log.warning("follower stalled; its link shard read no agent meanwhile", stalled_s=round(late_s, 3))
             if self.is_leader:
                 if late_s > threshold_s:
                     log.warning("supervisor stalled; not counting it as node silence", stalled_s=round(late_s, 3))

@@ -63,6 +63,42 @@ async def test_the_ticker_forgives_every_node_the_time_a_sliced_push_kept_the_lo
     assert posted[1].stalled_s < 3.0, "forgiven once"
 
 
+async def test_a_followers_ticker_counts_its_loops_lateness_and_warns_of_a_stall_posting_nothing() -> None:
+    """A follower's loop is its link shard's: a stall there is seen (a warning, the metric), not
+    forgiven (the leader forgives its own stalls only)."""
+    from structlog.testing import capture_logs
+
+    from ftsup.supervisor.metrics import SupervisorMetrics
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0  # (each reading 1 s on: every tick wakes ~1 s late)
+        return now[0]
+
+    runtime = Runtime(config(nodes=1, ranks_per_node=1), MemoryLog(), tick_s=0.01, clock=clock)
+    runtime.become_follower("elsewhere:1")
+    runtime.metrics = SupervisorMetrics()
+    posted: list[Any] = []
+    runtime.post = posted.append  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        ticker = asyncio.create_task(runtime._tick_forever())
+        try:
+            await eventually(lambda: _ticks_observed(runtime) >= 2, 10.0, "two ticks observed")
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+    assert posted == [], "a follower posts no Tick"
+    stalls = [line for line in logs if line["event"].startswith("follower stalled")]
+    assert stalls and stalls[0]["stalled_s"] == pytest.approx(0.99), stalls
+
+
+def _ticks_observed(runtime: Runtime) -> float:
+    assert runtime.metrics is not None
+    return next(sample.value for sample in runtime.metrics.loop_late_seconds.collect()[0].samples
+                if sample.name.endswith("_count"))
+
+
 async def test_a_generation_start_directs_every_node_over_several_turns_with_an_input_handled_between() -> None:
     runtime = Runtime(config(nodes=5, ranks_per_node=1), MemoryLog(), tick_s=3600, push_slice=1)
     trace: list[str] = []
