@@ -65,6 +65,7 @@ class LoadProcess:
     process: subprocess.Popen[str]
     count: int
     lines: list[dict[str, Any]] = field(default_factory=list)
+    is_probe: bool = False  # --probe-nodes: a few nodes in a process of their own, every heartbeat acked
 
     def send(self, obj: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -231,6 +232,17 @@ def _late_figures(before: dict[float, float] | None, after: dict[float, float] |
             "over_300ms": int(total - over.get(0.3, total)), "over_1s": int(total - over.get(1.0, total))}
 
 
+def _probe_figures(procs: list[LoadProcess], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The probe process's ack latency and loop stall (nothing without --probe-nodes)."""
+    probed = [r for proc, r in zip(procs, results) if proc.is_probe]
+    if not probed:
+        return {}
+    latencies = [v for r in probed for v in r["latencies_ms"]]
+    return {"probe_nodes": sum(p.count for p in procs if p.is_probe),
+            "probe_latency_p50_ms": _percentile(latencies, 0.50), "probe_latency_p99_ms": _percentile(latencies, 0.99),
+            "probe_latency_samples": len(latencies), "probe_loop_max_stall_s": probed[0].get("loop_max_stall_s")}
+
+
 def _status(address: str) -> operator_pb2.GetStatusResponse | None:
     try:
         with grpc.insecure_channel(address) as channel:
@@ -336,23 +348,25 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             os.kill(supervisor.pid, signal.SIGUSR1)
         started = time.monotonic()
         step_epoch_s = time.time()  # every load process counts step boundaries from it (synchronous steps)
-        share, extra = divmod(nodes, args.procs)
+        probe_nodes = min(getattr(args, "probe_nodes", 0), nodes - 1)
+        share, extra = divmod(nodes - probe_nodes, args.procs)
+        counts = [share + (1 if index < extra else 0) for index in range(args.procs)]
         first = 0
-        for index in range(args.procs):
-            count = share + (1 if index < extra else 0)
+        for index, count in enumerate(counts + ([probe_nodes] if probe_nodes > 0 else [])):
             if count == 0:
                 continue
+            is_probe = index == len(counts)
             load_argv = [sys.executable, "-m", "ftsup.harness.fleet_load", "--address", ",".join(addresses),
                          "--first", str(first),
                          "--count", str(count), "--interval-s", str(interval_s), "--step-s", str(args.step_s),
                          "--step-epoch-s", str(step_epoch_s), "--streams-per-channel", str(args.streams_per_channel), "--seed", str(index + 1),
-                         "--ack-every", str(args.ack_every), *(["--old-agents"] if args.old_agents else []),
+                         "--ack-every", str(1 if is_probe else args.ack_every), *(["--old-agents"] if args.old_agents else []),
                          "--leader", address, *(["--snapshot-reports"] if args.snapshot_reports else [])]
             with open(workdir / f"load-{index}.log", "wb") as load_log:
                 load = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=load_log, env=env, text=True, start_new_session=True)
             orphan_guard.watch(load)
-            procs.append(LoadProcess(load, count))
+            procs.append(LoadProcess(load, count, is_probe=is_probe))
             first += count
         welcomed = [0] * len(procs)
         late_while_connecting = 0  # heartbeats the load processes sent >10% of an interval late
@@ -474,6 +488,9 @@ def run_once(args: argparse.Namespace, nodes: int, interval_s: float, workdir: p
             # shard to the leader's admission. Measured on the shard, this leaves out the load
             # generator's own lateness and the shard's reading, which the agents' ack latency includes.
             "shard_liveness_admitted": {a: _window_quantiles(liveness0[a], liveness1[a]) for a in liveness0},
+            # --probe-nodes: the same latency for a few nodes whose load process is nearly idle, so
+            # that its own lateness is not in it (the shards' reading and the leader's admission are)
+            **_probe_figures(procs, results),
             # Per replica (the leader first): how late its loop woke its 0.1 s ticker in the window
             "loop_late": {a: _late_figures(late0[a], late1[a]) for a in sorted(late0, key=lambda a: a != address)},
             "latency_after_silence_p50_ms": _percentile(after, 0.50),
@@ -699,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--heartbeat-misses", type=int, default=2)
     parser.add_argument("--procs", type=int, default=2, help="load generator processes")
+    parser.add_argument("--probe-nodes", type=int, default=0, metavar="N",
+                        help="run the fleet's last N nodes in a load process of their own, every heartbeat acked,"
+                             " and report their ack latency apart (probe_latency_p50_ms/p99): a process that is"
+                             " nearly idle, so the latency without the load generator's own lateness")
     parser.add_argument("--replicas", default="1", help="supervisor replicas, comma-separated counts run side by side"
                         " (e.g. 1,3): above 1, replicas on a private 3-member etcd, each a link shard")
     parser.add_argument("--streams-per-channel", type=int, default=25)
@@ -769,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.duration_s}, {args.step_s}")
     if not 1 <= args.ack_every <= 1000:
         parser.error(f"--ack-every within [1, 1000], got {args.ack_every}")
+    if not 0 <= args.probe_nodes <= 1000 or args.probe_nodes * 2 >= args.nodes > 1:
+        parser.error(f"--probe-nodes within [0, 1000] and under half the fleet, got {args.probe_nodes}")
     if not 1 <= args.streams_per_channel <= MAX_STREAMS_PER_CONNECTION:
         parser.error(f"--streams-per-channel within [1, {MAX_STREAMS_PER_CONNECTION}] (the supervisor's streams per"
                      f" connection), got {args.streams_per_channel}")

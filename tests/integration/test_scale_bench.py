@@ -27,7 +27,7 @@ RUN_KEYS = {
 
 def test_scale_bench_at_smoke_size_measures_latency_and_detects_the_silent_node(capsys):
     assert cli.main(["bench", "scale", "--json", "--nodes", "200", "--intervals", "1", "--duration-s", "6",
-                     "--step-s", "2", "--sweep", ""]) == 0
+                     "--step-s", "2", "--sweep", "", "--probe-nodes", "10"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {"latency_definition", "detect_definition", "goal", "baseline", "runs"} <= set(result)
     run = result["runs"]["1"]
@@ -38,6 +38,8 @@ def test_scale_bench_at_smoke_size_measures_latency_and_detects_the_silent_node(
     assert run["heartbeats_sent"] > 200 and run["heartbeats_acked"] >= 0.95 * run["heartbeats_asked_ack"]
     assert 0 < run["heartbeats_asked_ack"] < 0.5 * run["heartbeats_sent"], "one in ten asks, not every one"
     assert run["step_reports_per_s"] > 0
+    assert run["probe_nodes"] == 10 and run["probe_latency_samples"] >= 10, "the probe's nodes ack every heartbeat"
+    assert 0 < run["probe_latency_p50_ms"] <= run["probe_latency_p99_ms"]
     assert 0 < run["latency_p50_ms"] <= run["latency_p99_ms"]
     assert run["supervisor_cpu_fraction"] > 0 and run["supervisor_rss_mb"] > 0
     # The silent node: suspected, then declared dead, not before its silence could be seen.
