@@ -17,6 +17,7 @@ import structlog
 from grpc_health.v1 import health_pb2
 
 from ftsup.common import logs, tls
+from ftsup.common.gc_pacing import GcPacer
 from ftsup.common.health_service import HealthService, serve_health
 from ftsup.common.metrics_http import MetricsListenError, serve_metrics
 from ftsup.common.sdnotify import Notifier, pet_watchdog
@@ -159,6 +160,8 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     if members is not None and shard is not None:
         helpers += [asyncio.create_task(members.run()),
                     asyncio.create_task(rehome_on_change(members, shard.rehome, agent_service.rehome))]
+    pacer = _gc_pacer(config, runtime)
+    helpers.append(asyncio.create_task(pacer.run()))
     await asyncio.sleep(0)  # let the runtime (and follower) tasks start before READY=1
     notifier.ready(f"serving on {config.listen}" + (" (replica, following)" if replicated else ""))
     stopper = asyncio.create_task(stop.wait())
@@ -167,6 +170,7 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
     for helper in helpers:
         helper.cancel()
     await asyncio.gather(*helpers, return_exceptions=True)
+    pacer.close()
     await checker.enter_graceful_shutdown()
     if shard is not None:
         shard.shutdown()  # its agents move to their next shards; the relay carries that during the grace
@@ -189,6 +193,19 @@ async def serve(config: SupervisorConfig, notifier: Notifier | None = None) -> N
         if task in done and not task.cancelled() and (error := task.exception()) is not None:
             raise error
     log.info("supervisor stopped")
+
+
+def _gc_pacer(config: SupervisorConfig, runtime: Runtime) -> GcPacer:
+    """The collector's pauses in ftsup_gc_pause_seconds; full collections paced with --gc-refreeze-s
+    (common/gc_pacing.py)."""
+
+    def on_pause(generation: int, seconds: float) -> None:
+        if runtime.metrics is not None:
+            runtime.metrics.gc_pause_seconds.labels(str(generation)).observe(seconds)
+
+    pacer = GcPacer(refreeze_s=config.gc_refreeze_s, on_pause=on_pause)
+    pacer.install()
+    return pacer
 
 
 def open_embedded(config: SupervisorConfig, log: structlog.typing.FilteringBoundLogger) -> EmbeddedLog:

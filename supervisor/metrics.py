@@ -49,6 +49,7 @@ STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 # (a summary gathers up to 0.1 s, shard.py SUMMARY_GATHER_S; the detector suspects after 1.5 intervals)
 SHARD_LIVENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
+GC_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
@@ -117,6 +118,10 @@ class SupervisorMetrics:
         self.loop_late_seconds = Histogram("ftsup_loop_late_seconds",
                                            "How late this replica's event loop woke its 0.1 s ticker",
                                            buckets=SHARD_LIVENESS_BUCKETS, registry=r)
+        # This process's garbage collections, by generation (common/gc_pacing.py: a full one walks the
+        # heap not frozen since the last, and pauses every task of the loop meanwhile)
+        self.gc_pause_seconds = Histogram("ftsup_gc_pause_seconds", "Garbage collection pauses of this process",
+                                          ["generation"], buckets=GC_BUCKETS, registry=r)
         self.snapshots = Counter("ftsup_snapshots_committed", "In-memory snapshot steps committed", registry=r)
         self.step_folds = Counter("ftsup_step_folds", "Runs of nodes' step aggregates decided as one fold",
                                   registry=r)
