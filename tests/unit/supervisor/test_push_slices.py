@@ -23,6 +23,9 @@ class _Lines:
     def info(self, event: str, **fields: Any) -> None:
         self.lines.append((event, fields))
 
+    def warning(self, event: str, **fields: Any) -> None:
+        self.lines.append((event, fields))
+
 
 def test_owed_nodes_go_in_order_a_slice_at_a_time_and_one_pushed_meanwhile_is_owed_no_more() -> None:
     lines, now = _Lines(), [10.0]
@@ -63,12 +66,16 @@ async def test_the_ticker_forgives_every_node_the_time_a_sliced_push_kept_the_lo
     assert posted[1].stalled_s < 3.0, "forgiven once"
 
 
-async def test_a_followers_ticker_counts_its_loops_lateness_and_warns_of_a_stall_posting_nothing() -> None:
+async def test_a_followers_ticker_counts_its_loops_lateness_and_warns_of_a_stall_posting_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A follower's loop is its link shard's: a stall there is seen (a warning, the metric), not
     forgiven (the leader forgives its own stalls only)."""
-    from structlog.testing import capture_logs
-
+    import ftsup.supervisor.runtime as runtime_module
     from ftsup.supervisor.metrics import SupervisorMetrics
+
+    lines = _Lines()  # (the module's logger itself: an earlier test may have set structlog's level to error)
+    monkeypatch.setattr(runtime_module, "log", lines)
 
     now = [0.0]
 
@@ -81,16 +88,15 @@ async def test_a_followers_ticker_counts_its_loops_lateness_and_warns_of_a_stall
     runtime.metrics = SupervisorMetrics()
     posted: list[Any] = []
     runtime.post = posted.append  # type: ignore[method-assign]
-    with capture_logs() as logs:
-        ticker = asyncio.create_task(runtime._tick_forever())
-        try:
-            await eventually(lambda: _ticks_observed(runtime) >= 2, 10.0, "two ticks observed")
-        finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
+    ticker = asyncio.create_task(runtime._tick_forever())
+    try:
+        await eventually(lambda: _ticks_observed(runtime) >= 2, 10.0, "two ticks observed")
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
     assert posted == [], "a follower posts no Tick"
-    stalls = [line for line in logs if line["event"].startswith("follower stalled")]
-    assert stalls and stalls[0]["stalled_s"] == pytest.approx(0.99), stalls
+    stalls = [fields for event, fields in lines.lines if event.startswith("follower stalled")]
+    assert stalls and stalls[0]["stalled_s"] == pytest.approx(0.99), lines.lines
 
 
 def _ticks_observed(runtime: Runtime) -> float:
